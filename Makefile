@@ -1,0 +1,40 @@
+# denoiser: two commands on a fresh machine — `make demo` and `make test`.
+PY      := .venv/bin/python
+PIP     := $(PY) -m pip
+VENV_OK := .venv/.installed
+TORCH   := torch==2.14.1 torchvision==0.29.1
+RUN     ?= runs/demo
+DEMO_STEPS ?= 1500
+
+.PHONY: venv demo test lint app chromium clean
+
+venv: $(VENV_OK)
+
+$(VENV_OK): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	# torch first, pinned exactly: these lie on local disk; never let pip resolve another torch
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e ".[dev]" $(TORCH)
+	touch $(VENV_OK)
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+lint: venv
+	$(PY) -m ruff check denoiser tests bench app.py
+
+test: venv chromium lint
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+
+demo: venv
+	HF_HUB_OFFLINE=1 .venv/bin/denoiser train --config configs/tiny.yaml --output-dir $(RUN) --max-steps $(DEMO_STEPS)
+	HF_HUB_OFFLINE=1 .venv/bin/denoiser sample --model $(RUN)/model --out $(RUN)/samples.png --num-images 16 --seed 0
+	HF_HUB_OFFLINE=1 .venv/bin/denoiser attention --model $(RUN)/model --pixel 8,8 --out $(RUN)/attention.png --seed 0
+	@echo "demo outputs: $(RUN)/samples.png (sample grid), $(RUN)/attention.png (attention of pixel 8,8), $(RUN)/model (diffusers pipeline)"
+
+app: venv
+	HF_HUB_OFFLINE=1 $(PY) app.py
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,166 @@
+"""`denoiser train | sample | attention | evaluate`: the command line, the only place that parses argv."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_MODEL = "weights/synthetic-shapes"
+
+
+def _pixel(text: str) -> tuple[int, int]:
+    try:
+        y, x = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--pixel expects Y,X (two integers), got {text!r}") from None
+    return y, x
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="denoiser", description="Attention U-Net diffusion: train, sample, inspect.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a UNet (also: accelerate launch -m denoiser.train ...)")
+    t.add_argument("--config", required=True, help="YAML config, e.g. configs/tiny.yaml")
+    t.add_argument("--output-dir", default=None, help="run folder (default: runs/<config name>)")
+    t.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
+    t.add_argument("--resume", default=None, help="'latest' or a checkpoint folder")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.lr=1e-4 (repeatable)")
+    t.add_argument("--overwrite", action="store_true", help="start over in an output folder that holds another run")
+
+    s = sub.add_parser("sample", help="generate images into a PNG grid")
+    s.add_argument("--model", default=DEFAULT_MODEL, help="model folder (diffusers pipeline format)")
+    s.add_argument("--out", required=True, help="output PNG")
+    s.add_argument("--num-images", type=int, default=16)
+    s.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
+    s.add_argument("--scheduler", default="ddim", choices=["ddim", "ddpm", "dpm++"])
+    s.add_argument("--steps", type=int, default=50)
+    s.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0 = deterministic)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--class-label", type=int, default=None, help="class index for class-conditional models")
+    s.add_argument("--trajectory", default=None, help="also write the denoising trajectory (x_t over x0) PNG here")
+    s.add_argument("--trajectory-every", type=int, default=5)
+    s.add_argument("--scale", type=int, default=4, help="upscale the grid (nearest) for viewing")
+
+    a = sub.add_parser("attention", help="attention maps of one pixel at every attention layer")
+    a.add_argument("--model", default=DEFAULT_MODEL)
+    a.add_argument("--pixel", type=_pixel, required=True, help="query pixel Y,X in image coordinates")
+    a.add_argument("--out", required=True, help="output PNG")
+    a.add_argument("--steps", type=int, default=50)
+    a.add_argument("--at-step", type=int, default=None, help="sampling step to inspect (default: the last)")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--class-label", type=int, default=None)
+
+    e = sub.add_parser("evaluate", help="held-out bits/dim and per-timestep MSE, as JSON")
+    e.add_argument("--model", required=True)
+    e.add_argument("--data", default=None, help="image folder (ImageFolder layout); default: the model's synthetic set")
+    e.add_argument("--num-images", type=int, default=64, help="images evaluated (cost: T passes per image)")
+    e.add_argument("--num-timesteps", type=int, default=None, help="evaluate a strided subset of timesteps (estimate)")
+    e.add_argument("--val-size", type=int, default=None, help="use the validation split of this size (seeded) from --data")
+    e.add_argument("--val-seed", type=int, default=0)
+    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def cmd_train(args) -> None:
+    from denoiser.config import load_config
+    from denoiser.train import train
+
+    overrides = list(args.overrides) + ([f"train.max_steps={args.max_steps}"] if args.max_steps else [])
+    cfg = load_config(args.config, overrides)
+    out = args.output_dir or str(Path("runs") / Path(args.config).stem)
+    model_dir = train(cfg, out, resume=args.resume, overwrite=args.overwrite)
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        print(f"model: {model_dir}\nrun folder: {out} (samples/, loss.png, logs/ for tensorboard)")
+
+
+def cmd_sample(args) -> None:
+    from denoiser.pipeline import load_model
+    from denoiser.sample import make_sampler, sample, save_grid, trajectory_strip
+
+    unet, train_sched = load_model(args.model)
+    sched = make_sampler(args.scheduler, train_sched.config)
+    chunks = []
+    for start in range(0, args.num_images, args.batch_size):
+        n = min(args.batch_size, args.num_images - start)
+        res = sample(unet, sched, n, args.steps, seed=args.seed + start, eta=args.eta, class_labels=args.class_label,
+                     trajectory_every=args.trajectory_every if (args.trajectory and start == 0) else 0)
+        chunks.append(res.images)
+        if args.trajectory and start == 0:
+            strip = trajectory_strip(res.trajectory)
+            save_grid(strip, args.trajectory, nrow=strip.shape[0] // 2, scale=args.scale)
+            print(f"trajectory: {args.trajectory} (top: x_t, bottom: predicted x0)")
+    import torch
+
+    print(f"samples: {save_grid(torch.cat(chunks), args.out, scale=args.scale)}")
+
+
+def cmd_attention(args) -> None:
+    from denoiser.pipeline import load_model
+    from denoiser.sample import make_sampler, sample, save_png
+    from denoiser.visualize import attention_panel
+
+    unet, train_sched = load_model(args.model)
+    size = unet.config.sample_size
+    y, x = args.pixel
+    if not (0 <= y < size and 0 <= x < size):
+        raise ValueError(f"--pixel {y},{x} is outside the {size}x{size} image; use 0..{size - 1}")
+    at = args.steps - 1 if args.at_step is None else args.at_step
+    if not 0 <= at < args.steps:
+        raise ValueError(f"--at-step must be in 0..{args.steps - 1}, got {at}")
+    res = sample(unet, make_sampler("ddim", train_sched.config), 1, args.steps, seed=args.seed,
+                 class_labels=args.class_label, capture_steps=[at])
+    panel = attention_panel(res.images[0], res.attention[at], (y, x))
+    print(f"attention: {save_png(panel, args.out)} ({len(res.attention[at])} layers, step {at} of {args.steps})")
+
+
+def cmd_evaluate(args) -> None:
+    import torch
+
+    from denoiser.config import DataConfig
+    from denoiser.data import load_dataset, make_synthetic, split
+    from denoiser.diffusion import Diffusion
+    from denoiser.pipeline import load_model
+
+    unet, sched = load_model(args.model)
+    size = unet.config.sample_size
+    if args.data:
+        ds = load_dataset(DataConfig(dataset="folder", path=args.data), size)
+    else:
+        ds = make_synthetic(max(args.num_images, 1), size, seed=10_000)  # a seed the training set does not use
+    if args.val_size:
+        _, ds = split(ds, args.val_size, args.val_seed)
+    n = min(args.num_images, len(ds))
+    x, labels = ds.batch(torch.arange(n))
+    if not unet.config.num_class_embeds:
+        labels = None
+    res = Diffusion(sched).evaluate(unet, x, labels, batch_size=args.batch_size, num_timesteps=args.num_timesteps,
+                                    seed=args.seed)
+    out = dict(res.__dict__)
+    out["mse_per_timestep"] = {str(k): v for k, v in res.mse_per_timestep.items()}
+    print(json.dumps(out, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    handler = {"train": cmd_train, "sample": cmd_sample, "attention": cmd_attention, "evaluate": cmd_evaluate}
+    try:
+        handler[args.command](args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"denoiser {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

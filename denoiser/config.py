@@ -1,0 +1,232 @@
+"""Typed run configs: YAML sections mapped onto dataclasses, with every mistake reported up front.
+
+A config file has the sections `model:` (exactly the `UNet` constructor arguments), `data:`,
+`diffusion:` and `train:`. Unknown keys and wrong types are errors, never silently ignored.
+`--set key=value` overrides use dotted (`train.lr=2e-4`) or bare (`lr=2e-4`) keys.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import inspect
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["DataConfig", "DiffusionConfig", "TrainConfig", "RunConfig", "load_config", "apply_overrides"]
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "synthetic"  # "synthetic" (built-in shapes), "folder" (ImageFolder layout) or "cifar10" (python format)
+    path: str | None = None  # folder for "folder" / "cifar10"; unused for "synthetic"
+    num_images: int = 20000  # size of the synthetic set (images are made on the fly, deterministic by seed)
+    synthetic_seed: int = 0  # seed of the synthetic set
+    val_size: int = 256  # images held out for validation (a deterministic split)
+    val_seed: int = 0  # seed of the validation split
+    random_flip: bool = True  # random horizontal flips during training
+    num_workers: int = 0  # DataLoader workers; images are decoded once and kept in memory
+
+
+@dataclass
+class DiffusionConfig:
+    num_train_timesteps: int = 1000  # T
+    beta_schedule: str = "linear"  # "linear" (Ho et al.) or "cosine" (Nichol & Dhariwal)
+    beta_start: float = 0.0001  # linear schedule's first beta
+    beta_end: float = 0.02  # linear schedule's last beta
+    prediction_type: str = "epsilon"  # "epsilon" or "v_prediction"
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0  # seeds model init, data order, noise and dropout
+    batch_size: int = 64  # global batch per optimizer step, split over processes and accumulation steps
+    max_steps: int = 10000  # optimizer steps
+    lr: float = 2e-4  # peak AdamW learning rate
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    weight_decay: float = 0.0
+    lr_scheduler: str = "cosine"  # any diffusers get_scheduler name: "cosine", "constant_with_warmup", ...
+    lr_warmup_steps: int = 500  # in optimizer steps
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float | None = 1.0  # clip the global grad norm; None disables
+    mixed_precision: str = "no"  # "no", "bf16" or "fp16" (through Accelerate autocast)
+    ema: bool = True  # keep an EMA of the weights (diffusers EMAModel); exported instead of the raw weights
+    ema_max_decay: float = 0.9999  # EMA decay ceiling
+    ema_power: float = 0.75  # EMA warmup: decay = 1 - (1 + step / inv_gamma) ** -power
+    ema_inv_gamma: float = 1.0
+    snr_gamma: float | None = None  # min-SNR-γ loss weighting (Hang et al. 2023); None = plain MSE
+    class_dropout: float = 0.1  # drop labels to "no class" with this probability (class-conditional models)
+    checkpoint_every: int = 1000  # steps between checkpoints (accelerate save_state)
+    keep_checkpoints: int = 2  # newest checkpoints kept; older ones are deleted
+    sample_every: int = 1000  # steps between sample-grid and loss-curve PNGs; 0 disables
+    num_sample_images: int = 16  # images in each sample grid
+    sample_steps: int = 50  # DDIM steps for sample grids
+    log_every: int = 10  # steps between tracker logs
+    channels_last: bool = True  # channels-last memory format (faster convolutions on CPU and GPU)
+    compile: bool = False  # torch.compile the UNet (optional)
+
+
+SECTIONS = {"data": DataConfig, "diffusion": DiffusionConfig, "train": TrainConfig}
+
+
+@dataclass
+class RunConfig:
+    model: dict[str, Any] = field(default_factory=dict)  # the UNet's constructor arguments
+    data: DataConfig = field(default_factory=DataConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": dict(self.model), **{k: dataclasses.asdict(getattr(self, k)) for k in SECTIONS}}
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    """Whether a YAML value fits a field annotation (int passes for float; None only if Optional)."""
+    if annotation is Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple, collections.abc.Sequence) or annotation in (list, tuple):
+        return isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict)
+    return isinstance(value, annotation)
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _model_signature() -> dict[str, Any]:
+    from denoiser.unet import UNet
+
+    hints = typing.get_type_hints(UNet.__init__)  # resolves the string annotations
+    return {k: hints.get(k, Any) for k in inspect.signature(UNet.__init__).parameters if k != "self"}
+
+
+def _build(raw: dict[str, Any], source: str) -> RunConfig:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: a config must be a mapping with sections model/data/diffusion/train")
+    unknown = set(raw) - {"model", *SECTIONS}
+    if unknown:
+        raise ValueError(f"{source}: unknown section(s) {sorted(unknown)}; allowed: model, data, diffusion, train")
+    errors = []
+    model = raw.get("model") or {}
+    params = _model_signature()
+    for key, value in model.items():
+        if key not in params:
+            errors.append(f"model.{key} is not a UNet argument (allowed: {', '.join(params)})")
+        elif not _type_ok(value, params[key]):
+            errors.append(f"model.{key} should be {_type_name(params[key])}, got {value!r}")
+    sections = {}
+    for name, cls in SECTIONS.items():
+        values = raw.get(name) or {}
+        if not isinstance(values, dict):
+            errors.append(f"section {name}: must be a mapping, got {values!r}")
+            continue
+        hints = typing.get_type_hints(cls)
+        for key, value in values.items():
+            if key not in hints:
+                errors.append(f"{name}.{key} is unknown (allowed: {', '.join(hints)})")
+            elif not _type_ok(value, hints[key]):
+                errors.append(f"{name}.{key} should be {_type_name(hints[key])}, got {value!r}")
+        if not errors:
+            sections[name] = cls(**values)
+    if errors:
+        raise ValueError(f"{source}: invalid config:\n  " + "\n  ".join(errors))
+    cfg = RunConfig(model=dict(model), **sections)
+    _check_values(cfg, source)
+    return cfg
+
+
+def _check_values(cfg: RunConfig, source: str) -> None:
+    t, d, diff = cfg.train, cfg.data, cfg.diffusion
+    checks = [
+        (t.batch_size >= 1, f"train.batch_size must be at least 1, got {t.batch_size}"),
+        (t.max_steps >= 1, f"train.max_steps must be at least 1, got {t.max_steps}"),
+        (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
+        (t.gradient_accumulation_steps >= 1, f"train.gradient_accumulation_steps must be >= 1, got {t.gradient_accumulation_steps}"),
+        (t.mixed_precision in ("no", "bf16", "fp16"), f"train.mixed_precision must be no, bf16 or fp16, got {t.mixed_precision!r}"),
+        (t.checkpoint_every >= 1, f"train.checkpoint_every must be >= 1, got {t.checkpoint_every}"),
+        (t.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}"),
+        (0 <= t.class_dropout < 1, f"train.class_dropout must be in [0, 1), got {t.class_dropout}"),
+        (d.dataset in ("synthetic", "folder", "cifar10"), f"data.dataset must be synthetic, folder or cifar10, got {d.dataset!r}"),
+        (d.dataset == "synthetic" or d.path, f"data.path is required for dataset {d.dataset!r}: set data.path to the image folder"),
+        (d.val_size >= 0, f"data.val_size must be >= 0, got {d.val_size}"),
+        (diff.beta_schedule in ("linear", "cosine"), f"diffusion.beta_schedule must be linear or cosine, got {diff.beta_schedule!r}"),
+        (diff.prediction_type in ("epsilon", "v_prediction"), f"diffusion.prediction_type must be epsilon or v_prediction, got {diff.prediction_type!r}"),
+    ]
+    errors = [msg for ok, msg in checks if not ok]
+    if d.dataset != "synthetic" and d.path and not Path(d.path).exists():
+        errors.append(f"data.path {d.path!r} does not exist: point it at an image folder (class sub-folders)")
+    if errors:
+        raise ValueError(f"{source}: invalid config:\n  " + "\n  ".join(errors))
+    # The UNet checks its own arguments (divisibility of sample_size, groups, ...); build it on meta.
+    import torch
+
+    from denoiser.unet import UNet
+
+    try:
+        with torch.device("meta"):
+            UNet(**cfg.model)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{source}: invalid model section: {err}") from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `key=value` strings (values parsed as YAML) to a raw config dict, in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r} (e.g. --set train.lr=1e-4)")
+        key, value = item.split("=", 1)
+        value = yaml.safe_load(value)
+        if "." in key:
+            section, name = key.split(".", 1)
+        else:
+            owners = [s for s, cls in SECTIONS.items() if name_in(cls, key)] + (["model"] if key in _model_signature() else [])
+            if len(owners) != 1:
+                where = "no section" if not owners else f"several sections ({', '.join(owners)})"
+                raise ValueError(f"--set {key}: found in {where}; write it as section.{key}")
+            section, name = owners[0], key
+        if section not in ("model", *SECTIONS):
+            raise ValueError(f"--set {key}: unknown section {section!r} (model, data, diffusion, train)")
+        raw.setdefault(section, {})
+        if raw[section] is None:
+            raw[section] = {}
+        raw[section][name] = value
+    return raw
+
+
+def name_in(cls, key: str) -> bool:
+    return key in {f.name for f in dataclasses.fields(cls)}
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config (or the defaults when `path` is None), apply overrides, validate."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {str(path)!r} not found; see configs/ for presets")
+        raw = yaml.safe_load(path.read_text()) or {}
+        source = str(path)
+    apply_overrides(raw, overrides or [])
+    return _build(raw, source)
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "config") -> RunConfig:
+    return _build(raw, source)

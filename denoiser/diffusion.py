@@ -1,0 +1,222 @@
+"""The DDPM objective (Ho et al. 2020) on diffusers' `DDPMScheduler`, and its held-out evaluation.
+
+Training: x_t = √ᾱ_t x₀ + √(1-ᾱ_t) ε for a uniform t, and the UNet regresses ε (or v, Salimans & Ho
+2022) with an MSE, optionally weighted by min-SNR-γ (Hang et al. 2023).
+
+Evaluation: the per-timestep denoising MSE and the variational bound in bits per dimension,
+
+    L = L_T (prior) + Σ_{t=1}^{T-1} KL(q(x_{t-1} | x_t, x₀) ‖ p(x_{t-1} | x_t)) + L_0 (decoder),
+
+with Ho et al.'s discretized Gaussian decoder over the 256 pixel values at t = 0 and the scheduler's
+fixed variance. It costs one UNet forward pass per image per evaluated timestep: T = 1000 passes
+per image for the full bound. `num_timesteps` evaluates an evenly strided subset and rescales the
+sum of KL terms (an estimate); `num_images` bounds the image count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from diffusers import DDPMScheduler
+
+from denoiser.config import DiffusionConfig
+
+__all__ = ["Diffusion", "make_scheduler", "EvalResult"]
+
+
+def make_scheduler(cfg: DiffusionConfig) -> DDPMScheduler:
+    """The DDPM training scheduler for a diffusion config (clip x₀ to [-1, 1] when sampling)."""
+    return DDPMScheduler(
+        num_train_timesteps=cfg.num_train_timesteps,
+        beta_start=cfg.beta_start,
+        beta_end=cfg.beta_end,
+        beta_schedule={"linear": "linear", "cosine": "squaredcos_cap_v2"}[cfg.beta_schedule],
+        prediction_type=cfg.prediction_type,
+        variance_type="fixed_small",
+        clip_sample=True,
+    )
+
+
+@dataclass
+class EvalResult:
+    bits_per_dim: float  # the variational bound, bits per dimension
+    prior_bpd: float  # L_T
+    decoder_bpd: float  # L_0, the discretized Gaussian decoder
+    diffusion_bpd: float  # Σ KL terms (estimated when strided)
+    mse_per_timestep: dict[int, float]  # mean squared error of the ε prediction at each evaluated t
+    mse_mean: float  # mean of mse_per_timestep (uniform over the evaluated t)
+    num_images: int
+    num_timesteps: int  # timesteps evaluated (T for the full bound)
+
+
+class Diffusion:
+    """Noising, the training loss and the bound, all from one `DDPMScheduler`'s ᾱ table."""
+
+    def __init__(self, scheduler: DDPMScheduler) -> None:
+        self.scheduler = scheduler
+        self.T = scheduler.config.num_train_timesteps
+        self.prediction_type = scheduler.config.prediction_type
+        self.alphas_cumprod = scheduler.alphas_cumprod.double()  # (T,)
+        self.betas = scheduler.betas.double()  # (T,)
+
+    @classmethod
+    def from_config(cls, cfg: DiffusionConfig) -> Diffusion:
+        return cls(make_scheduler(cfg))
+
+    def _abar(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        a = self.alphas_cumprod.to(like.device)[t].to(like.dtype)
+        return a.reshape(-1, *([1] * (like.ndim - 1)))  # (B, 1, 1, 1) broadcast over pixels
+
+    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        a = self._abar(t, x0)
+        return a.sqrt() * x0 + (1 - a).sqrt() * noise
+
+    def target(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.prediction_type == "epsilon":
+            return noise
+        a = self._abar(t, x0)
+        return a.sqrt() * noise - (1 - a).sqrt() * x0  # v
+
+    def predict_x0(self, x_t: torch.Tensor, model_output: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        a = self._abar(t, x_t)
+        if self.prediction_type == "epsilon":
+            return (x_t - (1 - a).sqrt() * model_output) / a.sqrt()
+        return a.sqrt() * x_t - (1 - a).sqrt() * model_output
+
+    def sample_timesteps(self, batch: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+        return torch.randint(0, self.T, (batch,), generator=generator, device=device)
+
+    def training_loss(
+        self,
+        unet: torch.nn.Module,
+        x0: torch.Tensor,
+        class_labels: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
+        timesteps: torch.Tensor | None = None,
+        snr_gamma: float | None = None,
+    ) -> torch.Tensor:
+        """The mean (optionally min-SNR-γ weighted) MSE between the UNet output and its target.
+
+        `noise` and `timesteps` may be given (the training loop draws them for the global batch so
+        that any number of processes sees the same numbers); otherwise they come from `generator`.
+        """
+        B = x0.shape[0]
+        if noise is None:
+            noise = torch.randn(x0.shape, generator=generator, device=x0.device, dtype=x0.dtype)
+        if timesteps is None:
+            timesteps = self.sample_timesteps(B, generator, x0.device)
+        x_t = self.add_noise(x0, noise, timesteps)
+        pred = unet(x_t, timesteps, class_labels=class_labels).sample
+        per_image = (pred.float() - self.target(x0, noise, timesteps).float()).pow(2).flatten(1).mean(1)  # (B,)
+        if snr_gamma is not None:
+            snr = self.snr(timesteps).to(per_image)
+            weight = snr.clamp(max=snr_gamma) / (snr if self.prediction_type == "epsilon" else snr + 1)
+            per_image = per_image * weight
+        return per_image.mean()
+
+    def snr(self, t: torch.Tensor) -> torch.Tensor:
+        a = self.alphas_cumprod.to(t.device)[t]
+        return a / (1 - a)
+
+    # ----------------------------------------------------------------------------------------
+    # The variational bound
+    # ----------------------------------------------------------------------------------------
+
+    def _posterior(self, x0: torch.Tensor, x_t: torch.Tensor, t: int) -> tuple[torch.Tensor, float]:
+        """Mean and log-variance of q(x_{t-1} | x_t, x₀) (for t = 0 the log-variance is clipped)."""
+        abar, beta = self.alphas_cumprod[t], self.betas[t]
+        abar_prev = self.alphas_cumprod[t - 1] if t > 0 else torch.tensor(1.0, dtype=torch.float64)
+        coef_x0 = beta * abar_prev.sqrt() / (1 - abar)
+        coef_xt = (1 - abar_prev) * (1 - beta).sqrt() / (1 - abar)
+        var = beta * (1 - abar_prev) / (1 - abar)
+        if t == 0:  # β̃_0 = 0: use β̃_1, as Ho et al.'s decoder does
+            var = self.betas[1] * (1 - self.alphas_cumprod[0]) / (1 - self.alphas_cumprod[1])
+        if self.scheduler.config.variance_type == "fixed_large" and t > 0:
+            var = beta
+        return coef_x0 * x0 + coef_xt * x_t, float(var.log())
+
+    @torch.no_grad()
+    def evaluate(
+        self,
+        unet: torch.nn.Module,
+        images: torch.Tensor,
+        class_labels: torch.Tensor | None = None,
+        batch_size: int = 64,
+        num_timesteps: int | None = None,
+        seed: int = 0,
+        progress=None,
+    ) -> EvalResult:
+        """The bound and per-timestep MSE on `images` (N, C, H, W) in [-1, 1]; see the module docstring."""
+        if images.ndim != 4:
+            raise ValueError(f"images must be (N, C, H, W), got shape {tuple(images.shape)}")
+        device = next(unet.parameters()).device
+        N, D = images.shape[0], images[0].numel()
+        steps = list(range(self.T))
+        if num_timesteps is not None and num_timesteps < self.T:
+            if num_timesteps < 2:
+                raise ValueError(f"num_timesteps must be at least 2, got {num_timesteps}")
+            # t = 0 (the decoder) always, and an even stride over the KL terms t = 1..T-1
+            steps = [0] + torch.linspace(1, self.T - 1, num_timesteps - 1).round().long().unique().tolist()
+        kl_scale = (self.T - 1) / max(1, len(steps) - 1)
+        gen = torch.Generator().manual_seed(seed)
+        noise_all = torch.randn(images.shape, generator=gen)  # one noise per image, reused over t
+
+        nats = torch.zeros(N, dtype=torch.float64)
+        decoder = torch.zeros(N, dtype=torch.float64)
+        mse = {}
+        x0_all = images.double()
+        aT = self.alphas_cumprod[-1]
+        prior = _normal_kl(aT.sqrt() * x0_all, (1 - aT).log(), torch.zeros(()), torch.zeros(())).flatten(1).sum(1)
+        iterator = progress(steps) if progress else steps
+        for t in iterator:
+            errs = []
+            for s in range(0, N, batch_size):
+                x0 = x0_all[s : s + batch_size]
+                eps = noise_all[s : s + batch_size].double()
+                tt = torch.full((x0.shape[0],), t, dtype=torch.long)
+                x_t = self.add_noise(x0, eps, tt)
+                labels = None if class_labels is None else class_labels[s : s + batch_size].to(device)
+                out = unet(x_t.float().to(device), tt.to(device), class_labels=labels).sample.double().cpu()
+                errs.append((out - self.target(x0, eps, tt)).pow(2).flatten(1).mean(1))
+                x0_pred = self.predict_x0(x_t, out, tt).clamp(-1, 1)
+                model_mean, logvar = self._posterior(x0_pred, x_t, t)
+                if t == 0:
+                    ll = _discretized_gaussian_log_likelihood(x0, model_mean, 0.5 * logvar)
+                    decoder[s : s + batch_size] = -ll.flatten(1).sum(1)
+                else:
+                    true_mean, true_logvar = self._posterior(x0, x_t, t)
+                    kl = _normal_kl(true_mean, torch.tensor(true_logvar), model_mean, torch.tensor(logvar))
+                    nats[s : s + batch_size] += kl.flatten(1).sum(1) * kl_scale
+            mse[t] = float(torch.cat(errs).mean())
+        to_bpd = 1.0 / (D * math.log(2.0))
+        total = (prior + nats + decoder) * to_bpd
+        return EvalResult(
+            bits_per_dim=float(total.mean()),
+            prior_bpd=float(prior.mean() * to_bpd),
+            decoder_bpd=float(decoder.mean() * to_bpd),
+            diffusion_bpd=float(nats.mean() * to_bpd),
+            mse_per_timestep=mse,
+            mse_mean=sum(mse.values()) / len(mse),
+            num_images=N,
+            num_timesteps=len(steps),
+        )
+
+
+def _normal_kl(mean1, logvar1, mean2, logvar2) -> torch.Tensor:
+    """KL(N(mean1, e^logvar1) ‖ N(mean2, e^logvar2)), elementwise, in nats."""
+    return 0.5 * (-1.0 + logvar2 - logvar1 + torch.exp(logvar1 - logvar2) + (mean1 - mean2) ** 2 * torch.exp(-logvar2))
+
+
+def _discretized_gaussian_log_likelihood(x: torch.Tensor, mean: torch.Tensor, log_scale: float) -> torch.Tensor:
+    """log P(x) for x on the 256-value grid in [-1, 1] under N(mean, e^{2·log_scale}) integrated over
+    each value's bin of width 2/255; the edge bins extend to ±∞ (Ho et al. 2020, eq. 13)."""
+    inv_std = math.exp(-log_scale)
+    upper = (x - mean + 1.0 / 255.0) * inv_std
+    lower = (x - mean - 1.0 / 255.0) * inv_std
+    log_cdf_upper = torch.special.log_ndtr(upper)  # log P(X < upper), for the x = -1 bin
+    log_sf_lower = torch.special.log_ndtr(-lower)  # log P(X > lower), for the x = +1 bin
+    log_mass = torch.log((torch.special.ndtr(upper) - torch.special.ndtr(lower)).clamp(min=1e-12))
+    return torch.where(x < -0.999, log_cdf_upper, torch.where(x > 0.999, log_sf_lower, log_mass))

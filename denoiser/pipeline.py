@@ -1,0 +1,72 @@
+"""Model folders in diffusers pipeline format: written atomically, read with safetensors only.
+
+A model folder is what `DDPMPipeline.save_pretrained` writes (`model_index.json`, `unet/`,
+`scheduler/`), so `DiffusionPipeline.from_pretrained(folder)` loads it after `import denoiser`.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+from diffusers import DDPMPipeline, DDPMScheduler
+
+from denoiser.unet import UNet
+
+__all__ = ["save_pipeline", "load_model", "resolve_model_dir", "list_models", "WEIGHTS_DIR"]
+
+WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
+
+
+def save_pipeline(unet: UNet, scheduler: DDPMScheduler, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write a DDPMPipeline folder to a temporary sibling, then swap it into place.
+
+    An existing folder is only replaced once the new one is complete; `dtype` (e.g. torch.float16)
+    shrinks the shipped weights, and `load_model` upcasts them again.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    if dtype is not None:
+        unet = copy.deepcopy(unet).to(dtype=dtype)
+    DDPMPipeline(unet=unet, scheduler=scheduler).save_pretrained(tmp, safe_serialization=True)
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+    if out.exists():
+        out.replace(old)
+    tmp.replace(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[UNet, DDPMScheduler]:
+    """(UNet in fp32, eval mode; training scheduler) from a pipeline folder. Safetensors only."""
+    folder = Path(model_dir)
+    if not (folder / "unet" / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{str(folder)!r} is not a model folder (no unet/config.json); pass a folder written by "
+            "`denoiser train` (run_dir/model) or one under weights/"
+        )
+    unet = UNet.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32)
+    scheduler = DDPMScheduler.from_pretrained(folder / "scheduler")
+    return unet.to(device).eval(), scheduler
+
+
+def list_models(root: str | Path = WEIGHTS_DIR) -> list[str]:
+    """Names of the model folders directly under `root`."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "unet" / "config.json").is_file())
+
+
+def resolve_model_dir(name: str, root: str | Path = WEIGHTS_DIR) -> Path:
+    """The folder of model `name` under `root`; refuses anything that would leave `root`."""
+    root = Path(root).resolve()
+    candidate = (root / name).resolve()
+    if candidate.parent != root or not (candidate / "unet" / "config.json").is_file():
+        available = ", ".join(list_models(root)) or "none"
+        raise ValueError(f"unknown model {name!r}: choose one of the folders under {root} ({available})")
+    return candidate

@@ -1,0 +1,150 @@
+"""Sampling: our own loop over a diffusers scheduler's `step`, with x₀ previews and attention capture.
+
+The loop draws the starting noise and steps exactly as diffusers' `DDPMPipeline`/`DDIMPipeline` do,
+so the same seed gives the same images. It adds what the pipelines lack: a per-step callback with
+the predicted x₀ (for live previews and trajectories), class labels, batching, and capture of the
+exact attention at chosen steps while the fused attention path stays on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler
+from diffusers.utils.torch_utils import randn_tensor
+from PIL import Image
+from torchvision.utils import make_grid
+
+from denoiser.attention import AttentionRecord, capture_attention
+
+__all__ = ["SCHEDULERS", "make_sampler", "sample", "SampleResult", "to_pil", "save_grid", "trajectory_strip"]
+
+SCHEDULERS = ("ddim", "ddpm", "dpm++")
+
+
+def make_sampler(name: str, train_scheduler_config) -> DDPMScheduler | DDIMScheduler | DPMSolverMultistepScheduler:
+    """A sampling scheduler built from the model's training scheduler config (same betas, prediction type)."""
+    name = name.lower()
+    if name == "ddpm":
+        return DDPMScheduler.from_config(train_scheduler_config)
+    if name == "ddim":
+        return DDIMScheduler.from_config(train_scheduler_config)
+    if name in ("dpm++", "dpmsolver++", "dpm-solver++"):
+        return DPMSolverMultistepScheduler.from_config(train_scheduler_config, algorithm_type="dpmsolver++")
+    raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
+
+
+@dataclass
+class SampleResult:
+    images: torch.Tensor  # (B, C, H, W) in [0, 1]
+    trajectory: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (t, x_t, x0) in [0, 1]
+    attention: dict[int, list[AttentionRecord]] = field(default_factory=dict)  # step index -> records
+
+
+def _predict_x0(scheduler, model_output: torch.Tensor, t: torch.Tensor, x_t: torch.Tensor) -> torch.Tensor:
+    a = scheduler.alphas_cumprod[int(t)].to(x_t)
+    if scheduler.config.prediction_type == "v_prediction":
+        return a.sqrt() * x_t - (1 - a).sqrt() * model_output
+    return (x_t - (1 - a).sqrt() * model_output) / a.sqrt()
+
+
+@torch.inference_mode()
+def sample(
+    unet: torch.nn.Module,
+    scheduler,
+    num_images: int = 16,
+    num_inference_steps: int = 50,
+    seed: int = 0,
+    eta: float = 0.0,
+    class_labels: int | Iterable[int] | None = None,
+    trajectory_every: int = 0,
+    capture_steps: Iterable[int] = (),
+    callback: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+) -> SampleResult:
+    """Generate `num_images` images; same seed and settings as a diffusers pipeline -> same images.
+
+    callback(i, t, x_t, x0_pred) runs after every step (tensors in [-1, 1]); `trajectory_every=k`
+    keeps x_t and x₀ every k steps; `capture_steps` lists step indices whose attention is recorded.
+    """
+    if not 1 <= num_inference_steps <= scheduler.config.num_train_timesteps:
+        raise ValueError(f"steps must be in 1..{scheduler.config.num_train_timesteps}, got {num_inference_steps}")
+    if num_images < 1:
+        raise ValueError(f"num_images must be at least 1, got {num_images}")
+    cfg = unet.config
+    device, dtype = unet.device, unet.dtype
+    labels = None
+    if class_labels is not None:
+        if not cfg.num_class_embeds:
+            raise ValueError("this model is unconditional: drop the class label")
+        labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(num_images)
+        if ((labels < 0) | (labels >= cfg.num_class_embeds)).any():
+            raise ValueError(f"class label must be in 0..{cfg.num_class_embeds - 1}, got {class_labels}")
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
+    x = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+    scheduler.set_timesteps(num_inference_steps)
+    capture_steps = set(capture_steps)
+    step_kwargs = {"eta": eta} if isinstance(scheduler, DDIMScheduler) else {}
+    result = SampleResult(images=x)
+    for i, t in enumerate(scheduler.timesteps):
+        if i in capture_steps:
+            with capture_attention(unet) as records:
+                out = unet(x, t, class_labels=labels).sample
+            result.attention[i] = records
+        else:
+            out = unet(x, t, class_labels=labels).sample
+        x0 = _predict_x0(scheduler, out, t, x).clamp(-1, 1)
+        if trajectory_every and (i % trajectory_every == 0 or i == len(scheduler.timesteps) - 1):
+            result.trajectory.append((int(t), _unit(x), _unit(x0)))
+        x_in = x
+        x = scheduler.step(out, t, x, generator=generator, **step_kwargs).prev_sample
+        if callback is not None:
+            callback(i, int(t), x_in, x0)
+    result.images = _unit(x)
+    return result
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    """[-1, 1] -> [0, 1] on the CPU in fp32."""
+    return (x.float().cpu() / 2 + 0.5).clamp(0, 1)
+
+
+def to_pil(images: torch.Tensor, nrow: int | None = None, padding: int = 2) -> Image.Image:
+    """(B, C, H, W) in [0, 1] -> one PIL image: the grid (nrow per row, default ~square)."""
+    if nrow is None:
+        nrow = max(1, int(round(images.shape[0] ** 0.5)))
+    grid = make_grid(images, nrow=nrow, padding=padding, pad_value=1.0)  # (C, H', W')
+    arr = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()  # (H', W', C)
+    return Image.fromarray(arr)
+
+
+def save_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None, scale: int = 1) -> Path:
+    """Write a PNG grid, optionally upscaled by `scale` (nearest, so pixels stay sharp)."""
+    img = to_pil(images, nrow)
+    if scale > 1:
+        img = img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
+    return save_png(img, path)
+
+
+def save_png(img: Image.Image, path: str | Path) -> Path:
+    """Save a PNG through a temporary file and a rename, so a reader never sees half a file."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"output must be a .png file, got {str(path)!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    img.save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
+
+
+def trajectory_strip(trajectory: list[tuple[int, torch.Tensor, torch.Tensor]], index: int = 0) -> torch.Tensor:
+    """Rows x_t and predicted x₀ of image `index` over the kept steps -> (2·K, C, H, W) for a 2-row grid."""
+    if not trajectory:
+        raise ValueError("no trajectory was kept: pass trajectory_every > 0")
+    xs = [x[index] for _, x, _ in trajectory]
+    x0s = [x0[index] for _, _, x0 in trajectory]
+    return torch.stack(xs + x0s)  # (2K, C, H, W)

@@ -1,0 +1,301 @@
+"""The training loop, through Hugging Face Accelerate: one CPU to many GPUs with the same command.
+
+    denoiser train --config configs/tiny.yaml
+    accelerate launch -m denoiser.train --config configs/cifar10-small.yaml   # DDP on every GPU
+
+Determinism is by construction, not by restoring hidden state: optimizer step s uses the data of
+the global micro-batches s·A .. s·A + A-1 of a per-epoch seeded permutation (A = accumulation
+steps), and noise, timesteps, flips and label dropout drawn from a generator seeded by (seed, s)
+for the *global* batch, each rank taking its slice. So P processes with micro-batch B/P compute
+what one process with batch B computes, and a resumed run continues the very same stream.
+
+`train.batch_size` is the global batch per optimizer step; the LR schedule and EMA count optimizer
+steps only, so both are right under accumulation and any number of processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
+from diffusers.optimization import get_scheduler
+from diffusers.training_utils import EMAModel
+from tqdm.auto import tqdm
+
+from denoiser import checkpoint as ckpt
+from denoiser.config import RunConfig
+from denoiser.data import ImageDataset, load_datasets
+from denoiser.diffusion import Diffusion
+from denoiser.pipeline import save_pipeline
+from denoiser.run_dir import prepare_output_dir, read_losses, record_loss, truncate_losses, write_run_info
+from denoiser.sample import make_sampler, sample, save_grid
+from denoiser.unet import UNet
+from denoiser.visualize import loss_curve
+
+__all__ = ["train", "TrainingError", "batch_indices"]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    pass
+
+
+def batch_indices(num_images: int, global_micro_batch: int, micro_step: int, seed: int) -> torch.Tensor:
+    """Indices of global micro-batch number `micro_step`: epochs are seeded permutations, last partial batch dropped."""
+    per_epoch = num_images // global_micro_batch
+    epoch, b = divmod(micro_step, per_epoch)
+    perm = torch.randperm(num_images, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return perm[b * global_micro_batch : (b + 1) * global_micro_batch]
+
+
+@dataclass
+class _Stop:
+    signum: int | None = None
+    handlers: dict = field(default_factory=dict)
+
+    def install(self) -> None:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self.handlers[s] = signal.signal(s, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def restore(self) -> None:
+        for s, h in self.handlers.items():
+            signal.signal(s, h)
+
+
+def _check_setup(cfg: RunConfig, world: int, train_ds: ImageDataset) -> int:
+    t = cfg.train
+    per_step = world * t.gradient_accumulation_steps
+    if t.batch_size % per_step:
+        raise ValueError(
+            f"train.batch_size={t.batch_size} must be divisible by processes x gradient_accumulation_steps "
+            f"= {world} x {t.gradient_accumulation_steps}; pick a multiple of {per_step}"
+        )
+    micro = t.batch_size // per_step
+    if len(train_ds) < micro * world:
+        raise ValueError(f"the training set has {len(train_ds)} images, fewer than one global micro-batch ({micro * world})")
+    n_cls = cfg.model.get("num_class_embeds")
+    if n_cls and len(train_ds.classes) > n_cls:
+        raise ValueError(
+            f"model.num_class_embeds={n_cls} but the data has {len(train_ds.classes)} classes; "
+            f"set model.num_class_embeds: {len(train_ds.classes)}"
+        )
+    return micro
+
+
+def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, overwrite: bool = False) -> Path:
+    """Train a UNet as configured; returns the exported model folder (`output_dir/model`)."""
+    t = cfg.train
+    out = Path(output_dir)
+    accelerator = Accelerator(
+        mixed_precision=t.mixed_precision,
+        log_with="tensorboard",
+        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
+    )
+    world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
+    # Everything that can be wrong is checked before the first step.
+    resume_dir = ckpt.find_checkpoint(out, resume) if resume else None
+    if main:
+        prepare_output_dir(out, cfg, resuming=resume_dir is not None, overwrite=overwrite)
+    accelerator.wait_for_everyone()
+    torch.manual_seed(t.seed)
+    unet = UNet(**cfg.model)
+    train_ds, val_ds = load_datasets(cfg.data, unet.config.sample_size)
+    micro = _check_setup(cfg, world, train_ds)
+    G = micro * world  # global micro-batch
+    A = t.gradient_accumulation_steps
+
+    conditional = bool(unet.config.num_class_embeds)
+    if t.channels_last:
+        unet = unet.to(memory_format=torch.channels_last)
+    diffusion = Diffusion.from_config(cfg.diffusion)
+    optimizer = torch.optim.AdamW(
+        unet.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay
+    )
+    # Stepped by us once per optimizer step (not prepared: Accelerate would step it once per process).
+    lr_scheduler = get_scheduler(
+        t.lr_scheduler, optimizer, num_warmup_steps=t.lr_warmup_steps, num_training_steps=t.max_steps
+    )
+    ema = None
+    if t.ema:
+        ema = EMAModel(
+            unet.parameters(), decay=t.ema_max_decay, use_ema_warmup=True, inv_gamma=t.ema_inv_gamma,
+            power=t.ema_power, model_cls=UNet, model_config=unet.config,
+        )
+    model_fwd = torch.compile(unet) if t.compile else unet
+    model, optimizer = accelerator.prepare(model_fwd, optimizer)
+    if ema is not None:
+        ema.to(accelerator.device)
+
+    step = 0
+    if resume_dir is not None:
+        state = ckpt.load_checkpoint(accelerator, resume_dir, ema)
+        lr_scheduler.load_state_dict(state["lr_scheduler"])
+        step = state["step"]
+        if main:
+            truncate_losses(out, step)
+        logger.info("resumed from %s at step %d", resume_dir, step)
+    if main:
+        ckpt.remove_partial(out)
+        write_run_info(out, cfg, world)
+        accelerator.init_trackers("denoiser", config=_flat_hparams(cfg))
+    accelerator.wait_for_everyone()
+
+    stop = _Stop()
+    stop.install()
+    bar = tqdm(total=t.max_steps, initial=step, disable=not main, desc="train", dynamic_ncols=True)
+    seen = torch.zeros(2, dtype=torch.float64)  # images seen by this rank, checksum of their indices
+    tic, tic_step = time.perf_counter(), step
+    try:
+        while step < t.max_steps:
+            torch.manual_seed(t.seed * 1_000_003 + step * 97 + rank)  # dropout stream: a function of (step, rank)
+            gen = torch.Generator().manual_seed(t.seed * 7_919 + step)  # global noise, shared by all ranks
+            model.train()
+            loss_sum = torch.zeros((), device=accelerator.device)
+            for a in range(A):
+                idx = batch_indices(len(train_ds), G, step * A + a, t.seed)
+                x0, labels = train_ds.batch(idx)
+                noise = torch.randn(x0.shape, generator=gen)
+                timesteps = diffusion.sample_timesteps(G, gen)
+                flip = torch.rand(G, generator=gen) < 0.5
+                drop = torch.rand(G, generator=gen) < t.class_dropout
+                mine = slice(rank * micro, (rank + 1) * micro)
+                x0, labels, noise, timesteps = x0[mine], labels[mine], noise[mine], timesteps[mine]
+                if cfg.data.random_flip:
+                    x0 = torch.where(flip[mine, None, None, None], x0.flip(-1), x0)
+                if conditional:
+                    labels = torch.where(drop[mine], unet.config.num_class_embeds, labels).to(accelerator.device)
+                seen += torch.tensor([micro, float(idx[mine].double().mul(step * A + a + 1).sum())], dtype=torch.float64)
+                x0 = x0.to(accelerator.device, memory_format=torch.channels_last if t.channels_last else torch.preserve_format)
+                sync = a == A - 1
+                ctx = accelerator.no_sync(model) if not sync else contextlib.nullcontext()
+                with ctx:
+                    loss = diffusion.training_loss(
+                        model, x0, labels if conditional else None, noise=noise.to(x0), timesteps=timesteps.to(x0.device),
+                        snr_gamma=t.snr_gamma,
+                    )
+                    accelerator.backward(loss / A)
+                loss_sum += loss.detach() / A
+            grad_norm = None
+            if t.max_grad_norm is not None:
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+            loss_mean = accelerator.reduce(loss_sum, "mean")
+            if not torch.isfinite(loss_mean):
+                raise TrainingError(
+                    f"loss is {float(loss_mean)} at step {step + 1}; stopped without saving this state. "
+                    f"The last good checkpoint is {_last(out)}; lower train.lr or use mixed_precision: no"
+                )
+            optimizer.step()
+            if not accelerator.optimizer_step_was_skipped:
+                lr_scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if ema is not None:
+                ema.step(accelerator.unwrap_model(model).parameters())
+            step += 1
+
+            if main:
+                bar.update(1)
+                elapsed = time.perf_counter() - tic
+                ips = (step - tic_step) * t.batch_size / max(elapsed, 1e-9)
+                bar.set_postfix(loss=f"{float(loss_mean):.4f}", img_s=f"{ips:.1f}", refresh=False)
+                record_loss(out, step, float(loss_mean))
+                if step % t.log_every == 0 or step == t.max_steps:
+                    logs = {"loss": float(loss_mean), "lr": lr_scheduler.get_last_lr()[0], "img_per_s": ips}
+                    if grad_norm is not None:
+                        logs["grad_norm"] = float(grad_norm)
+                    accelerator.log(logs, step=step)
+            if t.sample_every and (step % t.sample_every == 0 or step == t.max_steps):
+                if main:
+                    _sample_grid(accelerator.unwrap_model(model), ema, diffusion, cfg, out, step)
+                accelerator.wait_for_everyone()
+            stop_now = torch.tensor(float(stop.signum or 0), device=accelerator.device)
+            stop_now = accelerator.reduce(stop_now, "max")
+            if step % t.checkpoint_every == 0 or step == t.max_steps or stop_now > 0:
+                state = {"step": step, "lr_scheduler": lr_scheduler.state_dict(), "world_size": world}
+                ckpt.save_checkpoint(accelerator, out, step, state, ema)
+                if main:
+                    ckpt.prune_checkpoints(out, t.keep_checkpoints)
+            if stop_now > 0:
+                signum = int(stop_now)
+                if main:
+                    bar.write(f"stopped by signal {signum} at step {step}; checkpoint saved. Continue with --resume latest")
+                raise SystemExit(128 + signum)
+    finally:
+        bar.close()
+        stop.restore()
+        accelerator.end_training()
+
+    all_seen = accelerator.gather(seen.to(accelerator.device)[None]).cpu()  # (world, 2)
+    model_dir = out / "model"
+    if main:
+        final = _export_unet(accelerator.unwrap_model(model), ema)
+        save_pipeline(final, diffusion.scheduler, model_dir)
+        summary = {
+            "step": step,
+            "images_seen": int(all_seen[:, 0].sum()),
+            "per_rank": [{"rank": r, "images": int(n), "index_checksum": float(c)} for r, (n, c) in enumerate(all_seen.tolist())],
+            "lr": lr_scheduler.get_last_lr()[0],
+            "validation_images": len(val_ds),
+        }
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
+    accelerator.wait_for_everyone()
+    return model_dir
+
+
+def _last(out: Path) -> str:
+    found = ckpt.complete_checkpoints(out)
+    return str(found[-1]) if found else "none (no checkpoint yet)"
+
+
+def _export_unet(unet: UNet, ema: EMAModel | None) -> UNet:
+    """A plain fp32 copy of the trained UNet (with the EMA weights when EMA is on), contiguous."""
+    unet = getattr(unet, "_orig_mod", unet)  # torch.compile wrapper
+    final = UNet.from_config(unet.config)
+    final.load_state_dict({k: v.detach().float().contiguous() for k, v in unet.state_dict().items()})
+    if ema is not None:
+        ema.copy_to(final.parameters())
+    return final.eval()
+
+
+def _sample_grid(unet: UNet, ema: EMAModel | None, diffusion: Diffusion, cfg: RunConfig, out: Path, step: int) -> None:
+    """A fixed-seed DDIM grid from the (EMA) weights, and the loss curve so far."""
+    final = _export_unet(unet, ema).to(unet.device)
+    scheduler = make_sampler("ddim", diffusion.scheduler.config)
+    t = cfg.train
+    labels = None
+    if final.config.num_class_embeds:  # one row per class, as far as the grid has room
+        labels = torch.arange(t.num_sample_images) % final.config.num_class_embeds
+    result = sample(final, scheduler, t.num_sample_images, t.sample_steps, seed=0, class_labels=labels)
+    save_grid(result.images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
+    steps, losses = read_losses(out)
+    loss_curve(steps, losses).save(out / "loss.png")
+
+
+def _flat_hparams(cfg: RunConfig) -> dict:
+    flat = {}
+    for section, values in cfg.to_dict().items():
+        for k, v in values.items():
+            if isinstance(v, (int, float, str, bool)):
+                flat[f"{section}.{k}"] = v
+    return flat
+
+
+def main() -> None:  # `accelerate launch -m denoiser.train ...`
+    from denoiser.cli import main as cli_main
+
+    cli_main(["train", *__import__("sys").argv[1:]])
+
+
+if __name__ == "__main__":
+    main()

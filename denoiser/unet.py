@@ -1,0 +1,236 @@
+"""The attention U-Net noise predictor of Ho et al. 2020 (DDPM), as a diffusers model.
+
+Conv ResBlocks with the timestep embedding added, a down path whose outputs are kept as skips, a
+middle block (ResBlock, attention, ResBlock) and an up path that concatenates the skips back in.
+Pixel self-attention (`SpatialSelfAttention`) follows the ResBlocks at the resolutions listed in
+`attention_resolutions`.
+
+`UNet` subclasses diffusers' `ModelMixin` and `ConfigMixin` (imported by name, which is what lets a
+saved pipeline import it again), so `save_pretrained`/`from_pretrained`, `DDPMPipeline` and
+`DDIMPipeline` work with it unchanged. Its forward returns diffusers' `UNet2DOutput`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from diffusers.models.unets.unet_2d import UNet2DOutput
+from torch import nn
+
+from denoiser.attention import SpatialSelfAttention
+
+__all__ = ["UNet", "ResBlock", "timestep_embedding"]
+
+
+def timestep_embedding(timesteps: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """Sinusoidal embedding of (B,) timesteps -> (B, dim), as in the Transformer and DDPM."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, device=timesteps.device) / half)
+    args = timesteps.float()[:, None] * freqs[None]  # (B, half)
+    emb = torch.cat([torch.sin(args), torch.cos(args)], dim=-1)  # (B, 2·half)
+    if dim % 2:
+        emb = F.pad(emb, (0, 1))
+    return emb
+
+
+class ResBlock(nn.Module):
+    """GroupNorm -> SiLU -> conv, + projected timestep embedding, GroupNorm -> SiLU -> dropout -> conv, + skip."""
+
+    def __init__(self, in_channels: int, out_channels: int, temb_channels: int, dropout: float, groups: int):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, in_channels, eps=1e-6)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        self.temb_proj = nn.Linear(temb_channels, out_channels)
+        self.norm2 = nn.GroupNorm(groups, out_channels, eps=1e-6)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        self.skip = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = h + self.temb_proj(temb)[:, :, None, None]  # (B, C_out, 1, 1) broadcast over pixels
+        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
+        return self.skip(x) + h
+
+
+class Downsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class Upsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Level(nn.Module):
+    """One resolution of the down or up path: ResBlocks, each followed by attention where enabled."""
+
+    def __init__(self, res: Sequence[ResBlock], attn: Sequence[nn.Module], resample: nn.Module | None):
+        super().__init__()
+        self.res = nn.ModuleList(res)
+        self.attn = nn.ModuleList(attn)  # empty, or one per ResBlock
+        self.resample = resample
+
+
+class UNet(ModelMixin, ConfigMixin):
+    """Noise-prediction U-Net with pixel self-attention; `UNet()` is the small CIFAR-10 default.
+
+    The default (32×32×3, channels 64-128-128, 2 ResBlocks per level, attention at 16×16, 8×8 and in
+    the middle) has about 6.8M parameters. `sample_size` must be divisible by 2**(levels - 1).
+    """
+
+    @register_to_config
+    def __init__(
+        self,
+        sample_size: int = 32,
+        in_channels: int = 3,
+        out_channels: int = 3,
+        base_channels: int = 64,
+        channel_mult: Sequence[int] = (1, 2, 2),
+        layers_per_block: int = 2,
+        attention_resolutions: Sequence[int] = (16, 8),
+        mid_attention: bool = True,
+        num_heads: int | None = 1,
+        attention_head_dim: int | None = None,
+        dropout: float = 0.0,
+        norm_num_groups: int = 32,
+        num_class_embeds: int | None = None,
+    ):
+        super().__init__()
+        _validate(sample_size, base_channels, channel_mult, layers_per_block, norm_num_groups)
+        if attention_head_dim is not None:
+            num_heads = None  # heads follow from each block's channels
+        temb_dim = 4 * base_channels
+        groups = norm_num_groups
+
+        def attention(ch: int) -> SpatialSelfAttention:
+            return SpatialSelfAttention(ch, num_heads, attention_head_dim, groups)
+
+        self.time_embed = nn.Sequential(nn.Linear(base_channels, temb_dim), nn.SiLU(), nn.Linear(temb_dim, temb_dim))
+        # One extra row: the "no class" embedding, used when class_labels is None (and for label dropout).
+        self.class_embed = nn.Embedding(num_class_embeds + 1, temb_dim) if num_class_embeds else None
+        self.conv_in = nn.Conv2d(in_channels, base_channels, 3, padding=1)
+
+        # Down path: remember every output's channels; the up path consumes them in reverse.
+        skip_channels = [base_channels]
+        ch, res = base_channels, sample_size
+        self.down = nn.ModuleList()
+        for i, mult in enumerate(channel_mult):
+            blocks, attns = [], []
+            for _ in range(layers_per_block):
+                blocks.append(ResBlock(ch, base_channels * mult, temb_dim, dropout, groups))
+                ch = base_channels * mult
+                if res in attention_resolutions:
+                    attns.append(attention(ch))
+                skip_channels.append(ch)
+            last = i == len(channel_mult) - 1
+            self.down.append(Level(blocks, attns, None if last else Downsample(ch)))
+            if not last:
+                skip_channels.append(ch)
+                res //= 2
+
+        self.mid_res1 = ResBlock(ch, ch, temb_dim, dropout, groups)
+        self.mid_attn = attention(ch) if mid_attention else None
+        self.mid_res2 = ResBlock(ch, ch, temb_dim, dropout, groups)
+
+        self.up = nn.ModuleList()
+        for i, mult in reversed(list(enumerate(channel_mult))):
+            blocks, attns = [], []
+            for _ in range(layers_per_block + 1):
+                blocks.append(ResBlock(ch + skip_channels.pop(), base_channels * mult, temb_dim, dropout, groups))
+                ch = base_channels * mult
+                if res in attention_resolutions:
+                    attns.append(attention(ch))
+            self.up.append(Level(blocks, attns, Upsample(ch) if i > 0 else None))
+            if i > 0:
+                res *= 2
+
+        self.norm_out = nn.GroupNorm(groups, ch, eps=1e-6)
+        self.conv_out = nn.Conv2d(ch, out_channels, 3, padding=1)
+
+    def _embed(self, timestep, class_labels, batch: int, device) -> torch.Tensor:
+        t = torch.as_tensor(timestep, device=device)
+        if t.ndim > 1 or (t.ndim == 1 and t.shape[0] not in (1, batch)):
+            raise ValueError(f"timestep must be a number, a 0-d tensor or a ({batch},) tensor, got shape {tuple(t.shape)}")
+        t = t.reshape(-1).expand(batch)  # (B,)
+        temb = self.time_embed(timestep_embedding(t, self.config.base_channels).to(self.dtype))  # (B, 4C)
+        if self.class_embed is not None:
+            null = self.config.num_class_embeds
+            if class_labels is None:
+                class_labels = torch.full((batch,), null, device=device, dtype=torch.long)
+            class_labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(batch)
+            if ((class_labels < 0) | (class_labels > null)).any():
+                raise ValueError(f"class_labels must lie in 0..{null - 1} (or {null} for 'no class')")
+            temb = temb + self.class_embed(class_labels)
+        elif class_labels is not None:
+            raise ValueError("class_labels were given but this UNet has no classes (num_class_embeds is None)")
+        return temb
+
+    def forward(
+        self,
+        sample: torch.Tensor,
+        timestep: torch.Tensor | float | int,
+        class_labels: torch.Tensor | None = None,
+        return_dict: bool = True,
+    ) -> UNet2DOutput | tuple[torch.Tensor]:
+        """sample (B, in_channels, H, W), timestep (), (1,) or (B,) -> predicted noise (B, out_channels, H, W)."""
+        temb = self._embed(timestep, class_labels, sample.shape[0], sample.device)
+        h = self.conv_in(sample)
+        skips = [h]
+        for level in self.down:
+            for j, block in enumerate(level.res):
+                h = block(h, temb)
+                if level.attn:
+                    h = level.attn[j](h)
+                skips.append(h)
+            if level.resample is not None:
+                h = level.resample(h)
+                skips.append(h)
+        h = self.mid_res1(h, temb)
+        if self.mid_attn is not None:
+            h = self.mid_attn(h)
+        h = self.mid_res2(h, temb)
+        for level in self.up:
+            for j, block in enumerate(level.res):
+                h = block(torch.cat([h, skips.pop()], dim=1), temb)  # (B, C + C_skip, H, W)
+                if level.attn:
+                    h = level.attn[j](h)
+            if level.resample is not None:
+                h = level.resample(h)
+        out = self.conv_out(F.silu(self.norm_out(h)))
+        if not return_dict:
+            return (out,)
+        return UNet2DOutput(sample=out)
+
+
+def _validate(sample_size, base_channels, channel_mult, layers_per_block, norm_num_groups) -> None:
+    factor = 2 ** (len(channel_mult) - 1)
+    if not channel_mult:
+        raise ValueError("channel_mult needs at least one level, e.g. [1, 2, 2]")
+    if sample_size <= 0 or sample_size % factor:
+        raise ValueError(
+            f"sample_size must be divisible by {factor} (2**(len(channel_mult)-1)), got {sample_size}; "
+            "change sample_size or use fewer levels"
+        )
+    if layers_per_block < 1:
+        raise ValueError(f"layers_per_block must be at least 1, got {layers_per_block}")
+    for mult in channel_mult:
+        if (base_channels * mult) % norm_num_groups:
+            raise ValueError(
+                f"norm_num_groups={norm_num_groups} must divide every level's channels, "
+                f"but base_channels*mult = {base_channels}*{mult} = {base_channels * mult}"
+            )

@@ -1,0 +1,141 @@
+"""Pictures people would rather look at than read: attention overlays and loss curves, as PIL images.
+
+Pure PIL and torch (no plotting library): a perceptual heat colormap, heatmaps upsampled to the
+image and blended over it with the query pixel marked, a labelled panel of every attention layer,
+and a loss curve with log-scaled y axis.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw, ImageFont
+
+from denoiser.attention import AttentionRecord
+
+__all__ = ["heat_colormap", "overlay", "layer_label", "attention_panel", "loss_curve"]
+
+# Anchor colours of a dark-to-bright heat map (black-purple-red-orange-yellow-white), our own choice.
+_HEAT = torch.tensor(
+    [[0, 0, 4], [60, 15, 110], [150, 40, 100], [220, 70, 50], [250, 160, 20], [252, 255, 200]], dtype=torch.float32
+) / 255.0
+
+
+def heat_colormap(values: torch.Tensor) -> torch.Tensor:
+    """(H, W) in [0, 1] -> (3, H, W) RGB in [0, 1], by linear interpolation between anchors."""
+    v = values.clamp(0, 1) * (len(_HEAT) - 1)
+    lo = v.floor().long().clamp(max=len(_HEAT) - 2)
+    frac = (v - lo).unsqueeze(-1)  # (H, W, 1)
+    rgb = _HEAT[lo] * (1 - frac) + _HEAT[lo + 1] * frac  # (H, W, 3)
+    return rgb.permute(2, 0, 1)  # (3, H, W)
+
+
+def overlay(image: torch.Tensor, heat: torch.Tensor, query: tuple[int, int] | None = None, alpha: float = 0.6) -> torch.Tensor:
+    """Blend a heatmap over an image. image (3, S, S) in [0, 1]; heat (h, w) any scale -> (3, S, S).
+
+    The heatmap is normalised to its max and upsampled (nearest: each cell is one attended pixel of
+    the layer's grid); `query` (y, x) in image pixels is marked with a cyan box.
+    """
+    S_h, S_w = image.shape[-2:]
+    heat = heat.float()
+    heat = heat / heat.max().clamp(min=1e-12)
+    up = F.interpolate(heat[None, None], size=(S_h, S_w), mode="nearest")[0, 0]  # (S, S)
+    out = (1 - alpha) * image.float() + alpha * heat_colormap(up)
+    if query is not None:
+        y, x = query
+        out[:, y, x] = torch.tensor([0.0, 1.0, 1.0])
+    return out.clamp(0, 1)
+
+
+def layer_label(record: AttentionRecord) -> str:
+    """'down.1.attn.0' at 16×16 -> 'down 16×16 #1'; 'mid_attn' -> 'mid 8×8'."""
+    parts = record.name.split(".")
+    size = f"{record.size[0]}×{record.size[1]}" if record.size else f"{record.q.shape[2]} tokens"
+    if parts[0].startswith("mid"):
+        return f"mid {size}"
+    if len(parts) >= 4 and parts[2] == "attn":
+        return f"{parts[0]} {size} #{int(parts[3]) + 1}"
+    return f"{record.name} {size}"
+
+
+def _font(size: int = 12):
+    return ImageFont.load_default(size=size)
+
+
+def _to_pil(x: torch.Tensor, scale: int) -> Image.Image:
+    arr = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    img = Image.fromarray(arr)
+    return img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
+
+
+def attention_panel(
+    image: torch.Tensor,
+    records: Sequence[AttentionRecord],
+    query: tuple[int, int],
+    batch_index: int = 0,
+    per_head: bool = True,
+    cell: int = 96,
+) -> Image.Image:
+    """One row per attention layer: the image, the head-averaged map, then each head's map.
+
+    `query` is (y, x) in image pixels; each layer maps it onto its own grid. Exact weights are
+    rebuilt from the captured q and k.
+    """
+    S = image.shape[-1]
+    scale = max(1, cell // S)
+    max_heads = max(r.num_heads for r in records) if per_head else 0
+    cols = 2 + (max_heads if max_heads > 1 else 0)
+    label_h, pad = 18, 4
+    tile = S * scale
+    panel = Image.new("RGB", (cols * (tile + pad) + pad, len(records) * (tile + label_h + pad) + pad), "white")
+    draw = ImageDraw.Draw(panel)
+    for row, rec in enumerate(records):
+        H, W = rec.size
+        yq, xq = query[0] * H // S, query[1] * W // S  # image pixel -> this layer's grid
+        w = rec.weights((yq, xq))[batch_index]  # (h, H, W)
+        tiles = [("image", image), ("mean of heads", overlay(image, w.mean(0), query))]
+        if per_head and rec.num_heads > 1:
+            tiles += [(f"head {i}", overlay(image, w[i], query)) for i in range(rec.num_heads)]
+        y0 = pad + row * (tile + label_h + pad)
+        for col, (name, t) in enumerate(tiles):
+            x0 = pad + col * (tile + pad)
+            text = f"{layer_label(rec)}" if col == 0 else name
+            draw.text((x0, y0), text, fill="black", font=_font(11))
+            panel.paste(_to_pil(t, scale), (x0, y0 + label_h))
+    return panel
+
+
+def loss_curve(steps: Sequence[int], losses: Sequence[float], title: str = "training loss", size=(640, 360)) -> Image.Image:
+    """A loss curve (log y axis, raw points faint, a moving average bold) as a PIL image."""
+    W, H = size
+    img = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(img)
+    left, right, top, bottom = 60, 15, 28, 35
+    draw.text((left, 6), title, fill="black", font=_font(13))
+    if len(steps) < 2:
+        draw.text((left, H // 2), "not enough points yet", fill="gray", font=_font(12))
+        return img
+    ys = [math.log10(max(v, 1e-8)) for v in losses]
+    window = max(1, len(ys) // 50)
+    smooth = [sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
+    lo, hi = min(ys), max(ys)
+    hi = hi if hi > lo else lo + 1
+    x_lo, x_hi = steps[0], max(steps[-1], steps[0] + 1)
+
+    def px(s, y):
+        return left + (s - x_lo) / (x_hi - x_lo) * (W - left - right), top + (hi - y) / (hi - lo) * (H - top - bottom)
+
+    draw.rectangle([left, top, W - right, H - bottom], outline="black")
+    for frac in (0.0, 0.5, 1.0):
+        y = lo + frac * (hi - lo)
+        _, yy = px(x_lo, y)
+        draw.text((4, yy - 6), f"{10**y:.3g}", fill="black", font=_font(10))
+        xx, _ = px(x_lo + frac * (x_hi - x_lo), lo)
+        draw.text((xx - 12, H - bottom + 4), f"{int(x_lo + frac * (x_hi - x_lo))}", fill="black", font=_font(10))
+    draw.line([px(s, y) for s, y in zip(steps, ys)], fill=(180, 200, 230), width=1)
+    draw.line([px(s, y) for s, y in zip(steps, smooth)], fill=(20, 60, 160), width=2)
+    draw.text((W // 2 - 20, H - 16), "step", fill="black", font=_font(11))
+    return img
