@@ -95,8 +95,7 @@ def scaled_dot_product_attention(
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k and v must have the same number of keys, got {k.shape[-2]} and {v.shape[-2]}")
     out_dtype = q.dtype
-    if q.dtype in (torch.float16, torch.bfloat16):
-        q, k, v = q.float(), k.float(), v.float()
+    q, k, v = _at_least_fp32(q), _at_least_fp32(k), _at_least_fp32(v)
     # (2) scaled scores, masked
     scores = attention_scores(q, k, attn_mask, is_causal, scale)  # (..., L, S)
     # (3) softmax over keys; a fully masked row has max -inf and would give NaN: make it zero
@@ -284,8 +283,8 @@ class AttentionRecord:
     def scores(self, query: int | tuple[int, int]) -> torch.Tensor:
         """Stage (2) for one query: scaled q·kᵀ before the softmax, (B, h, H, W) (or (B, h, N))."""
         n = self._row(query)
-        q = self.q[:, :, n : n + 1].float()  # (B, h, 1, d)
-        row = attention_scores(q, self.k.float(), scale=self.scale)  # (B, h, 1, N)
+        q, k = _at_least_fp32(self.q[:, :, n : n + 1]), _at_least_fp32(self.k)  # (B, h, 1, d), (B, h, N, d)
+        row = attention_scores(q, k, scale=self.scale)  # (B, h, 1, N)
         return self._shape(row.squeeze(2))
 
     def weights(self, query: int | tuple[int, int]) -> torch.Tensor:
@@ -293,6 +292,10 @@ class AttentionRecord:
         scores = self.scores(query)
         flat = scores.flatten(2)  # (B, h, N)
         return torch.softmax(flat, dim=-1).reshape(scores.shape)
+
+
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def _record_name(module_name: str) -> str:

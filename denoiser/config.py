@@ -106,6 +106,16 @@ def _type_ok(value: Any, annotation: Any) -> bool:
     return isinstance(value, annotation)
 
 
+def _coerce(value: Any, annotation: Any) -> Any:
+    """YAML 1.1 reads `1e-4` (no dot) as a string; accept it where a float is expected."""
+    if isinstance(value, str) and _type_ok(1.5, annotation) and not _type_ok(value, annotation):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
@@ -126,7 +136,9 @@ def _build(raw: dict[str, Any], source: str) -> RunConfig:
     errors = []
     model = raw.get("model") or {}
     params = _model_signature()
-    for key, value in model.items():
+    for key, value in list(model.items()):
+        if key in params:
+            value = model[key] = _coerce(value, params[key])
         if key not in params:
             errors.append(f"model.{key} is not a UNet argument (allowed: {', '.join(params)})")
         elif not _type_ok(value, params[key]):
@@ -138,6 +150,7 @@ def _build(raw: dict[str, Any], source: str) -> RunConfig:
             errors.append(f"section {name}: must be a mapping, got {values!r}")
             continue
         hints = typing.get_type_hints(cls)
+        values = {k: _coerce(v, hints[k]) if k in hints else v for k, v in values.items()}
         for key, value in values.items():
             if key not in hints:
                 errors.append(f"{name}.{key} is unknown (allowed: {', '.join(hints)})")

@@ -51,9 +51,9 @@ def overlay(image: torch.Tensor, heat: torch.Tensor, query: tuple[int, int] | No
 
 
 def layer_label(record: AttentionRecord) -> str:
-    """'down.1.attn.0' at 16×16 -> 'down 16×16 #1'; 'mid_attn' -> 'mid 8×8'."""
+    """'down.1.attn.0' at 16x16 -> 'down 16x16 #1'; 'mid_attn' -> 'mid 8x8'."""
     parts = record.name.split(".")
-    size = f"{record.size[0]}×{record.size[1]}" if record.size else f"{record.q.shape[2]} tokens"
+    size = f"{record.size[0]}x{record.size[1]}" if record.size else f"{record.q.shape[2]} tokens"
     if parts[0].startswith("mid"):
         return f"mid {size}"
     if len(parts) >= 4 and parts[2] == "attn":
