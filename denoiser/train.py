@@ -231,10 +231,12 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
                 if main:
                     bar.write(f"stopped by signal {signum} at step {step}; checkpoint saved. Continue with --resume latest")
                 raise SystemExit(128 + signum)
+    except BaseException:
+        accelerator.end_training()
+        raise
     finally:
         bar.close()
         stop.restore()
-        accelerator.end_training()
 
     all_seen = accelerator.gather(seen.to(accelerator.device)[None]).cpu()  # (world, 2)
     model_dir = out / "model"
@@ -250,6 +252,7 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
         }
         (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
     accelerator.wait_for_everyone()
+    accelerator.end_training()
     return model_dir
 
 

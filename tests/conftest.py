@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 TINY = dict(
     sample_size=16, base_channels=16, channel_mult=(1, 2), layers_per_block=1, attention_resolutions=(8,),
@@ -20,3 +24,38 @@ def tiny_unet():
     from denoiser import UNet
 
     return UNet(**TINY).eval()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A config small enough that a training step takes milliseconds; dropout off so runs compare exactly.
+TRAIN_CONFIG = {
+    "model": {
+        "sample_size": 8, "base_channels": 16, "channel_mult": [1, 2], "layers_per_block": 1,
+        "attention_resolutions": [4], "num_heads": 2, "norm_num_groups": 8, "num_class_embeds": 4,
+    },
+    "data": {"num_images": 96, "val_size": 8},
+    "train": {
+        "batch_size": 8, "max_steps": 6, "lr": 0.001, "lr_scheduler": "constant_with_warmup", "lr_warmup_steps": 4,
+        "checkpoint_every": 2, "sample_every": 0, "num_sample_images": 4, "sample_steps": 2, "channels_last": False,
+    },
+}
+
+
+def write_config(path: Path, **sections) -> Path:
+    """TRAIN_CONFIG with section updates, e.g. write_config(p, train={"max_steps": 3})."""
+    cfg = {k: dict(v) for k, v in TRAIN_CONFIG.items()}
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def cli(*args: str, launcher: list[str] | None = None, env: dict | None = None, check: bool = True, timeout: int = 300):
+    """Run `denoiser ...` in a subprocess (optionally under a launcher), returning the CompletedProcess."""
+    cmd = (launcher or [sys.executable, "-m", "denoiser.cli"]) + list(args)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    res = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    return res

@@ -1,0 +1,130 @@
+"""The training loop end to end: outputs, exact resume, failures that keep what was saved."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from diffusers import DiffusionPipeline
+from safetensors.torch import load_file
+
+import denoiser  # noqa: F401
+from denoiser.train import batch_indices
+from tests.conftest import cli, write_config
+
+
+def weights(run, name="model.safetensors", step=None):
+    ckpts = sorted((run / "checkpoints").iterdir())
+    folder = ckpts[-1] if step is None else run / "checkpoints" / f"checkpoint-{step:08d}"
+    return load_file(str(folder / name))
+
+
+def test_run_writes_everything_and_exports_a_pipeline(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", train={"sample_every": 3, "log_every": 1})
+    run = tmp_path / "run"
+    res = cli("train", "--config", str(cfg), "--output-dir", str(run))
+    assert "model:" in res.stdout
+    for name in ("config.yaml", "run_info.json", "loss.csv", "loss.png", "train_summary.json", "samples/step-00000003.png"):
+        assert (run / name).is_file(), name
+    assert any((run / "logs").rglob("events.out.tfevents*"))
+    info = json.loads((run / "run_info.json").read_text())[0]
+    assert info["torch"] == torch.__version__ and "git_commit" in info
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["train"]["max_steps"] == 6 and saved["train"]["lr"] == 0.001  # the resolved config
+    assert [p.name for p in sorted((run / "checkpoints").iterdir())] == ["checkpoint-00000004", "checkpoint-00000006"]
+    pipe = DiffusionPipeline.from_pretrained(run / "model")
+    out = pipe(batch_size=2, num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="np")
+    assert out.images.shape == (2, 8, 8, 3)
+    # the export holds the EMA weights, not the raw ones
+    ema = weights(run, "ema.safetensors")
+    exported = pipe.unet.state_dict()
+    raw = weights(run)
+    name = next(k for k in raw if k.endswith("conv_in.weight"))
+    assert torch.equal(exported["conv_in.weight"], ema[str(list(exported).index("conv_in.weight"))])
+    assert not torch.equal(exported["conv_in.weight"], raw[name])
+
+
+def test_resume_continues_exactly(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    cli("train", "--config", str(cfg), "--output-dir", str(straight))
+    cli("train", "--config", str(cfg), "--output-dir", str(split), "--max-steps", "3")  # warmup is 4: LR state matters
+    cli("train", "--config", str(cfg), "--output-dir", str(split), "--resume", "latest")
+    a, b = weights(straight), weights(split)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ea, eb = weights(straight, "ema.safetensors"), weights(split, "ema.safetensors")
+    assert all(torch.equal(ea[k], eb[k]) for k in ea)
+    sa = json.loads((straight / "checkpoints" / "checkpoint-00000006" / "state.json").read_text())
+    sb = json.loads((split / "checkpoints" / "checkpoint-00000006" / "state.json").read_text())
+    assert sa["lr_scheduler"] == sb["lr_scheduler"] and sa["ema"] == sb["ema"]
+    steps = [int(line.split(",")[0]) for line in (split / "loss.csv").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", train={"lr": 1e12, "max_grad_norm": None, "checkpoint_every": 1, "max_steps": 50})
+    run = tmp_path / "run"
+    res = cli("train", "--config", str(cfg), "--output-dir", str(run), check=False)
+    assert res.returncode != 0
+    assert "loss is nan at step" in res.stderr or "loss is inf at step" in res.stderr
+    kept = sorted((run / "checkpoints").iterdir())
+    assert kept and all((p / "state.json").is_file() for p in kept)
+    for p in kept:
+        assert all(torch.isfinite(t).all() for t in load_file(str(p / "model.safetensors")).values())
+    assert not (run / "model").exists()
+
+
+def test_bad_inputs_fail_before_any_work(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml")
+    run = tmp_path / "run"
+    res = cli("train", "--config", str(cfg), "--output-dir", str(run), "--resume", "latest", check=False)
+    assert res.returncode == 2 and "no complete checkpoint" in res.stderr
+    res = cli("train", "--config", str(cfg), "--output-dir", str(run), "--resume", str(tmp_path), check=False)
+    assert res.returncode == 2 and "not a complete checkpoint" in res.stderr
+    res = cli("train", "--config", str(cfg), "--set", "train.batch_size=0", "--output-dir", str(run), check=False)
+    assert res.returncode == 2 and "batch_size must be at least 1" in res.stderr
+    res = cli("train", "--config", str(cfg), "--set", "batch_size=6", "--set", "gradient_accumulation_steps=4",
+              "--output-dir", str(run), check=False)
+    assert res.returncode == 2 and "must be divisible by processes x gradient_accumulation_steps" in res.stderr
+    assert not (run / "checkpoints").exists()
+
+
+def test_output_dir_of_another_config_is_not_overwritten(tmp_path):
+    run = tmp_path / "run"
+    cli("train", "--config", str(write_config(tmp_path / "a.yaml", train={"max_steps": 2})), "--output-dir", str(run))
+    other = write_config(tmp_path / "b.yaml", train={"max_steps": 2, "lr": 0.01})
+    res = cli("train", "--config", str(other), "--output-dir", str(run), check=False)
+    assert res.returncode == 2 and "different config (differs in: train.lr)" in res.stderr
+    res = cli("train", "--config", str(tmp_path / "a.yaml"), "--output-dir", str(run), check=False)
+    assert res.returncode == 2 and "--resume latest" in res.stderr
+    cli("train", "--config", str(other), "--output-dir", str(run), "--overwrite")
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["lr"] == 0.01
+
+
+def test_batch_indices_are_epoch_permutations():
+    seen = torch.cat([batch_indices(20, 5, m, seed=1) for m in range(4)])
+    assert sorted(seen.tolist()) == list(range(20))  # one epoch covers every image once
+    nxt = torch.cat([batch_indices(20, 5, m, seed=1) for m in range(4, 8)])
+    assert not torch.equal(seen, nxt) and sorted(nxt.tolist()) == list(range(20))
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_lr_schedule_counts_optimizer_steps(tmp_path, accum):
+    from diffusers.optimization import get_scheduler
+
+    cfg = write_config(tmp_path / "c.yaml", train={"lr_scheduler": "cosine", "lr_warmup_steps": 2, "max_steps": 5,
+                                                     "gradient_accumulation_steps": accum, "checkpoint_every": 3})
+    run = tmp_path / "run"
+    cli("train", "--config", str(cfg), "--output-dir", str(run))
+    state = json.loads((run / "checkpoints" / "checkpoint-00000003" / "state.json").read_text())
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.001)
+    ref = get_scheduler("cosine", opt, num_warmup_steps=2, num_training_steps=5)
+    for _ in range(3):
+        opt.step()
+        ref.step()
+    assert state["lr_scheduler"]["_last_lr"] == pytest.approx(ref.get_last_lr())
+    assert state["lr_scheduler"]["last_epoch"] == 3
