@@ -3,11 +3,11 @@
     denoiser train --config configs/tiny.yaml
     accelerate launch -m denoiser.train --config configs/cifar10-small.yaml   # DDP on every GPU
 
-Determinism is by construction, not by restoring hidden state: optimizer step s uses the data of
-the global micro-batches s·A .. s·A + A-1 of a per-epoch seeded permutation (A = accumulation
-steps), and noise, timesteps, flips and label dropout drawn from a generator seeded by (seed, s)
-for the *global* batch, each rank taking its slice. So P processes with micro-batch B/P compute
-what one process with batch B computes, and a resumed run continues the very same stream.
+Determinism is by construction, not by restoring hidden state: optimizer step s uses global batch
+s of per-epoch seeded permutations, with noise, timesteps, flips and label dropout drawn for the
+whole global batch from a generator seeded by (seed, s); each process and accumulation step takes
+its slice. So P processes × A accumulation steps with micro-batch B/(P·A) compute what one process
+with batch B computes, and a resumed run continues the very same stream.
 
 `train.batch_size` is the global batch per optimizer step; the LR schedule and EMA count optimizer
 steps only, so both are right under accumulation and any number of processes.
@@ -49,12 +49,12 @@ class TrainingError(RuntimeError):
     pass
 
 
-def batch_indices(num_images: int, global_micro_batch: int, micro_step: int, seed: int) -> torch.Tensor:
-    """Indices of global micro-batch number `micro_step`: epochs are seeded permutations, last partial batch dropped."""
-    per_epoch = num_images // global_micro_batch
-    epoch, b = divmod(micro_step, per_epoch)
+def batch_indices(num_images: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
+    """Indices of the global batch of optimizer step `step`: epochs are seeded permutations, last partial batch dropped."""
+    per_epoch = num_images // batch_size
+    epoch, b = divmod(step, per_epoch)
     perm = torch.randperm(num_images, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-    return perm[b * global_micro_batch : (b + 1) * global_micro_batch]
+    return perm[b * batch_size : (b + 1) * batch_size]
 
 
 @dataclass
@@ -83,8 +83,8 @@ def _check_setup(cfg: RunConfig, world: int, train_ds: ImageDataset) -> int:
             f"= {world} x {t.gradient_accumulation_steps}; pick a multiple of {per_step}"
         )
     micro = t.batch_size // per_step
-    if len(train_ds) < micro * world:
-        raise ValueError(f"the training set has {len(train_ds)} images, fewer than one global micro-batch ({micro * world})")
+    if len(train_ds) < t.batch_size:
+        raise ValueError(f"the training set has {len(train_ds)} images, fewer than one batch ({t.batch_size}); lower train.batch_size")
     n_cls = cfg.model.get("num_class_embeds")
     if n_cls and len(train_ds.classes) > n_cls:
         raise ValueError(
@@ -113,7 +113,6 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
     unet = UNet(**cfg.model)
     train_ds, val_ds = load_datasets(cfg.data, unet.config.sample_size)
     micro = _check_setup(cfg, world, train_ds)
-    G = micro * world  # global micro-batch
     A = t.gradient_accumulation_steps
 
     conditional = bool(unet.config.num_class_embeds)
@@ -160,24 +159,15 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
     try:
         while step < t.max_steps:
             torch.manual_seed(t.seed * 1_000_003 + step * 97 + rank)  # dropout stream: a function of (step, rank)
-            gen = torch.Generator().manual_seed(t.seed * 7_919 + step)  # global noise, shared by all ranks
+            batch = _step_batch(train_ds, diffusion, cfg, step, conditional)  # the whole global batch
             model.train()
             loss_sum = torch.zeros((), device=accelerator.device)
             for a in range(A):
-                idx = batch_indices(len(train_ds), G, step * A + a, t.seed)
-                x0, labels = train_ds.batch(idx)
-                noise = torch.randn(x0.shape, generator=gen)
-                timesteps = diffusion.sample_timesteps(G, gen)
-                flip = torch.rand(G, generator=gen) < 0.5
-                drop = torch.rand(G, generator=gen) < t.class_dropout
-                mine = slice(rank * micro, (rank + 1) * micro)
-                x0, labels, noise, timesteps = x0[mine], labels[mine], noise[mine], timesteps[mine]
-                if cfg.data.random_flip:
-                    x0 = torch.where(flip[mine, None, None, None], x0.flip(-1), x0)
-                if conditional:
-                    labels = torch.where(drop[mine], unet.config.num_class_embeds, labels).to(accelerator.device)
-                seen += torch.tensor([micro, float(idx[mine].double().mul(step * A + a + 1).sum())], dtype=torch.float64)
+                mine = slice((a * world + rank) * micro, (a * world + rank + 1) * micro)  # order: [accum][rank][micro]
+                idx, x0, labels, noise, timesteps = (v[mine] for v in batch)
+                seen += torch.tensor([micro, float(idx.double().mul(step + 1).sum())], dtype=torch.float64)
                 x0 = x0.to(accelerator.device, memory_format=torch.channels_last if t.channels_last else torch.preserve_format)
+                labels = labels.to(accelerator.device)
                 sync = a == A - 1
                 ctx = accelerator.no_sync(model) if not sync else contextlib.nullcontext()
                 with ctx:
@@ -229,7 +219,7 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
             if stop_now > 0:
                 signum = int(stop_now)
                 if main:
-                    bar.write(f"stopped by signal {signum} at step {step}; checkpoint saved. Continue with --resume latest")
+                    logger.warning("stopped by signal %d at step %d; checkpoint saved. Continue with --resume latest", signum, step)
                 raise SystemExit(128 + signum)
     except BaseException:
         accelerator.end_training()
@@ -254,6 +244,28 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return model_dir
+
+
+def _step_batch(ds: ImageDataset, diffusion: Diffusion, cfg: RunConfig, step: int, conditional: bool):
+    """Indices, images, labels, noise and timesteps of optimizer step `step`'s whole global batch.
+
+    A pure function of (seed, step): any split over processes and accumulation steps slices the
+    same numbers, and a resumed run draws exactly what the uninterrupted one drew.
+    """
+    t = cfg.train
+    B = t.batch_size
+    gen = torch.Generator().manual_seed(t.seed * 7_919 + step)
+    idx = batch_indices(len(ds), B, step, t.seed)
+    x0, labels = ds.batch(idx)
+    noise = torch.randn(x0.shape, generator=gen)
+    timesteps = diffusion.sample_timesteps(B, gen)
+    flip = torch.rand(B, generator=gen) < 0.5
+    drop = torch.rand(B, generator=gen) < t.class_dropout
+    if cfg.data.random_flip:
+        x0 = torch.where(flip[:, None, None, None], x0.flip(-1), x0)
+    if conditional:
+        labels = torch.where(drop, cfg.model["num_class_embeds"], labels)  # the "no class" row
+    return idx, x0, labels, noise, timesteps
 
 
 def _last(out: Path) -> str:
