@@ -46,7 +46,8 @@ class DiffusionConfig:
 class TrainConfig:
     seed: int = 0  # seeds model init, data order, noise and dropout
     batch_size: int = 64  # global batch per optimizer step, split over processes and accumulation steps
-    max_steps: int = 10000  # optimizer steps
+    max_steps: int = 10000  # optimizer steps (the LR schedule's length)
+    time_limit_minutes: float | None = None  # stop, checkpoint and export after this much wall-clock (this sitting)
     lr: float = 2e-4  # peak AdamW learning rate
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -170,6 +171,7 @@ def _check_values(cfg: RunConfig, source: str) -> None:
     checks = [
         (t.batch_size >= 1, f"train.batch_size must be at least 1, got {t.batch_size}"),
         (t.max_steps >= 1, f"train.max_steps must be at least 1, got {t.max_steps}"),
+        (t.time_limit_minutes is None or t.time_limit_minutes > 0, f"train.time_limit_minutes must be positive, got {t.time_limit_minutes}"),
         (t.lr > 0, f"train.lr must be positive, got {t.lr}"),
         (t.gradient_accumulation_steps >= 1, f"train.gradient_accumulation_steps must be >= 1, got {t.gradient_accumulation_steps}"),
         (t.mixed_precision in ("no", "bf16", "fp16"), f"train.mixed_precision must be no, bf16 or fp16, got {t.mixed_precision!r}"),

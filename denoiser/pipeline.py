@@ -7,12 +7,13 @@ A model folder is what `DDPMPipeline.save_pretrained` writes (`model_index.json`
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import uuid
 from pathlib import Path
 
 import torch
-from diffusers import DDPMPipeline, DDPMScheduler
+from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
 
 from denoiser.unet import UNet
 
@@ -49,7 +50,10 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> tup
             f"{str(folder)!r} is not a model folder (no unet/config.json); pass a folder written by "
             "`denoiser train` (run_dir/model) or one under weights/"
         )
-    unet = UNet.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32)
+    cls = UNet
+    if json.loads((folder / "unet" / "config.json").read_text()).get("_class_name") == "UNet2DModel":
+        cls = UNet2DModel  # a diffusers reference model (bench/reference_recipe.py), for evaluation
+    unet = cls.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32)
     scheduler = DDPMScheduler.from_pretrained(folder / "scheduler")
     return unet.to(device).eval(), scheduler
 

@@ -8,9 +8,9 @@ exact attention at chosen steps while the fused attention path stays on.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler

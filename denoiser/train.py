@@ -156,6 +156,7 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
     bar = tqdm(total=t.max_steps, initial=step, disable=not main, desc="train", dynamic_ncols=True)
     seen = torch.zeros(2, dtype=torch.float64)  # images seen by this rank, checksum of their indices
     tic, tic_step = time.perf_counter(), step
+    started = time.monotonic()
     try:
         while step < t.max_steps:
             torch.manual_seed(t.seed * 1_000_003 + step * 97 + rank)  # dropout stream: a function of (step, rank)
@@ -205,22 +206,26 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
                     if grad_norm is not None:
                         logs["grad_norm"] = float(grad_norm)
                     accelerator.log(logs, step=step)
-            if t.sample_every and (step % t.sample_every == 0 or step == t.max_steps):
+            # Every rank must agree on stopping: reduce (signal, out of time) with max.
+            flags = torch.tensor([float(stop.signum or 0), float(_out_of_time(t, started))], device=accelerator.device)
+            signum, out_of_time = (int(v) for v in accelerator.reduce(flags, "max"))
+            last = step == t.max_steps or out_of_time
+            if t.sample_every and (step % t.sample_every == 0 or last):
                 if main:
                     _sample_grid(accelerator.unwrap_model(model), ema, diffusion, cfg, out, step)
                 accelerator.wait_for_everyone()
-            stop_now = torch.tensor(float(stop.signum or 0), device=accelerator.device)
-            stop_now = accelerator.reduce(stop_now, "max")
-            if step % t.checkpoint_every == 0 or step == t.max_steps or stop_now > 0:
+            if step % t.checkpoint_every == 0 or last or signum:
                 state = {"step": step, "lr_scheduler": lr_scheduler.state_dict(), "world_size": world}
                 ckpt.save_checkpoint(accelerator, out, step, state, ema)
                 if main:
                     ckpt.prune_checkpoints(out, t.keep_checkpoints)
-            if stop_now > 0:
-                signum = int(stop_now)
+            if signum:
                 if main:
                     logger.warning("stopped by signal %d at step %d; checkpoint saved. Continue with --resume latest", signum, step)
                 raise SystemExit(128 + signum)
+            if out_of_time:
+                logger.warning("train.time_limit_minutes=%s reached at step %d; exporting", t.time_limit_minutes, step)
+                break
     except BaseException:
         accelerator.end_training()
         raise
@@ -266,6 +271,10 @@ def _step_batch(ds: ImageDataset, diffusion: Diffusion, cfg: RunConfig, step: in
     if conditional:
         labels = torch.where(drop, cfg.model["num_class_embeds"], labels)  # the "no class" row
     return idx, x0, labels, noise, timesteps
+
+
+def _out_of_time(t, started: float) -> bool:
+    return t.time_limit_minutes is not None and time.monotonic() - started > 60 * t.time_limit_minutes
 
 
 def _last(out: Path) -> str:

@@ -13,7 +13,7 @@ saved pipeline import it again), so `save_pretrained`/`from_pretrained`, `DDPMPi
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

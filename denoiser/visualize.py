@@ -8,7 +8,7 @@ and a loss curve with log-scaled y axis.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

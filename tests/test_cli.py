@@ -1,0 +1,70 @@
+"""The command line: help, sample, attention and evaluate on a model folder made in the test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from diffusers import DDPMScheduler
+from PIL import Image
+
+from denoiser.cli import main
+from denoiser.pipeline import load_model, resolve_model_dir, save_pipeline
+from tests.conftest import cli
+
+
+@pytest.fixture
+def model_dir(tiny_unet, tmp_path):
+    return save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "model")
+
+
+def test_help_lists_subcommands():
+    out = cli("--help").stdout
+    for sub in ("train", "sample", "attention", "evaluate"):
+        assert sub in out
+
+
+def test_sample_writes_grid_and_trajectory(model_dir, tmp_path, capsys):
+    assert main(["sample", "--model", str(model_dir), "--out", str(tmp_path / "s.png"), "--num-images", "4",
+                 "--steps", "3", "--scale", "1", "--trajectory", str(tmp_path / "t.png"), "--trajectory-every", "1"]) == 0
+    assert Image.open(tmp_path / "s.png").size == (2 * 18 + 2, 2 * 18 + 2)
+    assert Image.open(tmp_path / "t.png").size[1] == 2 * 18 + 2  # two rows: x_t over x0
+    assert main(["sample", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "x.png")]) == 2
+    assert "not a model folder" in capsys.readouterr().err
+
+
+def test_attention_writes_a_panel(model_dir, tmp_path, capsys):
+    assert main(["attention", "--model", str(model_dir), "--pixel", "3,12", "--out", str(tmp_path / "a.png"),
+                 "--steps", "2"]) == 0
+    assert "4 layers" in capsys.readouterr().out
+    assert Image.open(tmp_path / "a.png").width > 200
+    assert main(["attention", "--model", str(model_dir), "--pixel", "16,0", "--out", str(tmp_path / "b.png")]) == 2
+    assert "outside the 16x16 image" in capsys.readouterr().err
+
+
+def test_evaluate_prints_json(model_dir, tmp_path, capsys):
+    for cls in ("a", "b"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (20, 20), (40 * i, 100, 200)).save(tmp_path / "imgs" / cls / f"{i}.png")
+    assert main(["evaluate", "--model", str(model_dir), "--data", str(tmp_path / "imgs"), "--num-images", "4",
+                 "--num-timesteps", "5"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["num_images"] == 4 and res["num_timesteps"] == 5
+    assert res["bits_per_dim"] > 0 and len(res["mse_per_timestep"]) == 5
+
+
+def test_load_model_upcasts_half_weights(tiny_unet, tmp_path):
+    save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "half", dtype=torch.float16)
+    unet, _ = load_model(tmp_path / "half")
+    assert unet.dtype == torch.float32
+    assert tiny_unet.dtype == torch.float32  # the original is untouched
+
+
+def test_model_names_cannot_leave_the_weights_folder(model_dir):
+    root = model_dir.parent
+    assert resolve_model_dir("model", root) == model_dir.resolve()
+    for bad in ("../model", "/etc", "model/../../x", "missing"):
+        with pytest.raises(ValueError, match="unknown model"):
+            resolve_model_dir(bad, root)

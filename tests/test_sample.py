@@ -1,0 +1,73 @@
+"""Our sampling loop against diffusers' pipelines, previews, capture during sampling, grids."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import DDIMPipeline, DDPMPipeline
+from PIL import Image
+
+from denoiser.sample import make_sampler, sample, save_grid, trajectory_strip
+
+
+@pytest.mark.parametrize("name,pipeline_cls,kwargs", [
+    ("ddim", DDIMPipeline, {"eta": 0.0}),
+    ("ddim", DDIMPipeline, {"eta": 1.0}),
+    ("ddpm", DDPMPipeline, {}),
+])
+def test_same_seed_same_images_as_diffusers(tiny_unet, name, pipeline_cls, kwargs):
+    from diffusers import DDPMScheduler
+
+    train = DDPMScheduler()
+    ours = sample(tiny_unet, make_sampler(name, train.config), num_images=2, num_inference_steps=5, seed=7, **kwargs)
+    pipe = pipeline_cls(unet=tiny_unet, scheduler=make_sampler(name, train.config))
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(batch_size=2, num_inference_steps=5, generator=torch.Generator().manual_seed(7), output_type="pt",
+                  **kwargs).images
+    assert torch.equal(ours.images, theirs.permute(0, 3, 1, 2) if theirs.shape[-1] == 3 else theirs)
+
+
+def test_dpm_solver_and_determinism(tiny_unet):
+    from diffusers import DDPMScheduler
+
+    sched = make_sampler("dpm++", DDPMScheduler().config)
+    a = sample(tiny_unet, sched, 2, 4, seed=1).images
+    b = sample(tiny_unet, sched, 2, 4, seed=1).images
+    c = sample(tiny_unet, sched, 2, 4, seed=2).images
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.shape == (2, 3, 16, 16) and a.min() >= 0 and a.max() <= 1
+
+
+def test_callback_trajectory_and_capture(tiny_unet):
+    from diffusers import DDPMScheduler
+
+    seen = []
+    res = sample(tiny_unet, make_sampler("ddim", DDPMScheduler().config), 1, 6, seed=0, trajectory_every=2,
+                 capture_steps=[0, 5], callback=lambda i, t, x, x0: seen.append((i, t, x0.shape)))
+    assert [s[0] for s in seen] == list(range(6))
+    assert len(res.trajectory) == 4  # steps 0, 2, 4 and the last
+    assert sorted(res.attention) == [0, 5] and len(res.attention[5]) == 4
+    plain = sample(tiny_unet, make_sampler("ddim", DDPMScheduler().config), 1, 6, seed=0).images
+    assert torch.equal(plain, res.images)  # capturing never changes the result
+    strip = trajectory_strip(res.trajectory)
+    assert strip.shape == (8, 3, 16, 16)
+
+
+def test_bad_requests_are_explained(tiny_unet):
+    from diffusers import DDPMScheduler
+
+    sched = make_sampler("ddim", DDPMScheduler().config)
+    with pytest.raises(ValueError, match="steps must be in 1..1000"):
+        sample(tiny_unet, sched, 1, 0)
+    with pytest.raises(ValueError, match="unconditional"):
+        sample(tiny_unet, sched, 1, 2, class_labels=1)
+    with pytest.raises(ValueError, match="unknown scheduler"):
+        make_sampler("euler", DDPMScheduler().config)
+
+
+def test_grid_png(tmp_path):
+    path = save_grid(torch.rand(6, 3, 8, 8), tmp_path / "g.png", nrow=3, scale=2)
+    img = Image.open(path)
+    assert img.format == "PNG" and img.size == (2 * (3 * 10 + 2), 2 * (2 * 10 + 2))
+    with pytest.raises(ValueError, match=".png"):
+        save_grid(torch.rand(1, 3, 8, 8), tmp_path / "g.jpg")
