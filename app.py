@@ -1,0 +1,200 @@
+"""The denoiser web app: generate images, then click any pixel to see where the U-Net attends.
+
+    make app                      # or: python app.py [--host 127.0.0.1] [--port 7860] [--share]
+
+UI wiring only; the work lives in `denoiser.explore.Explorer`. One sampling job runs at a time
+(Gradio's queue shows the others their position); each browser session keeps its own generation in
+`gr.State`, so sessions never see each other's images; Gradio's cache of served PNGs is swept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import random
+import threading
+from pathlib import Path
+
+import gradio as gr
+from PIL import Image, ImageDraw
+
+from denoiser.explore import LIMITS, Explorer
+from denoiser.pipeline import WEIGHTS_DIR
+from denoiser.sample import SCHEDULERS, to_pil
+
+DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
+NO_CLASS = "(any)"
+
+
+def _display(gen, image: int, pixel: tuple[int, int] | None) -> Image.Image:
+    img = to_pil(gen.images[image : image + 1], nrow=1, padding=0).resize((DISPLAY, DISPLAY), Image.Resampling.NEAREST)
+    if pixel is not None:
+        S = gen.images.shape[-1]
+        cell = DISPLAY / S
+        y, x = pixel
+        ImageDraw.Draw(img).rectangle([x * cell, y * cell, (x + 1) * cell - 1, (y + 1) * cell - 1], outline=(0, 255, 255), width=2)
+    return img
+
+
+def click_to_pixel(index: tuple[int, int], sample_size: int, display: int = DISPLAY) -> tuple[int, int]:
+    """Gradio reports clicks as (x, y) in the displayed image's own pixels: map them to (y, x) of the model grid."""
+    x, y = index
+    return min(sample_size - 1, int(y) * sample_size // display), min(sample_size - 1, int(x) * sample_size // display)
+
+
+def build_app(explorer: Explorer) -> gr.Blocks:
+    models = explorer.models()
+    default = "synthetic-shapes" if "synthetic-shapes" in models else (models[0] if models else None)
+
+    def class_choices(model):
+        try:
+            names = explorer.classes(model) if model else []
+        except ValueError:
+            names = []
+        return gr.update(choices=[NO_CLASS] + names, value=NO_CLASS, visible=bool(names))
+
+    def generate(model, scheduler, steps, seed, num_images, class_name, progress=gr.Progress()):
+        try:
+            classes = explorer.classes(model) if model else []
+        except ValueError as err:
+            raise gr.Error(str(err)) from None
+        if class_name not in (None, "", NO_CLASS) and class_name not in classes:
+            raise gr.Error(f"class {class_name!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
+        label = classes.index(class_name) if class_name in classes else None
+        previews: queue.Queue = queue.Queue()
+        result: dict = {}
+
+        def on_step(i, total, x0):
+            progress((i + 1, total), desc="denoising")
+            if i % max(1, total // 10) == 0 or i == total - 1:
+                previews.put(x0)
+
+        def work():
+            try:
+                result["gen"] = explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step)
+            except ValueError as err:
+                result["error"] = str(err)
+            finally:
+                previews.put(None)
+
+        threading.Thread(target=work, daemon=True).start()
+        while (x0 := previews.get()) is not None:
+            yield to_pil(x0), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        if "error" in result:
+            raise gr.Error(result["error"])
+        gen = result["gen"]
+        gallery = [to_pil(gen.images[i : i + 1], nrow=1, padding=0) for i in range(gen.images.shape[0])]
+        layers = explorer.layer_names(gen, gen.num_steps - 1)
+        yield (
+            to_pil(gen.images), gallery, gen,
+            gr.update(maximum=gen.images.shape[0] - 1, value=0),
+            gr.update(maximum=gen.num_steps - 1, value=gen.num_steps - 1),
+            _display(gen, 0, None),
+            gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
+        )
+
+    def show(gen, image, step):
+        if gen is None:
+            return None, None
+        return _display(gen, int(image), None), None
+
+    def at_pixel(gen, image, step, y, x, layer, head):
+        if gen is None:
+            raise gr.Error("generate images first (Sample tab)")
+        pixel = (y, x)
+        try:
+            maps = explorer.attention_maps(gen, image, step, pixel)
+            stages, text = explorer.four_stages(gen, image, step, pixel, layer or 0, head or 0)
+        except ValueError as err:
+            raise gr.Error(str(err)) from None
+        y, x = int(y), int(x)
+        return (y, x), y, x, _display(gen, int(image), (y, x)), maps, stages, text
+
+    def click(gen, image, step, layer, head, evt: gr.SelectData):
+        if gen is None:
+            raise gr.Error("generate images first (Sample tab)")
+        y, x = click_to_pixel(evt.index, gen.images.shape[-1])
+        return at_pixel(gen, image, step, y, x, layer, head)
+
+    def restage(gen, image, step, pixel, layer, head):
+        if gen is None or pixel is None:
+            return None, ""
+        try:
+            return explorer.four_stages(gen, image, step, pixel, layer or 0, head or 0)
+        except ValueError as err:
+            raise gr.Error(str(err)) from None
+
+    with gr.Blocks(title="denoiser", delete_cache=(300, 900)) as app:
+        gen_state = gr.State(None)
+        pixel_state = gr.State(None)
+        gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, then click any pixel on "
+                    "the **Attention** tab to see where each attention layer of the U-Net looks.")
+        with gr.Tab("Sample"):
+            with gr.Row():
+                with gr.Column(scale=1):
+                    model = gr.Dropdown(models, value=default, label="model (folders under weights/)")
+                    scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler")
+                    steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps")
+                    with gr.Row():
+                        seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
+                        randomise = gr.Button("🎲 randomise", size="sm")
+                    num_images = gr.Slider(*LIMITS["num_images"], value=8, step=1, label="images")
+                    # custom values allowed: choices follow the chosen model; generate() validates them
+                    class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class", visible=False,
+                                             allow_custom_value=True)
+                    run = gr.Button("Generate", variant="primary", elem_id="generate")
+                with gr.Column(scale=2):
+                    preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
+                                       elem_id="preview")
+                    gallery = gr.Gallery(label="results (lossless PNG)", format="png", columns=8, elem_id="gallery",
+                                         buttons=["download", "download_all"])
+        with gr.Tab("Attention", elem_id="attention-tab"):
+            with gr.Row():
+                with gr.Column(scale=1):
+                    image_idx = gr.Slider(0, 63, value=0, step=1, label="image")
+                    step = gr.Slider(0, 999, value=0, step=1, label="denoising step")
+                    clickable = gr.Image(label="click a pixel", format="png", type="pil", interactive=False,
+                                         elem_id="clickable")
+                    with gr.Row():
+                        py = gr.Number(value=0, precision=0, minimum=0, label="pixel y")
+                        px = gr.Number(value=0, precision=0, minimum=0, label="pixel x")
+                        show_btn = gr.Button("show", size="sm")
+                    layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
+                    head = gr.Number(value=0, precision=0, minimum=0, label="head (four stages)")
+                with gr.Column(scale=2):
+                    maps = gr.Image(label="attention of the clicked pixel: per layer, mean of heads and each head",
+                                    format="png", type="pil", interactive=False, elem_id="maps")
+                    stages = gr.Image(label="the four stages for one layer and head", format="png", type="pil",
+                                      interactive=False, elem_id="stages")
+                    stage_text = gr.Markdown()
+
+        app.load(class_choices, model, class_name, api_name=False)
+        model.change(class_choices, model, class_name, api_name=False)
+        randomise.click(lambda: random.randint(0, 2**31 - 1), None, seed, api_name=False)
+        run.click(generate, [model, scheduler, steps, seed, num_images, class_name],
+                  [preview, gallery, gen_state, image_idx, step, clickable, layer], concurrency_limit=1,
+                  api_name="generate")
+        image_idx.change(show, [gen_state, image_idx, step], [clickable, maps], api_name=False)
+        pixel_outputs = [pixel_state, py, px, clickable, maps, stages, stage_text]
+        clickable.select(click, [gen_state, image_idx, step, layer, head], pixel_outputs, api_name=False)
+        show_btn.click(at_pixel, [gen_state, image_idx, step, py, px, layer, head], pixel_outputs, api_name="attention")
+        for control in (layer, head, step):
+            control.change(restage, [gen_state, image_idx, step, pixel_state, layer, head], [stages, stage_text], api_name=False)
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="denoiser web app")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: localhost only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--share", action="store_true", help="create a public Gradio share link")
+    p.add_argument("--weights", default=str(WEIGHTS_DIR), help="folder of model folders")
+    args = p.parse_args()
+    if not Path(args.weights).is_dir():
+        raise SystemExit(f"weights folder {args.weights!r} does not exist")
+    app = build_app(Explorer(args.weights))
+    app.queue(default_concurrency_limit=2).launch(server_name=args.host, server_port=args.port, share=args.share)
+
+
+if __name__ == "__main__":
+    main()

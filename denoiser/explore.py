@@ -1,0 +1,177 @@
+"""What the web app does, without the web: generate with previews, then open any pixel's attention.
+
+Sampling runs the fused attention path and keeps only the model inputs x_t of every step (a few MB).
+Opening the attention view for a step re-runs that step's UNet call on the same batch under
+`capture_attention`: the same inputs and shapes give bit-identical q and k, so the weights shown are
+the exact weights of the sampling pass, rebuilt for the clicked pixel only (O(N·d) memory per layer).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw
+
+from denoiser.attention import AttentionRecord, capture_attention
+from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model, resolve_model_dir
+from denoiser.sample import SCHEDULERS, make_sampler, sample
+from denoiser.visualize import _font, _to_pil, attention_panel, heat_colormap, layer_label, overlay
+
+__all__ = ["Explorer", "Generation", "LIMITS"]
+
+LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1)}
+
+
+@dataclass
+class Generation:
+    """One sampling run of one session: final images and every step's model input."""
+
+    model: str
+    images: torch.Tensor  # (B, 3, H, W) in [0, 1]
+    inputs: list[torch.Tensor]  # x_t fed to the UNet at each step, (B, C, H, W)
+    timesteps: list[int]
+    labels: torch.Tensor | None
+    _records: dict[int, list[AttentionRecord]] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.timesteps)
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> int:
+    """A whole number in lo..hi (ints, integral floats from sliders, numeric strings), else a clear error."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not v.is_integer() or not lo <= v <= hi:
+        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
+    return int(v)
+
+
+class Explorer:
+    """Models under one weights folder, loaded once; generation and attention views."""
+
+    def __init__(self, weights_dir: str | Path = WEIGHTS_DIR) -> None:
+        self.weights_dir = Path(weights_dir)
+        self._models: dict[str, tuple] = {}
+        self._lock = threading.Lock()
+
+    def models(self) -> list[str]:
+        return list_models(self.weights_dir)
+
+    def model(self, name: str):
+        """(unet, training scheduler) of a model folder under weights/, cached; refuses other paths."""
+        folder = resolve_model_dir(str(name), self.weights_dir)
+        with self._lock:
+            if name not in self._models:
+                self._models[name] = load_model(folder)
+            return self._models[name]
+
+    def classes(self, name: str) -> list[str]:
+        """Class names of a class-conditional model (from its card's classes.txt, else indices)."""
+        unet, _ = self.model(name)
+        n = unet.config.num_class_embeds or 0
+        names_file = resolve_model_dir(name, self.weights_dir) / "classes.txt"
+        names = names_file.read_text().split() if names_file.is_file() else []
+        return names if len(names) == n else [str(i) for i in range(n)]
+
+    def generate(
+        self,
+        model: str,
+        scheduler: str = "ddim",
+        steps: int = 50,
+        seed: int = 0,
+        num_images: int = 4,
+        class_label: int | None = None,
+        eta: float = 0.0,
+        on_step: Callable[[int, int, torch.Tensor], None] | None = None,
+    ) -> Generation:
+        """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step."""
+        steps = _check_int("steps", steps, *LIMITS["steps"])
+        num_images = _check_int("number of images", num_images, *LIMITS["num_images"])
+        seed = _check_int("seed", seed, *LIMITS["seed"])
+        if scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+        unet, train_sched = self.model(model)
+        n_cls = unet.config.num_class_embeds or 0
+        if class_label is not None:
+            if not n_cls:
+                raise ValueError(f"model {model!r} has no classes; leave the class empty")
+            class_label = _check_int("class", class_label, 0, n_cls - 1)
+        inputs: list[torch.Tensor] = []
+
+        def record(i, t, x_t, x0):
+            inputs.append(x_t.detach().clone())
+            if on_step is not None:
+                on_step(i, steps, (x0.float().cpu() / 2 + 0.5).clamp(0, 1))
+
+        sched = make_sampler(scheduler, train_sched.config)
+        res = sample(unet, sched, num_images, steps, seed=seed, eta=eta, class_labels=class_label, callback=record)
+        labels = None if class_label is None else torch.full((num_images,), class_label, dtype=torch.long)
+        return Generation(model, res.images, inputs, [int(t) for t in sched.timesteps], labels)
+
+    def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
+        """Exact attention of step `step` for the whole batch (re-run under capture, cached per step)."""
+        step = _check_int("step", step, 0, gen.num_steps - 1)
+        if step not in gen._records:
+            unet, _ = self.model(gen.model)
+            with torch.inference_mode(), capture_attention(unet) as recs:
+                unet(gen.inputs[step], gen.timesteps[step], class_labels=gen.labels)
+            gen._records.clear()  # keep one step's records: memory stays bounded
+            gen._records[step] = list(recs)
+        return gen._records[step]
+
+    def attention_maps(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> Image.Image:
+        """Every layer's attention of `pixel` (y, x in image coordinates) as overlays, labelled."""
+        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
+        S = gen.images.shape[-1]
+        y, x = (_check_int("pixel y", pixel[0], 0, S - 1), _check_int("pixel x", pixel[1], 0, S - 1))
+        return attention_panel(gen.images[image], self.records(gen, step), (y, x), batch_index=image)
+
+    def layer_names(self, gen: Generation, step: int = 0) -> list[str]:
+        return [layer_label(r) for r in self.records(gen, step)]
+
+    def four_stages(
+        self, gen: Generation, image: int, step: int, pixel: tuple[int, int], layer: int, head: int
+    ) -> tuple[Image.Image, str]:
+        """Scores before softmax and weights after, for one pixel, layer and head; and a text summary."""
+        recs = self.records(gen, step)
+        layer = _check_int("layer", layer, 0, len(recs) - 1)
+        rec = recs[layer]
+        head = _check_int("head", head, 0, rec.num_heads - 1)
+        S = gen.images.shape[-1]
+        H, W = rec.size
+        yq, xq = pixel[0] * H // S, pixel[1] * W // S
+        scores = rec.scores((yq, xq))[image, head]  # (H, W), stage (2)
+        weights = rec.weights((yq, xq))[image, head]  # (H, W), stage (3)
+        base = gen.images[image]
+        s_norm = (scores - scores.min()) / (scores.max() - scores.min()).clamp(min=1e-12)
+        tiles = [("scores q.k^T / sqrt(d)", torch.nn.functional.interpolate(
+            heat_colormap(s_norm)[None], size=(S, S), mode="nearest")[0]),
+            ("softmax weights", overlay(base, weights, (pixel[0], pixel[1]), alpha=0.85))]
+        scale = max(1, 160 // S)
+        panel = Image.new("RGB", (2 * (S * scale + 8) + 8, S * scale + 30), "white")
+        draw = ImageDraw.Draw(panel)
+        for i, (name, t) in enumerate(tiles):
+            x0 = 8 + i * (S * scale + 8)
+            draw.text((x0, 4), name, fill="black", font=_font(12))
+            panel.paste(_to_pil(t, scale), (x0, 24))
+        top = torch.topk(weights.flatten(), k=min(5, weights.numel()))
+        rows = "\n".join(
+            f"| ({int(i) // W}, {int(i) % W}) | {float(scores.flatten()[i]):.3f} | {float(w):.4f} |"
+            for w, i in zip(top.values, top.indices)
+        )
+        text = (
+            f"**{layer_label(rec)}, head {head}** — query pixel ({yq}, {xq}) of the {H}x{W} grid, "
+            f"d = {rec.q.shape[-1]}, step {step} (t = {gen.timesteps[step]})\n\n"
+            f"(1) q, k, v = projections of the {H * W} pixel tokens · (2) scores = q·kᵀ/√d: "
+            f"min {float(scores.min()):.3f}, max {float(scores.max()):.3f} · (3) softmax: weights sum to "
+            f"{float(weights.sum()):.6f} · (4) output = weights · v\n\n"
+            f"| attended pixel (y, x) | score | weight |\n|---|---|---|\n{rows}"
+        )
+        return panel, text

@@ -1,0 +1,111 @@
+"""The web app end to end: through gradio_client, and in a real headless Chromium (Playwright)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import DDPMScheduler
+from PIL import Image
+
+import app as webapp
+from denoiser import UNet
+from denoiser.explore import Explorer
+from denoiser.pipeline import WEIGHTS_DIR, save_pipeline
+from tests.conftest import TINY
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """The shipped synthetic model when present (nicer screenshots), plus a tiny class-conditional one."""
+    root = tmp_path_factory.mktemp("weights")
+    torch.manual_seed(0)
+    save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes")
+    shipped = WEIGHTS_DIR / "synthetic-shapes"
+    if (shipped / "unet" / "config.json").is_file():
+        shutil.copytree(shipped, root / "synthetic-shapes")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(weights):
+    demo = webapp.build_app(Explorer(weights))
+    port = _free_port()
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+def test_click_maps_through_display_scaling():
+    assert webapp.click_to_pixel((0, 0), 32) == (0, 0)
+    assert webapp.click_to_pixel((255, 255), 32) == (31, 31)
+    assert webapp.click_to_pixel((9, 200), 32, display=256) == (25, 1)  # (x, y) in, (y, x) out
+    assert webapp.click_to_pixel((300, 300), 16) == (15, 15)
+
+
+def test_gradio_client_samples_then_shows_attention(server):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    out = client.predict("tiny-classes", "ddim", 4, 1, 3, "1", api_name="/generate")
+    grid_path, gallery = out[0], out[1]
+    assert len(gallery) == 3
+    assert Image.open(gallery[0]["image"]).size == (16, 16) and Image.open(gallery[0]["image"]).format == "PNG"
+    assert Image.open(grid_path).format == "PNG"
+    y, x, _, maps, stages, text = client.predict(2, 3, 7, 9, 1, 1, api_name="/attention")
+    assert (y, x) == (7, 9)
+    assert Image.open(maps).width > 200 and Image.open(stages).width > 100
+    assert "head 1" in text and "sum to 1.000000" in text
+    # another session never sees this one's images
+    other = Client(server, verbose=False)
+    with pytest.raises(Exception, match="generate images first"):
+        other.predict(0, 0, 1, 1, 0, 0, api_name="/attention")
+    with pytest.raises(Exception, match="less than minimum value 1|steps must be a whole number in 1..1000"):
+        client.predict("tiny-classes", "ddim", 0, 1, 1, "(any)", api_name="/generate")
+    with pytest.raises(Exception, match="not in the list of choices|unknown model"):
+        client.predict("../tiny-classes", "ddim", 2, 1, 1, "(any)", api_name="/generate")
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    shots = Path(os.environ.get("DENOISER_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"],
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(server)
+        page.locator("#generate").click()
+        page.locator("#gallery img").first.wait_for(timeout=120_000)
+        page.screenshot(path=str(shots / "app-sample.png"), full_page=True)
+        page.get_by_role("tab", name="Attention").click()
+        image = page.locator("#clickable img")
+        image.wait_for(timeout=30_000)
+        box = image.bounding_box()
+        image.click(position={"x": box["width"] * 0.4, "y": box["height"] * 0.6})
+        maps = page.locator("#maps img")
+        maps.wait_for(timeout=30_000)
+        page.wait_for_function("() => { const i = document.querySelector('#maps img'); return i && i.naturalWidth > 0 }")
+        assert page.locator("#stages img").count() == 1
+        size = maps.evaluate("img => [img.naturalWidth, img.naturalHeight]")
+        assert size[0] > 200 and size[1] > 100
+        page.screenshot(path=str(shots / "app-attention.png"), full_page=True)
+        browser.close()
+    assert (shots / "app-attention.png").stat().st_size > 10_000

@@ -1,0 +1,83 @@
+"""The app's logic: generation with previews, exact attention for a clicked pixel, the four stages, limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import DDPMScheduler
+
+from denoiser import UNet
+from denoiser.explore import Explorer
+from denoiser.pipeline import save_pipeline
+from denoiser.sample import make_sampler, sample
+from tests.conftest import TINY
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    root = tmp_path_factory.mktemp("weights")
+    torch.manual_seed(0)
+    save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes")
+    (root / "tiny-classes" / "classes.txt").write_text("red green blue\n")
+    save_pipeline(UNet(**TINY).eval(), DDPMScheduler(), root / "tiny")
+    return root
+
+
+def test_generate_matches_sampler_and_streams_previews(weights):
+    ex = Explorer(weights)
+    assert ex.models() == ["tiny", "tiny-classes"]
+    previews = []
+    gen = ex.generate("tiny", "ddim", steps=4, seed=3, num_images=2, on_step=lambda i, n, x0: previews.append((i, n, x0)))
+    assert [p[0] for p in previews] == [0, 1, 2, 3] and previews[0][2].shape == (2, 3, 16, 16)
+    unet, sched = ex.model("tiny")
+    ref = sample(unet, make_sampler("ddim", sched.config), 2, 4, seed=3).images
+    assert torch.equal(gen.images, ref)
+    assert gen.num_steps == 4 and len(gen.inputs) == 4
+
+
+def test_attention_is_exactly_that_of_the_sampling_pass(weights):
+    ex = Explorer(weights)
+    gen = ex.generate("tiny", "ddim", steps=3, seed=0, num_images=2)
+    unet, sched = ex.model("tiny")
+    during = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, capture_steps=[1]).attention[1]
+    recs = ex.records(gen, 1)
+    assert [r.name for r in recs] == [r.name for r in during]
+    for a, b in zip(recs, during):
+        assert torch.equal(a.q, b.q) and torch.equal(a.k, b.k)  # bit-identical to the sampling pass
+    panel = ex.attention_maps(gen, image=1, step=1, pixel=(5, 9))
+    assert panel.width > 100 and panel.height > 100
+    assert ex.layer_names(gen, 1) == ["down 8x8 #1", "mid 8x8", "up 8x8 #1", "up 8x8 #2"]
+
+
+def test_four_stages_scores_and_weights(weights):
+    ex = Explorer(weights)
+    gen = ex.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
+    img, text = ex.four_stages(gen, image=0, step=0, pixel=(4, 6), layer=1, head=1)
+    rec = ex.records(gen, 0)[1]
+    w = rec.weights((2, 3))[0, 1]
+    torch.testing.assert_close(w, torch.softmax(rec.scores((2, 3))[0, 1].flatten(), 0).reshape(8, 8))
+    assert "mid 8x8, head 1" in text and "sum to 1.000000" in text
+    assert img.width > 100
+
+
+def test_classes_and_limits(weights):
+    ex = Explorer(weights)
+    assert ex.classes("tiny-classes") == ["red", "green", "blue"] and ex.classes("tiny") == []
+    gen = ex.generate("tiny-classes", steps=2, num_images=1, class_label=2)
+    assert gen.labels.tolist() == [2]
+    for kwargs, msg in [
+        ({"steps": 0}, "steps must be a whole number in 1..1000"),
+        ({"steps": 1001}, "steps must be a whole number in 1..1000"),
+        ({"num_images": 65}, "number of images must be a whole number in 1..64"),
+        ({"seed": -1}, "seed must be a whole number"),
+        ({"seed": 2.5}, "seed must be a whole number"),
+        ({"scheduler": "euler"}, "scheduler must be one of"),
+        ({"class_label": 1}, "has no classes"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            ex.generate("tiny", **{"steps": 2, "num_images": 1, **kwargs})
+    with pytest.raises(ValueError, match="class must be a whole number in 0..2"):
+        ex.generate("tiny-classes", steps=2, num_images=1, class_label=3)
+    for bad in ("../tiny", "/etc/passwd", "nope"):
+        with pytest.raises(ValueError, match="unknown model"):
+            ex.generate(bad, steps=2, num_images=1)
