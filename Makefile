@@ -6,7 +6,7 @@ TORCH   := torch==2.14.1 torchvision==0.29.1
 RUN     ?= runs/demo
 DEMO_STEPS ?= 1500
 
-.PHONY: venv demo test lint app chromium clean
+.PHONY: venv demo test lint app chromium screenshots clean
 
 venv: $(VENV_OK)
 
@@ -31,7 +31,12 @@ demo: venv
 	HF_HUB_OFFLINE=1 .venv/bin/denoiser train --config configs/tiny.yaml --output-dir $(RUN) --max-steps $(DEMO_STEPS)
 	HF_HUB_OFFLINE=1 .venv/bin/denoiser sample --model $(RUN)/model --out $(RUN)/samples.png --num-images 16 --seed 0
 	HF_HUB_OFFLINE=1 .venv/bin/denoiser attention --model $(RUN)/model --pixel 8,8 --out $(RUN)/attention.png --seed 0
-	@echo "demo outputs: $(RUN)/samples.png (sample grid), $(RUN)/attention.png (attention of pixel 8,8), $(RUN)/model (diffusers pipeline)"
+	HF_HUB_OFFLINE=1 .venv/bin/denoiser sample --model weights/synthetic-shapes --out $(RUN)/shipped-samples.png --num-images 16 --seed 0
+	@echo "demo outputs: $(RUN)/samples.png (sample grid), $(RUN)/attention.png (attention of pixel 8,8),"
+	@echo "              $(RUN)/model (diffusers pipeline), $(RUN)/shipped-samples.png (the shipped synthetic model)"
+
+screenshots: venv chromium
+	DENOISER_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_app.py -k browser
 
 app: venv
 	HF_HUB_OFFLINE=1 $(PY) app.py
