@@ -42,11 +42,11 @@ def main() -> None:
         pipe.set_progress_bar_config(disable=True)
         sched = make_sampler(name, train_sched.config)
 
-        def run_theirs():
+        def run_theirs(pipe=pipe, steps=steps):
             return pipe(batch_size=args.batch, num_inference_steps=steps, generator=torch.Generator().manual_seed(0),
                         output_type="pt").images
 
-        def run_ours():
+        def run_ours(sched=sched, steps=steps):
             return sample(ours_unet, sched, args.batch, steps, seed=0).images
 
         reps = 1 if name == "ddpm" else args.repeats
