@@ -188,11 +188,11 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
                     f"The last good checkpoint is {_last(out)}; lower train.lr or use mixed_precision: no"
                 )
             optimizer.step()
-            if not accelerator.optimizer_step_was_skipped:
-                lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            if ema is not None:
-                ema.step(accelerator.unwrap_model(model).parameters())
+            if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: no real step, so no LR/EMA step
+                lr_scheduler.step()
+                if ema is not None:
+                    ema.step(accelerator.unwrap_model(model).parameters())
             step += 1
 
             if main:

@@ -81,3 +81,22 @@ def test_classes_and_limits(weights):
     for bad in ("../tiny", "/etc/passwd", "nope"):
         with pytest.raises(ValueError, match="unknown model"):
             ex.generate(bad, steps=2, num_images=1)
+
+
+def test_memory_stays_bounded_over_100_generations(weights):
+    import gc
+
+    import psutil
+
+    ex = Explorer(weights)
+    proc = psutil.Process()
+    gen = None
+    rss = []
+    for i in range(100):
+        gen = ex.generate("tiny", steps=2, seed=i, num_images=4)  # a session keeps only its latest generation
+        ex.attention_maps(gen, image=i % 4, step=i % 2, pixel=(i % 16, (3 * i) % 16))
+        if i in (19, 99):
+            gc.collect()
+            rss.append(proc.memory_info().rss)
+    assert rss[1] - rss[0] < 30e6, f"RSS grew by {(rss[1] - rss[0]) / 1e6:.1f} MB over 80 generations"
+    assert len(gen._records) == 1  # one step's attention cached per generation
