@@ -12,7 +12,6 @@ round differently in the last bits). denoiser's sampler runs the UNet channels-l
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 
@@ -31,9 +30,8 @@ def main() -> None:
     p.add_argument("--ddpm-steps", type=int, default=1000)
     p.add_argument("--ddim-steps", type=int, default=50)
     args = p.parse_args()
-    unet, train_sched = load_model(args.model)
-    theirs_unet = copy.deepcopy(unet)
-    ours_unet = unet.to(memory_format=torch.channels_last)
+    ours_unet, train_sched = load_model(args.model)  # as `denoiser sample` and the app load it
+    theirs_unet, _ = load_model(args.model, channels_last=False)  # as diffusers loads it
     print(f"model {args.model}, batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"DDIM: median of {args.repeats} after 1 warm-up; DDPM: one run each; alternating")
     print(f"{'sampler':10} {'diffusers img/s':>16} {'denoiser img/s':>15} {'ratio':>6} {'max |diff|':>11}")

@@ -31,8 +31,10 @@ def save_pipeline(unet: UNet, scheduler: DDPMScheduler, out_dir: str | Path, dty
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    # safetensors stores contiguous tensors: undo channels-last (on a copy) before saving
+    unet = copy.deepcopy(unet).to(memory_format=torch.contiguous_format)
     if dtype is not None:
-        unet = copy.deepcopy(unet).to(dtype=dtype)
+        unet = unet.to(dtype=dtype)
     DDPMPipeline(unet=unet, scheduler=scheduler).save_pretrained(tmp, safe_serialization=True)
     old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
     if out.exists():
@@ -42,8 +44,14 @@ def save_pipeline(unet: UNet, scheduler: DDPMScheduler, out_dir: str | Path, dty
     return out
 
 
-def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[UNet, DDPMScheduler]:
-    """(UNet in fp32, eval mode; training scheduler) from a pipeline folder. Safetensors only."""
+def load_model(
+    model_dir: str | Path, device: str | torch.device = "cpu", channels_last: bool = True
+) -> tuple[UNet, DDPMScheduler]:
+    """(UNet in fp32, eval mode; training scheduler) from a pipeline folder. Safetensors only.
+
+    channels_last: store conv weights NHWC, which the CPU and GPU convolution kernels run faster;
+    outputs equal the default layout's up to float rounding.
+    """
     folder = Path(model_dir)
     if not (folder / "unet" / "config.json").is_file():
         raise FileNotFoundError(
@@ -55,7 +63,10 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> tup
         cls = UNet2DModel  # a diffusers reference model (bench/reference_recipe.py), for evaluation
     unet = cls.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32)
     scheduler = DDPMScheduler.from_pretrained(folder / "scheduler")
-    return unet.to(device).eval(), scheduler
+    unet = unet.to(device).eval()
+    if channels_last:
+        unet = unet.to(memory_format=torch.channels_last)
+    return unet, scheduler
 
 
 def list_models(root: str | Path = WEIGHTS_DIR) -> list[str]:

@@ -68,3 +68,11 @@ def test_model_names_cannot_leave_the_weights_folder(model_dir):
     for bad in ("../model", "/etc", "model/../../x", "missing"):
         with pytest.raises(ValueError, match="unknown model"):
             resolve_model_dir(bad, root)
+
+
+def test_channels_last_model_saves_and_reloads(tiny_unet, tmp_path):
+    tiny_unet = tiny_unet.to(memory_format=torch.channels_last)
+    save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "m")
+    loaded, _ = load_model(tmp_path / "m")
+    x = torch.randn(1, 3, 16, 16)
+    torch.testing.assert_close(loaded(x, 3).sample, tiny_unet(x, 3).sample, rtol=1e-5, atol=1e-5)
