@@ -69,7 +69,9 @@ class TrainConfig:
     num_sample_images: int = 16  # images in each sample grid
     sample_steps: int = 50  # DDIM steps for sample grids
     log_every: int = 10  # steps between tracker logs
-    channels_last: bool = True  # channels-last memory format (faster convolutions on CPU and GPU)
+    # channels-last memory format: faster convolutions, but torch's CPU GroupNorm is several times slower
+    # in NHWC at bf16/fp16. None = on, except for CPU training in bf16/fp16.
+    channels_last: bool | None = None
     compile: bool = False  # torch.compile the UNet (optional)
 
 

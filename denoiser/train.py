@@ -116,7 +116,10 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
     A = t.gradient_accumulation_steps
 
     conditional = bool(unet.config.num_class_embeds)
-    if t.channels_last:
+    channels_last = t.channels_last
+    if channels_last is None:
+        channels_last = not (accelerator.device.type == "cpu" and t.mixed_precision != "no")
+    if channels_last:
         unet = unet.to(memory_format=torch.channels_last)
     diffusion = Diffusion.from_config(cfg.diffusion)
     optimizer = torch.optim.AdamW(
@@ -167,7 +170,7 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
                 mine = slice((a * world + rank) * micro, (a * world + rank + 1) * micro)  # order: [accum][rank][micro]
                 idx, x0, labels, noise, timesteps = (v[mine] for v in batch)
                 seen += torch.tensor([micro, float(idx.double().mul(step + 1).sum())], dtype=torch.float64)
-                x0 = x0.to(accelerator.device, memory_format=torch.channels_last if t.channels_last else torch.preserve_format)
+                x0 = x0.to(accelerator.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
                 labels = labels.to(accelerator.device)
                 sync = a == A - 1
                 ctx = accelerator.no_sync(model) if not sync else contextlib.nullcontext()
