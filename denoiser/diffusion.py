@@ -9,8 +9,10 @@ Evaluation: the per-timestep denoising MSE and the variational bound in bits per
 
 with Ho et al.'s discretized Gaussian decoder over the 256 pixel values at t = 0 and the scheduler's
 fixed variance. It costs one UNet forward pass per image per evaluated timestep: T = 1000 passes
-per image for the full bound. `num_timesteps` evaluates an evenly strided subset and rescales the
-sum of KL terms (an estimate); `num_images` bounds the image count.
+per image for the full bound. `num_timesteps` evaluates a subset instead, log-spaced so that it is
+dense at small t, where the KL terms are large and change fast, and weights each evaluated t by the
+number of timesteps it stands for (a midpoint rule over t; an estimate); `num_images` bounds the
+image count.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class EvalResult:
     decoder_bpd: float  # L_0, the discretized Gaussian decoder
     diffusion_bpd: float  # Σ KL terms (estimated when strided)
     mse_per_timestep: dict[int, float]  # mean squared error of the ε prediction at each evaluated t
-    mse_mean: float  # mean of mse_per_timestep (uniform over the evaluated t)
+    mse_mean: float  # mean MSE over t = 0..T-1 (each evaluated t weighted by the timesteps it stands for)
     num_images: int
     num_timesteps: int  # timesteps evaluated (T for the full bound)
 
@@ -154,13 +156,7 @@ class Diffusion:
             raise ValueError(f"images must be (N, C, H, W), got shape {tuple(images.shape)}")
         device = next(unet.parameters()).device
         N, D = images.shape[0], images[0].numel()
-        steps = list(range(self.T))
-        if num_timesteps is not None and num_timesteps < self.T:
-            if num_timesteps < 2:
-                raise ValueError(f"num_timesteps must be at least 2, got {num_timesteps}")
-            # t = 0 (the decoder) always, and an even stride over the KL terms t = 1..T-1
-            steps = [0] + torch.linspace(1, self.T - 1, num_timesteps - 1).round().long().unique().tolist()
-        kl_scale = (self.T - 1) / max(1, len(steps) - 1)
+        steps, weights = _timestep_grid(self.T, num_timesteps)
         gen = torch.Generator().manual_seed(seed)
         noise_all = torch.randn(images.shape, generator=gen)  # one noise per image, reused over t
 
@@ -189,7 +185,7 @@ class Diffusion:
                 else:
                     true_mean, true_logvar = self._posterior(x0, x_t, t)
                     kl = _normal_kl(true_mean, torch.tensor(true_logvar), model_mean, torch.tensor(logvar))
-                    nats[s : s + batch_size] += kl.flatten(1).sum(1) * kl_scale
+                    nats[s : s + batch_size] += kl.flatten(1).sum(1) * weights[t]
             mse[t] = float(torch.cat(errs).mean())
         to_bpd = 1.0 / (D * math.log(2.0))
         total = (prior + nats + decoder) * to_bpd
@@ -199,10 +195,28 @@ class Diffusion:
             decoder_bpd=float(decoder.mean() * to_bpd),
             diffusion_bpd=float(nats.mean() * to_bpd),
             mse_per_timestep=mse,
-            mse_mean=sum(mse.values()) / len(mse),
+            mse_mean=sum(mse[t] * weights[t] for t in steps) / sum(weights[t] for t in steps),
             num_images=N,
             num_timesteps=len(steps),
         )
+
+
+def _timestep_grid(T: int, num_timesteps: int | None) -> tuple[list[int], dict[int, float]]:
+    """Timesteps to evaluate and the weight of each: all T with weight 1, or t = 0 plus a log-spaced
+    subset of 1..T-1 whose weights are their midpoint cells (they sum to T - 1)."""
+    if num_timesteps is None or num_timesteps >= T:
+        return list(range(T)), dict.fromkeys(range(T), 1.0)
+    if num_timesteps < 2:
+        raise ValueError(f"num_timesteps must be at least 2, got {num_timesteps}")
+    k = num_timesteps - 1
+    grid = torch.logspace(0, math.log10(T - 1), k, dtype=torch.float64).round().long().unique().tolist()
+    extra = [t for t in range(1, T) if t not in grid]
+    while len(grid) < k and extra:  # rounding merged some small t: fill with the smallest missing ones
+        grid.append(extra.pop(0))
+    grid = sorted(grid)
+    edges = [0.5] + [(a + b) / 2 for a, b in zip(grid, grid[1:])] + [T - 0.5]  # cells tile t = 1..T-1
+    weights = {0: 1.0} | {t: edges[i + 1] - edges[i] for i, t in enumerate(grid)}
+    return [0] + grid, weights
 
 
 def _normal_kl(mean1, logvar1, mean2, logvar2) -> torch.Tensor:

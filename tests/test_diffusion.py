@@ -95,3 +95,17 @@ def test_full_bound_uses_every_timestep(diffusion):
     x0 = torch.zeros(1, 3, 2, 2)
     res = diffusion.evaluate(Blind(), x0, batch_size=1)
     assert res.num_timesteps == 1000 and len(res.mse_per_timestep) == 1000
+
+
+def test_log_spaced_estimate_is_close_to_the_full_bound(diffusion):
+    from denoiser import UNet
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    unet = UNet(**{**TINY, "sample_size": 8}).eval()
+    x0 = (torch.randint(0, 256, (2, 3, 8, 8)).float() / 127.5 - 1)
+    full = diffusion.evaluate(unet, x0)
+    estimate = diffusion.evaluate(unet, x0, num_timesteps=60)
+    assert estimate.num_timesteps == 60
+    assert abs(estimate.bits_per_dim - full.bits_per_dim) < 0.02 * full.bits_per_dim
+    assert abs(estimate.mse_mean - full.mse_mean) < 0.02 * full.mse_mean
