@@ -10,7 +10,11 @@ from pathlib import Path
 
 __all__ = ["main", "build_parser"]
 
-DEFAULT_MODEL = "weights/synthetic-shapes"
+def _default_model() -> str:
+    from denoiser.pipeline import WEIGHTS_DIR
+
+    return str(WEIGHTS_DIR / "synthetic-shapes")
+
 
 
 def _pixel(text: str) -> tuple[int, int]:
@@ -35,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true", help="start over in an output folder that holds another run")
 
     s = sub.add_parser("sample", help="generate images into a PNG grid")
-    s.add_argument("--model", default=DEFAULT_MODEL, help="model folder (diffusers pipeline format)")
+    s.add_argument("--model", default=None, help="model folder (diffusers pipeline format); default: the shipped synthetic-shapes")
     s.add_argument("--out", required=True, help="output PNG")
     s.add_argument("--num-images", type=int, default=16)
     s.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
@@ -49,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--scale", type=int, default=4, help="upscale the grid (nearest) for viewing")
 
     a = sub.add_parser("attention", help="attention maps of one pixel at every attention layer")
-    a.add_argument("--model", default=DEFAULT_MODEL)
+    a.add_argument("--model", default=None, help="model folder; default: the shipped synthetic-shapes")
     a.add_argument("--pixel", type=_pixel, required=True, help="query pixel Y,X in image coordinates")
     a.add_argument("--out", required=True, help="output PNG")
     a.add_argument("--steps", type=int, default=50)
@@ -153,6 +157,8 @@ def cmd_evaluate(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    if getattr(args, "model", "") is None:
+        args.model = _default_model()
     handler = {"train": cmd_train, "sample": cmd_sample, "attention": cmd_attention, "evaluate": cmd_evaluate}
     try:
         handler[args.command](args)
