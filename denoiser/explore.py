@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model, resolve_model_dir
 from denoiser.sample import SCHEDULERS, make_sampler, sample
-from denoiser.visualize import _font, _to_pil, attention_panel, heat_colormap, layer_label, overlay
+from denoiser.visualize import attention_panel, layer_label, stages_panel
 
 __all__ = ["Explorer", "Generation", "LIMITS"]
 
@@ -149,18 +149,7 @@ class Explorer:
         yq, xq = pixel[0] * H // S, pixel[1] * W // S
         scores = rec.scores((yq, xq))[image, head]  # (H, W), stage (2)
         weights = rec.weights((yq, xq))[image, head]  # (H, W), stage (3)
-        base = gen.images[image]
-        s_norm = (scores - scores.min()) / (scores.max() - scores.min()).clamp(min=1e-12)
-        tiles = [("scores q.k^T / sqrt(d)", torch.nn.functional.interpolate(
-            heat_colormap(s_norm)[None], size=(S, S), mode="nearest")[0]),
-            ("softmax weights", overlay(base, weights, (pixel[0], pixel[1]), alpha=0.85))]
-        scale = max(1, 160 // S)
-        panel = Image.new("RGB", (2 * (S * scale + 8) + 8, S * scale + 30), "white")
-        draw = ImageDraw.Draw(panel)
-        for i, (name, t) in enumerate(tiles):
-            x0 = 8 + i * (S * scale + 8)
-            draw.text((x0, 4), name, fill="black", font=_font(12))
-            panel.paste(_to_pil(t, scale), (x0, 24))
+        panel = stages_panel(gen.images[image], scores, weights, (pixel[0], pixel[1]))
         top = torch.topk(weights.flatten(), k=min(5, weights.numel()))
         rows = "\n".join(
             f"| ({int(i) // W}, {int(i) % W}) | {float(scores.flatten()[i]):.3f} | {float(w):.4f} |"

@@ -16,7 +16,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.attention import AttentionRecord
 
-__all__ = ["heat_colormap", "overlay", "layer_label", "attention_panel", "loss_curve"]
+__all__ = ["heat_colormap", "overlay", "layer_label", "tiles_image", "attention_panel", "stages_panel", "loss_curve"]
 
 # Anchor colours of a dark-to-bright heat map (black-purple-red-orange-yellow-white), our own choice.
 _HEAT = torch.tensor(
@@ -71,6 +71,22 @@ def _to_pil(x: torch.Tensor, scale: int) -> Image.Image:
     return img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
 
 
+def tiles_image(rows: Sequence[Sequence[tuple[str, torch.Tensor]]], scale: int, label_h: int = 18, pad: int = 4) -> Image.Image:
+    """Labelled (3, S, S) tiles in [0, 1], one list per row, upscaled by `scale` (nearest)."""
+    S = rows[0][0][1].shape[-1]
+    tile = S * scale
+    cols = max(len(r) for r in rows)
+    panel = Image.new("RGB", (cols * (tile + pad) + pad, len(rows) * (tile + label_h + pad) + pad), "white")
+    draw = ImageDraw.Draw(panel)
+    for r, row in enumerate(rows):
+        y0 = pad + r * (tile + label_h + pad)
+        for c, (label, t) in enumerate(row):
+            x0 = pad + c * (tile + pad)
+            draw.text((x0, y0), label, fill="black", font=_font(11))
+            panel.paste(_to_pil(t, scale), (x0, y0 + label_h))
+    return panel
+
+
 def attention_panel(
     image: torch.Tensor,
     records: Sequence[AttentionRecord],
@@ -85,27 +101,27 @@ def attention_panel(
     rebuilt from the captured q and k.
     """
     S = image.shape[-1]
-    scale = max(1, cell // S)
-    max_heads = max(r.num_heads for r in records) if per_head else 0
-    cols = 2 + (max_heads if max_heads > 1 else 0)
-    label_h, pad = 18, 4
-    tile = S * scale
-    panel = Image.new("RGB", (cols * (tile + pad) + pad, len(records) * (tile + label_h + pad) + pad), "white")
-    draw = ImageDraw.Draw(panel)
-    for row, rec in enumerate(records):
+    rows = []
+    for rec in records:
         H, W = rec.size
-        yq, xq = query[0] * H // S, query[1] * W // S  # image pixel -> this layer's grid
-        w = rec.weights((yq, xq))[batch_index]  # (h, H, W)
-        tiles = [("image", image), ("mean of heads", overlay(image, w.mean(0), query))]
+        w = rec.weights((query[0] * H // S, query[1] * W // S))[batch_index]  # (h, H, W) on this layer's grid
+        row = [(layer_label(rec), image), ("mean of heads", overlay(image, w.mean(0), query))]
         if per_head and rec.num_heads > 1:
-            tiles += [(f"head {i}", overlay(image, w[i], query)) for i in range(rec.num_heads)]
-        y0 = pad + row * (tile + label_h + pad)
-        for col, (name, t) in enumerate(tiles):
-            x0 = pad + col * (tile + pad)
-            text = f"{layer_label(rec)}" if col == 0 else name
-            draw.text((x0, y0), text, fill="black", font=_font(11))
-            panel.paste(_to_pil(t, scale), (x0, y0 + label_h))
-    return panel
+            row += [(f"head {i}", overlay(image, w[i], query)) for i in range(rec.num_heads)]
+        rows.append(row)
+    return tiles_image(rows, max(1, cell // S))
+
+
+def stages_panel(image: torch.Tensor, scores: torch.Tensor, weights: torch.Tensor, query: tuple[int, int]) -> Image.Image:
+    """Stage (2) and stage (3) for one query: its score map before the softmax, its weights after.
+
+    image (3, S, S); scores, weights (H, W) on the layer's grid; query (y, x) in image pixels.
+    """
+    S = image.shape[-1]
+    s = (scores - scores.min()) / (scores.max() - scores.min()).clamp(min=1e-12)
+    score_tile = F.interpolate(heat_colormap(s)[None], size=(S, S), mode="nearest")[0]  # (3, S, S)
+    row = [("scores q.k^T / sqrt(d)", score_tile), ("softmax weights", overlay(image, weights, query, alpha=0.85))]
+    return tiles_image([row], max(1, 160 // S))
 
 
 def loss_curve(steps: Sequence[int], losses: Sequence[float], title: str = "training loss", size=(640, 360)) -> Image.Image:
