@@ -37,6 +37,7 @@ def main() -> None:
     p.add_argument("--num-images", type=int, default=500)
     p.add_argument("--num-timesteps", type=int, default=100)
     p.add_argument("--out", default="bench/recipe_comparison.md")
+    p.add_argument("--ours-command", nargs="+", default=["denoiser", "train", "--config", "configs/cifar10-cpu.yaml"])
     args = p.parse_args()
 
     ours_dir, ref_dir = Path(args.ours), Path(args.reference)
@@ -71,15 +72,13 @@ def main() -> None:
     md = f"""## Equal-compute comparison with the diffusers recipe
 
 Same machine, same data (CIFAR-10 train JPEGs minus the validation split: {len(val)} images, seed
-{cfg.data.val_seed}), same wall-clock: both trained at once for 60 minutes, one CPU core each. Evaluated on
+{cfg.data.val_seed}), same wall-clock: both trained at once for {ref_sum['minutes']:g} minutes, one CPU core each. Evaluated on
 {n} validation images, same noise, {args.num_timesteps} strided timesteps (`Diffusion.evaluate`).
 
 {table}
 
-- denoiser: `denoiser train --config configs/cifar10-cpu.yaml` (`OMP_NUM_THREADS=1`, `train.time_limit_minutes: 60`):
-  batch 64, AdamW lr 4e-4 with 200 warm-up steps and cosine decay, min-SNR-5 weighting, EMA with warm-up
-  (power 0.75, max 0.999), class labels with 10% dropout, channels-last.
-- reference: `bench/reference_recipe.py --minutes 60` — diffusers `UNet2DModel` of matched size with attention at
+- denoiser: `{' '.join(args.ours_command)}` (`OMP_NUM_THREADS=1`); its recipe is in that config.
+- reference: `bench/reference_recipe.py --minutes {ref_sum['minutes']:g}` — diffusers `UNet2DModel` of matched size with attention at
   16x16 and 8x8 (and mid), train_unconditional's defaults: AdamW lr 1e-4, betas (0.95, 0.999), weight decay 1e-6,
   cosine schedule with 500 warm-up steps over 100 epochs, batch 16, EMA (power 3/4, max 0.9999), fp32.
 """
