@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -321,7 +322,7 @@ def _flat_hparams(cfg: RunConfig) -> dict:
 def main() -> None:  # `accelerate launch -m denoiser.train ...`
     from denoiser.cli import main as cli_main
 
-    cli_main(["train", *__import__("sys").argv[1:]])
+    sys.exit(cli_main(["train", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":
