@@ -26,10 +26,6 @@ from denoiser.pipeline import load_model
 MSE_TIMESTEPS = (1, 10, 50, 100, 250, 500, 750, 999)
 
 
-def _nearest(mse: dict[int, float], t: int) -> float:
-    return mse[min(mse, key=lambda s: abs(s - t))]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ours", required=True, help="our run folder (config.yaml, model/, train_summary.json)")
@@ -66,7 +62,7 @@ def main() -> None:
     lines = [header, "|" + "---|" * (5 + len(MSE_TIMESTEPS))]
     for name, folder, unet, res in rows:
         params = sum(p.numel() for p in unet.parameters()) / 1e6
-        mse = " | ".join(f"{_nearest(res.mse_per_timestep, t):.4f}" for t in MSE_TIMESTEPS)
+        mse = " | ".join(f"{res.mse_at(t)[1]:.4f}" for t in MSE_TIMESTEPS)
         lines.append(f"| {name} | {params:.2f}M | {seen[folder]:,} | **{res.bits_per_dim:.3f}** | {res.mse_mean:.4f} | {mse} |")
     table = "\n".join(lines)
     md = f"""## Equal-compute comparison with the diffusers recipe

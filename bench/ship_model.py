@@ -26,21 +26,15 @@ from denoiser.sample import make_sampler, sample, save_grid
 MSE_TIMESTEPS = (1, 10, 50, 100, 250, 500, 750, 999)
 
 
-def evaluate(model_dir: Path, run_cfg, num_images: int, num_timesteps: int, conditional: bool) -> dict:
+def evaluate(model_dir: Path, val, val_seed: int, num_images: int, num_timesteps: int, conditional: bool):
+    """The shipped model on the first `num_images` of the run's validation split."""
     unet, sched = load_model(model_dir)
-    _, val = load_datasets(run_cfg.data, unet.config.sample_size)
     n = min(num_images, len(val))
     x, labels = val.batch(torch.arange(n))
     res = Diffusion(sched).evaluate(unet, x, labels if conditional else None, batch_size=100, num_timesteps=num_timesteps)
-    out = dict(res.__dict__)
-    out["mse_per_timestep"] = {str(k): v for k, v in res.mse_per_timestep.items()}
-    out["validation"] = {"size": len(val), "seed": run_cfg.data.val_seed, "evaluated": n}
-    return out
-
-
-def nearest(mse: dict[str, float], t: int) -> tuple[int, float]:
-    k = min(mse, key=lambda s: abs(int(s) - t))
-    return int(k), mse[k]
+    out = res.to_dict()
+    out["validation"] = {"size": len(val), "seed": val_seed, "evaluated": n}
+    return res, out
 
 
 def main() -> None:
@@ -69,7 +63,7 @@ def main() -> None:
     if conditional:
         (out / "classes.txt").write_text("\n".join(classes) + "\n")
 
-    ev = evaluate(out, cfg, args.num_images, args.num_timesteps, conditional)
+    res, ev = evaluate(out, val, cfg.data.val_seed, args.num_images, args.num_timesteps, conditional)
     (out / "eval.json").write_text(json.dumps(ev, indent=1))
     shipped, _ = load_model(out)
     ddim = make_sampler("ddim", sched.config)
@@ -82,8 +76,7 @@ def main() -> None:
                   scale=max(1, 64 // unet.config.sample_size))
 
     n_params = sum(p.numel() for p in shipped.parameters())
-    mse = ev["mse_per_timestep"]
-    mse_rows = "\n".join(f"| {t} | {v:.4f} |" for t, v in (nearest(mse, t) for t in MSE_TIMESTEPS))
+    mse_rows = "\n".join(f"| {t} | {v:.4f} |" for t, v in (res.mse_at(t) for t in MSE_TIMESTEPS))
     t = cfg.train
     card = f"""# {args.name}
 

@@ -149,9 +149,7 @@ def cmd_evaluate(args) -> None:
         labels = None
     res = Diffusion(sched).evaluate(unet, x, labels, batch_size=args.batch_size, num_timesteps=args.num_timesteps,
                                     seed=args.seed)
-    out = dict(res.__dict__)
-    out["mse_per_timestep"] = {str(k): v for k, v in res.mse_per_timestep.items()}
-    print(json.dumps(out, indent=1))
+    print(json.dumps(res.to_dict(), indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:

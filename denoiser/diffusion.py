@@ -52,6 +52,17 @@ class EvalResult:
     num_images: int
     num_timesteps: int  # timesteps evaluated (T for the full bound)
 
+    def mse_at(self, t: int) -> tuple[int, float]:
+        """(evaluated timestep nearest to t, its MSE)."""
+        nearest = min(self.mse_per_timestep, key=lambda s: abs(s - t))
+        return nearest, self.mse_per_timestep[nearest]
+
+    def to_dict(self) -> dict:
+        """JSON-ready: every field, timestep keys as strings."""
+        out = dict(self.__dict__)
+        out["mse_per_timestep"] = {str(k): v for k, v in self.mse_per_timestep.items()}
+        return out
+
 
 class Diffusion:
     """Noising, the training loss and the bound, all from one `DDPMScheduler`'s ᾱ table."""

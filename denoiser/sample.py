@@ -19,6 +19,7 @@ from PIL import Image
 from torchvision.utils import make_grid
 
 from denoiser.attention import AttentionRecord, capture_attention
+from denoiser.diffusion import Diffusion
 
 __all__ = ["SCHEDULERS", "make_sampler", "sample", "SampleResult", "to_pil", "save_grid", "trajectory_strip"]
 
@@ -42,13 +43,6 @@ class SampleResult:
     images: torch.Tensor  # (B, C, H, W) in [0, 1]
     trajectory: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)  # (t, x_t, x0) in [0, 1]
     attention: dict[int, list[AttentionRecord]] = field(default_factory=dict)  # step index -> records
-
-
-def _predict_x0(scheduler, model_output: torch.Tensor, t: torch.Tensor, x_t: torch.Tensor) -> torch.Tensor:
-    a = scheduler.alphas_cumprod[int(t)].to(x_t)
-    if scheduler.config.prediction_type == "v_prediction":
-        return a.sqrt() * x_t - (1 - a).sqrt() * model_output
-    return (x_t - (1 - a).sqrt() * model_output) / a.sqrt()
 
 
 @torch.inference_mode()
@@ -86,6 +80,7 @@ def sample(
     shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
     x = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
     scheduler.set_timesteps(num_inference_steps)
+    diffusion = Diffusion(scheduler)  # ε/v -> x₀ for the previews
     capture_steps = set(capture_steps)
     step_kwargs = {"eta": eta} if isinstance(scheduler, DDIMScheduler) else {}
     result = SampleResult(images=x)
@@ -96,7 +91,7 @@ def sample(
             result.attention[i] = records
         else:
             out = unet(x, t, class_labels=labels).sample
-        x0 = _predict_x0(scheduler, out, t, x).clamp(-1, 1)
+        x0 = diffusion.predict_x0(x, out, t.reshape(1)).clamp(-1, 1)
         if trajectory_every and (i % trajectory_every == 0 or i == len(scheduler.timesteps) - 1):
             result.trajectory.append((int(t), _unit(x), _unit(x0)))
         x_in = x
