@@ -6,7 +6,7 @@ TORCH   := torch==2.14.1 torchvision==0.29.1
 RUN     ?= runs/demo
 DEMO_STEPS ?= 1500
 
-.PHONY: venv demo test lint app chromium screenshots clean
+.PHONY: venv demo test lint app chromium compiler screenshots clean
 
 venv: $(VENV_OK)
 
@@ -21,10 +21,14 @@ $(VENV_OK): pyproject.toml
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
+# g++ builds the channels-last GroupNorm kernel on first use (without it the reference path runs)
+compiler:
+	@command -v g++ >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq g++ >/dev/null)
+
 lint: venv
 	$(PY) -m ruff check denoiser tests bench app.py
 
-test: venv chromium lint
+test: venv chromium compiler lint
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
 
 demo: venv

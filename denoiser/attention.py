@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from denoiser.groupnorm import GroupNorm
+
 __all__ = [
     "scaled_dot_product_attention",
     "attention_scores",
@@ -100,8 +102,9 @@ def scaled_dot_product_attention(
     scores = attention_scores(q, k, attn_mask, is_causal, scale)  # (..., L, S)
     # (3) softmax over keys; a fully masked row has max -inf and would give NaN: make it zero
     weights = torch.softmax(scores, dim=-1)
-    fully_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., L, 1)
-    weights = weights.masked_fill(fully_masked, 0.0)
+    if attn_mask is not None or is_causal:  # only a mask can hide every key of a row
+        fully_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., L, 1)
+        weights = weights.masked_fill(fully_masked, 0.0)
     # (4) weighted sum of the values
     out = weights @ v  # (..., L, d_v)
     if return_weights:
@@ -230,7 +233,7 @@ class SpatialSelfAttention(nn.Module):
         super().__init__()
         if channels % norm_num_groups:
             raise ValueError(f"norm_num_groups={norm_num_groups} must divide the channels ({channels})")
-        self.norm = nn.GroupNorm(norm_num_groups, channels, eps=1e-6)
+        self.norm = GroupNorm(norm_num_groups, channels, eps=1e-6)
         self.attention = MultiHeadSelfAttention(channels, num_heads, head_dim, fused_attn=fused_attn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

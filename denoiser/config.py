@@ -69,8 +69,9 @@ class TrainConfig:
     num_sample_images: int = 16  # images in each sample grid
     sample_steps: int = 50  # DDIM steps for sample grids
     log_every: int = 10  # steps between tracker logs
-    # channels-last memory format: faster convolutions, but torch's CPU GroupNorm is several times slower
-    # in NHWC at bf16/fp16. None = on, except for CPU training in bf16/fp16.
+    # channels-last memory format: faster convolutions. None = on, except for CPU training where
+    # denoiser's NHWC GroupNorm kernel does not apply (fp16, or no C++ compiler with bf16): torch's own
+    # NHWC GroupNorm is several times slower there.
     channels_last: bool | None = None
     compile: bool = False  # torch.compile the UNet (optional)
 

@@ -35,6 +35,7 @@ from denoiser import checkpoint as ckpt
 from denoiser.config import RunConfig
 from denoiser.data import ImageDataset, load_datasets
 from denoiser.diffusion import Diffusion
+from denoiser.groupnorm import default_channels_last
 from denoiser.pipeline import save_pipeline
 from denoiser.run_dir import prepare_output_dir, read_losses, record_loss, truncate_losses, write_run_info
 from denoiser.sample import make_sampler, sample, save_grid
@@ -119,7 +120,7 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
     conditional = bool(unet.config.num_class_embeds)
     channels_last = t.channels_last
     if channels_last is None:
-        channels_last = not (accelerator.device.type == "cpu" and t.mixed_precision != "no")
+        channels_last = default_channels_last(accelerator.device, t.mixed_precision)
     if channels_last:
         unet = unet.to(memory_format=torch.channels_last)
     diffusion = Diffusion.from_config(cfg.diffusion)

@@ -23,6 +23,7 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
 from denoiser.attention import SpatialSelfAttention
+from denoiser.groupnorm import GroupNorm
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]
 
@@ -43,18 +44,18 @@ class ResBlock(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, temb_channels: int, dropout: float, groups: int):
         super().__init__()
-        self.norm1 = nn.GroupNorm(groups, in_channels, eps=1e-6)
+        self.norm1 = GroupNorm(groups, in_channels, eps=1e-6, silu=True)
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
         self.temb_proj = nn.Linear(temb_channels, out_channels)
-        self.norm2 = nn.GroupNorm(groups, out_channels, eps=1e-6)
+        self.norm2 = GroupNorm(groups, out_channels, eps=1e-6, silu=True)
         self.dropout = nn.Dropout(dropout)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
         self.skip = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv1(self.norm1(x))  # norm1 and norm2 apply the SiLU
         h = h + self.temb_proj(temb)[:, :, None, None]  # (B, C_out, 1, 1) broadcast over pixels
-        h = self.conv2(self.dropout(F.silu(self.norm2(h))))
+        h = self.conv2(self.dropout(self.norm2(h)))
         return self.skip(x) + h
 
 
@@ -159,7 +160,7 @@ class UNet(ModelMixin, ConfigMixin):
             if i > 0:
                 res *= 2
 
-        self.norm_out = nn.GroupNorm(groups, ch, eps=1e-6)
+        self.norm_out = GroupNorm(groups, ch, eps=1e-6, silu=True)
         self.conv_out = nn.Conv2d(ch, out_channels, 3, padding=1)
 
     def _embed(self, timestep, class_labels, batch: int, device) -> torch.Tensor:
@@ -211,7 +212,7 @@ class UNet(ModelMixin, ConfigMixin):
                     h = level.attn[j](h)
             if level.resample is not None:
                 h = level.resample(h)
-        out = self.conv_out(F.silu(self.norm_out(h)))
+        out = self.conv_out(self.norm_out(h))  # GroupNorm + SiLU
         if not return_dict:
             return (out,)
         return UNet2DOutput(sample=out)

@@ -46,8 +46,11 @@ def test_run_writes_everything_and_exports_a_pipeline(tmp_path):
     assert not torch.equal(exported["conv_in.weight"], raw[name])
 
 
-def test_resume_continues_exactly(tmp_path):
-    cfg = write_config(tmp_path / "c.yaml")
+@pytest.mark.parametrize(
+    "train", [{}, {"channels_last": True, "mixed_precision": "bf16"}], ids=["fp32", "bf16-channels-last-kernel"]
+)
+def test_resume_continues_exactly(tmp_path, train):
+    cfg = write_config(tmp_path / "c.yaml", train=train)
     straight, split = tmp_path / "straight", tmp_path / "split"
     cli("train", "--config", str(cfg), "--output-dir", str(straight))
     cli("train", "--config", str(cfg), "--output-dir", str(split), "--max-steps", "3")  # warmup is 4: LR state matters

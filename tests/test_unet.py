@@ -77,6 +77,25 @@ def test_class_conditioning():
         unet(x, 10, class_labels=torch.tensor([0, 7]))
 
 
+def test_channels_last_with_groupnorm_kernel_matches_default_layout(tiny_unet):
+    # channels-last runs the NHWC GroupNorm+SiLU kernel; NCHW runs torch's GroupNorm and SiLU
+    torch.manual_seed(1)
+    x, t, noise = torch.randn(3, 3, 16, 16), torch.tensor([5, 500, 900]), torch.randn(3, 3, 16, 16)
+    cl = UNet(**TINY)
+    cl.load_state_dict(tiny_unet.state_dict())
+    cl = cl.to(memory_format=torch.channels_last)
+    grads = []
+    for model, inp in ((tiny_unet, x), (cl, x.contiguous(memory_format=torch.channels_last))):
+        model.zero_grad()
+        out = model(inp, t).sample
+        (out - noise).pow(2).mean().backward()
+        grads.append((out.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (out_a, ga), (out_b, gb) = grads
+    torch.testing.assert_close(out_b, out_a, rtol=1e-4, atol=1e-5)
+    for name in ga:
+        torch.testing.assert_close(gb[name], ga[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
 def test_bad_sample_size_is_explained():
     with pytest.raises(ValueError, match="sample_size must be divisible by 4"):
         UNet(sample_size=30)

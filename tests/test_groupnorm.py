@@ -1,0 +1,152 @@
+"""The channels-last GroupNorm(+SiLU) kernel against its reference, F.group_norm (+ F.silu), in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from denoiser import groupnorm
+from denoiser.groupnorm import GroupNorm, default_channels_last, group_norm, load_fast_kernel
+
+# awkward shapes: 1 channel per group, odd and non-square sizes, pixel counts that are not a multiple
+# of the kernel's 64-pixel chunks, a batch of one
+SHAPES = [(3, 64, 7, 5), (2, 32, 16, 16), (1, 128, 8, 8), (4, 96, 33, 3), (2, 64, 1, 1), (5, 32, 13, 11)]
+
+
+def channels_last(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def reference(x, w, b, silu, groups=32):
+    y = F.group_norm(x, groups, w, b, 1e-6)
+    return F.silu(y) if silu else y
+
+
+def run(x, w, b, silu, fast, grad_out):
+    """Output and (dx, dw, db) of group_norm, computed in x's dtype."""
+    x, w, b = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+    y = group_norm(x, 32, w, b, 1e-6, silu=silu, fast=fast)
+    y.backward(grad_out.to(y.dtype))
+    return y.detach(), (x.grad, w.grad, b.grad)
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
+
+
+def test_kernel_builds_here():
+    # CI installs g++ (make test); without it everything still runs on the reference path
+    assert load_fast_kernel(), groupnorm._state.get("error")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("silu", [False, True])
+def test_fp32_forward_and_backward_match_float64(shape, silu):
+    torch.manual_seed(0)
+    C = shape[1]
+    x = channels_last(torch.randn(shape) * 2 + 3)
+    w, b, g = torch.randn(C), torch.randn(C), channels_last(torch.randn(shape))
+    y, grads = run(x, w, b, silu, fast=True, grad_out=g)
+    assert y.is_contiguous(memory_format=torch.channels_last) and y.dtype == torch.float32
+    y_ref, grads_ref = run(x.double(), w.double(), b.double(), silu, fast=False, grad_out=g.double())
+    y_torch, grads_torch = run(x.contiguous(), w, b, silu, fast=False, grad_out=g.contiguous())
+    # fp32 accuracy, or within 2x of torch's own fp32 error where the problem is ill-conditioned
+    # (a 1x1 map: two values per group)
+    assert rel_err(y, y_ref) <= max(2e-6, 2 * rel_err(y_torch, y_ref))
+    for got, theirs, want in zip(grads, grads_torch, grads_ref):
+        assert rel_err(got, want) <= max(2e-6, 2 * rel_err(theirs, want))
+
+
+@pytest.mark.parametrize("shape", [(4, 128, 16, 16), (3, 64, 7, 5)])
+@pytest.mark.parametrize("silu", [False, True])
+def test_bf16_error_at_most_twice_torchs_own(shape, silu):
+    # the flash-attention criterion: in bf16 the kernel may be at most ~2x as wrong as torch itself
+    torch.manual_seed(0)
+    C = shape[1]
+    x = (torch.randn(shape) * 2 + 3).bfloat16()
+    w, b, g = torch.randn(C), torch.randn(C), torch.randn(shape).bfloat16()
+    y_ref, grads_ref = run(x.double(), w.double(), b.double(), silu, fast=False, grad_out=g.double())
+    y, grads = run(channels_last(x), w, b, silu, fast=True, grad_out=channels_last(g))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # torch's bf16 path, as the U-Net meets it
+        y_torch, grads_torch = run(x, w, b, silu, fast=False, grad_out=g)
+    assert y.dtype == torch.bfloat16 and grads[0].dtype == torch.bfloat16 and grads[1].dtype == torch.float32
+    assert rel_err(y, y_ref) <= 2 * rel_err(y_torch, y_ref) + 1e-6
+    for got, theirs, want in zip(grads, grads_torch, grads_ref):
+        assert rel_err(got, want) <= 2 * rel_err(theirs, want) + 1e-6
+
+
+def test_large_mean_does_not_cancel_the_variance():
+    # statistics from shifted sums: a mean 1000x the spread still normalises to fp32 accuracy
+    torch.manual_seed(0)
+    x = channels_last(torch.randn(2, 64, 8, 8) + 1000.0)
+    w, b = torch.ones(64), torch.zeros(64)
+    y = group_norm(x, 32, w, b, 1e-6, fast=True)
+    y_ref = F.group_norm(x.double(), 32, w.double(), b.double(), 1e-6)
+    assert (y.double() - y_ref).abs().max().item() < 1e-3  # x itself carries ~6e-5 rounding at 1000
+
+
+def test_nan_propagates_only_within_its_group():
+    x = channels_last(torch.randn(2, 64, 4, 4))
+    x[0, 5, 1, 1] = float("nan")  # channel 5 is in group 2 (2 channels per group)
+    y = group_norm(x, 32, torch.ones(64), torch.zeros(64), 1e-6, silu=True, fast=True)
+    assert torch.isnan(y[0, 4:6]).all()
+    assert torch.isfinite(y[0, :4]).all() and torch.isfinite(y[0, 6:]).all() and torch.isfinite(y[1]).all()
+
+
+def test_results_do_not_depend_on_threads_or_batch():
+    torch.manual_seed(0)
+    x = channels_last(torch.randn(4, 64, 16, 16))
+    w, b = torch.randn(64), torch.randn(64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = group_norm(x, 32, w, b, 1e-6, silu=True, fast=True)
+        torch.set_num_threads(2)
+        two = group_norm(x, 32, w, b, 1e-6, silu=True, fast=True)
+        single = group_norm(x[2:3], 32, w, b, 1e-6, silu=True, fast=True)  # fewer images than threads
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+    assert torch.equal(single, two[2:3])
+
+
+def test_module_dispatch_and_state_dict():
+    torch.manual_seed(0)
+    plain = nn.GroupNorm(8, 32, eps=1e-6)
+    nn.init.normal_(plain.weight)
+    norm = GroupNorm(8, 32, eps=1e-6, silu=True)
+    norm.load_state_dict(plain.state_dict())  # same keys: existing checkpoints load
+    assert set(norm.state_dict()) == {"weight", "bias"}
+    x = torch.randn(2, 32, 6, 6)
+    # NCHW: the reference path exactly; channels-last: the kernel, same function
+    assert torch.equal(norm(x), F.silu(plain(x)))
+    y_cl = norm(channels_last(x))
+    assert y_cl.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y_cl, F.silu(plain(x)), rtol=1e-5, atol=1e-6)
+    assert "silu=True" in repr(norm)
+
+
+def test_fallback_when_the_kernel_is_unavailable(monkeypatch):
+    monkeypatch.setattr(groupnorm, "_state", {"ok": False, "error": "no compiler"})
+    x = channels_last(torch.randn(2, 32, 4, 4))
+    w, b = torch.randn(32), torch.randn(32)
+    assert torch.equal(group_norm(x, 8, w, b, 1e-6, silu=True), F.silu(F.group_norm(x, 8, w, b, 1e-6)))
+    with pytest.raises(RuntimeError, match="no compiler"):
+        group_norm(x, 8, w, b, 1e-6, fast=True)
+    assert default_channels_last("cpu", "bf16") is False  # torch's NHWC GroupNorm is slow in bf16
+    assert default_channels_last("cpu", "no") is True
+
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setattr(groupnorm, "_state", {})
+    monkeypatch.setenv("DENOISER_FAST_GROUPNORM", "0")
+    assert load_fast_kernel() is False
+    assert "DENOISER_FAST_GROUPNORM" in groupnorm._state["error"]
+
+
+def test_default_layout_per_precision():
+    assert default_channels_last("cpu", "bf16") is True  # the kernel is built on this machine
+    assert default_channels_last("cpu", "fp16") is False  # not covered by the kernel
+    assert default_channels_last("cuda", "fp16") is True
