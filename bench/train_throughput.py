@@ -5,7 +5,9 @@
 One training step = forward + backward + AdamW step of the epsilon loss, batch 32 at 32x32, same
 precision for both (fp32, and bf16 autocast). Each model runs as its library runs it by default in
 training: denoiser with its per-device choices (channels-last with its NHWC GroupNorm+SiLU kernel;
-plain matmul-softmax attention for CPU bf16 training, fused SDPA otherwise), diffusers as constructed.
+plain matmul-softmax attention for CPU bf16 training, fused SDPA otherwise; fused AdamW, the same
+update in one kernel), diffusers as constructed and as its train_unconditional.py example trains it
+(torch's default AdamW).
 Steps alternate between the two models after warm-up; the median of the repeats is reported, with the
 ratio and the model-FLOPs utilisation against a GEMM rate measured in the same run.
 
@@ -59,13 +61,13 @@ def gemm_rate(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
 
 
 class Runner:
-    def __init__(self, model: torch.nn.Module, batch: int, bf16: bool, channels_last: bool):
+    def __init__(self, model: torch.nn.Module, batch: int, bf16: bool, channels_last: bool, fused_adam: bool):
         torch.manual_seed(0)
         self.model = model.train()
         self.channels_last = channels_last
         if channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=fused_adam)
         self.bf16 = bf16
         self.x = torch.randn(batch, 3, 32, 32)
         if channels_last:
@@ -125,8 +127,11 @@ def main() -> None:
         for prec in args.precisions:
             bf16 = prec == "bf16"
             # denoiser's training default layout for this device and precision
-            ours = Runner(UNet(**ours_kw), args.batch, bf16, channels_last=default_channels_last("cpu", "bf16" if bf16 else "no"))
-            theirs = Runner(UNet2DModel(sample_size=32, **theirs_kw), args.batch, bf16, channels_last=False)
+            ours = Runner(UNet(**ours_kw), args.batch, bf16,
+                          channels_last=default_channels_last("cpu", "bf16" if bf16 else "no"), fused_adam=True)
+            # as diffusers' train_unconditional.py runs it: NCHW, torch's default AdamW
+            theirs = Runner(UNet2DModel(sample_size=32, **theirs_kw), args.batch, bf16, channels_last=False,
+                            fused_adam=False)
             n_ours = sum(p.numel() for p in ours.model.parameters())
             n_theirs = sum(p.numel() for p in theirs.model.parameters())
             flops = theirs.flops() / args.batch

@@ -125,7 +125,8 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
         unet = unet.to(memory_format=torch.channels_last)
     diffusion = Diffusion.from_config(cfg.diffusion)
     optimizer = torch.optim.AdamW(
-        unet.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay
+        unet.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay,
+        fused=accelerator.device.type in ("cpu", "cuda"),  # one kernel for all parameters: same update, 4x faster on CPU
     )
     # Stepped by us once per optimizer step (not prepared: Accelerate would step it once per process).
     lr_scheduler = get_scheduler(

@@ -62,3 +62,48 @@ def test_validation_split_is_deterministic_and_disjoint():
 def test_load_datasets_from_config():
     train, val = load_datasets(DataConfig(num_images=30, val_size=5), 8)
     assert len(train) == 25 and len(val) == 5 and train.images.shape[-1] == 8
+
+
+def _write_cifar10(root, per_batch=6):
+    """A miniature cifar-10-batches-py: the official layout and keys, random pixels."""
+    import pickle
+
+    import numpy as np
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+                 "labels": rng.integers(0, 10, per_batch).tolist()}
+        (folder / name).write_bytes(pickle.dumps(batch))
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
+    return folder
+
+
+def test_cifar10_python_format(tmp_path, monkeypatch):
+    from torchvision import datasets
+    from torchvision.datasets import cifar
+
+    from denoiser.data import load_cifar10
+
+    folder = _write_cifar10(tmp_path)
+    # torchvision checks the official files' md5; ours are a miniature with the same layout
+    monkeypatch.setattr(datasets.CIFAR10, "_check_integrity", lambda self: True)
+    monkeypatch.setattr(cifar, "check_integrity", lambda *args, **kwargs: True)
+    ds = load_cifar10(tmp_path, 16)
+    assert len(ds) == 30 and ds.classes[0] == "airplane" and len(ds.classes) == 10  # training batches only
+    assert ds.images.shape == (30, 3, 16, 16) and ds.images.dtype == torch.uint8
+    full = load_cifar10(tmp_path, 32)
+    raw = __import__("pickle").loads((folder / "data_batch_1").read_bytes())
+    # row-major CHW bytes -> (3, 32, 32), the first image of the first batch, label kept
+    assert torch.equal(full.images[0], torch.from_numpy(raw["data"][0].reshape(3, 32, 32)))
+    assert full.labels[0].item() == raw["labels"][0]
+
+
+def test_cifar10_missing_files_are_explained(tmp_path):
+    from denoiser.data import load_cifar10
+
+    with pytest.raises(FileNotFoundError, match="cifar-10-batches-py"):
+        load_cifar10(tmp_path, 32)
