@@ -7,6 +7,9 @@ process, alternating after a warm-up; the median of the repeats is reported with
 largest pixel difference between the two outputs (identical math; channels-last convolutions may
 round differently in the last bits). denoiser's sampler runs the UNet channels-last under
 `torch.inference_mode`; diffusers' pipelines run it as loaded.
+
+"ceiling": the ratio if everything but denoiser's convolutions (one profiled UNet call x steps) took
+no time.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 
 import torch
 from diffusers import DDIMPipeline, DDPMPipeline
+from profiling import conv_seconds
 
 from denoiser.pipeline import load_model
 from denoiser.sample import make_sampler, sample
@@ -34,7 +38,11 @@ def main() -> None:
     theirs_unet, _ = load_model(args.model, channels_last=False)  # as diffusers loads it
     print(f"model {args.model}, batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"DDIM: median of {args.repeats} after 1 warm-up; DDPM: one run each; alternating")
-    print(f"{'sampler':10} {'diffusers img/s':>16} {'denoiser img/s':>15} {'ratio':>6} {'max |diff|':>11}")
+    print(f"{'sampler':10} {'diffusers img/s':>16} {'denoiser img/s':>15} {'ratio':>6} {'ceiling':>8} {'max |diff|':>11}")
+    x = torch.randn(args.batch, 3, ours_unet.config.sample_size, ours_unet.config.sample_size)
+    x = x.contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        conv_per_step = conv_seconds(lambda: ours_unet(x, 500))  # one UNet call = one sampling step
     for name, steps, pipe_cls in (("ddim", args.ddim_steps, DDIMPipeline), ("ddpm", args.ddpm_steps, DDPMPipeline)):
         pipe = pipe_cls(unet=theirs_unet, scheduler=make_sampler(name, train_sched.config))
         pipe.set_progress_bar_config(disable=True)
@@ -61,7 +69,9 @@ def main() -> None:
         a = a.permute(0, 3, 1, 2) if a.shape[-1] == 3 else a
         ips_t, ips_o = args.batch / statistics.median(t_theirs), args.batch / statistics.median(t_ours)
         diff = (a - b).abs().max().item()
-        print(f"{name + '-' + str(steps):10} {ips_t:16.3f} {ips_o:15.3f} {ips_o / ips_t:5.2f}x {diff:11.2e}", flush=True)
+        ceiling = statistics.median(t_theirs) / (steps * conv_per_step)
+        print(f"{name + '-' + str(steps):10} {ips_t:16.3f} {ips_o:15.3f} {ips_o / ips_t:5.2f}x {ceiling:7.2f}x "
+              f"{diff:11.2e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import time
 
 import torch
 from diffusers import UNet2DModel
+from profiling import conv_seconds
 from torch.utils.flop_counter import FlopCounterMode
 
 from denoiser import UNet
@@ -92,16 +93,6 @@ class Runner:
         return counter.get_total_flops()
 
 
-CONV_OPS = ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::_convolution_depthwise2d")
-
-
-def conv_seconds(runner: Runner) -> float:
-    """Self time of the convolution kernels (forward and backward) in one profiled step."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        runner.step()
-    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in CONV_OPS) / 1e6
-
-
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -142,7 +133,7 @@ def main() -> None:
             for _ in range(args.repeats):
                 t_theirs.append(timed(theirs.step))
                 t_ours.append(timed(ours.step))
-            ceiling = statistics.median(t_theirs) / conv_seconds(ours)
+            ceiling = statistics.median(t_theirs) / conv_seconds(ours.step)
             ips_o, ips_t = args.batch / statistics.median(t_ours), args.batch / statistics.median(t_theirs)
             mfu_o, mfu_t = ips_o * flops / peak[prec], ips_t * flops / peak[prec]
             print(f"{name:8} {prec:5} {n_ours / 1e6:6.2f}M {flops / 1e9:9.2f} {ips_t:16.2f} {ips_o:15.2f} "

@@ -131,3 +131,15 @@ def test_lr_schedule_counts_optimizer_steps(tmp_path, accum):
         ref.step()
     assert state["lr_scheduler"]["_last_lr"] == pytest.approx(ref.get_last_lr())
     assert state["lr_scheduler"]["last_epoch"] == 3
+
+
+def test_fp16_mixed_precision_trains_on_cpu(tmp_path):
+    # fp16 autocast with Accelerate's gradient scaler; channels_last defaults to off here (the NHWC
+    # GroupNorm kernel covers fp32 and bf16 only)
+    cfg = write_config(tmp_path / "c.yaml", train={"mixed_precision": "fp16", "channels_last": None, "max_steps": 3})
+    run = tmp_path / "run"
+    cli("train", "--config", str(cfg), "--output-dir", str(run))
+    losses = [float(line.split(",")[1]) for line in (run / "loss.csv").read_text().splitlines()]
+    assert len(losses) == 3 and all(0 < v < 10 for v in losses)
+    unet = DiffusionPipeline.from_pretrained(run / "model").unet
+    assert all(torch.isfinite(p).all() for p in unet.parameters())

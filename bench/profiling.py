@@ -1,0 +1,20 @@
+"""Shared by the throughput benchmarks: how long the convolutions alone take in one profiled call.
+
+The convolutions already run near this CPU's GEMM rate, so (competitor's time) / (our convolution
+time) is the ratio we would reach if everything else took no time: the ceiling for any target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+CONV_OPS = ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::_convolution_depthwise2d")
+
+
+def conv_seconds(fn: Callable[[], object]) -> float:
+    """Self CPU time of the convolution kernels (forward and backward) while `fn()` runs once."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in CONV_OPS) / 1e6
