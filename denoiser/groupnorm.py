@@ -116,7 +116,7 @@ def _fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
         and x.is_contiguous(memory_format=torch.channels_last)
         and not x.is_contiguous()  # truly NHWC; NCHW tensors are torch's fast case
         and not torch.compiler.is_compiling()
-        and load_fast_kernel()
+        and (bool(_state["ok"]) if "ok" in _state else load_fast_kernel())  # no lock once decided
     )
 
 

@@ -168,7 +168,9 @@ class UNet(ModelMixin, ConfigMixin):
         if t.ndim > 1 or (t.ndim == 1 and t.shape[0] not in (1, batch)):
             raise ValueError(f"timestep must be a number, a 0-d tensor or a ({batch},) tensor, got shape {tuple(t.shape)}")
         t = t.reshape(-1).expand(batch)  # (B,)
-        temb = self.time_embed(timestep_embedding(t, self.config.base_channels).to(self.dtype))  # (B, 4C)
+        # the first layer's dtype, not ModelMixin.dtype: that walks every submodule on each call
+        dtype = self.time_embed[0].weight.dtype
+        temb = self.time_embed(timestep_embedding(t, self.config.base_channels).to(dtype))  # (B, 4C)
         if self.class_embed is not None:
             null = self.config.num_class_embeds
             if class_labels is None:
