@@ -7,7 +7,7 @@ tensor the fast path does not cover. The fast path is a small C++ kernel
 GroupNorm is 3-12x slower than for NCHW (bf16 especially) while the convolutions around it are
 fastest channels-last. Tests assert that both paths compute the same function, forward and backward.
 
-The kernel is compiled on first use with torch's C++-extension builder (about a minute, cached under
+The kernel is compiled on first use with torch's C++-extension builder (about 10 s with g++, cached under
 ~/.cache/torch_extensions). Without a C++ compiler, or with DENOISER_FAST_GROUPNORM=0, everything
 runs on the reference path and only speed changes.
 """
@@ -55,7 +55,7 @@ def load_fast_kernel() -> bool:
         try:
             from torch.utils.cpp_extension import load
 
-            log.info("compiling the channels-last GroupNorm kernel (once per machine, about a minute)")
+            log.info("loading the channels-last GroupNorm kernel (its first build on a machine takes about 10 s)")
             load(
                 name=f"denoiser_group_norm_nhwc_{_cpu_tag()}",
                 sources=[str(_SOURCE)],

@@ -18,6 +18,15 @@ TINY = dict(
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def groupnorm_kernel():
+    """Build the channels-last GroupNorm kernel once, up front (~10 s on a fresh machine), so that no
+    timed test (app, subprocesses) pays for the build."""
+    from denoiser.groupnorm import load_fast_kernel
+
+    load_fast_kernel()
+
+
 @pytest.fixture
 def tiny_unet():
     torch.manual_seed(0)
