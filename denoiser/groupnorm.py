@@ -56,10 +56,13 @@ def load_fast_kernel() -> bool:
             from torch.utils.cpp_extension import load
 
             log.info("loading the channels-last GroupNorm kernel (its first build on a machine takes about 10 s)")
+            cflags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+            if platform.machine() in ("x86_64", "AMD64"):
+                cflags.append("-mprefer-vector-width=512")  # gcc defaults to 256-bit vectors on AVX-512 CPUs
             load(
                 name=f"denoiser_group_norm_nhwc_{_cpu_tag()}",
                 sources=[str(_SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
+                extra_cflags=cflags,
                 extra_ldflags=["-fopenmp"],
                 is_python_module=False,
                 verbose=False,
@@ -69,9 +72,9 @@ def load_fast_kernel() -> bool:
             _state.update(ok=False, error=f"{type(e).__name__}: {e}")
             log.warning(
                 "denoiser: the fast channels-last GroupNorm kernel could not be built (%s); using torch's "
-                "GroupNorm instead (same results, slower channels-last). Install a C++ compiler (g++) to get it, "
-                "or set DENOISER_FAST_GROUPNORM=0 to skip the attempt.",
-                str(e).splitlines()[0] if str(e) else type(e).__name__,
+                "GroupNorm instead (same results, slower channels-last). It needs a C++ compiler (g++) and "
+                "ninja (a dependency of denoiser); set DENOISER_FAST_GROUPNORM=0 to skip the attempt.",
+                _state["error"][-2000:],
             )
         return bool(_state["ok"])
 
@@ -96,23 +99,46 @@ class _GroupNormNHWC(torch.autograd.Function):
     def forward(ctx, x, weight, bias, groups: int, eps: float, silu: bool):
         y, mean, rstd = torch.ops.denoiser.group_norm_nhwc_forward(x, weight, bias, groups, eps, silu)
         ctx.save_for_backward(x, weight, bias, mean, rstd)
-        ctx.groups, ctx.silu = groups, silu
+        ctx.groups, ctx.silu, ctx.eps = groups, silu, eps
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, bias, mean, rstd = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiate the reference so higher orders work
+            inputs = [t if t.requires_grad else t.detach().requires_grad_() for t in (x, weight, bias)]
+            y = F.group_norm(inputs[0], ctx.groups, inputs[1], inputs[2], ctx.eps)
+            y = F.silu(y) if ctx.silu else y
+            return (*torch.autograd.grad(y, inputs, dy, create_graph=True), None, None, None)
         dx, dw, db = torch.ops.denoiser.group_norm_nhwc_backward(dy, x, weight, bias, mean, rstd, ctx.groups, ctx.silu)
         return dx, dw, db, None, None, None
 
 
-def _fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def _plain(*tensors: torch.Tensor) -> bool:
+    """Not under vmap/grad/jvp transforms and without forward-mode tangents: the kernel has no rules for
+    those, so such tensors take the reference path (which torch differentiates any way asked)."""
+    if any(_functorch_wrapped(t) for t in tensors):
+        return False
+    if torch.autograd.forward_ad._current_level >= 0:  # inside a dual_level: tangents may exist
+        return all(torch.autograd.forward_ad.unpack_dual(t).tangent is None for t in tensors)
+    return True
+
+
+def _fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
     return (
-        x.device.type == "cpu"
+        weight is not None
+        and bias is not None
+        and _plain(x, weight, bias)  # first: vmap'd tensors cannot even be asked is_contiguous
+        and x.device.type == "cpu"
         and x.dim() == 4
         and x.dtype in (torch.float32, torch.bfloat16)
-        and weight is not None
         and weight.dtype == torch.float32
+        and bias.dtype == torch.float32
+        and weight.is_contiguous()
+        and bias.is_contiguous()
         and x.is_contiguous(memory_format=torch.channels_last)
         and not x.is_contiguous()  # truly NHWC; NCHW tensors are torch's fast case
         and not torch.compiler.is_compiling()
@@ -131,7 +157,7 @@ def group_norm(
 ) -> torch.Tensor:
     """GroupNorm of (B, C, H, W) x, then SiLU if `silu`. fast: None picks the kernel where it applies,
     False forces the reference (F.group_norm, F.silu), True requires the kernel."""
-    use_fast = _fast_path_applies(x, weight) and bias is not None if fast is None else fast
+    use_fast = _fast_path_applies(x, weight, bias) if fast is None else fast
     if use_fast:
         if not load_fast_kernel():
             raise RuntimeError(f"fast GroupNorm kernel unavailable: {_state.get('error')}")

@@ -150,3 +150,57 @@ def test_default_layout_per_precision():
     assert default_channels_last("cpu", "bf16") is True  # the kernel is built on this machine
     assert default_channels_last("cpu", "fp16") is False  # not covered by the kernel
     assert default_channels_last("cuda", "fp16") is True
+
+
+def test_transforms_and_higher_order_gradients_match_the_reference():
+    # vmap, torch.func.grad/jvp, forward-mode AD and double backward take the reference path (the
+    # kernel has no rules for them) instead of silently returning zeros
+    from torch.func import grad, jvp, vmap
+
+    torch.manual_seed(0)
+    x, tangent = channels_last(torch.randn(2, 32, 8, 8)), channels_last(torch.randn(2, 32, 8, 8))
+    w, b = torch.randn(32), torch.randn(32)
+
+    def ours(a):
+        return group_norm(a, 8, w, b, 1e-6, silu=True)
+
+    def ref(a):
+        return F.silu(F.group_norm(a, 8, w, b, 1e-6))
+
+    jvp_ref = jvp(ref, (x,), (tangent,))[1]
+    torch.testing.assert_close(jvp(ours, (x,), (tangent,))[1], jvp_ref)
+    torch.testing.assert_close(grad(lambda a: ours(a).sum())(x), grad(lambda a: ref(a).sum())(x))
+    torch.testing.assert_close(vmap(ours)(x[:, None])[:, 0], ref(x))
+    with torch.autograd.forward_ad.dual_level():
+        out = ours(torch.autograd.forward_ad.make_dual(x, tangent))
+        torch.testing.assert_close(torch.autograd.forward_ad.unpack_dual(out).tangent, jvp_ref)
+    second = []
+    for fn in (ours, ref):  # the kernel's first backward, differentiated again
+        a = x.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(fn(a).pow(2).sum(), a, create_graph=True)
+        second.append(torch.autograd.grad(g.pow(2).sum(), a)[0])
+    torch.testing.assert_close(second[0], second[1], rtol=1e-4, atol=1e-4)
+
+
+def test_outlier_in_the_first_pixel_keeps_fp32_accuracy():
+    # review finding: statistics must not be taken around a single pixel
+    torch.manual_seed(0)
+    x = torch.randn(1, 32, 64, 64)
+    x[:, :, 0, 0] = 30.0
+    w, b = torch.ones(32), torch.zeros(32)
+    y_ref = F.group_norm(x.double(), 32, w.double(), b.double(), 1e-6)
+    y_torch = F.group_norm(x, 32, w, b, 1e-6)
+    y = group_norm(channels_last(x), 32, w, b, 1e-6, fast=True)
+    assert rel_err(y, y_ref) <= max(1e-6, 2 * rel_err(y_torch, y_ref))
+
+
+def test_backward_op_checks_its_arguments():
+    load_fast_kernel()
+    x = channels_last(torch.randn(2, 32, 8, 8))
+    w, b = torch.ones(32), torch.zeros(32)
+    with pytest.raises(RuntimeError, match="dy must have x's shape"):
+        torch.ops.denoiser.group_norm_nhwc_backward(
+            channels_last(torch.randn(1, 32, 8, 8)), x, w, b, torch.zeros(2, 8), torch.ones(2, 8), 8, True
+        )
+    with pytest.raises(RuntimeError, match="mean and rstd"):
+        torch.ops.denoiser.group_norm_nhwc_backward(x, x, w, b, torch.zeros(1, 8), torch.ones(1, 8), 8, True)

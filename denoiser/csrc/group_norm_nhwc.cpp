@@ -8,8 +8,9 @@
 //
 // Numerics follow torch's kernel: statistics and arithmetic in fp32 (double for the per-chunk
 // combination), y = x * (rstd * w) + (b - mean * rstd * w), one rounding to the output dtype.
-// Statistics use per-channel shifted sums (shift = the channel's first pixel), combined across
-// channels with the parallel-variance formula, so a large mean does not cancel the variance away.
+// Statistics: per 64-pixel chunk a mean and the squared deviations from it (fp32, the chunk read
+// twice from L1), combined across chunks and channels in double with the parallel-variance formula,
+// so neither a large mean nor an outlier cancels the variance away.
 // Work is split into fixed chunks of pixels and partial sums are combined in a fixed order: results
 // do not depend on the number of threads.
 //
@@ -115,6 +116,8 @@ void two_pass(const Shape& s, const F1& stage1, const F2& finish, const F3& stag
   });
 }
 
+inline double chunk_size(const Shape& s, int64_t k) { return double(std::min(s.N, (k + 1) * kChunk) - k * kChunk); }
+
 // Sum of the per-chunk partials of image i, channel c, in chunk order.
 inline double chunk_sum(const std::vector<float>& part, const Shape& s, int64_t i, int64_t c) {
   double t = 0.0;
@@ -129,34 +132,49 @@ void forward_impl(const Shape& s, const T* x, const float* w, const float* b, do
                   float* rstd) {
   const int64_t N = s.N, C = s.C;
   std::vector<float> part1(s.B * s.chunks * C), part2(s.B * s.chunks * C), A(s.B * C), K(s.B * C);
-  // Pass 1: per (image, chunk, channel) sums of x - shift and (x - shift)^2; shift = pixel 0.
+  // Pass 1: per (image, chunk, channel) mean and sum of squared deviations from it; the chunk
+  // (64 pixels) is read twice while it sits in L1, so no large value is ever squared.
   auto stats = [&](int64_t i, int64_t k) {
-    const T* xb = x + i * N * C;
-    float* s1 = part1.data() + (i * s.chunks + k) * C;
-    float* s2 = part2.data() + (i * s.chunks + k) * C;
-    std::fill(s1, s1 + C, 0.0f);
-    std::fill(s2, s2 + C, 0.0f);
-    for (int64_t n = k * kChunk; n < std::min(N, (k + 1) * kChunk); ++n) {
-      const T* row = xb + n * C;
+    float* mk = part1.data() + (i * s.chunks + k) * C;
+    float* m2k = part2.data() + (i * s.chunks + k) * C;
+    const int64_t n0 = k * kChunk, n1 = std::min(N, (k + 1) * kChunk);
+    const float inv = 1.0f / float(n1 - n0);
+    std::fill(mk, mk + C, 0.0f);
+    std::fill(m2k, m2k + C, 0.0f);
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* row = x + (i * N + n) * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) mk[c] += to_float(row[c]);
+    }
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) mk[c] *= inv;
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* row = x + (i * N + n) * C;
 #pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
-        const float d = to_float(row[c]) - to_float(xb[c]);
-        s1[c] += d;
-        s2[c] += d * d;
+        const float d = to_float(row[c]) - mk[c];
+        m2k[c] += d * d;
       }
     }
   };
-  // Channel means and squared deviations, combined per group (parallel-variance formula).
+  // Chunks, then the channels of each group, combined in double with the parallel-variance formula
+  // (Chan et al.): M2 = sum of the parts' M2 + sum of n_part * (mean_part - mean)^2.
   auto finish = [&](int64_t i) {
     std::vector<double> mean_c(s.D), m2_c(s.D);
     for (int64_t g = 0; g < s.G; ++g) {
       double mg = 0.0, m2 = 0.0;
       for (int64_t j = 0; j < s.D; ++j) {
         const int64_t c = g * s.D + j;
-        const double t1 = chunk_sum(part1, s, i, c), t2 = chunk_sum(part2, s, i, c);
-        mean_c[j] = double(to_float(x[i * N * C + c])) + t1 / N;
-        m2_c[j] = std::max(t2 - t1 * t1 / N, 0.0);
-        mg += mean_c[j];
+        double mc = 0.0, m2c = 0.0;
+        for (int64_t k = 0; k < s.chunks; ++k) mc += double(part1[(i * s.chunks + k) * C + c]) * chunk_size(s, k);
+        mc /= N;
+        for (int64_t k = 0; k < s.chunks; ++k) {
+          const double d = double(part1[(i * s.chunks + k) * C + c]) - mc;
+          m2c += double(part2[(i * s.chunks + k) * C + c]) + chunk_size(s, k) * d * d;
+        }
+        mean_c[j] = mc;
+        m2_c[j] = m2c;
+        mg += mc;
       }
       mg /= s.D;
       for (int64_t j = 0; j < s.D; ++j) m2 += m2_c[j] + N * (mean_c[j] - mg) * (mean_c[j] - mg);
@@ -318,6 +336,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_backward(const at
                                                                         const at::Tensor& rstd, int64_t groups,
                                                                         bool silu) {
   const Shape s = check(x, weight, bias, groups);
+  TORCH_CHECK(dy.sizes() == x.sizes(), "group_norm_nhwc_backward: dy must have x's shape, got ", dy.sizes(),
+              " and ", x.sizes());
+  TORCH_CHECK(mean.scalar_type() == at::kFloat && rstd.scalar_type() == at::kFloat && mean.numel() == s.B * s.G &&
+                  rstd.numel() == s.B * s.G,
+              "group_norm_nhwc_backward: mean and rstd must be float32 with B * groups elements");
   const at::Tensor g = dy.contiguous(at::MemoryFormat::ChannelsLast).to(x.scalar_type());
   at::Tensor dx = at::empty_like(x, at::MemoryFormat::ChannelsLast);
   at::Tensor dw = at::zeros({s.C}, weight.options());
