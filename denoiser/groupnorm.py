@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
 import threading
 from pathlib import Path
 
@@ -44,6 +45,17 @@ def _cpu_tag() -> str:
     return hashlib.sha1(flags.encode()).hexdigest()[:8]
 
 
+def _put_ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH; the pip package's binary is not there unless the venv is
+    activated (e.g. `.venv/bin/python -m pytest`)."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+        except ImportError:
+            return
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 def load_fast_kernel() -> bool:
     """Compile (once per machine) and load the channels-last kernel; False, with the reason logged, if it cannot."""
     with _lock:
@@ -54,6 +66,8 @@ def load_fast_kernel() -> bool:
             return False
         try:
             from torch.utils.cpp_extension import load
+
+            _put_ninja_on_path()
 
             log.info("loading the channels-last GroupNorm kernel (its first build on a machine takes about 10 s)")
             cflags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
