@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GroupNorm", "group_norm", "fast_kernel_available", "load_fast_kernel", "default_channels_last"]
+__all__ = ["GroupNorm", "group_norm", "load_fast_kernel", "default_channels_last"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,10 @@ def _put_ninja_on_path() -> None:
 
 
 def load_fast_kernel() -> bool:
-    """Compile (once per machine) and load the channels-last kernel; False, with the reason logged, if it cannot."""
+    """Compile (once per machine) and load the channels-last kernel; False, with the reason logged, if it cannot.
+    Called on every GroupNorm of a channels-last tensor: once decided, it answers without the lock."""
+    if "ok" in _state:
+        return bool(_state["ok"])
     with _lock:
         if "ok" in _state:
             return bool(_state["ok"])
@@ -93,10 +96,6 @@ def load_fast_kernel() -> bool:
         return bool(_state["ok"])
 
 
-def fast_kernel_available() -> bool:
-    return load_fast_kernel()
-
-
 def default_channels_last(device: torch.device | str, mixed_precision: str = "no") -> bool:
     """Whether to train channels-last: convolutions are faster that way everywhere, but on CPU only where
     the GroupNorm kernel covers the activations' dtype (fp32, bf16); torch's own NHWC GroupNorm is
@@ -105,7 +104,7 @@ def default_channels_last(device: torch.device | str, mixed_precision: str = "no
         return True
     if mixed_precision == "no":
         return True
-    return mixed_precision == "bf16" and fast_kernel_available()
+    return mixed_precision == "bf16" and load_fast_kernel()
 
 
 class _GroupNormNHWC(torch.autograd.Function):
@@ -156,7 +155,7 @@ def _fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
         and x.is_contiguous(memory_format=torch.channels_last)
         and not x.is_contiguous()  # truly NHWC; NCHW tensors are torch's fast case
         and not torch.compiler.is_compiling()
-        and (bool(_state["ok"]) if "ok" in _state else load_fast_kernel())  # no lock once decided
+        and load_fast_kernel()
     )
 
 

@@ -116,7 +116,18 @@ void two_pass(const Shape& s, const F1& stage1, const F2& finish, const F3& stag
   });
 }
 
-inline double chunk_size(const Shape& s, int64_t k) { return double(std::min(s.N, (k + 1) * kChunk) - k * kChunk); }
+// Pixels [k * kChunk, chunk_end(s, k)) form chunk k.
+inline int64_t chunk_end(const Shape& s, int64_t k) { return std::min(s.N, (k + 1) * kChunk); }
+inline double chunk_size(const Shape& s, int64_t k) { return double(chunk_end(s, k) - k * kChunk); }
+
+// y = x * A + K per (image, channel): A = rstd * w, K = b - mean * rstd * w, for group g of image i.
+inline void affine(const Shape& s, int64_t i, int64_t g, float mean, float rstd, const float* w, const float* b,
+                   float* A, float* K) {
+  for (int64_t c = g * s.D; c < (g + 1) * s.D; ++c) {
+    A[i * s.C + c] = rstd * w[c];
+    K[i * s.C + c] = b[c] - mean * A[i * s.C + c];
+  }
+}
 
 // Sum of the per-chunk partials of image i, channel c, in chunk order.
 inline double chunk_sum(const std::vector<float>& part, const Shape& s, int64_t i, int64_t c) {
@@ -137,7 +148,7 @@ void forward_impl(const Shape& s, const T* x, const float* w, const float* b, do
   auto stats = [&](int64_t i, int64_t k) {
     float* mk = part1.data() + (i * s.chunks + k) * C;
     float* m2k = part2.data() + (i * s.chunks + k) * C;
-    const int64_t n0 = k * kChunk, n1 = std::min(N, (k + 1) * kChunk);
+    const int64_t n0 = k * kChunk, n1 = chunk_end(s, k);
     const float inv = 1.0f / float(n1 - n0);
     std::fill(mk, mk + C, 0.0f);
     std::fill(m2k, m2k + C, 0.0f);
@@ -180,16 +191,13 @@ void forward_impl(const Shape& s, const T* x, const float* w, const float* b, do
       for (int64_t j = 0; j < s.D; ++j) m2 += m2_c[j] + N * (mean_c[j] - mg) * (mean_c[j] - mg);
       mean[i * s.G + g] = float(mg);
       rstd[i * s.G + g] = float(1.0 / std::sqrt(m2 / double(N * s.D) + eps));
-      for (int64_t c = g * s.D; c < (g + 1) * s.D; ++c) {  // y = x * A + K
-        A[i * C + c] = rstd[i * s.G + g] * w[c];
-        K[i * C + c] = b[c] - mean[i * s.G + g] * A[i * C + c];
-      }
+      affine(s, i, g, mean[i * s.G + g], rstd[i * s.G + g], w, b, A.data(), K.data());
     }
   };
   // Pass 2: y = x * A + K, then SiLU.
   auto normalize = [&](int64_t i, int64_t k) {
     const float *a = A.data() + i * C, *kk = K.data() + i * C;
-    for (int64_t n = k * kChunk; n < std::min(N, (k + 1) * kChunk); ++n) {
+    for (int64_t n = k * kChunk; n < chunk_end(s, k); ++n) {
       const T* row = x + (i * N + n) * C;
       T* out = y + (i * N + n) * C;
 #pragma omp simd
@@ -220,11 +228,9 @@ void backward_impl(const Shape& s, const T* dy, const T* x, const float* w, cons
   const int64_t N = s.N, C = s.C;
   std::vector<float> A(s.B * C), K(s.B * C), M(s.B * C), C1(s.B * C), C2(s.B * C);
   for (int64_t i = 0; i < s.B; ++i)
-    for (int64_t c = 0; c < C; ++c) {
-      const int64_t g = i * s.G + c / s.D;
-      A[i * C + c] = rstd[g] * w[c];
-      K[i * C + c] = b[c] - mean[g] * A[i * C + c];
-      M[i * C + c] = mean[g];
+    for (int64_t g = 0; g < s.G; ++g) {
+      affine(s, i, g, mean[i * s.G + g], rstd[i * s.G + g], w, b, A.data(), K.data());
+      std::fill(M.begin() + i * C + g * s.D, M.begin() + i * C + (g + 1) * s.D, mean[i * s.G + g]);
     }
   std::vector<float> part1(s.B * s.chunks * C), part2(s.B * s.chunks * C);
   std::vector<double> dw_img(s.B * C), db_img(s.B * C);  // per image; summed over images in order below
@@ -235,7 +241,7 @@ void backward_impl(const Shape& s, const T* dy, const T* x, const float* w, cons
     float* s2 = part2.data() + (i * s.chunks + k) * C;
     std::fill(s1, s1 + C, 0.0f);
     std::fill(s2, s2 + C, 0.0f);
-    for (int64_t n = k * kChunk; n < std::min(N, (k + 1) * kChunk); ++n) {
+    for (int64_t n = k * kChunk; n < chunk_end(s, k); ++n) {
       const T* xr = x + (i * N + n) * C;
       const T* gr = dy + (i * N + n) * C;
 #pragma omp simd
@@ -271,7 +277,7 @@ void backward_impl(const Shape& s, const T* dy, const T* x, const float* w, cons
   auto input_grad = [&](int64_t i, int64_t k) {
     const float *a = A.data() + i * C, *kk = K.data() + i * C, *m = M.data() + i * C;
     const float *c1 = C1.data() + i * C, *c2 = C2.data() + i * C;
-    for (int64_t n = k * kChunk; n < std::min(N, (k + 1) * kChunk); ++n) {
+    for (int64_t n = k * kChunk; n < chunk_end(s, k); ++n) {
       const T* xr = x + (i * N + n) * C;
       const T* gr = dy + (i * N + n) * C;
       T* out = dx + (i * N + n) * C;
