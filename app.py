@@ -19,7 +19,7 @@ import gradio as gr
 from PIL import Image, ImageDraw
 
 from denoiser.explore import LIMITS, Explorer
-from denoiser.groupnorm import load_fast_kernel
+from denoiser.kernels import load_kernels
 from denoiser.pipeline import WEIGHTS_DIR
 from denoiser.sample import SCHEDULERS, to_pil
 
@@ -193,7 +193,7 @@ def main() -> None:
     args = p.parse_args()
     if not Path(args.weights).is_dir():
         raise SystemExit(f"weights folder {args.weights!r} does not exist")
-    load_fast_kernel()  # build the GroupNorm kernel now (once per machine), not during the first generation
+    load_kernels()  # build the C++ kernels now (once per machine), not during the first generation
     app = build_app(Explorer(args.weights))
     app.queue(default_concurrency_limit=2).launch(server_name=args.host, server_port=args.port, share=args.share)
 

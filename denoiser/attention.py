@@ -242,6 +242,18 @@ class SpatialSelfAttention(nn.Module):
         out = self.attention(tokens, spatial_size=(H, W))  # (B, N, C)
         return x + from_tokens(out, H, W)  # (B, C, H, W)
 
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` as one C++ op (csrc/unet_blocks.cpp: fused SDPA, bit-identical) for inference on
+        channels-last CPU tensors, where `UNet.forward` calls it; the module's `forward` while attention
+        is being captured or the readable path is forced (`fused_attn=False`)."""
+        attn = self.attention
+        if attn._recorder is not None or attn.fused_attn is False:
+            return self(x)
+        return torch.ops.denoiser.attention_block_forward(
+            x, self.norm.weight, self.norm.bias, attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias,
+            attn.num_heads, self.norm.num_groups, self.norm.eps,
+        )
+
 
 # --------------------------------------------------------------------------------------------
 # Capture: exact weights, rebuilt on demand

@@ -7,93 +7,19 @@ tensor the fast path does not cover. The fast path is a small C++ kernel
 GroupNorm is 3-12x slower than for NCHW (bf16 especially) while the convolutions around it are
 fastest channels-last. Tests assert that both paths compute the same function, forward and backward.
 
-The kernel is compiled on first use with torch's C++-extension builder (about 10 s with g++, cached under
-~/.cache/torch_extensions). Without a C++ compiler, or with DENOISER_FAST_GROUPNORM=0, everything
-runs on the reference path and only speed changes.
+The kernel is part of denoiser's C++ extension (`denoiser.kernels`), compiled on first use; without a
+C++ compiler, or with DENOISER_KERNELS=0, everything runs on the reference path and only speed changes.
 """
 
 from __future__ import annotations
-
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import threading
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GroupNorm", "group_norm", "load_fast_kernel", "default_channels_last"]
+from denoiser.kernels import kernel_error, load_kernels
 
-log = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).parent / "csrc" / "group_norm_nhwc.cpp"
-_lock = threading.Lock()
-_state: dict[str, object] = {}  # "ok": bool once a load was attempted, "error": str when it failed
-
-
-def _cpu_tag() -> str:
-    """Short hash of this CPU's instruction-set flags: the kernel is built with -march=native, so a cached
-    build must never be loaded on a CPU that lacks its instructions (e.g. a home folder shared by machines)."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor() or platform.machine()
-    return hashlib.sha1(flags.encode()).hexdigest()[:8]
-
-
-def _put_ninja_on_path() -> None:
-    """torch's builder runs `ninja` from PATH; the pip package's binary is not there unless the venv is
-    activated (e.g. `.venv/bin/python -m pytest`)."""
-    if shutil.which("ninja") is None:
-        try:
-            import ninja
-        except ImportError:
-            return
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-
-
-def load_fast_kernel() -> bool:
-    """Compile (once per machine) and load the channels-last kernel; False, with the reason logged, if it cannot.
-    Called on every GroupNorm of a channels-last tensor: once decided, it answers without the lock."""
-    if "ok" in _state:
-        return bool(_state["ok"])
-    with _lock:
-        if "ok" in _state:
-            return bool(_state["ok"])
-        if os.environ.get("DENOISER_FAST_GROUPNORM", "1") == "0":
-            _state.update(ok=False, error="disabled by DENOISER_FAST_GROUPNORM=0")
-            return False
-        try:
-            from torch.utils.cpp_extension import load
-
-            _put_ninja_on_path()
-
-            log.info("loading the channels-last GroupNorm kernel (its first build on a machine takes about 10 s)")
-            cflags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-            if platform.machine() in ("x86_64", "AMD64"):
-                cflags.append("-mprefer-vector-width=512")  # gcc defaults to 256-bit vectors on AVX-512 CPUs
-            load(
-                name=f"denoiser_group_norm_nhwc_{_cpu_tag()}",
-                sources=[str(_SOURCE)],
-                extra_cflags=cflags,
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
-            _state["ok"] = True
-        except Exception as e:  # no compiler, no headers, ...: the reference path still works
-            _state.update(ok=False, error=f"{type(e).__name__}: {e}")
-            log.warning(
-                "denoiser: the fast channels-last GroupNorm kernel could not be built (%s); using torch's "
-                "GroupNorm instead (same results, slower channels-last). It needs a C++ compiler (g++) and "
-                "ninja (a dependency of denoiser); set DENOISER_FAST_GROUPNORM=0 to skip the attempt.",
-                _state["error"][-2000:],
-            )
-        return bool(_state["ok"])
+__all__ = ["GroupNorm", "group_norm", "fast_path_applies", "default_channels_last"]
 
 
 def default_channels_last(device: torch.device | str, mixed_precision: str = "no") -> bool:
@@ -104,7 +30,7 @@ def default_channels_last(device: torch.device | str, mixed_precision: str = "no
         return True
     if mixed_precision == "no":
         return True
-    return mixed_precision == "bf16" and load_fast_kernel()
+    return mixed_precision == "bf16" and load_kernels()
 
 
 class _GroupNormNHWC(torch.autograd.Function):
@@ -140,7 +66,9 @@ def _plain(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def _fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+def fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+    """Whether the kernel takes GroupNorm(x) with these parameters: channels-last fp32/bf16 CPU x, fp32
+    weight and bias, no transforms or compilation, the kernels built."""
     return (
         weight is not None
         and bias is not None
@@ -155,7 +83,7 @@ def _fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch
         and x.is_contiguous(memory_format=torch.channels_last)
         and not x.is_contiguous()  # truly NHWC; NCHW tensors are torch's fast case
         and not torch.compiler.is_compiling()
-        and load_fast_kernel()
+        and load_kernels()
     )
 
 
@@ -170,10 +98,10 @@ def group_norm(
 ) -> torch.Tensor:
     """GroupNorm of (B, C, H, W) x, then SiLU if `silu`. fast: None picks the kernel where it applies,
     False forces the reference (F.group_norm, F.silu), True requires the kernel."""
-    use_fast = _fast_path_applies(x, weight, bias) if fast is None else fast
+    use_fast = fast_path_applies(x, weight, bias) if fast is None else fast
     if use_fast:
-        if not load_fast_kernel():
-            raise RuntimeError(f"fast GroupNorm kernel unavailable: {_state.get('error')}")
+        if not load_kernels():
+            raise RuntimeError(f"fast GroupNorm kernel unavailable: {kernel_error()}")
         if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)):
             # inference: the op alone (an autograd.Function costs ~30 us a call, 10% of a sampling step)
             return torch.ops.denoiser.group_norm_nhwc_forward(x, weight, bias, num_groups, eps, silu)[0]

@@ -23,7 +23,7 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
 from denoiser.attention import SpatialSelfAttention
-from denoiser.groupnorm import GroupNorm
+from denoiser.groupnorm import GroupNorm, fast_path_applies
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]
 
@@ -57,6 +57,17 @@ class ResBlock(nn.Module):
         h = h + self.temb_proj(temb)[:, :, None, None]  # (B, C_out, 1, 1) broadcast over pixels
         h = self.conv2(self.dropout(self.norm2(h)))
         return self.skip(x) + h
+
+    def fused(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        """`forward` as one C++ op (csrc/unet_blocks.cpp), bit-identical; inference on channels-last CPU
+        tensors only, where `UNet.forward` calls it."""
+        skip_w, skip_b = (self.skip.weight, self.skip.bias) if isinstance(self.skip, nn.Conv2d) else (None, None)
+        return torch.ops.denoiser.resblock_forward(
+            x, temb, self.norm1.weight, self.norm1.bias, self.conv1.weight, self.conv1.bias,
+            self.temb_proj.weight, self.temb_proj.bias, self.norm2.weight, self.norm2.bias,
+            self.conv2.weight, self.conv2.bias, skip_w, skip_b,
+            self.norm1.num_groups, self.norm1.eps,
+        )  # fmt: skip
 
 
 class Downsample(nn.Module):
@@ -162,6 +173,8 @@ class UNet(ModelMixin, ConfigMixin):
 
         self.norm_out = GroupNorm(groups, ch, eps=1e-6, silu=True)
         self.conv_out = nn.Conv2d(ch, out_channels, 3, padding=1)
+        # inference switch, as `fused_attn` in the attention: False always runs the modules' Python forward
+        self.fused_blocks = True
 
     def _embed(self, timestep, class_labels, batch: int, device) -> torch.Tensor:
         t = torch.as_tensor(timestep, device=device)
@@ -193,31 +206,48 @@ class UNet(ModelMixin, ConfigMixin):
         """sample (B, in_channels, H, W), timestep (), (1,) or (B,) -> predicted noise (B, out_channels, H, W)."""
         temb = self._embed(timestep, class_labels, sample.shape[0], sample.device)
         h = self.conv_in(sample)
+        if self._fused_blocks_apply(h):  # the same blocks, each one C++ op (bit-identical)
+            res, attn = (lambda block, x: block.fused(x, temb)), (lambda block, x: block.fused(x))
+        else:
+            res, attn = (lambda block, x: block(x, temb)), (lambda block, x: block(x))
         skips = [h]
         for level in self.down:
             for j, block in enumerate(level.res):
-                h = block(h, temb)
+                h = res(block, h)
                 if level.attn:
-                    h = level.attn[j](h)
+                    h = attn(level.attn[j], h)
                 skips.append(h)
             if level.resample is not None:
                 h = level.resample(h)
                 skips.append(h)
-        h = self.mid_res1(h, temb)
+        h = res(self.mid_res1, h)
         if self.mid_attn is not None:
-            h = self.mid_attn(h)
-        h = self.mid_res2(h, temb)
+            h = attn(self.mid_attn, h)
+        h = res(self.mid_res2, h)
         for level in self.up:
             for j, block in enumerate(level.res):
-                h = block(torch.cat([h, skips.pop()], dim=1), temb)  # (B, C + C_skip, H, W)
+                h = res(block, torch.cat([h, skips.pop()], dim=1))  # (B, C + C_skip, H, W)
                 if level.attn:
-                    h = level.attn[j](h)
+                    h = attn(level.attn[j], h)
             if level.resample is not None:
                 h = level.resample(h)
         out = self.conv_out(self.norm_out(h))  # GroupNorm + SiLU
         if not return_dict:
             return (out,)
         return UNet2DOutput(sample=out)
+
+
+    def _fused_blocks_apply(self, h: torch.Tensor) -> bool:
+        """Inference where the GroupNorm kernel runs (channels-last fp32/bf16 CPU activations, fp32 norms):
+        there the blocks may run as single C++ ops. Not while training (dropout), under autograd or
+        autocast, or with `fused_blocks` switched off."""
+        return (
+            self.fused_blocks
+            and not self.training
+            and not torch.is_grad_enabled()
+            and not torch.is_autocast_enabled(h.device.type)
+            and fast_path_applies(h, self.norm_out.weight, self.norm_out.bias)
+        )
 
 
 def _validate(sample_size, base_channels, channel_mult, layers_per_block, norm_num_groups) -> None:

@@ -19,12 +19,12 @@ TINY = dict(
 
 
 @pytest.fixture(scope="session", autouse=True)
-def groupnorm_kernel():
-    """Build the channels-last GroupNorm kernel once, up front (~10 s on a fresh machine), so that no
-    timed test (app, subprocesses) pays for the build."""
-    from denoiser.groupnorm import load_fast_kernel
+def cpp_kernels():
+    """Build denoiser's C++ kernels once, up front (~15 s on a fresh machine), so that no timed test
+    (app, subprocesses) pays for the build."""
+    from denoiser.kernels import load_kernels
 
-    load_fast_kernel()
+    load_kernels()
 
 
 @pytest.fixture

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from denoiser import groupnorm
-from denoiser.groupnorm import GroupNorm, default_channels_last, group_norm, load_fast_kernel
+from denoiser import kernels
+from denoiser.groupnorm import GroupNorm, default_channels_last, group_norm
+from denoiser.kernels import load_kernels
 
 # awkward shapes: 1 channel per group, odd and non-square sizes, pixel counts that are not a multiple
 # of the kernel's 64-pixel chunks, a batch of one
@@ -38,7 +39,7 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def test_kernel_builds_here():
     # CI installs g++ (make test); without it everything still runs on the reference path
-    assert load_fast_kernel(), groupnorm._state.get("error")
+    assert load_kernels(), kernels.kernel_error()
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -129,7 +130,7 @@ def test_module_dispatch_and_state_dict():
 
 
 def test_fallback_when_the_kernel_is_unavailable(monkeypatch):
-    monkeypatch.setattr(groupnorm, "_state", {"ok": False, "error": "no compiler"})
+    monkeypatch.setattr(kernels, "_state", {"ok": False, "error": "no compiler"})
     x = channels_last(torch.randn(2, 32, 4, 4))
     w, b = torch.randn(32), torch.randn(32)
     assert torch.equal(group_norm(x, 8, w, b, 1e-6, silu=True), F.silu(F.group_norm(x, 8, w, b, 1e-6)))
@@ -140,10 +141,10 @@ def test_fallback_when_the_kernel_is_unavailable(monkeypatch):
 
 
 def test_disabled_by_environment(monkeypatch):
-    monkeypatch.setattr(groupnorm, "_state", {})
-    monkeypatch.setenv("DENOISER_FAST_GROUPNORM", "0")
-    assert load_fast_kernel() is False
-    assert "DENOISER_FAST_GROUPNORM" in groupnorm._state["error"]
+    monkeypatch.setattr(kernels, "_state", {})
+    monkeypatch.setenv("DENOISER_KERNELS", "0")
+    assert load_kernels() is False
+    assert "DENOISER_KERNELS=0" in kernels.kernel_error()
 
 
 def test_default_layout_per_precision():
@@ -195,7 +196,7 @@ def test_outlier_in_the_first_pixel_keeps_fp32_accuracy():
 
 
 def test_backward_op_checks_its_arguments():
-    load_fast_kernel()
+    load_kernels()
     x = channels_last(torch.randn(2, 32, 8, 8))
     w, b = torch.ones(32), torch.zeros(32)
     with pytest.raises(RuntimeError, match="dy must have x's shape"):

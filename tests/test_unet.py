@@ -12,6 +12,8 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 
 import denoiser  # noqa: F401  (pipelines resolve denoiser.unet from sys.modules)
 from denoiser import UNet, capture_attention
+from denoiser.attention import SpatialSelfAttention
+from denoiser.unet import ResBlock
 from tests.conftest import TINY
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -94,6 +96,62 @@ def test_channels_last_with_groupnorm_kernel_matches_default_layout(tiny_unet):
     torch.testing.assert_close(out_b, out_a, rtol=1e-4, atol=1e-5)
     for name in ga:
         torch.testing.assert_close(gb[name], ga[name], rtol=1e-3, atol=1e-5, msg=name)
+
+
+def _cl_copy(unet: UNet) -> UNet:
+    cl = UNet(**unet.config)
+    cl.load_state_dict(unet.state_dict())
+    return cl.eval().to(memory_format=torch.channels_last)
+
+
+def _fused_op_calls(fn) -> tuple[int, int]:
+    """How many ResBlock and attention-block C++ ops ran during fn()."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    counts = {e.key: e.count for e in prof.key_averages()}
+    return counts.get("denoiser::resblock_forward", 0), counts.get("denoiser::attention_block_forward", 0)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_fused_blocks_are_bit_identical_to_the_modules(tiny_unet, batch):
+    # same ATen calls in the same order: equal, not close (identity and 1x1-conv skips, up-path concats)
+    torch.manual_seed(batch)
+    unet = _cl_copy(tiny_unet)
+    x = torch.randn(batch, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    t = torch.randint(0, 1000, (batch,))
+    with torch.inference_mode():
+        fused = unet(x, t).sample
+        unet.fused_blocks = False
+        modules = unet(x, t).sample
+    assert torch.equal(fused, modules)
+    assert fused.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_fused_blocks_run_only_for_inference(tiny_unet):
+    unet = _cl_copy(tiny_unet)
+    n_res = sum(isinstance(m, ResBlock) for m in unet.modules())
+    n_attn = sum(isinstance(m, SpatialSelfAttention) for m in unet.modules())
+    x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        assert _fused_op_calls(lambda: unet(x, 10)) == (n_res, n_attn)
+    with torch.no_grad():
+        assert _fused_op_calls(lambda: unet(x, 10)) == (n_res, n_attn)
+        # capture records q and k in the attention module's Python forward; the ResBlocks stay fused
+        with capture_attention(unet) as records:
+            assert _fused_op_calls(lambda: unet(x, 10)) == (n_res, 0)
+        assert len(records) == n_attn
+        assert _fused_op_calls(lambda: tiny_unet(x.contiguous(), 10)) == (0, 0)  # NCHW: torch's GroupNorm
+        unet.train()  # dropout
+        assert _fused_op_calls(lambda: unet(x, 10)) == (0, 0)
+    unet.eval()
+    assert _fused_op_calls(lambda: unet(x, 10)) == (0, 0)  # autograd: the modules
+
+
+def test_fused_ops_refuse_autograd():
+    block = ResBlock(16, 16, 8, dropout=0.0, groups=4).to(memory_format=torch.channels_last)
+    x = torch.randn(2, 16, 4, 4).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(RuntimeError, match="inference op without autograd"):
+        block.fused(x.requires_grad_(), torch.randn(2, 8))
 
 
 def test_bad_sample_size_is_explained():

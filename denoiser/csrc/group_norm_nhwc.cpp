@@ -24,6 +24,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include "group_norm_nhwc.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -319,6 +321,10 @@ void backward_typed(const Shape& s, const at::Tensor& dy, const at::Tensor& x, c
                          dw.mutable_data_ptr<float>(), db.mutable_data_ptr<float>());
 }
 
+}  // namespace
+
+namespace denoiser {
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_forward(const at::Tensor& x, const at::Tensor& weight,
                                                                        const at::Tensor& bias, int64_t groups,
                                                                        double eps, bool silu) {
@@ -361,7 +367,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_backward(const at
   return {dx, dw, db};
 }
 
-}  // namespace
+}  // namespace denoiser
 
 TORCH_LIBRARY(denoiser, m) {
   m.def("group_norm_nhwc_forward(Tensor x, Tensor weight, Tensor bias, int groups, float eps, bool silu)"
@@ -371,6 +377,6 @@ TORCH_LIBRARY(denoiser, m) {
 }
 
 TORCH_LIBRARY_IMPL(denoiser, CPU, m) {
-  m.impl("group_norm_nhwc_forward", &group_norm_nhwc_forward);
-  m.impl("group_norm_nhwc_backward", &group_norm_nhwc_backward);
+  m.impl("group_norm_nhwc_forward", &denoiser::group_norm_nhwc_forward);
+  m.impl("group_norm_nhwc_backward", &denoiser::group_norm_nhwc_backward);
 }

@@ -1,0 +1,96 @@
+// The U-Net's ResBlock and pixel-attention block, forward only, each as one op.
+//
+// Why: at sampling time one UNet call on a CPU is ~400 small ATen calls issued from Python, and the
+// Python between them (argument parsing, module calls, dispatch checks) cost 10-15% of a step. These
+// ops issue the same ATen calls, in the same order and with the same arguments, as the modules' readable
+// `forward` (ResBlock in unet.py, SpatialSelfAttention in attention.py), so their outputs are
+// bit-identical (tests/test_unet.py asserts it). Elementwise adds write into a tensor the op just
+// created instead of allocating another: the same sums (a + b == b + a exactly), fewer page faults.
+//
+// For inference on channels-last CPU tensors only (the GroupNorm kernel's domain): no autograd, no
+// dropout, no attention capture; `UNet.forward` decides when they apply and otherwise runs the modules.
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "group_norm_nhwc.h"
+
+namespace {
+
+at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t groups, double eps,
+                bool silu) {
+  return std::get<0>(denoiser::group_norm_nhwc_forward(x, weight, bias, groups, eps, silu));
+}
+
+// "same" padding, as the modules build their convolutions (3x3 with padding 1, 1x1 with padding 0)
+at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const int64_t pad = weight.size(2) / 2;
+  return at::conv2d(x, weight, bias, /*stride=*/1, /*padding=*/pad);
+}
+
+void check_inference(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(!(at::GradMode::is_enabled() && x.requires_grad()),
+              op, " is an inference op without autograd: call it under torch.no_grad() or torch.inference_mode()");
+}
+
+}  // namespace
+
+namespace denoiser {
+
+// ResBlock.forward: GroupNorm+SiLU -> conv, + projected timestep embedding, GroupNorm+SiLU -> conv, + skip.
+// x (B, C_in, H, W) channels-last, temb (B, T) -> (B, C_out, H, W) channels-last.
+at::Tensor resblock_forward(const at::Tensor& x, const at::Tensor& temb, const at::Tensor& norm1_weight,
+                            const at::Tensor& norm1_bias, const at::Tensor& conv1_weight,
+                            const at::Tensor& conv1_bias, const at::Tensor& temb_weight,
+                            const at::Tensor& temb_bias, const at::Tensor& norm2_weight,
+                            const at::Tensor& norm2_bias, const at::Tensor& conv2_weight,
+                            const at::Tensor& conv2_bias, const std::optional<at::Tensor>& skip_weight,
+                            const std::optional<at::Tensor>& skip_bias, int64_t groups, double eps) {
+  check_inference(x, "resblock_forward");
+  TORCH_CHECK(skip_weight.has_value() == skip_bias.has_value(),
+              "resblock_forward: pass both skip_weight and skip_bias (a 1x1 conv) or neither (identity skip)");
+  at::Tensor h = conv(norm(x, norm1_weight, norm1_bias, groups, eps, true), conv1_weight, conv1_bias);
+  h.add_(at::linear(temb, temb_weight, temb_bias).unsqueeze(-1).unsqueeze(-1));  // (B, C_out, 1, 1) broadcast
+  h = conv(norm(h, norm2_weight, norm2_bias, groups, eps, true), conv2_weight, conv2_bias);
+  return h.add_(skip_weight ? conv(x, *skip_weight, *skip_bias) : x);
+}
+
+// SpatialSelfAttention.forward: GroupNorm -> H·W tokens -> multi-head attention (fused SDPA) -> back,
+// + x. x (B, C, H, W) channels-last -> (B, C, H, W) channels-last.
+at::Tensor attention_block_forward(const at::Tensor& x, const at::Tensor& norm_weight, const at::Tensor& norm_bias,
+                                   const at::Tensor& qkv_weight, const std::optional<at::Tensor>& qkv_bias,
+                                   const at::Tensor& proj_weight, const std::optional<at::Tensor>& proj_bias,
+                                   int64_t num_heads,
+                                   int64_t groups, double eps) {
+  check_inference(x, "attention_block_forward");
+  const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), N = H * W;
+  TORCH_CHECK(num_heads > 0 && C % num_heads == 0, "attention_block_forward: num_heads must divide the channels");
+  const int64_t d = C / num_heads;
+  at::Tensor tokens = norm(x, norm_weight, norm_bias, groups, eps, false).reshape({B, C, N}).transpose(1, 2);  // (B, N, C)
+  at::Tensor qkv = at::linear(tokens, qkv_weight, qkv_bias).reshape({B, N, 3, num_heads, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
+  at::Tensor out = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]);  // (B, h, N, d)
+  out = at::linear(out.transpose(1, 2).reshape({B, N, C}), proj_weight, proj_bias);  // (B, N, C): heads concatenated, projected
+  // (B, N, C) tokens are channels-last (B, C, H, W) memory: view them so (with the usual strides even
+  // for B = 1, which a later torch.cat reads to pick its output layout), then add the residual in place
+  return out.view({B, H, W, C}).permute({0, 3, 1, 2}).add_(x);  // (B, C, H, W)
+}
+
+}  // namespace denoiser
+
+TORCH_LIBRARY_FRAGMENT(denoiser, m) {
+  m.def(
+      "resblock_forward(Tensor x, Tensor temb, Tensor norm1_weight, Tensor norm1_bias, Tensor conv1_weight,"
+      " Tensor conv1_bias, Tensor temb_weight, Tensor temb_bias, Tensor norm2_weight, Tensor norm2_bias,"
+      " Tensor conv2_weight, Tensor conv2_bias, Tensor? skip_weight, Tensor? skip_bias, int groups, float eps)"
+      " -> Tensor");
+  m.def(
+      "attention_block_forward(Tensor x, Tensor norm_weight, Tensor norm_bias, Tensor qkv_weight, Tensor? qkv_bias,"
+      " Tensor proj_weight, Tensor? proj_bias, int num_heads, int groups, float eps) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(denoiser, CPU, m) {
+  m.impl("resblock_forward", &denoiser::resblock_forward);
+  m.impl("attention_block_forward", &denoiser::attention_block_forward);
+}
