@@ -27,6 +27,21 @@ def test_same_seed_same_images_as_diffusers(tiny_unet, name, pipeline_cls, kwarg
     assert torch.equal(ours.images, theirs.permute(0, 3, 1, 2) if theirs.shape[-1] == 3 else theirs)
 
 
+def test_channels_last_sampling_matches_the_pipeline(tiny_unet):
+    # channels-last on CPU: fused blocks, prepacked convolutions and the allocation cache while sampling
+    from diffusers import DDPMScheduler
+
+    from tests.test_unet import _cl_copy
+
+    unet, sched = _cl_copy(tiny_unet), make_sampler("ddim", DDPMScheduler().config)
+    ours = sample(unet, sched, num_images=3, num_inference_steps=4, seed=3).images
+    pipe = DDIMPipeline(unet=tiny_unet, scheduler=make_sampler("ddim", DDPMScheduler().config))
+    pipe.set_progress_bar_config(disable=True)
+    theirs = pipe(batch_size=3, num_inference_steps=4, generator=torch.Generator().manual_seed(3), output_type="pt").images
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+    assert torch.ops.denoiser.allocation_cache_state() == (0, 0)  # uninstalled, idle memory released
+
+
 def test_dpm_solver_and_determinism(tiny_unet):
     from diffusers import DDPMScheduler
 

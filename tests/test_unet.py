@@ -147,6 +147,22 @@ def test_fused_blocks_run_only_for_inference(tiny_unet):
     assert _fused_op_calls(lambda: unet(x, 10)) == (0, 0)  # autograd: the modules
 
 
+def test_packed_convolutions_match_and_are_released(tiny_unet):
+    unet = _cl_copy(tiny_unet)
+    xs = [torch.randn(b, 3, 16, 16).contiguous(memory_format=torch.channels_last) for b in (2, 3)]
+    with torch.inference_mode():
+        plain = [unet(x, 10).sample for x in xs]
+        with unet.packed_convolutions():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                packed = [unet(x, 10).sample for x in xs]  # one packing per input size
+            again = unet(xs[0], 10).sample
+    assert any(e.key == "mkldnn::_convolution_pointwise" for e in prof.key_averages())
+    for a, b in zip(packed, plain):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # oneDNN may round the fused add differently
+    assert torch.equal(again, packed[0])
+    assert all(m._packed is None for m in unet.modules() if isinstance(m, ResBlock))
+
+
 def test_fused_ops_refuse_autograd():
     block = ResBlock(16, 16, 8, dropout=0.0, groups=4).to(memory_format=torch.channels_last)
     x = torch.randn(2, 16, 4, 4).contiguous(memory_format=torch.channels_last)

@@ -5,15 +5,19 @@
 // ops issue the same ATen calls, in the same order and with the same arguments, as the modules' readable
 // `forward` (ResBlock in unet.py, SpatialSelfAttention in attention.py), so their outputs are
 // bit-identical (tests/test_unet.py asserts it). Elementwise adds write into a tensor the op just
-// created instead of allocating another: the same sums (a + b == b + a exactly), fewer page faults.
+// created instead of allocating another: the same sums (a + b == b + a exactly), less memory traffic.
+// Inside `UNet.packed_convolutions()` the ResBlock's convolutions take weights prepacked for oneDNN
+// and the residual add moves into the second convolution (equal to float rounding, tested).
 //
 // For inference on channels-last CPU tensors only (the GroupNorm kernel's domain): no autograd, no
 // dropout, no attention capture; `UNet.forward` decides when they apply and otherwise runs the modules.
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
 #include "group_norm_nhwc.h"
 
@@ -24,10 +28,38 @@ at::Tensor norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
   return std::get<0>(denoiser::group_norm_nhwc_forward(x, weight, bias, groups, eps, silu));
 }
 
-// "same" padding, as the modules build their convolutions (3x3 with padding 1, 1x1 with padding 0)
-at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+// oneDNN's convolution on a weight already in its blocked layout (what torch.compile's CPU backend
+// emits); `other`, when given, is added inside the convolution (oneDNN's sum post-op).
+at::Tensor conv_prepacked(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t pad,
+                          const at::Tensor* other) {
+  using Scalars = c10::List<std::optional<c10::Scalar>>;
+  const std::vector<int64_t> padding{pad, pad}, ones{1, 1};
+  if (other == nullptr) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("mkldnn::_convolution_pointwise", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                           at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t,
+                                           c10::string_view, Scalars, std::optional<c10::string_view>)>();
+    return op.call(x, weight, bias, padding, ones, ones, 1, "none", Scalars(), std::nullopt);
+  }
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mkldnn::_convolution_pointwise", "binary")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef,
+                                         at::IntArrayRef, int64_t, c10::string_view, std::optional<c10::Scalar>,
+                                         std::optional<c10::string_view>, Scalars, std::optional<c10::string_view>)>();
+  return op.call(x, *other, weight, bias, padding, ones, ones, 1, "add", std::nullopt, std::nullopt, Scalars(),
+                 std::nullopt);
+}
+
+// conv(x) (+ other): "same" padding, as the modules build their convolutions (3x3 with padding 1, 1x1
+// with padding 0). A weight prepacked by UNet.packed_convolutions() skips oneDNN's per-call reorder.
+at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                const at::Tensor* other = nullptr) {
   const int64_t pad = weight.size(2) / 2;
-  return at::conv2d(x, weight, bias, /*stride=*/1, /*padding=*/pad);
+  if (weight.is_mkldnn()) return conv_prepacked(x, weight, bias, pad, other);
+  at::Tensor y = at::conv2d(x, weight, bias, /*stride=*/1, /*padding=*/pad);
+  return other == nullptr ? y : y.add_(*other);
 }
 
 void check_inference(const at::Tensor& x, const char* op) {
@@ -53,8 +85,8 @@ at::Tensor resblock_forward(const at::Tensor& x, const at::Tensor& temb, const a
               "resblock_forward: pass both skip_weight and skip_bias (a 1x1 conv) or neither (identity skip)");
   at::Tensor h = conv(norm(x, norm1_weight, norm1_bias, groups, eps, true), conv1_weight, conv1_bias);
   h.add_(at::linear(temb, temb_weight, temb_bias).unsqueeze(-1).unsqueeze(-1));  // (B, C_out, 1, 1) broadcast
-  h = conv(norm(h, norm2_weight, norm2_bias, groups, eps, true), conv2_weight, conv2_bias);
-  return h.add_(skip_weight ? conv(x, *skip_weight, *skip_bias) : x);
+  const at::Tensor skip = skip_weight ? conv(x, *skip_weight, *skip_bias) : x;
+  return conv(norm(h, norm2_weight, norm2_bias, groups, eps, true), conv2_weight, conv2_bias, &skip);
 }
 
 // SpatialSelfAttention.forward: GroupNorm -> H·W tokens -> multi-head attention (fused SDPA) -> back,
@@ -93,4 +125,8 @@ TORCH_LIBRARY_FRAGMENT(denoiser, m) {
 TORCH_LIBRARY_IMPL(denoiser, CPU, m) {
   m.impl("resblock_forward", &denoiser::resblock_forward);
   m.impl("attention_block_forward", &denoiser::attention_block_forward);
+}
+
+TORCH_LIBRARY_IMPL(denoiser, MkldnnCPU, m) {  // prepacked convolution weights are MKLDNN tensors
+  m.impl("resblock_forward", &denoiser::resblock_forward);
 }
