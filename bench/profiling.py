@@ -10,7 +10,10 @@ from collections.abc import Callable
 
 import torch
 
-CONV_OPS = ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::_convolution_depthwise2d")
+CONV_OPS = (
+    "aten::mkldnn_convolution", "aten::convolution_backward", "aten::_convolution_depthwise2d",
+    "mkldnn::_convolution_pointwise",  # prepacked weights (UNet.packed_convolutions)
+)
 
 
 def conv_seconds(fn: Callable[[], object]) -> float:
