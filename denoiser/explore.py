@@ -18,7 +18,7 @@ from PIL import Image
 
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model, resolve_model_dir
-from denoiser.sample import SCHEDULERS, make_sampler, sample
+from denoiser.sample import SCHEDULERS, make_sampler, sample, sampling_context
 from denoiser.visualize import attention_panel, layer_label, stages_panel
 
 __all__ = ["Explorer", "Generation", "LIMITS"]
@@ -120,7 +120,8 @@ class Explorer:
         step = _check_int("step", step, 0, gen.num_steps - 1)
         if step not in gen._records:
             unet, _ = self.model(gen.model)
-            with torch.inference_mode(), capture_attention(unet) as recs:
+            # the sampling pass's setup (prepacked convolutions): the same arithmetic, so the same q and k
+            with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
                 unet(gen.inputs[step], gen.timesteps[step], class_labels=gen.labels)
             gen._records.clear()  # keep one step's records: memory stays bounded
             gen._records[step] = list(recs)

@@ -24,7 +24,9 @@ from denoiser.diffusion import Diffusion
 from denoiser.kernels import cached_cpu_allocations
 from denoiser.unet import UNet
 
-__all__ = ["SCHEDULERS", "make_sampler", "sample", "SampleResult", "to_pil", "save_grid", "trajectory_strip"]
+__all__ = [
+    "SCHEDULERS", "make_sampler", "sample", "sampling_context", "SampleResult", "to_pil", "save_grid", "trajectory_strip",
+]
 
 SCHEDULERS = ("ddim", "ddpm", "dpm++")
 
@@ -87,7 +89,7 @@ def sample(
     capture_steps = set(capture_steps)
     step_kwargs = {"eta": eta} if isinstance(scheduler, DDIMScheduler) else {}
     result = SampleResult(images=x)
-    with _sampling_context(unet, device):
+    with sampling_context(unet):
         for i, t in enumerate(scheduler.timesteps):
             if i in capture_steps:
                 with capture_attention(unet) as records:
@@ -107,11 +109,12 @@ def sample(
     return result
 
 
-def _sampling_context(unet: torch.nn.Module, device: torch.device) -> contextlib.ExitStack:
-    """What a loop of UNet calls with fixed weights can set up once: on CPU, freed activation memory reused
-    instead of faulted in afresh each step, and our UNet's convolution weights prepacked for oneDNN."""
+def sampling_context(unet: torch.nn.Module) -> contextlib.ExitStack:
+    """What a loop of UNet calls with fixed weights sets up once: on CPU, freed activation memory reused
+    instead of faulted in afresh each step, and our UNet's convolution weights prepacked for oneDNN.
+    Re-running a sampled step (the app's attention view) inside it repeats the sampling pass exactly."""
     stack = contextlib.ExitStack()
-    if device.type == "cpu":
+    if unet.device.type == "cpu":
         stack.enter_context(cached_cpu_allocations())
         if isinstance(unet, UNet):  # sample() also runs diffusers' UNet2DModel (reference models)
             stack.enter_context(unet.packed_convolutions())
