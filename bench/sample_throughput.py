@@ -1,6 +1,6 @@
 """Sampling images/s: denoiser's sampler vs diffusers' DDIMPipeline / DDPMPipeline on the same weights.
 
-    .venv/bin/python bench/sample_throughput.py [--model weights/cifar10-small] [--batch 16] [--repeats 3]
+    .venv/bin/python bench/sample_throughput.py [--model weights/cifar10-small] [--batch 16] [--repeats 3] [--ddpm-repeats 1]
 
 Both run the same UNet weights, the same scheduler settings and the same seed, side by side in one
 process, alternating after a warm-up; the median of the repeats is reported with the ratio, and the
@@ -33,14 +33,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="weights/cifar10-small")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="DDIM runs per side")
+    p.add_argument("--ddpm-repeats", type=int, default=1, help="DDPM-1000 runs per side (each ~1 min at batch 8)")
     p.add_argument("--ddpm-steps", type=int, default=1000)
     p.add_argument("--ddim-steps", type=int, default=50)
     args = p.parse_args()
     ours_unet, train_sched = load_model(args.model)  # as `denoiser sample` and the app load it
     theirs_unet, _ = load_model(args.model, channels_last=False)  # as diffusers loads it
     print(f"model {args.model}, batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"DDIM: median of {args.repeats} after 1 warm-up; DDPM: one run each; alternating")
+          f"DDIM: median of {args.repeats} after 1 warm-up; DDPM: median of {args.ddpm_repeats}; alternating")
     print(f"{'sampler':10} {'diffusers img/s':>16} {'denoiser img/s':>15} {'ratio':>6} {'ceiling':>8} {'max |diff|':>11} "
           f"{'faults/step (d/ours)':>21}")
     x = torch.randn(args.batch, 3, ours_unet.config.sample_size, ours_unet.config.sample_size)
@@ -60,7 +61,7 @@ def main() -> None:
         def run_ours(sched=sched, steps=steps):
             return sample(ours_unet, sched, args.batch, steps, seed=0).images
 
-        reps = 1 if name == "ddpm" else args.repeats
+        reps = args.ddpm_repeats if name == "ddpm" else args.repeats
         if name == "ddim":  # warm-up (DDPM-1000 then runs warm)
             run_theirs(), run_ours()
         t_theirs, t_ours, faults, outs = [], [], [0, 0], [None, None]

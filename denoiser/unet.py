@@ -265,17 +265,16 @@ class UNet(ModelMixin, ConfigMixin):
             return (out,)
         return UNet2DOutput(sample=out)
 
-
     @contextlib.contextmanager
     def packed_convolutions(self) -> Iterator[None]:
         """Within: the fused ResBlocks run their convolutions on weights reordered into oneDNN's blocked
         layout once per input size instead of on every call, and add the residual inside the second
         convolution (~3% of a CPU sampling step; outputs equal to float rounding). For a sampling loop:
         the weights must not change while it is open. A no-op where oneDNN is unavailable."""
-        blocks = [m for m in self.modules() if isinstance(m, ResBlock)]
         if not _can_pack_convolutions():
             yield
             return
+        blocks = [m for m in self.modules() if isinstance(m, ResBlock)]
         for block in blocks:
             block._packed = {}
         try:

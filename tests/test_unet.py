@@ -163,6 +163,21 @@ def test_packed_convolutions_match_and_are_released(tiny_unet):
     assert all(m._packed is None for m in unet.modules() if isinstance(m, ResBlock))
 
 
+def test_without_the_kernels_the_modules_run(tiny_unet, monkeypatch):
+    from denoiser import kernels
+    from denoiser.sample import make_sampler, sample
+
+    unet = _cl_copy(tiny_unet)
+    x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        fused = unet(x, 10).sample
+    monkeypatch.setattr(kernels, "_state", {"ok": False, "error": "no compiler"})
+    with torch.inference_mode():
+        assert _fused_op_calls(lambda: unet(x, 10)) == (0, 0)
+        torch.testing.assert_close(unet(x, 10).sample, fused, rtol=1e-4, atol=1e-5)  # torch's GroupNorm
+    assert sample(unet, make_sampler("ddim", {"num_train_timesteps": 1000}), 2, 2).images.shape == (2, 3, 16, 16)
+
+
 def test_fused_ops_refuse_autograd():
     block = ResBlock(16, 16, 8, dropout=0.0, groups=4).to(memory_format=torch.channels_last)
     x = torch.randn(2, 16, 4, 4).contiguous(memory_format=torch.channels_last)
