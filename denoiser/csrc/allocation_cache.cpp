@@ -9,6 +9,7 @@
 //
 // Thread-safe (one mutex: OpenMP workers and other Python threads allocate while it is installed).
 // Nested or concurrent samplers share it, counted; the allocator it replaced returns after the last.
+// While installed, CPU allocations are not reported to torch.profiler's memory view.
 // Blocks it handed out stay valid after it is uninstalled and are freed normally then. Blocks move
 // between it and the allocator it replaced in both directions (oneDNN raw-allocates through whichever
 // is current and frees the same way); both sides use c10's alloc_cpu/free_cpu, so either frees them.
@@ -20,6 +21,9 @@
 
 #include <cstddef>
 #include <mutex>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <unordered_map>
 #include <vector>
 
@@ -52,6 +56,20 @@ void release_idle(Cache& c) {  // lock held
   c.idle_bytes = 0;
 }
 
+// Whether the block at ptr can hold `size` bytes. An entry in `live` goes stale when a block this cache
+// raw-allocated is raw-freed through the replaced allocator (after uninstalling); if glibc later hands
+// the same address to a smaller allocation that is raw-freed through us, the stale size must not be
+// believed, or the block would be handed out for more bytes than it has.
+bool really_holds(void* ptr, size_t size) {
+#ifdef __GLIBC__
+  return malloc_usable_size(ptr) >= size;  // c10::alloc_cpu is posix_memalign: glibc knows the block
+#else
+  (void)ptr;
+  (void)size;
+  return false;  // cannot tell: free instead of caching
+#endif
+}
+
 void free_block(void* ptr) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
@@ -61,7 +79,7 @@ void free_block(void* ptr) {
     return;
   }
   const size_t size = it->second;
-  if (c.users > 0 && c.idle_bytes + size <= kMaxIdleBytes) {
+  if (c.users > 0 && c.idle_bytes + size <= kMaxIdleBytes && really_holds(ptr, size)) {
     c.idle[size].push_back(ptr);
     c.idle_bytes += size;
     return;
