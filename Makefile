@@ -21,7 +21,7 @@ $(VENV_OK): pyproject.toml
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-# g++ builds the channels-last GroupNorm kernel on first use (without it the reference path runs)
+# g++ builds the C++ kernels (denoiser/kernels.py) on first use (without it the reference paths run)
 compiler:
 	@command -v g++ >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq g++ >/dev/null)
 

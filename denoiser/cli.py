@@ -10,11 +10,11 @@ from pathlib import Path
 
 __all__ = ["main", "build_parser"]
 
+
 def _default_model() -> str:
     from denoiser.pipeline import WEIGHTS_DIR
 
     return str(WEIGHTS_DIR / "synthetic-shapes")
-
 
 
 def _pixel(text: str) -> tuple[int, int]:
