@@ -12,7 +12,7 @@ import torch
 
 CONV_OPS = (
     "aten::mkldnn_convolution", "aten::convolution_backward", "aten::_convolution_depthwise2d",
-    "mkldnn::_convolution_pointwise",  # prepacked weights (UNet.packed_convolutions)
+    "mkldnn::_convolution_pointwise",  # prepacked weights (UNet.packed_weights)
 )
 
 

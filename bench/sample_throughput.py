@@ -46,7 +46,7 @@ def main() -> None:
           f"{'faults/step (d/ours)':>21}")
     x = torch.randn(args.batch, 3, ours_unet.config.sample_size, ours_unet.config.sample_size)
     x = x.contiguous(memory_format=torch.channels_last)
-    with torch.inference_mode(), ours_unet.packed_convolutions():
+    with torch.inference_mode(), ours_unet.packed_weights():
         ours_unet(x, 500)  # pack
         conv_per_step = conv_seconds(lambda: ours_unet(x, 500))  # one UNet call = one sampling step
     for name, steps, pipe_cls in (("ddim", args.ddim_steps, DDIMPipeline), ("ddpm", args.ddpm_steps, DDPMPipeline)):

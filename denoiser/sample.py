@@ -117,7 +117,7 @@ def sampling_context(unet: torch.nn.Module) -> contextlib.ExitStack:
     if unet.device.type == "cpu":
         stack.enter_context(cached_cpu_allocations())
         if isinstance(unet, UNet):  # sample() also runs diffusers' UNet2DModel (reference models)
-            stack.enter_context(unet.packed_convolutions())
+            stack.enter_context(unet.packed_weights())
     return stack
 
 

@@ -52,7 +52,7 @@ class ResBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
         self.skip = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
-        self._packed: dict[tuple[int, ...], tuple] | None = None  # see UNet.packed_convolutions
+        self._packed: dict[tuple, tuple] | None = None  # see UNet.packed_weights
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
         h = self.conv1(self.norm1(x))  # norm1 and norm2 apply the SiLU
@@ -60,38 +60,53 @@ class ResBlock(nn.Module):
         h = self.conv2(self.dropout(self.norm2(h)))
         return self.skip(x) + h
 
-    def fused(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-        """`forward` as one C++ op (csrc/unet_blocks.cpp), bit-identical; inference on channels-last CPU
-        tensors only, where `UNet.forward` calls it."""
-        conv1_w, conv2_w, skip_w = self._conv_weights(x)
+    def fused(
+        self, x: torch.Tensor, temb: torch.Tensor, x2: torch.Tensor | None = None, temb_proj: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`forward(cat(x, x2), temb)` as one C++ op (csrc/unet_blocks.cpp), bit-identical; inference on
+        channels-last CPU tensors only, where `UNet.forward` calls it. x2: the up path's skip, concatenated
+        after x. Inside `UNet.packed_weights()` (equal to float rounding): x2 is read in place instead of
+        concatenated, and `temb_proj`, this block's projection of temb computed beforehand, is used."""
+        split = x2 is not None and self._packed is not None and isinstance(self.skip, nn.Conv2d)
+        if x2 is not None and not split:
+            x, x2 = torch.cat([x, x2], dim=1), None  # (B, C + C_skip, H, W)
+        conv1_w, conv2_w, skip_w, skip_w2 = self._conv_weights(x, x2)
+        projected = temb_proj is not None
         return torch.ops.denoiser.resblock_forward(
-            x, temb, self.norm1.weight, self.norm1.bias, conv1_w, self.conv1.bias,
-            self.temb_proj.weight, self.temb_proj.bias, self.norm2.weight, self.norm2.bias,
-            conv2_w, self.conv2.bias, skip_w, None if skip_w is None else self.skip.bias,
-            self.norm1.num_groups, self.norm1.eps,
+            x, x2, temb_proj if projected else temb, self.norm1.weight, self.norm1.bias, conv1_w, self.conv1.bias,
+            None if projected else self.temb_proj.weight, None if projected else self.temb_proj.bias,
+            self.norm2.weight, self.norm2.bias, conv2_w, self.conv2.bias,
+            skip_w, None if skip_w is None else self.skip.bias, skip_w2, self.norm1.num_groups, self.norm1.eps,
         )  # fmt: skip
 
-    def _conv_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """conv1, conv2 and skip weights: the parameters, or inside `UNet.packed_convolutions()` copies
-        reordered once per input size for oneDNN."""
+    def _conv_weights(self, x: torch.Tensor, x2: torch.Tensor | None) -> tuple:
+        """conv1, conv2, skip weights and (for a second input x2) the skip weight's columns for x2's
+        channels: the parameters, or inside `UNet.packed_weights()` copies reordered once per input size
+        for oneDNN."""
         skip = self.skip.weight if isinstance(self.skip, nn.Conv2d) else None
         if self._packed is None:
-            return self.conv1.weight, self.conv2.weight, skip
-        key = tuple(x.shape)
+            return self.conv1.weight, self.conv2.weight, skip, None
+        key = (tuple(x.shape), None if x2 is None else x2.shape[1])
         if key not in self._packed:
-            B, _, H, W = x.shape
+            B, C1, H, W = x.shape
+            full = (B, C1 + (0 if x2 is None else x2.shape[1]), H, W)
+            skips = (None, None)
+            if skip is not None and x2 is None:
+                skips = (_pack_conv_weight(skip, 0, full), None)
+            elif skip is not None:  # split over the two inputs' channels
+                skips = (_pack_conv_weight(skip[:, :C1], 0, x.shape), _pack_conv_weight(skip[:, C1:], 0, x2.shape))
             self._packed[key] = (
-                _pack_conv_weight(self.conv1, x.shape),
-                _pack_conv_weight(self.conv2, (B, self.conv2.in_channels, H, W)),
-                None if skip is None else _pack_conv_weight(self.skip, x.shape),
+                _pack_conv_weight(self.conv1.weight, 1, full),
+                _pack_conv_weight(self.conv2.weight, 1, (B, self.conv2.in_channels, H, W)),
+                *skips,
             )
         return self._packed[key]
 
 
-def _pack_conv_weight(conv: nn.Conv2d, input_shape: Sequence[int]) -> torch.Tensor:
-    """conv's weight in oneDNN's blocked layout for inputs of `input_shape` (an MKLDNN tensor)."""
+def _pack_conv_weight(weight: torch.Tensor, padding: int, input_shape: Sequence[int]) -> torch.Tensor:
+    """A stride-1 convolution weight in oneDNN's blocked layout for inputs of `input_shape` (an MKLDNN tensor)."""
     return torch.ops.mkldnn._reorder_convolution_weight(
-        conv.weight, list(conv.padding), list(conv.stride), list(conv.dilation), conv.groups, list(input_shape)
+        weight.contiguous(), [padding, padding], [1, 1], [1, 1], 1, list(input_shape)
     )
 
 
@@ -112,9 +127,36 @@ class Upsample(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
         self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self._packed: dict[tuple, tuple] | None = None  # see UNet.packed_weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+    def fused(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` for inference on channels-last CPU tensors: inside `UNet.packed_weights()` one C++ op
+        that convolves the low-resolution x with the four output phases' 2x2 kernels (`phase_weights`)
+        and weaves them into place (equal to float rounding); otherwise the module."""
+        if self._packed is None:
+            return self(x)
+        key = tuple(x.shape)
+        if key not in self._packed:
+            weight, bias = phase_weights(self.conv)
+            self._packed[key] = (_pack_conv_weight(weight, 1, x.shape), bias)
+        return torch.ops.denoiser.upsample_forward(x, *self._packed[key])
+
+
+def phase_weights(conv: nn.Conv2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 3x3 conv (padding 1) after 2x nearest upsampling, as four 2x2 convs on the low-resolution grid.
+
+    Output row 2i+a reads upsampled rows 2i+a-1, 2i+a, 2i+a+1, which are low-resolution rows i-1, i, i
+    (a = 0) or i, i, i+1 (a = 1): taps reading the same row add up, leaving 2 per phase (columns alike).
+    A 2x2 conv with padding 1 puts phase (a, b) of output (2i+a, 2j+b) at (i+a, j+b).
+    Returns weight (4·C_out, C_in, 2, 2), phase (a, b) in rows (2a+b)·C_out.., and the bias repeated.
+    """
+    fold = torch.tensor([[[1, 0, 0], [0, 1, 1]], [[1, 1, 0], [0, 0, 1]]], dtype=torch.float64)  # (a, 2, 3)
+    w = torch.einsum("aik,bjl,ockl->abocij", fold, fold, conv.weight.detach().double())  # (2, 2, C_out, C_in, 2, 2)
+    C_out, C_in = conv.weight.shape[:2]
+    return w.reshape(4 * C_out, C_in, 2, 2).to(conv.weight.dtype), conv.bias.detach().repeat(4)  # (4·C_out, C_in, 2, 2)
 
 
 class Level(nn.Module):
@@ -204,6 +246,7 @@ class UNet(ModelMixin, ConfigMixin):
         self.conv_out = nn.Conv2d(ch, out_channels, 3, padding=1)
         # inference switch, as `fused_attn` in the attention: False always runs the modules' Python forward
         self.fused_blocks = True
+        self._packed_temb: tuple | None = None  # see packed_weights
 
     def _embed(self, timestep, class_labels, batch: int, device) -> torch.Tensor:
         t = torch.as_tensor(timestep, device=device)
@@ -236,9 +279,18 @@ class UNet(ModelMixin, ConfigMixin):
         temb = self._embed(timestep, class_labels, sample.shape[0], sample.device)
         h = self.conv_in(sample)
         if self._fused_blocks_apply(h):  # the same blocks, each one C++ op (bit-identical)
-            res, attn = (lambda block, x: block.fused(x, temb)), (lambda block, x: block.fused(x))
+            proj = self._temb_projections(temb)  # inside packed_weights(): every ResBlock's, in one matmul
+
+            def res(block, x, x2=None):
+                return block.fused(x, temb, x2, proj.get(block))
+
+            attn, resample = (lambda block, x: block.fused(x)), (lambda m, x: m.fused(x) if isinstance(m, Upsample) else m(x))
         else:
-            res, attn = (lambda block, x: block(x, temb)), (lambda block, x: block(x))
+
+            def res(block, x, x2=None):
+                return block(x if x2 is None else torch.cat([x, x2], dim=1), temb)  # (B, C + C_skip, H, W)
+
+            attn, resample = (lambda block, x: block(x)), (lambda m, x: m(x))
         skips = [h]
         for level in self.down:
             for j, block in enumerate(level.res):
@@ -247,7 +299,7 @@ class UNet(ModelMixin, ConfigMixin):
                     h = attn(level.attn[j], h)
                 skips.append(h)
             if level.resample is not None:
-                h = level.resample(h)
+                h = resample(level.resample, h)
                 skips.append(h)
         h = res(self.mid_res1, h)
         if self.mid_attn is not None:
@@ -255,33 +307,54 @@ class UNet(ModelMixin, ConfigMixin):
         h = res(self.mid_res2, h)
         for level in self.up:
             for j, block in enumerate(level.res):
-                h = res(block, torch.cat([h, skips.pop()], dim=1))  # (B, C + C_skip, H, W)
+                h = res(block, h, skips.pop())  # on cat(h, skip)
                 if level.attn:
                     h = attn(level.attn[j], h)
             if level.resample is not None:
-                h = level.resample(h)
+                h = resample(level.resample, h)
         out = self.conv_out(self.norm_out(h))  # GroupNorm + SiLU
         if not return_dict:
             return (out,)
         return UNet2DOutput(sample=out)
 
     @contextlib.contextmanager
-    def packed_convolutions(self) -> Iterator[None]:
-        """Within: the fused ResBlocks run their convolutions on weights reordered into oneDNN's blocked
-        layout once per input size instead of on every call, and add the residual inside the second
-        convolution (~3% of a CPU sampling step; outputs equal to float rounding). For a sampling loop:
-        the weights must not change while it is open. A no-op where oneDNN is unavailable."""
+    def packed_weights(self) -> Iterator[None]:
+        """Within, the fused inference path (channels-last CPU) works on weights prepared once for a
+        sampling loop (outputs equal to float rounding; ~10% of a CPU sampling step):
+        - the ResBlocks' convolution weights reordered into oneDNN's blocked layout once per input size
+          instead of on every call, the residual added inside the second convolution;
+        - every ResBlock's timestep-embedding projection in one matmul per call;
+        - the up path's skip read in place by the first GroupNorm instead of concatenated (the 1x1 skip
+          convolution split over the two inputs);
+        - the upsamplers as four 2x2 phase convolutions on the low-resolution grid (`phase_weights`).
+        The weights must not change while it is open. A no-op where oneDNN is unavailable."""
         if not _can_pack_convolutions():
             yield
             return
-        blocks = [m for m in self.modules() if isinstance(m, ResBlock)]
-        for block in blocks:
-            block._packed = {}
+        packing = [m for m in self.modules() if isinstance(m, (ResBlock, Upsample))]
+        blocks = [m for m in packing if isinstance(m, ResBlock)]
+        spans = torch.tensor([0] + [b.temb_proj.out_features for b in blocks]).cumsum(0).tolist()
+        for m in packing:
+            m._packed = {}
+        self._packed_temb = (
+            torch.cat([b.temb_proj.weight.detach() for b in blocks]),  # (Σ C_out, T)
+            torch.cat([b.temb_proj.bias.detach() for b in blocks]),
+            {b: (spans[i], spans[i + 1]) for i, b in enumerate(blocks)},
+        )
         try:
             yield
         finally:
-            for block in blocks:
-                block._packed = None
+            for m in packing:
+                m._packed = None
+            self._packed_temb = None
+
+    def _temb_projections(self, temb: torch.Tensor) -> dict[ResBlock, torch.Tensor]:
+        """Inside `packed_weights()`: each ResBlock's projection of temb, (B, C_out), from one matmul."""
+        if self._packed_temb is None:
+            return {}
+        weight, bias, spans = self._packed_temb
+        t = F.linear(temb, weight, bias)  # (B, Σ C_out)
+        return {block: t[:, start:stop] for block, (start, stop) in spans.items()}
 
     def _fused_blocks_apply(self, h: torch.Tensor) -> bool:
         """Inference where the GroupNorm kernel runs (channels-last fp32/bf16 CPU activations, fp32 norms):

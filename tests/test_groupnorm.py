@@ -91,6 +91,29 @@ def test_nan_propagates_only_within_its_group():
     assert torch.isfinite(y[0, :4]).all() and torch.isfinite(y[0, 6:]).all() and torch.isfinite(y[1]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("split", [32, 36])  # on a group boundary, inside a group (3 channels per group)
+def test_two_inputs_and_a_shift_equal_concatenating_and_adding_first(dtype, split):
+    # what the fused ResBlock reads in place: the up path's cat(h, skip), and h + the timestep embedding
+    torch.manual_seed(split)
+    x = channels_last(torch.randn(3, 96, 9, 7).to(dtype))
+    w, b = torch.randn(96), torch.randn(96)
+    shift = torch.randn(3, 96).to(dtype).float()  # the embedding in x's dtype, passed as float32
+    op = torch.ops.denoiser.group_norm_nhwc_forward
+    x1, x2 = channels_last(x[:, :split]), channels_last(x[:, split:])
+    shifted = x + shift.to(dtype)[:, :, None, None]  # rounded to dtype, as the kernel rounds the sum
+    for silu in (False, True):
+        assert torch.equal(op.cat_shift(x1, x2, None, w, b, 32, 1e-6, silu)[0], op(x, w, b, 32, 1e-6, silu)[0])
+        assert torch.equal(op.cat_shift(x, None, shift, w, b, 32, 1e-6, silu)[0], op(shifted, w, b, 32, 1e-6, silu)[0])
+        both = op.cat_shift(x1, x2, shift, w, b, 32, 1e-6, silu)[0]
+        assert torch.equal(both, op(shifted, w, b, 32, 1e-6, silu)[0])
+        assert both.is_contiguous(memory_format=torch.channels_last) and both.dtype == dtype
+    with pytest.raises(RuntimeError, match="x2 must be a channels-last tensor with x's batch"):
+        op.cat_shift(x1, x2[:2], None, w, b, 32, 1e-6, True)
+    with pytest.raises(RuntimeError, match="shift must be a contiguous float32"):
+        op.cat_shift(x, None, shift[:, :64], w, b, 32, 1e-6, True)
+
+
 def test_results_do_not_depend_on_threads_or_batch():
     torch.manual_seed(0)
     x = channels_last(torch.randn(4, 64, 16, 16))

@@ -13,7 +13,7 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 import denoiser  # noqa: F401  (pipelines resolve denoiser.unet from sys.modules)
 from denoiser import UNet, capture_attention
 from denoiser.attention import SpatialSelfAttention
-from denoiser.unet import ResBlock
+from denoiser.unet import ResBlock, Upsample, phase_weights
 from tests.conftest import TINY
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -147,20 +147,36 @@ def test_fused_blocks_run_only_for_inference(tiny_unet):
     assert _fused_op_calls(lambda: unet(x, 10)) == (0, 0)  # autograd: the modules
 
 
-def test_packed_convolutions_match_and_are_released(tiny_unet):
+def test_packed_weights_match_and_are_released(tiny_unet):
     unet = _cl_copy(tiny_unet)
     xs = [torch.randn(b, 3, 16, 16).contiguous(memory_format=torch.channels_last) for b in (2, 3)]
     with torch.inference_mode():
         plain = [unet(x, 10).sample for x in xs]
-        with unet.packed_convolutions():
+        with unet.packed_weights():
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 packed = [unet(x, 10).sample for x in xs]  # one packing per input size
             again = unet(xs[0], 10).sample
-    assert any(e.key == "mkldnn::_convolution_pointwise" for e in prof.key_averages())
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert counts.get("mkldnn::_convolution_pointwise", 0) > 0
+    assert counts.get("denoiser::upsample_forward", 0) == 2 * sum(isinstance(m, Upsample) for m in unet.modules())
+    # rounding: oneDNN's fused add, the split skip convolution, the summed upsampling taps, one temb matmul
     for a, b in zip(packed, plain):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # oneDNN may round the fused add differently
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert torch.equal(again, packed[0])
-    assert all(m._packed is None for m in unet.modules() if isinstance(m, ResBlock))
+    assert all(m._packed is None for m in unet.modules() if isinstance(m, (ResBlock, Upsample)))
+    assert unet._packed_temb is None
+
+
+def test_phase_weights_are_upsample_then_conv():
+    # float64, so that only the summation order differs: equal to ~1e-15
+    torch.manual_seed(0)
+    up = Upsample(6).double()
+    x = torch.randn(2, 6, 5, 7, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        out = torch.ops.denoiser.upsample_forward(x, *phase_weights(up.conv))
+        ref = up(x)
+    assert out.shape == (2, 6, 10, 14) and out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
 
 
 def test_without_the_kernels_the_modules_run(tiny_unet, monkeypatch):

@@ -79,12 +79,14 @@ struct Shape {
   int64_t chunks;         // ceil(N / kChunk)
 };
 
-Shape check(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t groups) {
+// channels: x's, or (for two concatenated inputs) the total
+Shape check(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t groups,
+            int64_t channels = -1) {
   TORCH_CHECK(x.dim() == 4, "group_norm_nhwc: expected a (B, C, H, W) tensor, got ", x.dim(), " dims");
   TORCH_CHECK(x.is_contiguous(at::MemoryFormat::ChannelsLast), "group_norm_nhwc: x must be channels-last");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "group_norm_nhwc: x must be float32 or bfloat16, got ", x.scalar_type());
-  const int64_t C = x.size(1);
+  const int64_t C = channels < 0 ? x.size(1) : channels;
   TORCH_CHECK(groups > 0 && C % groups == 0, "group_norm_nhwc: groups must divide channels");
   TORCH_CHECK(weight.scalar_type() == at::kFloat && bias.scalar_type() == at::kFloat &&
                   weight.is_contiguous() && bias.is_contiguous() && weight.numel() == C && bias.numel() == C,
@@ -138,37 +140,78 @@ inline double chunk_sum(const std::vector<float>& part, const Shape& s, int64_t 
   return t;
 }
 
+// Where the forward reads x: one tensor, or the channel-wise concatenation of two (x1's C1 channels,
+// then x2's) without materialising it; plus, optionally, a per-(image, channel) shift added to x first
+// (the ResBlock's timestep embedding), rounded to T as a separate add would round it.
+template <typename T>
+struct Source {
+  const T* x1;
+  int64_t C1;
+  const T* x2;         // nullptr: x1 has all C channels
+  const float* shift;  // nullptr, or (B, C)
+};
+
+// x + shift, rounded to T (exact for float; for bf16, what torch's add of two bf16 tensors returns).
+inline float shifted(float v, float s) { return v + s; }
+inline float shifted(uint16_t v, float s) {
+  uint16_t r;
+  from_float(to_float(v) + s, &r);
+  return to_float(r);
+}
+
+// Calls f(row, c0, len) for the parts of pixel n of image i: row[j] is channel c0 + j, j < len.
+template <typename T, typename F>
+inline void for_row(const Source<T>& src, const Shape& s, int64_t i, int64_t n, const F& f) {
+  if (src.x2 == nullptr) {
+    f(src.x1 + (i * s.N + n) * s.C, int64_t(0), s.C);
+    return;
+  }
+  const int64_t C2 = s.C - src.C1;
+  f(src.x1 + (i * s.N + n) * src.C1, int64_t(0), src.C1);
+  f(src.x2 + (i * s.N + n) * C2, src.C1, C2);
+}
+
 // T is float or uint16_t (bf16 bits, so that the compiler sees plain integer loads and vectorises);
-// SILU is a template argument so that the inner loops have no branch.
-template <typename T, bool SILU>
-void forward_impl(const Shape& s, const T* x, const float* w, const float* b, double eps, T* y, float* mean,
-                  float* rstd) {
+// SILU and SHIFT are template arguments so that the inner loops have no branch.
+template <typename T, bool SILU, bool SHIFT>
+void forward_impl(const Shape& s, const Source<T>& src, const float* w, const float* b, double eps, T* y,
+                  float* mean, float* rstd) {
   const int64_t N = s.N, C = s.C;
   std::vector<float> part1(s.B * s.chunks * C), part2(s.B * s.chunks * C), A(s.B * C), K(s.B * C);
+  auto value = [](T v, float shift) {  // a value of x, shifted
+    if constexpr (SHIFT) return shifted(v, shift);
+    return to_float(v);
+  };
   // Pass 1: per (image, chunk, channel) mean and sum of squared deviations from it; the chunk
   // (64 pixels) is read twice while it sits in L1, so no large value is ever squared.
   auto stats = [&](int64_t i, int64_t k) {
     float* mk = part1.data() + (i * s.chunks + k) * C;
     float* m2k = part2.data() + (i * s.chunks + k) * C;
+    const float* sh = SHIFT ? src.shift + i * C : nullptr;
     const int64_t n0 = k * kChunk, n1 = chunk_end(s, k);
     const float inv = 1.0f / float(n1 - n0);
     std::fill(mk, mk + C, 0.0f);
     std::fill(m2k, m2k + C, 0.0f);
-    for (int64_t n = n0; n < n1; ++n) {
-      const T* row = x + (i * N + n) * C;
+    for (int64_t n = n0; n < n1; ++n)
+      for_row(src, s, i, n, [&](const T* row, int64_t c0, int64_t len) {
+        float* m = mk + c0;
+        const float* t = SHIFT ? sh + c0 : m;  // (read only when shifting)
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) mk[c] += to_float(row[c]);
-    }
+        for (int64_t j = 0; j < len; ++j) m[j] += value(row[j], t[j]);
+      });
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) mk[c] *= inv;
-    for (int64_t n = n0; n < n1; ++n) {
-      const T* row = x + (i * N + n) * C;
+    for (int64_t n = n0; n < n1; ++n)
+      for_row(src, s, i, n, [&](const T* row, int64_t c0, int64_t len) {
+        const float* m = mk + c0;
+        const float* t = SHIFT ? sh + c0 : m;
+        float* m2 = m2k + c0;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        const float d = to_float(row[c]) - mk[c];
-        m2k[c] += d * d;
-      }
-    }
+        for (int64_t j = 0; j < len; ++j) {
+          const float d = value(row[j], t[j]) - m[j];
+          m2[j] += d * d;
+        }
+      });
   };
   // Chunks, then the channels of each group, combined in double with the parallel-variance formula
   // (Chan et al.): M2 = sum of the parts' M2 + sum of n_part * (mean_part - mean)^2.
@@ -199,15 +242,19 @@ void forward_impl(const Shape& s, const T* x, const float* w, const float* b, do
   // Pass 2: y = x * A + K, then SiLU.
   auto normalize = [&](int64_t i, int64_t k) {
     const float *a = A.data() + i * C, *kk = K.data() + i * C;
+    const float* sh = SHIFT ? src.shift + i * C : nullptr;
     for (int64_t n = k * kChunk; n < chunk_end(s, k); ++n) {
-      const T* row = x + (i * N + n) * C;
       T* out = y + (i * N + n) * C;
+      for_row(src, s, i, n, [&](const T* row, int64_t c0, int64_t len) {
+        const float *ac = a + c0, *kc = kk + c0, *t = SHIFT ? sh + c0 : ac;
+        T* o = out + c0;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        float z = to_float(row[c]) * a[c] + kk[c];
-        if constexpr (SILU) z = z * sigmoid(z);
-        from_float(z, out + c);
-      }
+        for (int64_t j = 0; j < len; ++j) {
+          float z = value(row[j], t[j]) * ac[j] + kc[j];
+          if constexpr (SILU) z = z * sigmoid(z);
+          from_float(z, o + j);
+        }
+      });
     }
   };
   two_pass(s, stats, finish, normalize);
@@ -303,12 +350,24 @@ void backward_impl(const Shape& s, const T* dy, const T* x, const float* w, cons
   }
 }
 
+template <typename T, bool SILU, bool SHIFT>
+void forward_typed(const Shape& s, const at::Tensor& x, const at::Tensor* x2, const at::Tensor* shift,
+                   const at::Tensor& w, const at::Tensor& b, double eps, at::Tensor& y, at::Tensor& mean,
+                   at::Tensor& rstd) {
+  const Source<T> src{static_cast<const T*>(x.const_data_ptr()), x.size(1),
+                      x2 == nullptr ? nullptr : static_cast<const T*>(x2->const_data_ptr()),
+                      shift == nullptr ? nullptr : shift->const_data_ptr<float>()};
+  forward_impl<T, SILU, SHIFT>(s, src, w.const_data_ptr<float>(), b.const_data_ptr<float>(), eps,
+                               static_cast<T*>(y.mutable_data_ptr()), mean.mutable_data_ptr<float>(),
+                               rstd.mutable_data_ptr<float>());
+}
+
 template <typename T, bool SILU>
-void forward_typed(const Shape& s, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
-                   at::Tensor& y, at::Tensor& mean, at::Tensor& rstd) {
-  forward_impl<T, SILU>(s, static_cast<const T*>(x.const_data_ptr()), w.const_data_ptr<float>(),
-                        b.const_data_ptr<float>(), eps, static_cast<T*>(y.mutable_data_ptr()),
-                        mean.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>());
+void forward_typed(const Shape& s, const at::Tensor& x, const at::Tensor* x2, const at::Tensor* shift,
+                   const at::Tensor& w, const at::Tensor& b, double eps, at::Tensor& y, at::Tensor& mean,
+                   at::Tensor& rstd) {
+  if (shift != nullptr) return forward_typed<T, SILU, true>(s, x, x2, shift, w, b, eps, y, mean, rstd);
+  forward_typed<T, SILU, false>(s, x, x2, shift, w, b, eps, y, mean, rstd);
 }
 
 template <typename T, bool SILU>
@@ -328,16 +387,34 @@ namespace denoiser {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_forward(const at::Tensor& x, const at::Tensor& weight,
                                                                        const at::Tensor& bias, int64_t groups,
                                                                        double eps, bool silu) {
-  const Shape s = check(x, weight, bias, groups);
-  at::Tensor y = at::empty_like(x, at::MemoryFormat::ChannelsLast);
+  return group_norm_nhwc_forward(x, nullptr, nullptr, weight, bias, groups, eps, silu);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_forward(const at::Tensor& x, const at::Tensor* x2,
+                                                                       const at::Tensor* shift,
+                                                                       const at::Tensor& weight,
+                                                                       const at::Tensor& bias, int64_t groups,
+                                                                       double eps, bool silu) {
+  const int64_t C = x.size(1) + (x2 == nullptr ? 0 : x2->size(1));
+  if (x2 != nullptr) {
+    TORCH_CHECK(x2->dim() == 4 && x2->size(0) == x.size(0) && x2->size(2) == x.size(2) && x2->size(3) == x.size(3) &&
+                    x2->scalar_type() == x.scalar_type() && x2->is_contiguous(at::MemoryFormat::ChannelsLast),
+                "group_norm_nhwc: x2 must be a channels-last tensor with x's batch, height, width and dtype");
+  }
+  const Shape s = check(x, weight, bias, groups, C);
+  if (shift != nullptr) {
+    TORCH_CHECK(shift->scalar_type() == at::kFloat && shift->is_contiguous() && shift->numel() == s.B * C,
+                "group_norm_nhwc: shift must be a contiguous float32 (B, C) tensor");
+  }
+  at::Tensor y = at::empty({s.B, C, x.size(2), x.size(3)}, x.options(), at::MemoryFormat::ChannelsLast);
   at::Tensor mean = at::empty({s.B, s.G}, x.options().dtype(at::kFloat));
   at::Tensor rstd = at::empty({s.B, s.G}, x.options().dtype(at::kFloat));
-  if (x.numel() == 0) return {y, mean, rstd};
+  if (y.numel() == 0) return {y, mean, rstd};
   const bool f32 = x.scalar_type() == at::kFloat;
-  if (f32 && silu) forward_typed<float, true>(s, x, weight, bias, eps, y, mean, rstd);
-  if (f32 && !silu) forward_typed<float, false>(s, x, weight, bias, eps, y, mean, rstd);
-  if (!f32 && silu) forward_typed<uint16_t, true>(s, x, weight, bias, eps, y, mean, rstd);
-  if (!f32 && !silu) forward_typed<uint16_t, false>(s, x, weight, bias, eps, y, mean, rstd);
+  if (f32 && silu) forward_typed<float, true>(s, x, x2, shift, weight, bias, eps, y, mean, rstd);
+  if (f32 && !silu) forward_typed<float, false>(s, x, x2, shift, weight, bias, eps, y, mean, rstd);
+  if (!f32 && silu) forward_typed<uint16_t, true>(s, x, x2, shift, weight, bias, eps, y, mean, rstd);
+  if (!f32 && !silu) forward_typed<uint16_t, false>(s, x, x2, shift, weight, bias, eps, y, mean, rstd);
   return {y, mean, rstd};
 }
 
@@ -372,11 +449,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_backward(const at
 TORCH_LIBRARY(denoiser, m) {
   m.def("group_norm_nhwc_forward(Tensor x, Tensor weight, Tensor bias, int groups, float eps, bool silu)"
         " -> (Tensor, Tensor, Tensor)");
+  m.def("group_norm_nhwc_forward.cat_shift(Tensor x, Tensor? x2, Tensor? shift, Tensor weight, Tensor bias, int groups,"
+        " float eps, bool silu) -> (Tensor, Tensor, Tensor)");
   m.def("group_norm_nhwc_backward(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd,"
         " int groups, bool silu) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(denoiser, CPU, m) {
-  m.impl("group_norm_nhwc_forward", &denoiser::group_norm_nhwc_forward);
+  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&,
+                                                                     const at::Tensor&, int64_t, double, bool);
+  m.impl("group_norm_nhwc_forward", static_cast<Forward>(&denoiser::group_norm_nhwc_forward));
+  m.impl("group_norm_nhwc_forward.cat_shift",
+         [](const at::Tensor& x, const std::optional<at::Tensor>& x2, const std::optional<at::Tensor>& shift,
+            const at::Tensor& weight, const at::Tensor& bias, int64_t groups, double eps, bool silu) {
+           return denoiser::group_norm_nhwc_forward(x, x2 ? &*x2 : nullptr, shift ? &*shift : nullptr, weight, bias,
+                                                    groups, eps, silu);
+         });
   m.impl("group_norm_nhwc_backward", &denoiser::group_norm_nhwc_backward);
 }

@@ -14,6 +14,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_forward(const at:
                                                                        const at::Tensor& bias, int64_t groups,
                                                                        double eps, bool silu);
 
+// The same for the channel-wise concatenation of x and x2 (nullptr: x alone), read in place, with
+// `shift` (nullptr, or (B, C) fp32) added to it first: y = GroupNorm(cat(x, x2) + shift[:, :, None, None]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_forward(const at::Tensor& x, const at::Tensor* x2,
+                                                                       const at::Tensor* shift,
+                                                                       const at::Tensor& weight,
+                                                                       const at::Tensor& bias, int64_t groups,
+                                                                       double eps, bool silu);
+
 // -> (dx like x, dweight (C,), dbias (C,)).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_backward(const at::Tensor& dy, const at::Tensor& x,
                                                                         const at::Tensor& weight,
