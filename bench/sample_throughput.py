@@ -1,14 +1,16 @@
 """Sampling images/s: denoiser's sampler vs diffusers' DDIMPipeline / DDPMPipeline on the same weights.
 
-    .venv/bin/python bench/sample_throughput.py [--model weights/cifar10-small] [--batch 16] [--repeats 3] [--ddpm-repeats 1]
+    .venv/bin/python bench/sample_throughput.py [--model weights/cifar10-small] [--batch 8] [--repeats 3] [--ddpm-repeats 1]
 
 Both run the same UNet weights, the same scheduler settings and the same seed, side by side in one
 process, alternating after a warm-up; the median of the repeats is reported with the ratio, and the
-largest pixel difference between the two outputs (identical math; channels-last convolutions may
-round differently in the last bits). denoiser's sampler runs the UNet channels-last under
-`torch.inference_mode` (each ResBlock and attention block one C++ op, convolution weights prepacked for
-oneDNN, freed activation memory reused between steps); diffusers' pipelines run it as loaded, NCHW,
-which is how a diffusers user runs it. "faults/step": minor page faults per step, what the reuse saves.
+largest pixel difference between the two outputs (the same function; channels-last convolutions,
+prepacked weights and the upsampler's phase convolutions round differently in the last bits).
+denoiser's sampler runs the UNet channels-last under `torch.inference_mode` (each ResBlock, attention
+block and upsampler one C++ op, weights prepared once by `UNet.packed_weights()`, freed activation
+memory reused between steps); diffusers' pipelines run it as loaded, NCHW, which is how a diffusers
+user runs it. "faults/step": minor page faults per step, what the reuse saves. The default batch, 8,
+is the app's default number of images.
 
 "ceiling": the ratio if everything but denoiser's convolutions (one profiled UNet call x steps) took
 no time.
@@ -32,7 +34,7 @@ from denoiser.sample import make_sampler, sample
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="weights/cifar10-small")
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3, help="DDIM runs per side")
     p.add_argument("--ddpm-repeats", type=int, default=1, help="DDPM-1000 runs per side (each ~1 min at batch 8)")
     p.add_argument("--ddpm-steps", type=int, default=1000)

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from denoiser.groupnorm import GroupNorm
+from denoiser.kernels import load_kernels, plain_tensors
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -154,13 +155,30 @@ class AttentionHead(nn.Module):
         return scaled_dot_product_attention(q, k, v, return_weights=True)  # (2)-(4)
 
 
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Stages (2)-(4) on the fast path, (B, h, N, d) -> (B, h, N, d): torch's fused SDPA; for inference on
+    CPU, denoiser's small-head kernel (csrc/attention_small_head.cpp: d = 16 or 32 in fp32, where torch's
+    flash kernel spends half its time around GEMM calls of inner size d; elsewhere the op calls torch's
+    SDPA itself). The fused attention block (csrc/unet_blocks.cpp) calls the same op, so the module and
+    the block compute bit-identical outputs."""
+    if (
+        q.device.type == "cpu"
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        and plain_tensors(q, k, v)
+        and not torch.compiler.is_compiling()
+        and load_kernels()
+    ):
+        return torch.ops.denoiser.small_head_attention(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v)
+
+
 class MultiHeadSelfAttention(nn.Module):
     """Multi-head self-attention over tokens (B, N, C): fused qkv projection, h heads, output projection.
 
     Head i uses channels [i·d, (i+1)·d) of each of q, k and v: exactly `num_heads` `AttentionHead`s
     whose outputs are concatenated, then projected.
 
-    fused_attn: True uses torch's fused SDPA; False the readable reference. None (default) picks
+    fused_attn: True uses the fused path (`fused_attention`); False the readable reference. None (default) picks
     the faster correct path per device and dtype: the reference for CPU training in fp16/bf16,
     where torch's fused CPU backward is several times slower for short sequences, fused otherwise.
     """
@@ -209,7 +227,7 @@ class MultiHeadSelfAttention(nn.Module):
             self._recorder(q, k, self.scale, spatial_size)
         # (2)-(4) on the fast or the readable path
         if self._use_fused(q):
-            out = F.scaled_dot_product_attention(q, k, v)  # (B, h, N, d)
+            out = fused_attention(q, k, v)  # (B, h, N, d)
         else:
             out = scaled_dot_product_attention(q, k, v)  # (B, h, N, d)
         out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, h·d): heads concatenated
@@ -243,7 +261,7 @@ class SpatialSelfAttention(nn.Module):
         return x + from_tokens(out, H, W)  # (B, C, H, W)
 
     def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """`forward` as one C++ op (csrc/unet_blocks.cpp: fused SDPA, bit-identical) for inference on
+        """`forward` as one C++ op (csrc/unet_blocks.cpp: `fused_attention`, bit-identical) for inference on
         channels-last CPU tensors, where `UNet.forward` calls it; the module's `forward` while attention
         is being captured or the readable path is forced (`fused_attn=False`)."""
         attn = self.attention

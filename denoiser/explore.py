@@ -120,7 +120,7 @@ class Explorer:
         step = _check_int("step", step, 0, gen.num_steps - 1)
         if step not in gen._records:
             unet, _ = self.model(gen.model)
-            # the sampling pass's setup (prepacked convolutions): the same arithmetic, so the same q and k
+            # the sampling pass's setup (packed weights): the same arithmetic, so the same q and k
             with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
                 unet(gen.inputs[step], gen.timesteps[step], class_labels=gen.labels)
             gen._records.clear()  # keep one step's records: memory stays bounded

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from denoiser.kernels import kernel_error, load_kernels
+from denoiser.kernels import kernel_error, load_kernels, plain_tensors
 
 __all__ = ["GroupNorm", "group_norm", "fast_path_applies", "default_channels_last"]
 
@@ -53,26 +53,13 @@ class _GroupNormNHWC(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
-
-
-def _plain(*tensors: torch.Tensor) -> bool:
-    """Not under vmap/grad/jvp transforms and without forward-mode tangents: the kernel has no rules for
-    those, so such tensors take the reference path (which torch differentiates any way asked)."""
-    if any(_functorch_wrapped(t) for t in tensors):
-        return False
-    if torch.autograd.forward_ad._current_level >= 0:  # inside a dual_level: tangents may exist
-        return all(torch.autograd.forward_ad.unpack_dual(t).tangent is None for t in tensors)
-    return True
-
-
 def fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
     """Whether the kernel takes GroupNorm(x) with these parameters: channels-last fp32/bf16 CPU x, fp32
     weight and bias, no transforms or compilation, the kernels built."""
     return (
         weight is not None
         and bias is not None
-        and _plain(x, weight, bias)  # first: vmap'd tensors cannot even be asked is_contiguous
+        and plain_tensors(x, weight, bias)  # first: vmap'd tensors cannot even be asked is_contiguous
         and x.device.type == "cpu"
         and x.dim() == 4
         and x.dtype in (torch.float32, torch.bfloat16)

@@ -3,8 +3,10 @@
 CPU sources (`denoiser/csrc/`):
 - `group_norm_nhwc.cpp`: GroupNorm (+ the SiLU that follows it) for channels-last tensors, forward and
   backward; used by `denoiser.groupnorm`.
-- `unet_blocks.cpp`: the UNet's ResBlock and pixel-attention block as single inference ops, the same
-  ATen calls as the modules' `forward` without the Python between them; used by `denoiser.unet`.
+- `attention_small_head.cpp`: scaled dot-product attention for small heads (d = 16, 32) on fp32 CPU
+  tensors, forward only; the fast path of `denoiser.attention` there.
+- `unet_blocks.cpp`: the UNet's ResBlock, pixel-attention block and upsampler as single inference ops,
+  the same ATen calls as the modules' `forward` without the Python between them; used by `denoiser.unet`.
 - `allocation_cache.cpp`: a caching CPU allocator for sampling loops (`cached_cpu_allocations`).
 
 The extension is compiled with torch's C++-extension builder (about 15 s with g++, cached under
@@ -27,12 +29,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["load_kernels", "kernel_error", "cached_cpu_allocations"]
+__all__ = ["load_kernels", "kernel_error", "cached_cpu_allocations", "plain_tensors"]
 
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / "group_norm_nhwc.cpp", _CSRC / "unet_blocks.cpp", _CSRC / "allocation_cache.cpp"]
+_SOURCES = [
+    _CSRC / "group_norm_nhwc.cpp", _CSRC / "attention_small_head.cpp", _CSRC / "unet_blocks.cpp", _CSRC / "allocation_cache.cpp"
+]
 _DISABLE = ("DENOISER_KERNELS", "DENOISER_FAST_GROUPNORM")  # the second: its name before the block ops
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool once a load was attempted, "error": str when it failed
@@ -118,3 +122,16 @@ def cached_cpu_allocations() -> Iterator[None]:
         yield
     finally:
         torch.ops.denoiser.set_allocation_cache(False)
+
+
+_functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def plain_tensors(*tensors: torch.Tensor) -> bool:
+    """Not under vmap/grad/jvp transforms and without forward-mode tangents: the kernels have no rules for
+    those, so such tensors take the reference paths (which torch differentiates any way asked)."""
+    if any(_functorch_wrapped(t) for t in tensors):
+        return False
+    if torch.autograd.forward_ad._current_level >= 0:  # inside a dual_level: tangents may exist
+        return all(torch.autograd.forward_ad.unpack_dual(t).tangent is None for t in tensors)
+    return True

@@ -111,7 +111,7 @@ def sample(
 
 def sampling_context(unet: torch.nn.Module) -> contextlib.ExitStack:
     """What a loop of UNet calls with fixed weights sets up once: on CPU, freed activation memory reused
-    instead of faulted in afresh each step, and our UNet's convolution weights prepacked for oneDNN.
+    instead of faulted in afresh each step, and our UNet's weights prepared once (`UNet.packed_weights`).
     Re-running a sampled step (the app's attention view) inside it repeats the sampling pass exactly."""
     stack = contextlib.ExitStack()
     if unet.device.type == "cpu":

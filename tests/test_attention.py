@@ -12,6 +12,7 @@ from denoiser.attention import (
     SpatialSelfAttention,
     capture_attention,
     from_tokens,
+    fused_attention,
     scaled_dot_product_attention,
     to_tokens,
 )
@@ -130,6 +131,41 @@ def test_fused_and_readable_paths_agree():
     mhsa.fused_attn = False
     manual = mhsa(x)
     torch.testing.assert_close(fused, manual, rtol=1e-5, atol=1e-5)
+
+
+def _qkv(B, N, h, d, seed=0):
+    """q, k, v as the attention slices them from its qkv projection: strided (B, h, N, d) views."""
+    torch.manual_seed(seed)
+    qkv = torch.randn(B, N, 3, h, d).permute(2, 0, 3, 1, 4)  # (3, B, h, N, d)
+    return qkv[0], qkv[1], qkv[2]
+
+
+@pytest.mark.parametrize("B,N,h,d", [(2, 256, 4, 16), (3, 64, 2, 16), (2, 49, 3, 32), (1, 1, 1, 16), (2, 17, 2, 16)])
+def test_small_head_kernel_matches_float64(B, N, h, d):
+    # the CPU fast path for d = 16, 32 (csrc/attention_small_head.cpp): as accurate as torch's own SDPA
+    q, k, v = _qkv(B, N, h, d)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    with torch.inference_mode():
+        ours = torch.ops.denoiser.small_head_attention(q, k, v)
+        torch_err = (F.scaled_dot_product_attention(q, k, v) - ref).abs().max().item()
+        assert torch.equal(fused_attention(q, k, v), ours)
+    assert ours.shape == (B, h, N, d) and ours.transpose(1, 2).is_contiguous()  # heads concatenate for free
+    assert (ours - ref).abs().max().item() <= 2 * torch_err + 1e-7
+
+
+def test_small_head_kernel_propagates_nan_and_falls_back_elsewhere():
+    q, k, v = _qkv(2, 40, 2, 16)
+    q[1, 0, 7, 3] = float("nan")
+    with torch.inference_mode():
+        out = torch.ops.denoiser.small_head_attention(q, k, v)
+        assert torch.isnan(out[1, 0, 7]).all() and torch.isfinite(out[1, 0, :7]).all() and torch.isfinite(out[0]).all()
+        for other in (_qkv(2, 40, 2, 24), _qkv(2, 40, 2, 16)[0].double()):  # a head size or dtype it does not cover
+            q, k, v = other if isinstance(other, tuple) else (other, other, other)
+            assert torch.equal(torch.ops.denoiser.small_head_attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    # with gradients the module path uses torch's SDPA, which has a backward
+    q, k, v = (t.clone().requires_grad_() for t in _qkv(1, 8, 1, 16))
+    fused_attention(q, k, v).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
 
 
 def test_bad_head_configuration_is_explained():

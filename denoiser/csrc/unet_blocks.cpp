@@ -1,13 +1,15 @@
-// The U-Net's ResBlock and pixel-attention block, forward only, each as one op.
+// The U-Net's ResBlock, pixel-attention block and upsampler, forward only, each as one op.
 //
 // Why: at sampling time one UNet call on a CPU is ~400 small ATen calls issued from Python, and the
 // Python between them (argument parsing, module calls, dispatch checks) cost 10-15% of a step. These
 // ops issue the same ATen calls, in the same order and with the same arguments, as the modules' readable
 // `forward` (ResBlock in unet.py, SpatialSelfAttention in attention.py), so their outputs are
 // bit-identical (tests/test_unet.py asserts it). Elementwise adds write into a tensor the op just
-// created instead of allocating another: the same sums (a + b == b + a exactly), less memory traffic.
-// Inside `UNet.packed_convolutions()` the ResBlock's convolutions take weights prepacked for oneDNN
-// and the residual add moves into the second convolution (equal to float rounding, tested).
+// created instead of allocating another, and the timestep embedding's add happens inside the second
+// GroupNorm's reads: the same fp32 sums, less memory traffic.
+// Inside `UNet.packed_weights()` (equal to float rounding, tested) the convolutions take weights
+// prepacked for oneDNN, the residual add moves into the second convolution, the up path's skip is read
+// in place instead of concatenated, and the upsampler runs as 2x2 phase convolutions.
 //
 // For inference on channels-last CPU tensors only (the GroupNorm kernel's domain): no autograd, no
 // dropout, no attention capture; `UNet.forward` decides when they apply and otherwise runs the modules.
@@ -22,6 +24,7 @@
 #include <optional>
 #include <vector>
 
+#include "attention_small_head.h"
 #include "group_norm_nhwc.h"
 
 namespace {
@@ -162,7 +165,7 @@ at::Tensor attention_block_forward(const at::Tensor& x, const at::Tensor& norm_w
   const int64_t d = C / num_heads;
   at::Tensor tokens = norm(x, norm_weight, norm_bias, groups, eps, false).reshape({B, C, N}).transpose(1, 2);  // (B, N, C)
   at::Tensor qkv = at::linear(tokens, qkv_weight, qkv_bias).reshape({B, N, 3, num_heads, d}).permute({2, 0, 3, 1, 4});  // (3, B, h, N, d)
-  at::Tensor out = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]);  // (B, h, N, d)
+  at::Tensor out = denoiser::small_head_attention(qkv[0], qkv[1], qkv[2]);  // (B, h, N, d), as fused_attention
   out = at::linear(out.transpose(1, 2).reshape({B, N, C}), proj_weight, proj_bias);  // (B, N, C): heads concatenated, projected
   // (B, N, C) tokens are channels-last (B, C, H, W) memory: view them so (with the usual strides even
   // for B = 1, which a later torch.cat reads to pick its output layout), then add the residual in place

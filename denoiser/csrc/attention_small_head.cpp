@@ -1,0 +1,196 @@
+// Scaled dot-product attention for small heads (d = 16 or 32) on fp32 CPU tensors, forward only.
+//
+// Why: the U-Net's pixel attention has many short heads (the shipped model: 4 heads of 16 dims over
+// 256 or 64 pixel tokens). torch's CPU flash kernel runs them through general GEMM calls whose inner
+// dimension is just d, which leaves half its time in call overhead and packing; attention was ~18% of
+// a sampling step. Here one task is one (image, head): K is transposed once into a (d, N) panel, then
+// blocks of 8 queries go through the four stages in registers and L1 (scores = q·kᵀ · 1/√d as an
+// 8 x 32 register tile per pass, softmax numerators exp(s - max) with the row sums, weights x V
+// accumulated as 8 x d registers, divided by the sums at the end).
+//
+// Same function as torch.nn.functional.scaled_dot_product_attention (no mask, no dropout, default
+// scale), rounding differs (tests/test_attention.py: against float64 and torch's SDPA). NaN in a score
+// row makes that query's output NaN, as in torch. Where it does not apply (other head sizes, dtypes,
+// no AVX-512) the op calls torch's SDPA, so `denoiser.attention.fused_attention` and the fused
+// attention block (unet_blocks.cpp) always agree bit for bit.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "attention_small_head.h"
+
+namespace {
+
+#if defined(__AVX512F__)
+
+// exp on 16 lanes of x <= 0 (scores minus their row max): Cephes' single-precision polynomial (about
+// 1 ulp), 2^n applied by scalef. Lanes below -87.3 give ~1e-38, not 0; NaN lanes stay NaN (max_ps
+// returns its second operand when either is NaN, and every later step keeps a NaN).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 e = _mm512_scalef_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f))), n);
+  return e;
+}
+
+constexpr int kRows = 8;  // queries per block: 8 x 2 score vectors, or 8 x DV output vectors, in registers
+
+// One (image, head): q, k, v rows of D = 16 * DV floats, `*_stride` floats apart (token to token);
+// out rows `out_stride` apart. kt (D x NP), scores (kRows x NP) are scratch, NP = N rounded up to 16.
+template <int DV>
+void attend(const float* q, const float* k, const float* v, int64_t q_stride, int64_t k_stride, int64_t v_stride,
+            float* out, int64_t out_stride, int64_t N, float scale, float* kt, float* scores) {
+  constexpr int D = 16 * DV;
+  const int64_t NV = (N + 15) / 16, NP = NV * 16;
+  const __mmask16 tail = N % 16 == 0 ? __mmask16(0xFFFF) : __mmask16((1u << (N % 16)) - 1);
+  // (1) K transposed into a (D, NP) panel, zero padded: a score vector is 16 keys of one query
+  for (int d = 0; d < D; ++d) {
+    float* row = kt + d * NP;
+    for (int64_t j = 0; j < N; ++j) row[j] = k[j * k_stride + d];
+    std::fill(row + N, row + NP, 0.0f);
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t i0 = 0; i0 < N; i0 += kRows) {
+    const int rows = int(std::min<int64_t>(kRows, N - i0));
+    const float* qr[kRows];
+    for (int r = 0; r < kRows; ++r) qr[r] = q + (i0 + std::min(r, rows - 1)) * q_stride;  // a short block repeats its last query
+    // (2) scores = q·kᵀ · scale, two key vectors (32 keys) per pass (the panel's zero padding makes a
+    // last odd vector harmless: its scores are computed and never read)
+    for (int64_t jv = 0; jv < NV; jv += 2) {
+      const float* k0p = kt + jv * 16;
+      const float* k1p = jv + 1 < NV ? k0p + 16 : k0p;
+      __m512 acc0[kRows], acc1[kRows];
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+      for (int d = 0; d < D; ++d) {
+        const __m512 k0 = _mm512_loadu_ps(k0p + d * NP);
+        const __m512 k1 = _mm512_loadu_ps(k1p + d * NP);
+#pragma GCC unroll 8
+        for (int r = 0; r < kRows; ++r) {
+          const __m512 qd = _mm512_set1_ps(qr[r][d]);
+          acc0[r] = _mm512_fmadd_ps(qd, k0, acc0[r]);
+          acc1[r] = _mm512_fmadd_ps(qd, k1, acc1[r]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) {
+        _mm512_storeu_ps(scores + r * NP + jv * 16, _mm512_mul_ps(acc0[r], vscale));
+        if (jv + 1 < NV) _mm512_storeu_ps(scores + r * NP + (jv + 1) * 16, _mm512_mul_ps(acc1[r], vscale));
+      }
+    }
+    // (3) softmax numerators exp(s - max) in place, padded keys zeroed, and 1 / row sum
+    float inv_sum[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      float* s = scores + r * NP;
+      __m512 mx = _mm512_set1_ps(-INFINITY);
+      for (int64_t jv = 0; jv < NV; ++jv) {
+        const __mmask16 m = jv == NV - 1 ? tail : __mmask16(0xFFFF);
+        mx = _mm512_mask_max_ps(mx, m, mx, _mm512_loadu_ps(s + jv * 16));
+      }
+      const __m512 row_max = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t jv = 0; jv < NV; ++jv) {
+        const __mmask16 m = jv == NV - 1 ? tail : __mmask16(0xFFFF);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + jv * 16), row_max)));
+        _mm512_storeu_ps(s + jv * 16, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      inv_sum[r] = 1.0f / _mm512_reduce_add_ps(sum);
+    }
+    // (4) weights x V: 8 queries x D accumulated in registers, normalised at the end
+    __m512 o[kRows][DV];
+    for (int r = 0; r < kRows; ++r)
+      for (int u = 0; u < DV; ++u) o[r][u] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < N; ++j) {
+      __m512 vj[DV];
+      for (int u = 0; u < DV; ++u) vj[u] = _mm512_loadu_ps(v + j * v_stride + u * 16);
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 p = _mm512_set1_ps(scores[r * NP + j]);
+        for (int u = 0; u < DV; ++u) o[r][u] = _mm512_fmadd_ps(p, vj[u], o[r][u]);
+      }
+    }
+    for (int r = 0; r < rows; ++r)
+      for (int u = 0; u < DV; ++u)
+        _mm512_storeu_ps(out + (i0 + r) * out_stride + u * 16, _mm512_mul_ps(o[r][u], _mm512_set1_ps(inv_sum[r])));
+  }
+}
+
+#endif  // __AVX512F__
+
+}  // namespace
+
+namespace denoiser {
+
+bool small_head_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+#if defined(__AVX512F__)
+  const auto plain = [](const at::Tensor& t) {
+    return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.dim() == 4 && t.stride(3) == 1 &&
+           !(at::GradMode::is_enabled() && t.requires_grad());
+  };
+  const int64_t d = q.size(-1);
+  return plain(q) && plain(k) && plain(v) && (d == 16 || d == 32) && k.sizes() == q.sizes() &&
+         v.sizes() == q.sizes();
+#else
+  return false;
+#endif
+}
+
+// q, k, v (B, h, N, d) -> (B, h, N, d), laid out as (B, N, h, d) memory (as torch's CPU flash kernel
+// returns it), so that the heads concatenate without a copy.
+at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!small_head_attention_applies(q, k, v)) return at::scaled_dot_product_attention(q, k, v);
+#if defined(__AVX512F__)
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3), NP = (N + 15) / 16 * 16;
+  at::Tensor out = at::empty({B, N, H, D}, q.options());  // (B, N, h, d)
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  const float *qp = q.const_data_ptr<float>(), *kp = k.const_data_ptr<float>(), *vp = v.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> kt(D * NP), scores(kRows * NP);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / H, h = t % H;
+      const float* qh = qp + b * q.stride(0) + h * q.stride(1);
+      const float* kh = kp + b * k.stride(0) + h * k.stride(1);
+      const float* vh = vp + b * v.stride(0) + h * v.stride(1);
+      float* oh = op + (b * N * H + h) * D;
+      if (D == 16)
+        attend<1>(qh, kh, vh, q.stride(2), k.stride(2), v.stride(2), oh, H * D, N, scale, kt.data(), scores.data());
+      else
+        attend<2>(qh, kh, vh, q.stride(2), k.stride(2), v.stride(2), oh, H * D, N, scale, kt.data(), scores.data());
+    }
+  });
+  return out.transpose(1, 2);  // (B, h, N, d)
+#else
+  return at::scaled_dot_product_attention(q, k, v);
+#endif
+}
+
+}  // namespace denoiser
+
+TORCH_LIBRARY_FRAGMENT(denoiser, m) {
+  m.def("small_head_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(denoiser, CPU, m) {
+  m.impl("small_head_attention", &denoiser::small_head_attention);
+}
