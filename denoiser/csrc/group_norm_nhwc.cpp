@@ -74,6 +74,109 @@ inline float exp_approx(float x) {
 
 inline float sigmoid(float z) { return 1.0f / (1.0f + exp_approx(-z)); }
 
+#if defined(__AVX512F__)
+// The fp32 forward on 512-bit registers: a block of up to 64 channels is swept over the chunk's pixels
+// with its accumulators (pass 1) or its scale and offset (pass 2) held in registers, instead of a short
+// loop over C per pixel that reloads them (10-20% faster). The same arithmetic as the loops in
+// forward_impl, which other builds and bf16 run (their rounding is the compiler's: tolerance-tested).
+// A block's last vector may be partial: `last` masks its lanes.
+
+// exp_approx on 16 lanes.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));  // NaN stays NaN
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 e = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
+}
+
+inline __m512 silu16(__m512 z) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
+  return _mm512_mul_ps(z, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+}
+
+// Pass 1 for NV vectors of channels over npix pixels `stride` floats apart: chunk means into mk, sums
+// of squared deviations from them into m2k (sh: the shift of these channels, or null).
+template <int NV, bool SHIFT>
+void stats_block(const float* x, int64_t stride, int64_t npix, const float* sh, float inv, float* mk, float* m2k,
+                 __mmask16 last) {
+  const auto mask = [&](int u) { return u == NV - 1 ? last : __mmask16(0xFFFF); };
+  __m512 t[NV], acc[NV];
+  for (int u = 0; u < NV; ++u) {
+    t[u] = SHIFT ? _mm512_maskz_loadu_ps(mask(u), sh + 16 * u) : _mm512_setzero_ps();
+    acc[u] = _mm512_setzero_ps();
+  }
+  for (int64_t n = 0; n < npix; ++n)
+    for (int u = 0; u < NV; ++u) {
+      __m512 v = _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u);
+      if constexpr (SHIFT) v = _mm512_add_ps(v, t[u]);
+      acc[u] = _mm512_add_ps(acc[u], v);
+    }
+  for (int u = 0; u < NV; ++u) acc[u] = _mm512_mul_ps(acc[u], _mm512_set1_ps(inv));
+  __m512 m2[NV];
+  for (int u = 0; u < NV; ++u) m2[u] = _mm512_setzero_ps();
+  for (int64_t n = 0; n < npix; ++n)
+    for (int u = 0; u < NV; ++u) {
+      __m512 v = _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u);
+      if constexpr (SHIFT) v = _mm512_add_ps(v, t[u]);
+      const __m512 d = _mm512_sub_ps(v, acc[u]);
+      m2[u] = _mm512_fmadd_ps(d, d, m2[u]);
+    }
+  for (int u = 0; u < NV; ++u) {
+    _mm512_mask_storeu_ps(mk + 16 * u, mask(u), acc[u]);
+    _mm512_mask_storeu_ps(m2k + 16 * u, mask(u), m2[u]);
+  }
+}
+
+// Pass 2 for NV vectors of channels: y = (x + sh) * a + k, then SiLU; y rows `y_stride` floats apart.
+template <int NV, bool SILU, bool SHIFT>
+void normalize_block(const float* x, int64_t stride, int64_t npix, const float* sh, const float* a, const float* k,
+                     float* y, int64_t y_stride, __mmask16 last) {
+  const auto mask = [&](int u) { return u == NV - 1 ? last : __mmask16(0xFFFF); };
+  __m512 t[NV], av[NV], kv[NV];
+  for (int u = 0; u < NV; ++u) {
+    t[u] = SHIFT ? _mm512_maskz_loadu_ps(mask(u), sh + 16 * u) : _mm512_setzero_ps();
+    av[u] = _mm512_maskz_loadu_ps(mask(u), a + 16 * u);
+    kv[u] = _mm512_maskz_loadu_ps(mask(u), k + 16 * u);
+  }
+  for (int64_t n = 0; n < npix; ++n)
+    for (int u = 0; u < NV; ++u) {
+      __m512 v = _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u);
+      if constexpr (SHIFT) v = _mm512_add_ps(v, t[u]);
+      __m512 z = _mm512_fmadd_ps(v, av[u], kv[u]);
+      if constexpr (SILU) z = silu16(z);
+      _mm512_mask_storeu_ps(y + n * y_stride + 16 * u, mask(u), z);
+    }
+}
+
+// Calls f.template operator()<NV>(cb, last) for blocks of up to 4 vectors (64 channels) from channel cb,
+// covering `channels`; `last` masks the lanes of the block's last vector that are channels.
+template <typename F>
+inline void channel_blocks(int64_t channels, const F& f) {
+  const int64_t vectors = (channels + 15) / 16;
+  for (int64_t v0 = 0; v0 < vectors; v0 += 4) {
+    const int64_t nv = std::min<int64_t>(4, vectors - v0);
+    const int64_t rest = channels - (v0 + nv - 1) * 16;  // channels in the block's last vector, 1..16
+    const __mmask16 last = rest >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << rest) - 1);
+    switch (nv) {
+      case 4: f.template operator()<4>(v0 * 16, last); break;
+      case 3: f.template operator()<3>(v0 * 16, last); break;
+      case 2: f.template operator()<2>(v0 * 16, last); break;
+      default: f.template operator()<1>(v0 * 16, last); break;
+    }
+  }
+}
+#endif
+
 struct Shape {
   int64_t B, N, C, G, D;  // batch, pixels, channels, groups, channels per group
   int64_t chunks;         // ceil(N / kChunk)
@@ -159,7 +262,8 @@ inline float shifted(uint16_t v, float s) {
   return to_float(r);
 }
 
-// Calls f(row, c0, len) for the parts of pixel n of image i: row[j] is channel c0 + j, j < len.
+// Calls f(row, c0, len) for the parts of pixel n of image i: row[j] is channel c0 + j, j < len (and the
+// part's next pixel starts len floats later).
 template <typename T, typename F>
 inline void for_row(const Source<T>& src, const Shape& s, int64_t i, int64_t n, const F& f) {
   if (src.x2 == nullptr) {
@@ -190,6 +294,17 @@ void forward_impl(const Shape& s, const Source<T>& src, const float* w, const fl
     const float* sh = SHIFT ? src.shift + i * C : nullptr;
     const int64_t n0 = k * kChunk, n1 = chunk_end(s, k);
     const float inv = 1.0f / float(n1 - n0);
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+      for_row(src, s, i, n0, [&](const float* x, int64_t c0, int64_t channels) {
+        channel_blocks(channels, [&]<int NV>(int64_t cb, __mmask16 last) {
+          stats_block<NV, SHIFT>(x + cb, channels, n1 - n0, SHIFT ? sh + c0 + cb : nullptr, inv, mk + c0 + cb,
+                                 m2k + c0 + cb, last);
+        });
+      });
+      return;
+    }
+#endif
     std::fill(mk, mk + C, 0.0f);
     std::fill(m2k, m2k + C, 0.0f);
     for (int64_t n = n0; n < n1; ++n)
@@ -243,6 +358,18 @@ void forward_impl(const Shape& s, const Source<T>& src, const float* w, const fl
   auto normalize = [&](int64_t i, int64_t k) {
     const float *a = A.data() + i * C, *kk = K.data() + i * C;
     const float* sh = SHIFT ? src.shift + i * C : nullptr;
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+      const int64_t n0 = k * kChunk, n1 = chunk_end(s, k);
+      for_row(src, s, i, n0, [&](const float* x, int64_t c0, int64_t channels) {
+        channel_blocks(channels, [&]<int NV>(int64_t cb, __mmask16 last) {
+          normalize_block<NV, SILU, SHIFT>(x + cb, channels, n1 - n0, SHIFT ? sh + c0 + cb : nullptr, a + c0 + cb,
+                                           kk + c0 + cb, y + (i * N + n0) * C + c0 + cb, C, last);
+        });
+      });
+      return;
+    }
+#endif
     for (int64_t n = k * kChunk; n < chunk_end(s, k); ++n) {
       T* out = y + (i * N + n) * C;
       for_row(src, s, i, n, [&](const T* row, int64_t c0, int64_t len) {
