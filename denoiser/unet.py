@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -108,6 +109,9 @@ def _pack_conv_weight(weight: torch.Tensor, padding: int, input_shape: Sequence[
     return torch.ops.mkldnn._reorder_convolution_weight(
         weight.contiguous(), [padding, padding], [1, 1], [1, 1], 1, list(input_shape)
     )
+
+
+_PACKING = threading.Lock()  # guards UNet.packed_weights' user counts (a module-level lock: models deep-copy)
 
 
 def _can_pack_convolutions() -> bool:
@@ -247,6 +251,7 @@ class UNet(ModelMixin, ConfigMixin):
         # inference switch, as `fused_attn` in the attention: False always runs the modules' Python forward
         self.fused_blocks = True
         self._packed_temb: tuple | None = None  # see packed_weights
+        self._packed_users = 0
 
     def _embed(self, timestep, class_labels, batch: int, device) -> torch.Tensor:
         t = torch.as_tensor(timestep, device=device)
@@ -327,26 +332,34 @@ class UNet(ModelMixin, ConfigMixin):
         - the up path's skip read in place by the first GroupNorm instead of concatenated (the 1x1 skip
           convolution split over the two inputs);
         - the upsamplers as four 2x2 phase convolutions on the low-resolution grid (`phase_weights`).
-        The weights must not change while it is open. A no-op where oneDNN is unavailable."""
+        The weights must not change while it is open. It nests and may be open in several threads at
+        once (the app's attention view re-runs a step while another session samples): the packs go when
+        the last user leaves. A no-op where oneDNN is unavailable."""
         if not _can_pack_convolutions():
             yield
             return
         packing = [m for m in self.modules() if isinstance(m, (ResBlock, Upsample))]
-        blocks = [m for m in packing if isinstance(m, ResBlock)]
-        spans = torch.tensor([0] + [b.temb_proj.out_features for b in blocks]).cumsum(0).tolist()
-        for m in packing:
-            m._packed = {}
-        self._packed_temb = (
-            torch.cat([b.temb_proj.weight.detach() for b in blocks]),  # (Σ C_out, T)
-            torch.cat([b.temb_proj.bias.detach() for b in blocks]),
-            {b: (spans[i], spans[i + 1]) for i, b in enumerate(blocks)},
-        )
+        with _PACKING:
+            if self._packed_users == 0:
+                blocks = [m for m in packing if isinstance(m, ResBlock)]
+                spans = torch.tensor([0] + [b.temb_proj.out_features for b in blocks]).cumsum(0).tolist()
+                for m in packing:
+                    m._packed = {}
+                self._packed_temb = (
+                    torch.cat([b.temb_proj.weight.detach() for b in blocks]),  # (Σ C_out, T)
+                    torch.cat([b.temb_proj.bias.detach() for b in blocks]),
+                    {b: (spans[i], spans[i + 1]) for i, b in enumerate(blocks)},
+                )
+            self._packed_users += 1
         try:
             yield
         finally:
-            for m in packing:
-                m._packed = None
-            self._packed_temb = None
+            with _PACKING:
+                self._packed_users -= 1
+                if self._packed_users == 0:
+                    for m in packing:
+                        m._packed = None
+                    self._packed_temb = None
 
     def _temb_projections(self, temb: torch.Tensor) -> dict[ResBlock, torch.Tensor]:
         """Inside `packed_weights()`: each ResBlock's projection of temb, (B, C_out), from one matmul."""

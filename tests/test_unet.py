@@ -165,6 +165,12 @@ def test_packed_weights_match_and_are_released(tiny_unet):
     assert torch.equal(again, packed[0])
     assert all(m._packed is None for m in unet.modules() if isinstance(m, (ResBlock, Upsample)))
     assert unet._packed_temb is None
+    with torch.inference_mode(), unet.packed_weights():
+        with unet.packed_weights():  # nested (or another thread's): leaving it keeps the outer packs
+            unet(xs[0], 10)
+        assert unet._packed_temb is not None and all(m._packed for m in unet.modules() if isinstance(m, ResBlock))
+        assert torch.equal(unet(xs[0], 10).sample, packed[0])
+    assert unet._packed_temb is None and unet._packed_users == 0
 
 
 def test_phase_weights_are_upsample_then_conv():
