@@ -23,34 +23,12 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "attention_small_head.h"
+#include "vec_math.h"
 
 namespace {
 
 #if defined(__AVX512F__)
-
-// exp on 16 lanes of x <= 0 (scores minus their row max): Cephes' single-precision polynomial (about
-// 1 ulp), 2^n applied by scalef. Lanes below -87.3 give ~1e-38, not 0; NaN lanes stay NaN (max_ps
-// returns its second operand when either is NaN, and every later step keeps a NaN).
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 e = _mm512_scalef_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f))), n);
-  return e;
-}
 
 constexpr int kRows = 8;  // queries per block: 8 x 2 score vectors, or 8 x DV output vectors, in registers
 
@@ -110,7 +88,7 @@ void attend(const float* q, const float* k, const float* v, int64_t q_stride, in
       __m512 sum = _mm512_setzero_ps();
       for (int64_t jv = 0; jv < NV; ++jv) {
         const __mmask16 m = jv == NV - 1 ? tail : __mmask16(0xFFFF);
-        const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + jv * 16), row_max)));
+        const __m512 e = _mm512_maskz_mov_ps(m, denoiser::exp16(_mm512_sub_ps(_mm512_loadu_ps(s + jv * 16), row_max)));
         _mm512_storeu_ps(s + jv * 16, e);
         sum = _mm512_add_ps(sum, e);
       }

@@ -25,6 +25,7 @@
 #include <torch/library.h>
 
 #include "group_norm_nhwc.h"
+#include "vec_math.h"
 
 #include <algorithm>
 #include <cmath>
@@ -81,26 +82,8 @@ inline float sigmoid(float z) { return 1.0f / (1.0f + exp_approx(-z)); }
 // forward_impl, which other builds and bf16 run (their rounding is the compiler's: tolerance-tested).
 // A block's last vector may be partial: `last` masks its lanes.
 
-// exp_approx on 16 lanes.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_set1_ps(88.7f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));  // NaN stays NaN
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 e = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(e, _mm512_castsi512_ps(bits));
-}
-
 inline __m512 silu16(__m512 z) {
-  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
+  const __m512 e = denoiser::exp16(_mm512_sub_ps(_mm512_setzero_ps(), z));
   return _mm512_mul_ps(z, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
 }
 
