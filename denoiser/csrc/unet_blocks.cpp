@@ -74,7 +74,8 @@ at::Tensor conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 // The phases of a 2x nearest upsample + 3x3 conv, computed on the low-resolution grid, woven into
 // the high-resolution image: y (B, 4C, H+1, W+1) channels-last holds phase (a, b) = output pixels
 // (2i+a, 2j+b) in channels [(2a+b)C, (2a+b+1)C) at (i+a, j+b) -> (B, C, 2H, 2W) channels-last.
-at::Tensor interleave_phases(const at::Tensor& y) {
+at::Tensor interleave_phases(const at::Tensor& phases) {
+  const at::Tensor y = phases.contiguous(at::MemoryFormat::ChannelsLast);  // (oneDNN returns it so already)
   const int64_t B = y.size(0), C = y.size(1) / 4, H = y.size(2) - 1, W = y.size(3) - 1;
   at::Tensor out = at::empty({B, C, 2 * H, 2 * W}, y.options(), at::MemoryFormat::ChannelsLast);
   const int64_t bytes = C * y.element_size();  // one pixel's channels of one phase, contiguous
