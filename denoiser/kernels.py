@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [
-    _CSRC / "group_norm_nhwc.cpp", _CSRC / "attention_small_head.cpp", _CSRC / "unet_blocks.cpp", _CSRC / "allocation_cache.cpp"
+    _CSRC / name
+    for name in ("group_norm_nhwc.cpp", "attention_small_head.cpp", "unet_blocks.cpp", "allocation_cache.cpp")
 ]
 _DISABLE = ("DENOISER_KERNELS", "DENOISER_FAST_GROUPNORM")  # the second: its name before the block ops
 _lock = threading.Lock()

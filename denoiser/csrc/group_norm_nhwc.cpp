@@ -93,25 +93,21 @@ template <int NV, bool SHIFT>
 void stats_block(const float* x, int64_t stride, int64_t npix, const float* sh, float inv, float* mk, float* m2k,
                  __mmask16 last) {
   const auto mask = [&](int u) { return u == NV - 1 ? last : __mmask16(0xFFFF); };
-  __m512 t[NV], acc[NV];
+  __m512 t[NV], acc[NV], m2[NV];
   for (int u = 0; u < NV; ++u) {
     t[u] = SHIFT ? _mm512_maskz_loadu_ps(mask(u), sh + 16 * u) : _mm512_setzero_ps();
-    acc[u] = _mm512_setzero_ps();
+    acc[u] = m2[u] = _mm512_setzero_ps();
   }
+  const auto value = [&](int64_t n, int u) {  // vector u of pixel n, shifted
+    const __m512 v = _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u);
+    return SHIFT ? _mm512_add_ps(v, t[u]) : v;
+  };
   for (int64_t n = 0; n < npix; ++n)
-    for (int u = 0; u < NV; ++u) {
-      __m512 v = _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u);
-      if constexpr (SHIFT) v = _mm512_add_ps(v, t[u]);
-      acc[u] = _mm512_add_ps(acc[u], v);
-    }
+    for (int u = 0; u < NV; ++u) acc[u] = _mm512_add_ps(acc[u], value(n, u));
   for (int u = 0; u < NV; ++u) acc[u] = _mm512_mul_ps(acc[u], _mm512_set1_ps(inv));
-  __m512 m2[NV];
-  for (int u = 0; u < NV; ++u) m2[u] = _mm512_setzero_ps();
   for (int64_t n = 0; n < npix; ++n)
     for (int u = 0; u < NV; ++u) {
-      __m512 v = _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u);
-      if constexpr (SHIFT) v = _mm512_add_ps(v, t[u]);
-      const __m512 d = _mm512_sub_ps(v, acc[u]);
+      const __m512 d = _mm512_sub_ps(value(n, u), acc[u]);
       m2[u] = _mm512_fmadd_ps(d, d, m2[u]);
     }
   for (int u = 0; u < NV; ++u) {
