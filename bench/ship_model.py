@@ -48,10 +48,18 @@ def main() -> None:
     p.add_argument("--hardware", default="2 CPU cores of a cloud VM (Intel Xeon), no GPU")
     p.add_argument("--extra-md", default=None, help="markdown appended to the card (e.g. a comparison table)")
     p.add_argument("--limitations", default="")
+    p.add_argument("--data-config", default=None,
+                   help="config whose data section names the data and validation split (default: the run's own; "
+                        "a GPU run trains on a copy of the training split only, bench/gpu/run.sh)")
+    p.add_argument("--fid", action="append", default=[], metavar="JSON",
+                   help="output of `denoiser evaluate --fid` for the card's FID table (repeatable)")
+    p.add_argument("--guidance", type=float, default=1.0, help="classifier-free guidance of the card's sample grid")
     args = p.parse_args()
 
     run = Path(args.run)
     raw = yaml.safe_load((run / "config.yaml").read_text())
+    if args.data_config:
+        raw["data"] = yaml.safe_load(Path(args.data_config).read_text())["data"]
     cfg = config_from_dict(raw, str(run / "config.yaml"))
     summary = json.loads((run / "train_summary.json").read_text())
     out = WEIGHTS_DIR / args.name
@@ -69,25 +77,27 @@ def main() -> None:
     ddim = make_sampler("ddim", sched.config)
     if conditional:  # one row per class
         n_cls = unet.config.num_class_embeds
-        rows = [sample(shipped, ddim, 8, 50, seed=c, class_labels=c).images for c in range(n_cls)]
+        rows = [sample(shipped, ddim, 8, 50, seed=c, class_labels=c, guidance_scale=args.guidance).images for c in range(n_cls)]
         save_grid(torch.cat(rows), out / "samples.png", nrow=8, scale=max(1, 64 // unet.config.sample_size))
     else:
         save_grid(sample(shipped, ddim, 64, 50, seed=0).images, out / "samples.png", nrow=8,
                   scale=max(1, 64 // unet.config.sample_size))
 
     n_params = sum(p.numel() for p in shipped.parameters())
+    guidance_text = f", classifier-free guidance {args.guidance:g}" if args.guidance != 1 else ""
+    fid_md = fid_table([json.loads(Path(f).read_text()) for f in args.fid])
     mse_rows = "\n".join(f"| {t} | {v:.4f} |" for t, v in (res.mse_at(t) for t in MSE_TIMESTEPS))
     t = cfg.train
     card = f"""# {args.name}
 
 A {n_params / 1e6:.2f}M-parameter attention U-Net (denoiser `UNet`), {'class-conditional on ' + str(len(classes)) + ' classes' if conditional else 'unconditional'},
-{unet.config.sample_size}x{unet.config.sample_size} RGB, epsilon prediction, T = {sched.config.num_train_timesteps} ({sched.config.beta_schedule} betas).
+{unet.config.sample_size}x{unet.config.sample_size} RGB, {sched.config.prediction_type} prediction, T = {sched.config.num_train_timesteps} ({sched.config.beta_schedule} betas).
 Weights are fp16 safetensors; `denoiser.pipeline.load_model` and `DiffusionPipeline.from_pretrained` load them.
 
 ![samples](samples.png)
 
-{'Rows: ' + ', '.join(classes) + ' (DDIM, 50 steps, seeds 0..' + str(len(classes) - 1) + ').' if conditional else 'DDIM, 50 steps, seed 0.'}
-
+{'Rows: ' + ', '.join(classes) + ' (DDIM, 50 steps, seeds 0..' + str(len(classes) - 1) + guidance_text + ').' if conditional else 'DDIM, 50 steps, seed 0.'}
+{fid_md}
 ## Training
 
 - Data: {cfg.data.dataset} {('`' + cfg.data.path + '`') if cfg.data.path else f'(built-in shapes, {cfg.data.num_images} images, seed {cfg.data.synthetic_seed})'}, minus a validation split of {cfg.data.val_size} images (seed {cfg.data.val_seed}).
@@ -127,6 +137,25 @@ on the synthetic model this estimate was within 0.002 bits/dim of the full 1000-
         card += "\n" + Path(args.extra_md).read_text()
     (out / "README.md").write_text(card)
     print(json.dumps({"name": args.name, "bits_per_dim": ev["bits_per_dim"], "mse_mean": ev["mse_mean"]}))
+
+
+def fid_table(results: list[dict]) -> str:
+    """Markdown rows for `denoiser evaluate --fid` outputs (always with N: FID-1k and FID-5k differ)."""
+    if not results:
+        return ""
+    rows = "\n".join(
+        f"| FID-{r['num_samples']:,} | **{r['fid']:.2f}** | {r['samples']} | {r['reference']['num_images']:,} |" for r in results
+    )
+    return f"""
+## FID
+
+Against the Inception statistics of the validation split (`{results[0]['reference']['path']}`), never trained on;
+`denoiser evaluate --fid` (TF-FID Inception-v3). FID falls as N grows: compare only equal N.
+
+| metric | value | samples | reference images |
+|---|---|---|---|
+{rows}
+"""
 
 
 if __name__ == "__main__":

@@ -36,16 +36,13 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
-def find_checkpoint(output_dir: Path, resume: str) -> Path:
-    """`latest` -> the newest complete checkpoint of `output_dir`; otherwise a checkpoint folder path."""
+def find_checkpoint(output_dir: Path, resume: str) -> Path | None:
+    """`latest` -> the newest complete checkpoint of `output_dir`, or None when there is none yet (a
+    preemptible job passes the same command every time: its first sitting starts fresh); otherwise
+    a checkpoint folder path, which must exist."""
     if resume == "latest":
         found = complete_checkpoints(output_dir)
-        if not found:
-            raise FileNotFoundError(
-                f"--resume latest: no complete checkpoint under {str(Path(output_dir) / 'checkpoints')!r}; "
-                "start without --resume, or pass the run's --output-dir"
-            )
-        return found[-1]
+        return found[-1] if found else None
     path = Path(resume)
     if not (path / "state.json").is_file():
         raise FileNotFoundError(

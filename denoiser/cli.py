@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set train.lr=1e-4 (repeatable)")
     t.add_argument("--overwrite", action="store_true", help="start over in an output folder that holds another run")
+    t.add_argument("--init-from", default=None, metavar="MODEL_DIR",
+                   help="start from a model folder's weights (e.g. weights/cifar10): fresh optimizer, warm-up; fine-tuning")
 
     s = sub.add_parser("sample", help="generate images into a PNG grid")
     s.add_argument("--model", default=None, help="model folder (diffusers pipeline format); default: the shipped synthetic-shapes")
@@ -48,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0 = deterministic)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--class-label", type=int, default=None, help="class index for class-conditional models")
+    s.add_argument("--guidance", type=float, default=1.0,
+                   help="classifier-free guidance scale (class-conditional models; 1 = off, 2-3 = clearer classes)")
     s.add_argument("--trajectory", default=None, help="also write the denoising trajectory (x_t over x0) PNG here")
     s.add_argument("--trajectory-every", type=int, default=5)
     s.add_argument("--scale", type=int, default=4, help="upscale the grid (nearest) for viewing")
@@ -70,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--val-seed", type=int, default=0)
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--fid", action="store_true",
+                   help="FID of --num-samples generated images (DDIM, classes spread evenly) against --reference instead")
+    e.add_argument("--num-samples", type=int, default=1000, help="generated images for --fid (report FID-N with N)")
+    e.add_argument("--sample-steps", type=int, default=50, help="DDIM steps for --fid")
+    e.add_argument("--guidance", type=float, default=1.0, help="classifier-free guidance scale for --fid samples")
+    e.add_argument("--reference", default=None, metavar="STATS.safetensors",
+                   help="reference statistics for --fid; computed once from --data (its --val-size split) when missing")
+    e.add_argument("--samples", default=None, metavar="IMAGES.npy",
+                   help="score these uint8 (N, H, W, 3) images instead of sampling (e.g. from bench/gpu/run.sh)")
     return p
 
 
@@ -80,7 +93,7 @@ def cmd_train(args) -> None:
     overrides = list(args.overrides) + ([f"train.max_steps={args.max_steps}"] if args.max_steps else [])
     cfg = load_config(args.config, overrides)
     out = args.output_dir or str(Path("runs") / Path(args.config).stem)
-    model_dir = train(cfg, out, resume=args.resume, overwrite=args.overwrite)
+    model_dir = train(cfg, out, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from)
     from accelerate import PartialState
 
     if PartialState().is_main_process:
@@ -97,6 +110,7 @@ def cmd_sample(args) -> None:
     for start in range(0, args.num_images, args.batch_size):
         n = min(args.batch_size, args.num_images - start)
         res = sample(unet, sched, n, args.steps, seed=args.seed + start, eta=args.eta, class_labels=args.class_label,
+                     guidance_scale=args.guidance,
                      trajectory_every=args.trajectory_every if (args.trajectory and start == 0) else 0)
         chunks.append(res.images)
         if args.trajectory and start == 0:
@@ -127,7 +141,35 @@ def cmd_attention(args) -> None:
     print(f"attention: {save_png(panel, args.out)} ({len(res.attention[at])} layers, step {at} of {args.steps})")
 
 
+def cmd_fid(args) -> None:
+    import numpy as np
+    import torch
+
+    from denoiser.fid import InceptionFeatures, fid_of_images, generate_images, reference_statistics
+    from denoiser.pipeline import load_model
+
+    if args.reference is None:
+        raise ValueError("--fid needs --reference STATS.safetensors (with --data FOLDER to compute it the first time)")
+    if args.num_samples < 2:
+        raise ValueError(f"--num-samples must be at least 2 for a covariance, got {args.num_samples}")
+    unet, sched = load_model(args.model)
+    extractor = InceptionFeatures()
+    ref = reference_statistics(args.reference, args.data, unet.config.sample_size, args.val_size or 0, args.val_seed, extractor)
+    if args.samples:
+        images = torch.from_numpy(np.load(args.samples)).permute(0, 3, 1, 2)[: args.num_samples]  # (N, H, W, 3) -> (N, 3, H, W)
+        how = f"images from {args.samples}"
+    else:
+        images = generate_images(unet, sched.config, args.num_samples, steps=args.sample_steps, seed=args.seed,
+                                 batch_size=args.batch_size, guidance_scale=args.guidance)
+        how = f"ddim-{args.sample_steps}, guidance {args.guidance:g}, seed {args.seed}, classes spread evenly"
+    score = fid_of_images(images, ref, extractor)
+    print(json.dumps({"fid": round(score, 3), "num_samples": len(images), "samples": how,
+                      "reference": {"path": args.reference, "num_images": ref.num_images}}, indent=1))
+
+
 def cmd_evaluate(args) -> None:
+    if args.fid:
+        return cmd_fid(args)
     import torch
 
     from denoiser.config import DataConfig

@@ -30,7 +30,6 @@ class DataConfig:
     val_size: int = 256  # images held out for validation (a deterministic split)
     val_seed: int = 0  # seed of the validation split
     random_flip: bool = True  # random horizontal flips during training
-    num_workers: int = 0  # DataLoader workers; images are decoded once and kept in memory
 
 
 @dataclass

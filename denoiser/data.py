@@ -20,7 +20,7 @@ from torchvision.transforms import functional as TF
 
 from denoiser.config import DataConfig
 
-__all__ = ["ImageDataset", "make_synthetic", "load_folder", "load_cifar10", "load_datasets", "to_model_range"]
+__all__ = ["ImageDataset", "make_synthetic", "load_folder", "flatten_to_rgb", "load_cifar10", "load_datasets", "to_model_range"]
 
 SHAPES = ("circle", "square", "triangle", "cross")
 
@@ -115,9 +115,22 @@ def make_synthetic(num_images: int, size: int, seed: int = 0) -> ImageDataset:
 def _load_rgb(path: str) -> Image.Image:
     try:
         with Image.open(path) as img:
-            return img.convert("RGB")  # grayscale, palette and RGBA images become RGB
+            return flatten_to_rgb(img)
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
         raise ValueError(f"cannot read image {path}: {err}; remove or replace the file") from None
+
+
+def flatten_to_rgb(img: Image.Image) -> Image.Image:
+    """Any mode -> RGB; transparent pixels (RGBA, LA, palette with transparency) lie on white.
+
+    A plain `convert("RGB")` would keep whatever colour hides under alpha = 0 (often black or noise),
+    so emoji and icons would sit on garbage backgrounds.
+    """
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")  # grayscale, palette, CMYK ... become RGB
 
 
 def _resize_crop(size: int) -> transforms.Compose:

@@ -47,7 +47,7 @@ class EvalResult:
     prior_bpd: float  # L_T
     decoder_bpd: float  # L_0, the discretized Gaussian decoder
     diffusion_bpd: float  # Σ KL terms (estimated when strided)
-    mse_per_timestep: dict[int, float]  # mean squared error of the ε prediction at each evaluated t
+    mse_per_timestep: dict[int, float]  # MSE of the predicted noise ε at each evaluated t (v models: the ε they imply)
     mse_mean: float  # mean MSE over t = 0..T-1 (each evaluated t weighted by the timesteps it stands for)
     num_images: int
     num_timesteps: int  # timesteps evaluated (T for the full bound)
@@ -139,7 +139,8 @@ class Diffusion:
     # ----------------------------------------------------------------------------------------
 
     def _posterior(self, x0: torch.Tensor, x_t: torch.Tensor, t: int) -> tuple[torch.Tensor, float]:
-        """Mean and log-variance of q(x_{t-1} | x_t, x₀) (for t = 0 the log-variance is clipped)."""
+        """Mean and log-variance β̃_t of the true posterior q(x_{t-1} | x_t, x₀) (for t = 0 the log-variance
+        is clipped). The model's reverse step uses this mean with x₀ predicted, and `_model_logvar(t)`."""
         abar, beta = self.alphas_cumprod[t], self.betas[t]
         abar_prev = self.alphas_cumprod[t - 1] if t > 0 else torch.tensor(1.0, dtype=torch.float64)
         coef_x0 = beta * abar_prev.sqrt() / (1 - abar)
@@ -147,9 +148,20 @@ class Diffusion:
         var = beta * (1 - abar_prev) / (1 - abar)
         if t == 0:  # β̃_0 = 0: use β̃_1, as Ho et al.'s decoder does
             var = self.betas[1] * (1 - self.alphas_cumprod[0]) / (1 - self.alphas_cumprod[1])
-        if self.scheduler.config.variance_type == "fixed_large" and t > 0:
-            var = beta
         return coef_x0 * x0 + coef_xt * x_t, float(var.log())
+
+    def _model_logvar(self, t: int, posterior_logvar: float) -> float:
+        """The reverse process's fixed variance: β̃_t (fixed_small) or β_t (fixed_large; not at t = 0)."""
+        if self.scheduler.config.variance_type == "fixed_large" and t > 0:
+            return float(self.betas[t].log())
+        return posterior_logvar
+
+    def predict_eps(self, x_t: torch.Tensor, model_output: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The noise a model output implies: itself for ε-prediction, √ᾱ v + √(1-ᾱ) x_t for v-prediction."""
+        if self.prediction_type == "epsilon":
+            return model_output
+        a = self._abar(t, x_t)
+        return a.sqrt() * model_output + (1 - a).sqrt() * x_t
 
     @torch.no_grad()
     def evaluate(
@@ -187,9 +199,10 @@ class Diffusion:
                 x_t = self.add_noise(x0, eps, tt)
                 labels = None if class_labels is None else class_labels[s : s + batch_size].to(device)
                 out = unet(x_t.float().to(device), tt.to(device), class_labels=labels).sample.double().cpu()
-                errs.append((out - self.target(x0, eps, tt)).pow(2).flatten(1).mean(1))
+                errs.append((self.predict_eps(x_t, out, tt) - eps).pow(2).flatten(1).mean(1))  # ε-MSE for ε and v models
                 x0_pred = self.predict_x0(x_t, out, tt).clamp(-1, 1)
                 model_mean, logvar = self._posterior(x0_pred, x_t, t)
+                logvar = self._model_logvar(t, logvar)
                 if t == 0:
                     ll = _discretized_gaussian_log_likelihood(x0, model_mean, 0.5 * logvar)
                     decoder[s : s + batch_size] = -ll.flatten(1).sum(1)

@@ -26,7 +26,8 @@ __all__ = ["prepare_output_dir", "write_run_info", "record_loss", "read_losses",
 # Settings that may change between sittings of the same run without making it a different run.
 RESUMABLE_CHANGES = {
     "train.max_steps", "train.checkpoint_every", "train.keep_checkpoints", "train.sample_every",
-    "train.log_every", "train.time_limit_minutes", "train.num_sample_images", "train.sample_steps", "data.num_workers", "train.compile",
+    "train.log_every", "train.time_limit_minutes", "train.num_sample_images", "train.sample_steps", "train.compile",
+    "data.num_workers",  # removed (images are decoded once and kept in memory); older run folders still name it
 }
 
 

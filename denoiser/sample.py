@@ -62,11 +62,15 @@ def sample(
     trajectory_every: int = 0,
     capture_steps: Iterable[int] = (),
     callback: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+    guidance_scale: float = 1.0,
 ) -> SampleResult:
     """Generate `num_images` images; same seed and settings as a diffusers pipeline -> same images.
 
     callback(i, t, x_t, x0_pred) runs after every step (tensors in [-1, 1]); `trajectory_every=k`
     keeps x_t and x₀ every k steps; `capture_steps` lists step indices whose attention is recorded.
+    guidance_scale w ≠ 1: classifier-free guidance (Ho & Salimans 2022) for class-conditional models
+    trained with label dropout: out = out(no class) + w · (out(class) − out(no class)), one UNet call
+    on the doubled batch per step (its captured attention: the class half first, then the other).
     """
     if not 1 <= num_inference_steps <= scheduler.config.num_train_timesteps:
         raise ValueError(f"steps must be in 1..{scheduler.config.num_train_timesteps}, got {num_inference_steps}")
@@ -81,6 +85,18 @@ def sample(
         labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(num_images)
         if ((labels < 0) | (labels >= cfg.num_class_embeds)).any():
             raise ValueError(f"class label must be in 0..{cfg.num_class_embeds - 1}, got {class_labels}")
+    if guidance_scale != 1.0 and labels is None:
+        raise ValueError("classifier-free guidance (guidance_scale != 1) needs a class-conditional model and a class label")
+    if guidance_scale != 1.0:
+        null = torch.full_like(labels, cfg.num_class_embeds)  # the "no class" embedding row
+        guided_labels = torch.cat([labels, null])  # (2B,)
+
+    def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if guidance_scale == 1.0:
+            return unet(x, t, class_labels=labels).sample
+        cond, uncond = unet(torch.cat([x, x]), t, class_labels=guided_labels).sample.chunk(2)  # (2B, ...) -> 2 x (B, ...)
+        return uncond + guidance_scale * (cond - uncond)
+
     generator = torch.Generator(device="cpu").manual_seed(seed)
     shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
     x = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
@@ -93,10 +109,10 @@ def sample(
         for i, t in enumerate(scheduler.timesteps):
             if i in capture_steps:
                 with capture_attention(unet) as records:
-                    out = unet(x, t, class_labels=labels).sample
+                    out = predict(x, t)
                 result.attention[i] = records
             else:
-                out = unet(x, t, class_labels=labels).sample
+                out = predict(x, t)
             keep = trajectory_every and (i % trajectory_every == 0 or i == len(scheduler.timesteps) - 1)
             x0 = diffusion.predict_x0(x, out, t.reshape(1)).clamp(-1, 1) if keep or callback else None
             if keep:

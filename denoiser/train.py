@@ -29,6 +29,7 @@ from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
+from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from denoiser import checkpoint as ckpt
@@ -96,10 +97,21 @@ def _check_setup(cfg: RunConfig, world: int, train_ds: ImageDataset) -> int:
     return micro
 
 
-def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, overwrite: bool = False) -> Path:
-    """Train a UNet as configured; returns the exported model folder (`output_dir/model`)."""
+def train(
+    cfg: RunConfig, output_dir: str | Path, resume: str | None = None, overwrite: bool = False, init_from: str | None = None
+) -> Path:
+    """Train a UNet as configured; returns the exported model folder (`output_dir/model`).
+
+    init_from: a model folder (weights/<name>, or a run's model/) whose weights start the run: its EMA
+    weights, as exported, with a fresh optimizer, LR warm-up and EMA. Continues a shipped model in a
+    later session, or fine-tunes it on another folder. The architecture must match `model:`; the
+    objective (`diffusion:`) may change, e.g. ε- to v-prediction.
+    """
     t = cfg.train
     out = Path(output_dir)
+    if init_from is not None and resume is not None:
+        raise ValueError("--init-from starts a new run and --resume continues one: pass only one of them")
+    init_weights = _init_weights(cfg, init_from) if init_from is not None else None
     accelerator = Accelerator(
         mixed_precision=t.mixed_precision,
         log_with="tensorboard",
@@ -108,11 +120,17 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
     world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
     # Everything that can be wrong is checked before the first step.
     resume_dir = ckpt.find_checkpoint(out, resume) if resume else None
+    if resume == "latest" and resume_dir is None and main:
+        logger.warning("--resume latest: no checkpoint under %s yet; starting a new run", out / "checkpoints")
     if main:
         prepare_output_dir(out, cfg, resuming=resume_dir is not None, overwrite=overwrite)
     accelerator.wait_for_everyone()
     torch.manual_seed(t.seed)
     unet = UNet(**cfg.model)
+    if init_weights is not None:
+        unet.load_state_dict(init_weights)
+        if main:
+            logger.warning("initialised from %s", init_from)
     train_ds, val_ds = load_datasets(cfg.data, unet.config.sample_size)
     micro = _check_setup(cfg, world, train_ds)
     A = t.gradient_accumulation_steps
@@ -162,7 +180,7 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
     bar = tqdm(total=t.max_steps, initial=step, disable=not main, desc="train", dynamic_ncols=True)
     seen = torch.zeros(2, dtype=torch.float64)  # images seen by this rank, checksum of their indices
     tic, tic_step = time.perf_counter(), step
-    started = time.monotonic()
+    started, first_step = time.monotonic(), step
     try:
         while step < t.max_steps:
             torch.manual_seed(t.seed * 1_000_003 + step * 97 + rank)  # dropout stream: a function of (step, rank)
@@ -250,11 +268,37 @@ def train(cfg: RunConfig, output_dir: str | Path, resume: str | None = None, ove
             "per_rank": [{"rank": r, "images": int(n), "index_checksum": float(c)} for r, (n, c) in enumerate(all_seen.tolist())],
             "lr": lr_scheduler.get_last_lr()[0],
             "validation_images": len(val_ds),
+            # this sitting only (a resumed run adds sittings): wall-clock of the loop and its throughput
+            "train_seconds": round(time.monotonic() - started, 1),
+            "images_per_s": round((step - first_step) * t.batch_size / max(time.monotonic() - started, 1e-9), 1),
         }
         (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return model_dir
+
+
+def _init_weights(cfg: RunConfig, init_from: str) -> dict[str, torch.Tensor]:
+    """The fp32 state dict of a model folder, checked against the config's architecture before any work."""
+    folder = Path(init_from)
+    config_file, weights = folder / "unet" / "config.json", folder / "unet" / "diffusion_pytorch_model.safetensors"
+    if not config_file.is_file() or not weights.is_file():
+        raise FileNotFoundError(
+            f"--init-from {init_from!r} is not a model folder (needs unet/config.json and "
+            "unet/diffusion_pytorch_model.safetensors): pass weights/<name> or a run's model/ folder"
+        )
+    saved = {k: v for k, v in json.loads(config_file.read_text()).items() if not k.startswith("_")}
+    with torch.device("meta"):  # the full argument set, defaults included, without allocating weights
+        wanted = {k: v for k, v in UNet(**cfg.model).config.items() if not k.startswith("_")}
+    differ = sorted(k for k in wanted if k in saved and _norm(saved[k]) != _norm(wanted[k]))
+    if differ:
+        detail = ", ".join(f"{k}: {saved[k]!r} there, {wanted[k]!r} here" for k in differ)
+        raise ValueError(f"--init-from {init_from!r} has another architecture ({detail}); copy its model section into the config")
+    return {k: v.float() for k, v in load_file(str(weights)).items()}
+
+
+def _norm(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def _step_batch(ds: ImageDataset, diffusion: Diffusion, cfg: RunConfig, step: int, conditional: bool):

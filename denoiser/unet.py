@@ -257,6 +257,20 @@ class UNet(ModelMixin, ConfigMixin):
         self._packed_temb: tuple | None = None  # see packed_weights
         self._packed_users = 0
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """ModelMixin.from_pretrained, then every tensor copied into memory torch allocated itself.
+
+        diffusers' safetensors loader leaves parameters at unaligned addresses (`data_ptr % 64 == 44`
+        was seen), and oneDNN/MKL pick other code paths for them: a loaded model then computed other
+        float roundings than the one that was saved, and ran slower. A fresh copy is 64-byte aligned.
+        """
+        model = super().from_pretrained(*args, **kwargs)
+        with torch.no_grad():
+            for tensor in [*model.parameters(), *model.buffers()]:
+                tensor.data = tensor.data.clone()
+        return model
+
     def _embed(self, timestep, class_labels, batch: int, device) -> torch.Tensor:
         t = torch.as_tensor(timestep, device=device)
         if t.ndim > 1 or (t.ndim == 1 and t.shape[0] not in (1, batch)):

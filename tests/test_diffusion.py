@@ -97,15 +97,53 @@ def test_full_bound_uses_every_timestep(diffusion):
     assert res.num_timesteps == 1000 and len(res.mse_per_timestep) == 1000
 
 
-def test_log_spaced_estimate_is_close_to_the_full_bound(diffusion):
+def test_fixed_large_bound_compares_the_true_posterior_variance():
+    # An oracle predicts x₀ exactly, so each KL term is between N(μ, β̃_t) (the true posterior) and
+    # N(μ, β_t) (the model's fixed_large variance): 0.5 (β̃/β − 1 − log(β̃/β)) nats per dimension.
+    cfg = DiffusionConfig(num_train_timesteps=100)
+    d = Diffusion.from_config(cfg)
+    d.scheduler.register_to_config(variance_type="fixed_large")
+    x0 = (torch.randint(0, 256, (2, 3, 4, 4)).double() / 127.5 - 1).float()
+    res = d.evaluate(Oracle(d, x0), x0, batch_size=2)
+    beta, abar = d.betas[1:], d.alphas_cumprod
+    tilde = d.betas[1:] * (1 - abar[:-1]) / (1 - abar[1:])
+    expected = (0.5 * (tilde / beta - 1 - (tilde / beta).log())).sum() / torch.log(torch.tensor(2.0, dtype=torch.float64))
+    assert res.diffusion_bpd == pytest.approx(float(expected), rel=1e-3)
+    assert res.diffusion_bpd > 0.1
+    assert Diffusion.from_config(cfg).evaluate(Oracle(d, x0), x0).diffusion_bpd < 1e-3  # fixed_small: exact
+
+
+class VOracle(Oracle):
+    def forward(self, x_t, t, class_labels=None):
+        a = self.d.alphas_cumprod[t].reshape(-1, 1, 1, 1).to(x_t.dtype)
+        x0 = self.x0[: x_t.shape[0]].to(x_t.dtype)
+        eps = (x_t - a.sqrt() * x0) / (1 - a).sqrt()
+        return UNet2DOutput(sample=a.sqrt() * eps - (1 - a).sqrt() * x0)
+
+
+def test_mse_is_of_the_noise_for_v_prediction_models_too():
+    d = Diffusion.from_config(DiffusionConfig(num_train_timesteps=100, prediction_type="v_prediction"))
+    x0 = (torch.randint(0, 256, (2, 3, 4, 4)).double() / 127.5 - 1).float()
+    assert max(d.evaluate(VOracle(d, x0), x0).mse_per_timestep.values()) < 1e-8
+    # a v model answering 0 implies ε = √(1-ᾱ) x_t: its ε-MSE, not its v-MSE, is reported
+    blind = d.evaluate(Blind(), x0, num_timesteps=10)
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0)).double()
+    t = max(blind.mse_per_timestep)
+    x_t = d.add_noise(x0.double(), noise, torch.full((2,), t))
+    implied = (1 - d.alphas_cumprod[t]).sqrt() * x_t
+    assert blind.mse_per_timestep[t] == pytest.approx(float((implied - noise).pow(2).mean()), rel=1e-6)
+
+
+def test_log_spaced_estimate_is_close_to_the_full_bound():
     from denoiser import UNet
     from tests.conftest import TINY
 
+    diffusion = Diffusion.from_config(DiffusionConfig(num_train_timesteps=100))  # T = 100 keeps the full bound cheap
     torch.manual_seed(0)
     unet = UNet(**{**TINY, "sample_size": 8}).eval()
     x0 = (torch.randint(0, 256, (2, 3, 8, 8)).float() / 127.5 - 1)
     full = diffusion.evaluate(unet, x0)
-    estimate = diffusion.evaluate(unet, x0, num_timesteps=60)
-    assert estimate.num_timesteps == 60
+    estimate = diffusion.evaluate(unet, x0, num_timesteps=30)
+    assert estimate.num_timesteps == 30
     assert abs(estimate.bits_per_dim - full.bits_per_dim) < 0.02 * full.bits_per_dim
     assert abs(estimate.mse_mean - full.mse_mean) < 0.02 * full.mse_mean

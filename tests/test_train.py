@@ -84,8 +84,6 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path):
 def test_bad_inputs_fail_before_any_work(tmp_path):
     cfg = write_config(tmp_path / "c.yaml")
     run = tmp_path / "run"
-    res = cli("train", "--config", str(cfg), "--output-dir", str(run), "--resume", "latest", check=False)
-    assert res.returncode == 2 and "no complete checkpoint" in res.stderr
     res = cli("train", "--config", str(cfg), "--output-dir", str(run), "--resume", str(tmp_path), check=False)
     assert res.returncode == 2 and "not a complete checkpoint" in res.stderr
     res = cli("train", "--config", str(cfg), "--set", "train.batch_size=0", "--output-dir", str(run), check=False)
@@ -143,3 +141,32 @@ def test_fp16_mixed_precision_trains_on_cpu(tmp_path):
     assert len(losses) == 3 and all(0 < v < 10 for v in losses)
     unet = DiffusionPipeline.from_pretrained(run / "model").unet
     assert all(torch.isfinite(p).all() for p in unet.parameters())
+
+
+def test_resume_latest_without_a_checkpoint_starts_fresh(tmp_path):
+    # a preemptible job passes the same command every time, the first sitting included
+    cfg = write_config(tmp_path / "c.yaml", train={"max_steps": 2})
+    run = tmp_path / "run"
+    res = cli("train", "--config", str(cfg), "--output-dir", str(run), "--resume", "latest")
+    assert "no checkpoint" in res.stderr and "starting a new run" in res.stderr
+    assert (run / "model" / "unet" / "config.json").is_file()
+    assert json.loads((run / "train_summary.json").read_text())["step"] == 2
+
+
+def test_init_from_starts_at_a_model_folders_weights(tmp_path):
+    first = tmp_path / "first"
+    cli("train", "--config", str(write_config(tmp_path / "a.yaml", train={"max_steps": 2})), "--output-dir", str(first))
+    # LR 0 at the first warm-up step: one step leaves the weights, and their fresh EMA, where they started
+    second = tmp_path / "second"
+    cfg = write_config(tmp_path / "b.yaml", train={"max_steps": 1}, diffusion={"prediction_type": "v_prediction"})
+    res = cli("train", "--config", str(cfg), "--output-dir", str(second), "--init-from", str(first / "model"))
+    assert "initialised from" in res.stderr
+    start = load_file(str(first / "model" / "unet" / "diffusion_pytorch_model.safetensors"))
+    end = load_file(str(second / "model" / "unet" / "diffusion_pytorch_model.safetensors"))
+    assert start.keys() == end.keys() and all(torch.equal(start[k], end[k]) for k in start)
+    other = write_config(tmp_path / "c.yaml", model={"base_channels": 8})
+    res = cli("train", "--config", str(other), "--output-dir", str(tmp_path / "x"), "--init-from", str(first / "model"), check=False)
+    assert res.returncode == 2 and "another architecture (base_channels: 16 there, 8 here)" in res.stderr
+    res = cli("train", "--config", str(cfg), "--output-dir", str(tmp_path / "y"), "--init-from", str(tmp_path), check=False)
+    assert res.returncode == 2 and "not a model folder" in res.stderr
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y" / "checkpoints").exists()
