@@ -18,10 +18,10 @@ from pathlib import Path
 import gradio as gr
 from PIL import Image, ImageDraw
 
-from denoiser.explore import LIMITS, Explorer
+from denoiser.explore import LIMITS, SCHEDULERS, Explorer
 from denoiser.kernels import load_kernels
 from denoiser.pipeline import WEIGHTS_DIR
-from denoiser.sample import SCHEDULERS, to_pil
+from denoiser.sample import to_pil
 
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
 NO_CLASS = "(any)"

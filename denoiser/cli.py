@@ -45,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output PNG")
     s.add_argument("--num-images", type=int, default=16)
     s.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
-    s.add_argument("--scheduler", default="ddim", choices=["ddim", "ddpm", "dpm++"])
+    s.add_argument("--scheduler", default="ddim", choices=["ddim", "ddpm", "dpm++", "euler"])
+    s.add_argument("--timestep-spacing", default=None, choices=["leading", "trailing", "linspace"],
+                   help="which timesteps the sampler visits (default: the scheduler's); trailing suits few-step DDIM")
     s.add_argument("--steps", type=int, default=50)
     s.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0 = deterministic)")
     s.add_argument("--seed", type=int, default=0)
@@ -105,7 +107,7 @@ def cmd_sample(args) -> None:
     from denoiser.sample import make_sampler, sample, save_grid, trajectory_strip
 
     unet, train_sched = load_model(args.model)
-    sched = make_sampler(args.scheduler, train_sched.config)
+    sched = make_sampler(args.scheduler, train_sched.config, args.timestep_spacing)
     chunks = []
     for start in range(0, args.num_images, args.batch_size):
         n = min(args.batch_size, args.num_images - start)

@@ -18,10 +18,13 @@ from PIL import Image
 
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model, resolve_model_dir
-from denoiser.sample import SCHEDULERS, make_sampler, sample, sampling_context
+from denoiser.sample import make_sampler, sample, sampling_context
 from denoiser.visualize import attention_panel, layer_label, stages_panel
 
-__all__ = ["Explorer", "Generation", "LIMITS"]
+__all__ = ["Explorer", "Generation", "LIMITS", "SCHEDULERS"]
+
+# integer-timestep schedulers: the attention view re-runs a step's exact UNet call (Euler steps on fractional t)
+SCHEDULERS = ("ddim", "ddpm", "dpm++")
 
 LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1)}
 

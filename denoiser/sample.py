@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler
+from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 from torchvision.utils import make_grid
@@ -28,18 +28,30 @@ __all__ = [
     "SCHEDULERS", "make_sampler", "sample", "sampling_context", "SampleResult", "to_pil", "save_grid", "trajectory_strip",
 ]
 
-SCHEDULERS = ("ddim", "ddpm", "dpm++")
+SCHEDULERS = ("ddim", "ddpm", "dpm++", "euler")
+TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
 
 
-def make_sampler(name: str, train_scheduler_config) -> DDPMScheduler | DDIMScheduler | DPMSolverMultistepScheduler:
-    """A sampling scheduler built from the model's training scheduler config (same betas, prediction type)."""
+def make_sampler(name: str, train_scheduler_config, timestep_spacing: str | None = None):
+    """A sampling scheduler built from the model's training scheduler config (same betas, prediction type).
+
+    timestep_spacing: diffusers' choice of the sampled timesteps; "trailing" starts at t = T - 1, which
+    few-step DDIM needs (Lin et al. 2024). None keeps each scheduler's default.
+    """
     name = name.lower()
+    extra = {}
+    if timestep_spacing is not None:
+        if timestep_spacing not in TIMESTEP_SPACINGS:
+            raise ValueError(f"unknown timestep spacing {timestep_spacing!r}; choose one of {', '.join(TIMESTEP_SPACINGS)}")
+        extra["timestep_spacing"] = timestep_spacing
     if name == "ddpm":
-        return DDPMScheduler.from_config(train_scheduler_config)
+        return DDPMScheduler.from_config(train_scheduler_config, **extra)
     if name == "ddim":
-        return DDIMScheduler.from_config(train_scheduler_config)
+        return DDIMScheduler.from_config(train_scheduler_config, **extra)
     if name in ("dpm++", "dpmsolver++", "dpm-solver++"):
-        return DPMSolverMultistepScheduler.from_config(train_scheduler_config, algorithm_type="dpmsolver++")
+        return DPMSolverMultistepScheduler.from_config(train_scheduler_config, algorithm_type="dpmsolver++", **extra)
+    if name == "euler":
+        return EulerDiscreteScheduler.from_config(train_scheduler_config, **extra)
     raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
 
 
@@ -76,6 +88,8 @@ def sample(
         raise ValueError(f"steps must be in 1..{scheduler.config.num_train_timesteps}, got {num_inference_steps}")
     if num_images < 1:
         raise ValueError(f"num_images must be at least 1, got {num_images}")
+    if eta != 0.0 and not isinstance(scheduler, DDIMScheduler):
+        raise ValueError(f"eta={eta} applies to DDIM only; {type(scheduler).__name__} has no eta: leave it at 0")
     cfg = unet.config
     device, dtype = unet.device, unet.dtype
     labels = None
@@ -99,25 +113,28 @@ def sample(
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
-    x = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
     scheduler.set_timesteps(num_inference_steps)
+    # as diffusers' pipelines: the first latent scaled by init_noise_sigma, each model input through
+    # scale_model_input (both identities for DDPM / DDIM / DPM-Solver, not for Euler-type schedulers)
+    x = randn_tensor(shape, generator=generator, device=device, dtype=dtype) * scheduler.init_noise_sigma
     diffusion = Diffusion(scheduler)  # ε/v -> x₀ for the previews
     capture_steps = set(capture_steps)
     step_kwargs = {"eta": eta} if isinstance(scheduler, DDIMScheduler) else {}
     result = SampleResult(images=x)
     with sampling_context(unet):
         for i, t in enumerate(scheduler.timesteps):
+            x_in = scheduler.scale_model_input(x, t)  # the variance-preserving x_t the UNet was trained on
             if i in capture_steps:
                 with capture_attention(unet) as records:
-                    out = predict(x, t)
+                    out = predict(x_in, t)
                 result.attention[i] = records
             else:
-                out = predict(x, t)
+                out = predict(x_in, t)
             keep = trajectory_every and (i % trajectory_every == 0 or i == len(scheduler.timesteps) - 1)
-            x0 = diffusion.predict_x0(x, out, t.reshape(1)).clamp(-1, 1) if keep or callback else None
+            t_index = t.round().long().reshape(1)  # Euler-type schedulers step on fractional timesteps
+            x0 = diffusion.predict_x0(x_in, out, t_index).clamp(-1, 1) if keep or callback else None
             if keep:
-                result.trajectory.append((int(t), _unit(x), _unit(x0)))
-            x_in = x
+                result.trajectory.append((int(t), _unit(x_in), _unit(x0)))
             x = scheduler.step(out, t, x, generator=generator, **step_kwargs).prev_sample
             if callback is not None:
                 callback(i, int(t), x_in, x0)

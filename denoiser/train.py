@@ -7,7 +7,9 @@ Determinism is by construction, not by restoring hidden state: optimizer step s 
 s of per-epoch seeded permutations, with noise, timesteps, flips and label dropout drawn for the
 whole global batch from a generator seeded by (seed, s); each process and accumulation step takes
 its slice. So P processes × A accumulation steps with micro-batch B/(P·A) compute what one process
-with batch B computes, and a resumed run continues the very same stream.
+with batch B computes, and a resumed run continues the very same stream. One exception: dropout
+masks come from each process's torch seed, set from (seed, step, rank), so with model.dropout > 0
+runs on different process counts agree in distribution only.
 
 `train.batch_size` is the global batch per optimizer step; the LR schedule and EMA count optimizer
 steps only, so both are right under accumulation and any number of processes.

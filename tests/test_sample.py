@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import DDIMPipeline, DDPMPipeline
+from diffusers import DDIMPipeline, DDPMPipeline, DDPMScheduler
 from PIL import Image
 
 from denoiser.sample import make_sampler, sample, save_grid, trajectory_strip
@@ -78,7 +78,7 @@ def test_bad_requests_are_explained(tiny_unet):
     with pytest.raises(ValueError, match="unconditional"):
         sample(tiny_unet, sched, 1, 2, class_labels=1)
     with pytest.raises(ValueError, match="unknown scheduler"):
-        make_sampler("euler", DDPMScheduler().config)
+        make_sampler("heun", DDPMScheduler().config)
 
 
 def test_grid_png(tmp_path):
@@ -114,3 +114,32 @@ def test_classifier_free_guidance_combines_the_two_predictions():
     assert (plain - got).abs().max() > 1e-3  # guidance changes the images
     with pytest.raises(ValueError, match="class label"):
         sample(unet, sched, 2, 3, guidance_scale=2.0)
+
+
+def test_euler_follows_diffusers_conventions_and_eta_is_ddim_only(tiny_unet):
+    from diffusers import EulerDiscreteScheduler
+
+    sched = make_sampler("euler", DDPMScheduler().config)
+    assert isinstance(sched, EulerDiscreteScheduler) and sched.init_noise_sigma > 1
+    got = sample(tiny_unet, sched, 2, 4, seed=3).images
+    # diffusers' pipeline convention by hand: latents × init_noise_sigma, scale_model_input before each call
+    ref = EulerDiscreteScheduler.from_config(DDPMScheduler().config)
+    ref.set_timesteps(4)
+    x = torch.randn((2, 3, 16, 16), generator=torch.Generator().manual_seed(3)) * ref.init_noise_sigma
+    with torch.no_grad():
+        for t in ref.timesteps:
+            x = ref.step(tiny_unet(ref.scale_model_input(x, t), t).sample, t, x).prev_sample
+    torch.testing.assert_close(got, (x / 2 + 0.5).clamp(0, 1), rtol=1e-4, atol=1e-5)
+    for name in ("ddpm", "dpm++", "euler"):
+        with pytest.raises(ValueError, match="DDIM only"):
+            sample(tiny_unet, make_sampler(name, DDPMScheduler().config), 1, 2, eta=0.5)
+
+
+def test_trailing_timestep_spacing_starts_at_the_last_timestep():
+    lead = make_sampler("ddim", DDPMScheduler().config)
+    trail = make_sampler("ddim", DDPMScheduler().config, timestep_spacing="trailing")
+    lead.set_timesteps(4)
+    trail.set_timesteps(4)
+    assert int(trail.timesteps[0]) == 999 and int(lead.timesteps[0]) < 999
+    with pytest.raises(ValueError, match="timestep spacing"):
+        make_sampler("ddim", DDPMScheduler().config, timestep_spacing="sideways")
