@@ -10,18 +10,21 @@ UI wiring only; the work lives in `denoiser.explore.Explorer`. One sampling job 
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import random
 import threading
 from pathlib import Path
 
-import gradio as gr
-from PIL import Image, ImageDraw
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # an offline tool: no usage reports, no waiting on them
 
-from denoiser.explore import LIMITS, SCHEDULERS, Explorer
-from denoiser.kernels import load_kernels
-from denoiser.pipeline import WEIGHTS_DIR
-from denoiser.sample import to_pil
+import gradio as gr  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
+
+from denoiser.explore import LIMITS, SCHEDULERS, Explorer  # noqa: E402
+from denoiser.kernels import load_kernels  # noqa: E402
+from denoiser.pipeline import WEIGHTS_DIR  # noqa: E402
+from denoiser.sample import to_pil  # noqa: E402
 
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
 NO_CLASS = "(any)"
@@ -41,6 +44,12 @@ def click_to_pixel(index: tuple[int, int], sample_size: int, display: int = DISP
     """Gradio reports clicks as (x, y) in the displayed image's own pixels: map them to (y, x) of the model grid."""
     x, y = index
     return min(sample_size - 1, int(y) * sample_size // display), min(sample_size - 1, int(x) * sample_size // display)
+
+
+def _index_slider(count: int, value: int) -> dict:
+    """An index slider over 0..count-1. Gradio refuses minimum == maximum, so a single image or step
+    keeps maximum 1 and the slider is locked at 0 instead."""
+    return gr.update(maximum=max(1, count - 1), value=value, interactive=count > 1)
 
 
 def build_app(explorer: Explorer) -> gr.Blocks:
@@ -88,8 +97,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         layers = explorer.layer_names(gen, gen.num_steps - 1)
         yield (
             to_pil(gen.images), gallery, gen,
-            gr.update(maximum=gen.images.shape[0] - 1, value=0),
-            gr.update(maximum=gen.num_steps - 1, value=gen.num_steps - 1),
+            _index_slider(gen.images.shape[0], 0),
+            _index_slider(gen.num_steps, gen.num_steps - 1),
             _display(gen, 0, None),
             gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
         )
@@ -125,7 +134,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         except ValueError as err:
             raise gr.Error(str(err)) from None
 
-    with gr.Blocks(title="denoiser", delete_cache=(300, 900)) as app:
+    with gr.Blocks(title="denoiser", delete_cache=(300, 900), analytics_enabled=False) as app:
         gen_state = gr.State(None)
         pixel_state = gr.State(None)
         gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, then click any pixel on "

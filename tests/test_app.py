@@ -78,6 +78,21 @@ def test_gradio_client_samples_then_shows_attention(server):
         client.predict("../tiny-classes", "ddim", 2, 1, 1, "(any)", api_name="/generate")
 
 
+def test_one_image_and_one_step_work_and_the_most_images_too(server):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    for steps, images in ((1, 1), (2, 1), (1, 2), (1, 64)):  # both ends of the image range
+        out = client.predict("tiny-classes", "ddim", steps, 0, images, "(any)", api_name="/generate")
+        assert len(out[1]) == images and Image.open(out[0]).format == "PNG"
+        y, x, *_ = client.predict(0, steps - 1, 3, 4, 0, 0, api_name="/attention")
+        assert (y, x) == (3, 4)
+
+
+def test_analytics_are_off():
+    assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
     from playwright.sync_api import sync_playwright
