@@ -52,6 +52,13 @@ def test_dpm_solver_and_determinism(tiny_unet):
     c = sample(tiny_unet, sched, 2, 4, seed=2).images
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert a.shape == (2, 3, 16, 16) and a.min() >= 0 and a.max() <= 1
+    # diffusers' own pipeline with its DPM-Solver++ scheduler: the same images
+    from diffusers import DPMSolverMultistepScheduler
+
+    dpm = DPMSolverMultistepScheduler.from_config(DDPMScheduler().config, algorithm_type="dpmsolver++")
+    pipe = DDPMPipeline(unet=tiny_unet, scheduler=dpm)
+    ref = pipe(batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(1), output_type="np").images
+    torch.testing.assert_close(a, torch.from_numpy(ref).permute(0, 3, 1, 2), rtol=0, atol=1e-5)
 
 
 def test_callback_trajectory_and_capture(tiny_unet):

@@ -39,11 +39,18 @@ def test_ddpm_cifar10_preset_has_35_7m_parameters():
     assert abs(n_params(unet) - 35.7e6) < 0.1e6
 
 
-@pytest.mark.parametrize("name", ["tiny", "cifar10-small", "cifar10-cpu", "ddpm-cifar10"])
+@pytest.mark.parametrize("name", ["tiny", "cifar10-small", "cifar10-cpu", "ddpm-cifar10", "cifar10", "emoji"])
 def test_presets_build_from_model_section(name):
     raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
     with torch.device("meta"):
-        UNet(**raw["model"])
+        unet = UNet(**raw["model"])
+    for key, value in raw["model"].items():  # every preset key lands in the diffusers config as written
+        got = unet.config[key]
+        assert (list(got) if isinstance(got, (list, tuple)) else got) == value, key
+    # the parameter counts the presets' comments and the README state
+    stated = {"tiny": 0.70, "cifar10-small": 6.8, "ddpm-cifar10": 35.7, "cifar10": 6.8, "emoji": 7.5}
+    if name in stated:
+        assert sum(p.numel() for p in unet.parameters()) / 1e6 == pytest.approx(stated[name], abs=0.05)
 
 
 @pytest.mark.parametrize("timestep", [5, torch.tensor(5), torch.tensor([5]), torch.tensor([5, 5, 5])])
