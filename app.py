@@ -27,6 +27,11 @@ from denoiser.pipeline import WEIGHTS_DIR  # noqa: E402
 from denoiser.sample import to_pil  # noqa: E402
 
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
+HEARTBEAT_S = 0.5  # longest wait between yields of a running generation (how soon a cancel is seen)
+
+
+class Cancelled(Exception):
+    """Raised inside the sampling loop's callback once the request that started it is gone."""
 NO_CLASS = "(any)"
 
 
@@ -73,8 +78,11 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         label = classes.index(class_name) if class_name in classes else None
         previews: queue.Queue = queue.Queue()
         result: dict = {}
+        stop = threading.Event()  # set when nobody listens any more (cancel, closed tab)
 
         def on_step(i, total, x0):
+            if stop.is_set():
+                raise Cancelled  # out of the sampling loop after the UNet call in progress
             progress((i + 1, total), desc="denoising")
             if i % max(1, total // 10) == 0 or i == total - 1:
                 previews.put(x0)
@@ -84,12 +92,26 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                 result["gen"] = explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step)
             except ValueError as err:
                 result["error"] = str(err)
+            except Cancelled:
+                pass
             finally:
                 previews.put(None)
 
-        threading.Thread(target=work, daemon=True).start()
-        while (x0 := previews.get()) is not None:
-            yield to_pil(x0), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        worker = threading.Thread(target=work, name="denoiser-generate", daemon=True)
+        worker.start()
+        try:
+            while True:
+                try:
+                    x0 = previews.get(timeout=HEARTBEAT_S)
+                except queue.Empty:  # yield now and then: a cancel can only close this generator at a yield
+                    yield (gr.skip(),) * 7
+                    continue
+                if x0 is None:
+                    break
+                yield to_pil(x0), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        finally:  # cancelled or disconnected (GeneratorExit at a yield), or done: the slot frees once the work stops
+            stop.set()
+            worker.join()
         if "error" in result:
             raise gr.Error(result["error"])
         gen = result["gen"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,29 @@ def test_one_image_and_one_step_work_and_the_most_images_too(server):
         assert len(out[1]) == images and Image.open(out[0]).format == "PNG"
         y, x, *_ = client.predict(0, steps - 1, 3, 4, 0, 0, api_name="/attention")
         assert (y, x) == (3, 4)
+
+
+def _cpu_seconds_over(window: float) -> float:
+    """CPU time this process (the app's server runs in it) spends during `window` seconds of wall-clock."""
+    start = time.process_time()
+    time.sleep(window)
+    return time.process_time() - start
+
+
+def test_cancel_stops_the_sampling_work(server):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    job = client.submit("tiny-classes", "ddpm", 1000, 0, 64, "(any)", api_name="/generate")  # ~a minute of work
+    assert _cpu_seconds_over(2.0) > 0.5, "the generation never started"
+    job.cancel()
+    idle = [_cpu_seconds_over(1.0) for _ in range(5)]
+    assert min(idle[1:]) < 0.25, f"sampling went on after the cancel (CPU seconds per second: {idle})"
+    assert not [t for t in threading.enumerate() if t.name == "denoiser-generate"]
+    # the slot is free again: a small job runs at once
+    tic = time.monotonic()
+    out = client.predict("tiny-classes", "ddim", 2, 0, 1, "(any)", api_name="/generate")
+    assert len(out[1]) == 1 and time.monotonic() - tic < 20
 
 
 def test_analytics_are_off():
