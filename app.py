@@ -68,7 +68,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             names = []
         return gr.update(choices=[NO_CLASS] + names, value=NO_CLASS, visible=bool(names))
 
-    def generate(model, scheduler, steps, seed, num_images, class_name, progress=gr.Progress()):
+    def generate(model, scheduler, steps, seed, num_images, class_name, guidance=1.0, progress=gr.Progress()):
         try:
             classes = explorer.classes(model) if model else []
         except ValueError as err:
@@ -89,7 +89,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
 
         def work():
             try:
-                result["gen"] = explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step)
+                result["gen"] = explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step,
+                                                  guidance=guidance)
             except ValueError as err:
                 result["error"] = str(err)
             except Cancelled:
@@ -174,6 +175,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     # custom values allowed: choices follow the chosen model; generate() validates them
                     class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class", visible=False,
                                              allow_custom_value=True)
+                    guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)",
+                                         info="classifier-free guidance: 2-3 makes the class clearer, 1 = off")
                     run = gr.Button("Generate", variant="primary", elem_id="generate")
                 with gr.Column(scale=2):
                     preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
@@ -203,7 +206,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         app.load(class_choices, model, class_name, api_name=False)
         model.change(class_choices, model, class_name, api_name=False)
         randomise.click(lambda: random.randint(0, 2**31 - 1), None, seed, api_name=False)
-        run.click(generate, [model, scheduler, steps, seed, num_images, class_name],
+        run.click(generate, [model, scheduler, steps, seed, num_images, class_name, guidance],
                   [preview, gallery, gen_state, image_idx, step, clickable, layer], concurrency_limit=1,
                   api_name="generate")
         image_idx.change(show, [gen_state, image_idx, step], [clickable, maps], api_name=False)

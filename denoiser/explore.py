@@ -8,6 +8,7 @@ the exact weights of the sampling pass, rebuilt for the clicked pixel only (O(NÂ
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ __all__ = ["Explorer", "Generation", "LIMITS", "SCHEDULERS"]
 # integer-timestep schedulers: the attention view re-runs a step's exact UNet call (Euler steps on fractional t)
 SCHEDULERS = ("ddim", "ddpm", "dpm++")
 
-LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1)}
+LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance": (1.0, 10.0)}
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Generation:
     inputs: list[torch.Tensor]  # x_t fed to the UNet at each step, (B, C, H, W)
     timesteps: list[int]
     labels: torch.Tensor | None
+    guidance: float = 1.0  # classifier-free guidance scale the images were sampled with
     _records: dict[int, list[AttentionRecord]] = field(default_factory=dict, repr=False)
 
     @property
@@ -93,6 +95,7 @@ class Explorer:
         class_label: int | None = None,
         eta: float = 0.0,
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
+        guidance: float = 1.0,
     ) -> Generation:
         """Sample; `on_step(i, total, x0_preview)` sees the predicted xâ‚€ (in [0, 1]) after each step."""
         steps = _check_int("steps", steps, *LIMITS["steps"])
@@ -106,6 +109,14 @@ class Explorer:
             if not n_cls:
                 raise ValueError(f"model {model!r} has no classes; leave the class empty")
             class_label = _check_int("class", class_label, 0, n_cls - 1)
+        try:
+            guidance = float(guidance)
+        except (TypeError, ValueError):
+            guidance = float("nan")
+        if not 1.0 <= guidance <= LIMITS["guidance"][1]:
+            raise ValueError(f"guidance must be a number in 1..{LIMITS['guidance'][1]:g}, got {guidance!r}")
+        if guidance != 1.0 and class_label is None:
+            raise ValueError("guidance needs a class: pick one, or set guidance to 1")
         inputs: list[torch.Tensor] = []
 
         def record(i, t, x_t, x0):
@@ -114,9 +125,10 @@ class Explorer:
                 on_step(i, steps, (x0.float().cpu() / 2 + 0.5).clamp(0, 1))
 
         sched = make_sampler(scheduler, train_sched.config)
-        res = sample(unet, sched, num_images, steps, seed=seed, eta=eta, class_labels=class_label, callback=record)
+        res = sample(unet, sched, num_images, steps, seed=seed, eta=eta, class_labels=class_label, callback=record,
+                     guidance_scale=guidance)
         labels = None if class_label is None else torch.full((num_images,), class_label, dtype=torch.long)
-        return Generation(model, res.images, inputs, [int(t) for t in sched.timesteps], labels)
+        return Generation(model, res.images, inputs, [int(t) for t in sched.timesteps], labels, guidance)
 
     def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
         """Exact attention of step `step` for the whole batch (re-run under capture, cached per step)."""
@@ -124,10 +136,13 @@ class Explorer:
         if step not in gen._records:
             unet, _ = self.model(gen.model)
             # the sampling pass's setup (packed weights): the same arithmetic, so the same q and k
+            x, labels, B = gen.inputs[step], gen.labels, gen.images.shape[0]
+            if gen.guidance != 1.0:  # the guided call: the class half and the "no class" half in one batch
+                x, labels = torch.cat([x, x]), torch.cat([labels, torch.full_like(labels, unet.config.num_class_embeds)])
             with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
-                unet(gen.inputs[step], gen.timesteps[step], class_labels=gen.labels)
+                unet(x, gen.timesteps[step], class_labels=labels)
             gen._records.clear()  # keep one step's records: memory stays bounded
-            gen._records[step] = list(recs)
+            gen._records[step] = [dataclasses.replace(r, q=r.q[:B], k=r.k[:B]) for r in recs]  # the images' own half
         return gen._records[step]
 
     def attention_maps(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> Image.Image:

@@ -49,6 +49,23 @@ def test_attention_is_exactly_that_of_the_sampling_pass(weights):
     assert ex.layer_names(gen, 1) == ["down 8x8 #1", "mid 8x8", "up 8x8 #1", "up 8x8 #2"]
 
 
+def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
+    ex = Explorer(weights)
+    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, guidance=2.5)
+    unet, sched = ex.model("tiny-classes")
+    res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance_scale=2.5,
+                 capture_steps=[1])
+    assert torch.equal(gen.images, res.images)
+    recs = ex.records(gen, 1)
+    for a, b in zip(recs, res.attention[1], strict=True):
+        assert b.q.shape[0] == 4 and a.q.shape[0] == 2  # sampling ran class + no-class in one batch
+        assert torch.equal(a.q, b.q[:2]) and torch.equal(a.k, b.k[:2])
+    with pytest.raises(ValueError, match="guidance needs a class"):
+        ex.generate("tiny-classes", steps=2, num_images=1, guidance=2)
+    with pytest.raises(ValueError, match="guidance must be a number in 1..10"):
+        ex.generate("tiny-classes", steps=2, num_images=1, class_label=0, guidance="abc")
+
+
 def test_four_stages_scores_and_weights(weights):
     ex = Explorer(weights)
     gen = ex.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
