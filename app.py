@@ -27,6 +27,9 @@ from denoiser.pipeline import WEIGHTS_DIR  # noqa: E402
 from denoiser.sample import to_pil  # noqa: E402
 
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
+# launch() settings every server of this app uses: the app takes no uploads yet, but Gradio's upload route
+# exists anyway; bound what it stores
+LAUNCH = {"max_file_size": "5mb"}
 HEARTBEAT_S = 0.5  # longest wait between yields of a running generation (how soon a cancel is seen)
 
 
@@ -59,7 +62,8 @@ def _index_slider(count: int, value: int) -> dict:
 
 def build_app(explorer: Explorer) -> gr.Blocks:
     models = explorer.models()
-    default = "synthetic-shapes" if "synthetic-shapes" in models else (models[0] if models else None)
+    preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
+    default = preferred[0] if preferred else (models[0] if models else None)
 
     def class_choices(model):
         try:
@@ -229,7 +233,7 @@ def main() -> None:
         raise SystemExit(f"weights folder {args.weights!r} does not exist")
     load_kernels()  # build the C++ kernels now (once per machine), not during the first generation
     app = build_app(Explorer(args.weights))
-    app.queue(default_concurrency_limit=2).launch(server_name=args.host, server_port=args.port, share=args.share)
+    app.queue(default_concurrency_limit=2).launch(server_name=args.host, server_port=args.port, share=args.share, **LAUNCH)
 
 
 if __name__ == "__main__":

@@ -69,19 +69,28 @@ def load_model(
     return unet, scheduler
 
 
+def _contained(folder: Path, root: Path) -> bool:
+    """Whether `folder` is a model folder directly under `root` whose every file resolves inside it
+    (a symlink to a folder or a file elsewhere makes it no model of this root)."""
+    resolved = folder.resolve()
+    if resolved.parent != root or not (resolved / "unet" / "config.json").is_file():
+        return False
+    return all(f.resolve().is_relative_to(resolved) for f in resolved.rglob("*"))
+
+
 def list_models(root: str | Path = WEIGHTS_DIR) -> list[str]:
-    """Names of the model folders directly under `root`."""
-    root = Path(root)
+    """Names of the model folders directly under `root` (the same rule `resolve_model_dir` applies)."""
+    root = Path(root).resolve()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if (p / "unet" / "config.json").is_file())
+    return sorted(p.name for p in root.iterdir() if _contained(p, root))
 
 
 def resolve_model_dir(name: str, root: str | Path = WEIGHTS_DIR) -> Path:
-    """The folder of model `name` under `root`; refuses anything that would leave `root`."""
+    """The folder of model `name` under `root`; refuses anything that would leave `root`, symlinks included."""
     root = Path(root).resolve()
-    candidate = (root / name).resolve()
-    if candidate.parent != root or not (candidate / "unet" / "config.json").is_file():
+    candidate = root / name
+    if "/" in name or "\\" in name or name in ("", ".", "..") or not _contained(candidate, root):
         available = ", ".join(list_models(root)) or "none"
-        raise ValueError(f"unknown model {name!r}: choose one of the folders under {root} ({available})")
-    return candidate
+        raise ValueError(f"unknown model {name[:80]!r}: choose one of the model folders under weights/ ({available})")
+    return candidate.resolve()

@@ -45,7 +45,7 @@ def weights(tmp_path_factory):
 def server(weights):
     demo = webapp.build_app(Explorer(weights))
     port = _free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **webapp.LAUNCH)
     yield f"http://127.0.0.1:{port}/"
     demo.close()
 
@@ -112,6 +112,15 @@ def test_cancel_stops_the_sampling_work(server):
     tic = time.monotonic()
     out = client.predict("tiny-classes", "ddim", 2, 0, 1, "(any)", api_name="/generate")
     assert len(out[1]) == 1 and time.monotonic() - tic < 20
+
+
+def test_uploads_are_bounded(server):
+    import httpx
+
+    big = httpx.post(server + "gradio_api/upload", files={"files": ("big.bin", b"0" * (6 * 1024 * 1024))}, timeout=30)
+    assert big.status_code in (400, 413) and "size" in big.text.lower()
+    small = httpx.post(server + "gradio_api/upload", files={"files": ("small.bin", b"0" * 1024)}, timeout=30)
+    assert small.status_code == 200
 
 
 def test_analytics_are_off():

@@ -79,6 +79,26 @@ def test_model_names_cannot_leave_the_weights_folder(model_dir):
             resolve_model_dir(bad, root)
 
 
+def test_symlinks_out_of_the_weights_folder_are_neither_listed_nor_opened(model_dir, tmp_path):
+    import shutil
+
+    from denoiser.pipeline import list_models
+
+    root = tmp_path / "weights"
+    root.mkdir()
+    shutil.copytree(model_dir, root / "good")
+    (root / "outside").symlink_to(model_dir, target_is_directory=True)  # a folder link leaving the root
+    shutil.copytree(model_dir, root / "leaky")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password\n")
+    (root / "leaky" / "classes.txt").symlink_to(secret)  # a file link leaving the model folder
+    assert list_models(root) == ["good"]
+    for name in ("outside", "leaky"):
+        with pytest.raises(ValueError, match="unknown model"):
+            resolve_model_dir(name, root)
+    assert resolve_model_dir("good", root) == (root / "good").resolve()
+
+
 def test_channels_last_model_saves_and_reloads(tiny_unet, tmp_path):
     tiny_unet = tiny_unet.to(memory_format=torch.channels_last)
     save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "m")
