@@ -9,7 +9,8 @@ exact attention at chosen steps while the fused attention path stays on.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+import inspect
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,9 @@ def sample(
     capture_steps: Iterable[int] = (),
     callback: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
     guidance_scale: float = 1.0,
+    timesteps: Sequence[int] | None = None,
+    x_init: torch.Tensor | None = None,
+    after_step: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
 ) -> SampleResult:
     """Generate `num_images` images; same seed and settings as a diffusers pipeline -> same images.
 
@@ -83,7 +87,19 @@ def sample(
     guidance_scale w ≠ 1: classifier-free guidance (Ho & Salimans 2022) for class-conditional models
     trained with label dropout: out = out(no class) + w · (out(class) − out(no class)), one UNet call
     on the doubled batch per step (its captured attention: the class half first, then the other).
+
+    Starting elsewhere than pure noise (what denoising, editing and inpainting need, denoiser.restore):
+    `timesteps` is a descending list the chain visits instead of `num_inference_steps` evenly spaced
+    ones (schedulers that take custom timesteps: DDPM, DPM-Solver++); `x_init` is x at `timesteps[0]`
+    (in the model's input scale); `after_step(i, x)` may replace the x each step produces.
     """
+    if timesteps is not None:
+        timesteps = [int(t) for t in timesteps]
+        if "timesteps" not in inspect.signature(scheduler.set_timesteps).parameters:
+            raise ValueError(f"{type(scheduler).__name__} takes no custom timesteps; use DDPM or DPM-Solver++")
+        if not timesteps or any(a <= b for a, b in zip(timesteps, timesteps[1:])) or timesteps[-1] < 0:
+            raise ValueError(f"timesteps must be a non-empty strictly descending list of t >= 0, got {timesteps[:8]}")
+        num_inference_steps = len(timesteps)
     if not 1 <= num_inference_steps <= scheduler.config.num_train_timesteps:
         raise ValueError(f"steps must be in 1..{scheduler.config.num_train_timesteps}, got {num_inference_steps}")
     if num_images < 1:
@@ -113,10 +129,18 @@ def sample(
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
-    scheduler.set_timesteps(num_inference_steps)
+    if timesteps is not None:
+        scheduler.set_timesteps(timesteps=timesteps)
+    else:
+        scheduler.set_timesteps(num_inference_steps)
     # as diffusers' pipelines: the first latent scaled by init_noise_sigma, each model input through
     # scale_model_input (both identities for DDPM / DDIM / DPM-Solver, not for Euler-type schedulers)
-    x = randn_tensor(shape, generator=generator, device=device, dtype=dtype) * scheduler.init_noise_sigma
+    if x_init is not None:
+        if tuple(x_init.shape) != shape:
+            raise ValueError(f"x_init must have shape {shape}, got {tuple(x_init.shape)}")
+        x = x_init.to(device=device, dtype=dtype)
+    else:
+        x = randn_tensor(shape, generator=generator, device=device, dtype=dtype) * scheduler.init_noise_sigma
     diffusion = Diffusion(scheduler)  # ε/v -> x₀ for the previews
     capture_steps = set(capture_steps)
     step_kwargs = {"eta": eta} if isinstance(scheduler, DDIMScheduler) else {}
@@ -136,6 +160,8 @@ def sample(
             if keep:
                 result.trajectory.append((int(t), _unit(x_in), _unit(x0)))
             x = scheduler.step(out, t, x, generator=generator, **step_kwargs).prev_sample
+            if after_step is not None:
+                x = after_step(i, x)
             if callback is not None:
                 callback(i, int(t), x_in, x0)
     result.images = _unit(x)
