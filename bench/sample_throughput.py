@@ -1,6 +1,6 @@
 """Sampling images/s: denoiser's sampler vs diffusers' DDIMPipeline / DDPMPipeline on the same weights.
 
-    .venv/bin/python bench/sample_throughput.py [--model weights/cifar10-small] [--batch 8] [--repeats 3] [--ddpm-repeats 1]
+    .venv/bin/python bench/sample_throughput.py [--model weights/cifar10] [--batch 8] [--repeats 3] [--ddpm-repeats 1]
 
 Both run the same UNet weights, the same scheduler settings and the same seed, side by side in one
 process, alternating after a warm-up; the median of the repeats is reported with the ratio, and the
@@ -33,7 +33,7 @@ from denoiser.sample import make_sampler, sample
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="weights/cifar10-small")
+    p.add_argument("--model", default="weights/cifar10")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3, help="DDIM runs per side")
     p.add_argument("--ddpm-repeats", type=int, default=1, help="DDPM-1000 runs per side (each ~1 min at batch 8)")

@@ -18,7 +18,7 @@ SHIPPED = list_models(WEIGHTS_DIR)
 
 
 def test_shipped_weights_are_small_and_safe():
-    assert {"synthetic-shapes", "cifar10-small"} <= set(SHIPPED)
+    assert {"synthetic-shapes", "cifar10"} <= set(SHIPPED)
     total = sum(f.stat().st_size for f in WEIGHTS_DIR.rglob("*") if f.is_file())
     assert total < 60e6
     for name in SHIPPED:
