@@ -21,7 +21,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # an offline tool: n
 import gradio as gr  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-from denoiser.explore import LIMITS, SCHEDULERS, Explorer  # noqa: E402
+from denoiser.explore import LIMITS, RESTORE_OPERATIONS, SCHEDULERS, Explorer  # noqa: E402
 from denoiser.kernels import load_kernels  # noqa: E402
 from denoiser.pipeline import WEIGHTS_DIR  # noqa: E402
 from denoiser.sample import to_pil  # noqa: E402
@@ -52,6 +52,20 @@ def click_to_pixel(index: tuple[int, int], sample_size: int, display: int = DISP
     """Gradio reports clicks as (x, y) in the displayed image's own pixels: map them to (y, x) of the model grid."""
     x, y = index
     return min(sample_size - 1, int(y) * sample_size // display), min(sample_size - 1, int(x) * sample_size // display)
+
+
+def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
+    """The ImageEditor's uploaded image and the painted mask (opaque brush pixels: white), or None."""
+    if not value or value.get("background") is None:
+        return None, None
+    image = value["background"]
+    painted = [layer for layer in value.get("layers") or [] if layer is not None]
+    if not painted:
+        return image, None
+    alpha = Image.new("L", painted[0].size, 0)
+    for layer in painted:
+        alpha = Image.composite(Image.new("L", layer.size, 255), alpha, layer.convert("RGBA").getchannel("A"))
+    return image, alpha
 
 
 def _index_slider(count: int, value: int) -> dict:
@@ -130,6 +144,27 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
         )
 
+    def run_edit(model, class_name, guidance, editor, operation, amount, add_noise, steps, seed, progress=gr.Progress()):
+        try:
+            classes = explorer.classes(model) if model else []
+            label = classes.index(class_name) if class_name in classes else None
+            image, mask = _editor_layers(editor)
+
+            def on_step(i, total, x0):
+                progress((i + 1, total), desc=operation)
+
+            gen, noisy, text = explorer.restore(model, operation, image, mask, amount, add_noise, steps, seed, label,
+                                                guidance, on_step=on_step)
+        except ValueError as err:
+            raise gr.Error(str(err)) from None
+        shown = [(image, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
+        shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))
+        layers = explorer.layer_names(gen, gen.num_steps - 1)
+        return (
+            shown, text, gen, _index_slider(1, 0), _index_slider(gen.num_steps, gen.num_steps - 1),
+            _display(gen, 0, None), gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
+        )
+
     def show(gen, image, step):
         if gen is None:
             return None, None
@@ -187,6 +222,24 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                                        elem_id="preview")
                     gallery = gr.Gallery(label="results (lossless PNG)", format="png", columns=8, elem_id="gallery",
                                          buttons=["download", "download_all"])
+        with gr.Tab("Edit"):
+            with gr.Row():
+                with gr.Column(scale=1):
+                    editor = gr.ImageEditor(type="pil", sources=["upload"], elem_id="editor", height=320,
+                                            label="your image (inpaint: paint the area to regenerate)",
+                                            brush=gr.Brush(colors=["#ff00ff"], color_mode="fixed"))
+                    operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation",
+                                         info="uses the Sample tab's model, class and guidance")
+                    amount = gr.Slider(0, 1, value=0.0, step=0.01, label="denoise: noise σ of your image (0 = estimate); "
+                                       "edit: strength (0 keeps, 1 samples anew)")
+                    add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (σ, 0 = off): the round trip, with PSNR")
+                    edit_steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps (sampled denoise, edit, inpaint)")
+                    edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
+                    edit_run = gr.Button("Run", variant="primary", elem_id="edit-run")
+                with gr.Column(scale=2):
+                    edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
+                                             height=360)
+                    edit_text = gr.Markdown(elem_id="edit-text")
         with gr.Tab("Attention", elem_id="attention-tab"):
             with gr.Row():
                 with gr.Column(scale=1):
@@ -212,7 +265,10 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         randomise.click(lambda: random.randint(0, 2**31 - 1), None, seed, api_name=False)
         run.click(generate, [model, scheduler, steps, seed, num_images, class_name, guidance],
                   [preview, gallery, gen_state, image_idx, step, clickable, layer], concurrency_limit=1,
-                  api_name="generate")
+                  concurrency_id="sampling", api_name="generate")
+        edit_run.click(run_edit, [model, class_name, guidance, editor, operation, amount, add_noise, edit_steps, edit_seed],
+                       [edit_result, edit_text, gen_state, image_idx, step, clickable, layer], concurrency_limit=1,
+                       concurrency_id="sampling", api_name="edit")
         image_idx.change(show, [gen_state, image_idx, step], [clickable, maps], api_name=False)
         pixel_outputs = [pixel_state, py, px, clickable, maps, stages, stage_text]
         clickable.select(click, [gen_state, image_idx, step, layer, head], pixel_outputs, api_name=False)

@@ -16,13 +16,17 @@ from pathlib import Path
 
 import torch
 from PIL import Image
+from torchvision import transforms
 
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model, resolve_model_dir
 from denoiser.sample import make_sampler, sample, sampling_context
 from denoiser.visualize import attention_panel, layer_label, stages_panel
 
-__all__ = ["Explorer", "Generation", "LIMITS", "SCHEDULERS"]
+__all__ = ["Explorer", "Generation", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
+
+# what the Edit tab does to a user's image (denoiser.restore); "denoise" is the one-step MMSE estimate
+RESTORE_OPERATIONS = ("denoise", "denoise (sampled)", "edit", "inpaint")
 
 # integer-timestep schedulers: the attention view re-runs a step's exact UNet call (Euler steps on fractional t)
 SCHEDULERS = ("ddim", "ddpm", "dpm++")
@@ -130,6 +134,86 @@ class Explorer:
         labels = None if class_label is None else torch.full((num_images,), class_label, dtype=torch.long)
         return Generation(model, res.images, inputs, [int(t) for t in sched.timesteps], labels, guidance)
 
+    def restore(
+        self,
+        model: str,
+        operation: str,
+        image: Image.Image,
+        mask: Image.Image | None = None,
+        amount: float = 0.0,
+        add_noise: float = 0.0,
+        steps: int = 50,
+        seed: int = 0,
+        class_label: int | None = None,
+        guidance: float = 1.0,
+        on_step: Callable[[int, int, torch.Tensor], None] | None = None,
+    ) -> tuple[Generation, Image.Image | None, str]:
+        """Denoise, edit or inpaint the user's image (denoiser.restore) as a Generation the attention view opens.
+
+        amount: the noise σ of the image for "denoise" (0: estimated), the strength for "edit".
+        mask: for "inpaint", white (or painted, opaque) pixels are regenerated. Returns the generation
+        (its image, every step's model input), the noisy input when `add_noise` > 0, and a summary.
+        """
+        from torchvision.transforms import functional as TF
+
+        from denoiser.data import flatten_to_rgb
+        from denoiser.restore import denoise, edit, inpaint, psnr
+
+        if operation not in RESTORE_OPERATIONS:
+            raise ValueError(f"operation must be one of {', '.join(RESTORE_OPERATIONS)}, got {str(operation)[:40]!r}")
+        if image is None:
+            raise ValueError("upload an image first")
+        if image.width * image.height > 4096 * 4096:
+            raise ValueError(f"the image is {image.width}x{image.height}: at most 4096x4096 pixels")
+        steps = _check_int("steps", steps, *LIMITS["steps"])
+        seed = _check_int("seed", seed, *LIMITS["seed"])
+        amount, add_noise = float(amount), float(add_noise)
+        if not 0 <= add_noise <= 1 or not 0 <= amount <= 1:
+            raise ValueError(f"noise and strength must be in 0..1, got {amount} and {add_noise}")
+        unet, train_sched = self.model(model)
+        size = unet.config.sample_size
+        fit = transforms.Compose([transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC,
+                                                    antialias=True), transforms.CenterCrop(size)])
+        x = TF.pil_to_tensor(fit(flatten_to_rgb(image)))[None].float() / 127.5 - 1  # (1, 3, S, S) in [-1, 1]
+        clean = x
+        if add_noise > 0:
+            x = x + 2 * add_noise * torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 12_345))
+        inputs, timesteps = [], []
+
+        def record(i, t, x_t, x0):
+            inputs.append(x_t.detach().clone())
+            timesteps.append(t)
+            if on_step is not None:
+                on_step(i, len(inputs), (x0.float().cpu() / 2 + 0.5).clamp(0, 1))
+
+        common = dict(seed=seed, class_label=class_label, guidance_scale=guidance, callback=record)
+        if operation.startswith("denoise"):
+            sigma = amount if amount > 0 else None
+            method = "sample" if operation == "denoise (sampled)" else "mmse"
+            res = denoise(unet, train_sched.config, x, sigma=sigma, method=method, steps=steps, **common)
+        elif operation == "edit":
+            if amount == 0:
+                raise ValueError("edit strength 0 keeps the image as it is: choose a strength above 0")
+            res = edit(unet, train_sched.config, x, strength=amount, steps=steps, **common)
+        else:
+            if mask is None:
+                raise ValueError("inpaint needs a mask: paint the area to regenerate")
+            m = TF.pil_to_tensor(fit(mask.convert("L")))[None].float() / 255  # (1, 1, S, S)
+            if float((m > 0.5).sum()) == 0:
+                raise ValueError("the mask is empty: paint the area to regenerate")
+            res = inpaint(unet, train_sched.config, x, m, steps=steps, **common)
+        labels = None if class_label is None else torch.full((1,), class_label, dtype=torch.long)
+        gen = Generation(model, res.images, inputs, timesteps, labels, guidance)
+        target = (clean / 2 + 0.5).clamp(0, 1)
+        text = f"**{operation}**: {image.width}x{image.height} input, resized and centre-cropped to {size}x{size}; {len(timesteps)} step(s)"
+        noisy = None
+        if add_noise > 0:
+            noisy_unit = (x / 2 + 0.5).clamp(0, 1)
+            noisy = _to_image(noisy_unit)
+            text += (f". PSNR against your image: noisy {float(psnr(noisy_unit, target)):.2f} dB, "
+                     f"result {float(psnr(res.images, target)):.2f} dB")
+        return gen, noisy, text + ". Open the **Attention** tab to see where the U-Net looked."
+
     def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
         """Exact attention of step `step` for the whole batch (re-run under capture, cached per step)."""
         step = _check_int("step", step, 0, gen.num_steps - 1)
@@ -183,3 +267,8 @@ class Explorer:
             f"| attended pixel (y, x) | score | weight |\n|---|---|---|\n{rows}"
         )
         return panel, text
+
+
+def _to_image(x: torch.Tensor) -> Image.Image:
+    """(1, 3, H, W) in [0, 1] -> PIL."""
+    return Image.fromarray((x[0] * 255).round().to(torch.uint8).permute(1, 2, 0).numpy())  # (3, H, W) -> (H, W, 3)

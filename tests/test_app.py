@@ -123,6 +123,29 @@ def test_uploads_are_bounded(server):
     assert small.status_code == 200
 
 
+def test_edit_tab_inpaints_an_uploaded_image_and_opens_its_attention(server, tmp_path):
+    from gradio_client import Client, handle_file
+
+    image, layer = tmp_path / "photo.png", tmp_path / "paint.png"
+    Image.new("RGB", (32, 24), (30, 160, 60)).save(image)  # not the model's 16x16: resized and cropped
+    paint = Image.new("RGBA", (32, 24), (0, 0, 0, 0))
+    paint.paste((255, 0, 255, 255), (10, 8, 20, 16))  # the brushed area: regenerate it
+    paint.save(layer)
+    editor = {"background": handle_file(str(image)), "layers": [handle_file(str(layer))],
+              "composite": handle_file(str(image)), "id": None}
+    client = Client(server, verbose=False)
+    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.0, 3, 0, api_name="/edit")
+    assert len(gallery) == 2 and Image.open(gallery[1]["image"]).size == (16, 16)
+    assert "resized and centre-cropped to 16x16" in text and "3 step(s)" in text
+    y, x, _, maps, stages, info = client.predict(0, 2, 5, 6, 0, 0, api_name="/attention")  # the result's last step
+    assert (y, x) == (5, 6) and Image.open(maps).width > 200 and "sum to 1.000000" in info
+    plain = {"background": handle_file(str(image)), "layers": [], "composite": handle_file(str(image)), "id": None}
+    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, plain, "denoise", 0.0, 0.2, 1, 0, api_name="/edit")
+    assert len(gallery) == 3 and "PSNR against your image: noisy" in text  # input, noisy, result
+    with pytest.raises(Exception, match="inpaint needs a mask"):
+        client.predict("tiny-classes", "(any)", 1.0, plain, "inpaint", 0.0, 0.0, 3, 0, api_name="/edit")
+
+
 def test_analytics_are_off():
     assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
 
