@@ -181,3 +181,46 @@ def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
         page.screenshot(path=str(shots / "app-attention.png"), full_page=True)
         browser.close()
     assert (shots / "app-attention.png").stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (64, 48), (30, 160, 60)).save(photo)
+    shots = Path(os.environ.get("DENOISER_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.goto(server)
+        page.get_by_role("tab", name="Edit").click()
+        editor = page.locator("#editor")
+        editor.locator("input[type=file]").first.set_input_files(str(photo))
+        canvas = editor.locator("canvas").last
+        canvas.wait_for(timeout=30_000)
+        page.wait_for_timeout(1000)
+        editor.get_by_role("button", name="Brush", exact=True).click()
+        box = canvas.bounding_box()
+        cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.mouse.move(cx - 40, cy - 20)
+        page.mouse.down()
+        for dx in range(-40, 41, 8):  # a thick stroke across the middle
+            page.mouse.move(cx + dx, cy - 20)
+            page.mouse.move(cx + dx, cy + 20)
+        page.mouse.up()
+        page.get_by_role("radio", name="inpaint").check()
+        page.locator("#edit-run").click()
+        page.locator("#edit-result img").nth(1).wait_for(timeout=120_000)  # your image, result
+        assert "resized and centre-cropped to 16x16" in page.locator("#edit-text").inner_text()
+        page.screenshot(path=str(shots / "app-edit.png"), full_page=True)
+        page.get_by_role("tab", name="Attention").click()
+        image = page.locator("#clickable img")
+        image.wait_for(timeout=30_000)
+        box = image.bounding_box()
+        image.click(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
+        page.wait_for_function("() => { const i = document.querySelector('#maps img'); return i && i.naturalWidth > 200 }",
+                               timeout=30_000)
+        browser.close()
