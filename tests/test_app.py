@@ -201,7 +201,7 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
         editor.locator("input[type=file]").first.set_input_files(str(photo))
         canvas = editor.locator("canvas").last
         canvas.wait_for(timeout=30_000)
-        page.wait_for_timeout(1000)
+        page.wait_for_timeout(3000)  # the upload lands on the canvas
         editor.get_by_role("button", name="Brush", exact=True).click()
         box = canvas.bounding_box()
         cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
@@ -214,7 +214,8 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
         page.get_by_role("radio", name="inpaint").check()
         page.locator("#edit-run").click()
         page.locator("#edit-result img").nth(1).wait_for(timeout=120_000)  # your image, result
-        assert "resized and centre-cropped to 16x16" in page.locator("#edit-text").inner_text()
+        text = page.locator("#edit-text").inner_text()
+        assert "64x48 input, resized and centre-cropped to 16x16" in text  # the upload, not a blank canvas
         page.screenshot(path=str(shots / "app-edit.png"), full_page=True)
         page.get_by_role("tab", name="Attention").click()
         image = page.locator("#clickable img")
