@@ -150,6 +150,18 @@ def test_analytics_are_off():
     assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
 
 
+def _click_on_attention_tab(page, fx: float, fy: float):
+    """Open the Attention tab, click the image at fractions (fx, fy) of its size; the maps' locator."""
+    page.get_by_role("tab", name="Attention").click()
+    image = page.locator("#clickable img")
+    image.wait_for(timeout=30_000)
+    box = image.bounding_box()
+    image.click(position={"x": box["width"] * fx, "y": box["height"] * fy})
+    maps = page.locator("#maps img")
+    maps.wait_for(timeout=30_000)
+    return maps
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
     from playwright.sync_api import sync_playwright
@@ -167,13 +179,7 @@ def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
         page.locator("#generate").click()
         page.locator("#gallery img").first.wait_for(timeout=120_000)
         page.screenshot(path=str(shots / "app-sample.png"), full_page=True)
-        page.get_by_role("tab", name="Attention").click()
-        image = page.locator("#clickable img")
-        image.wait_for(timeout=30_000)
-        box = image.bounding_box()
-        image.click(position={"x": box["width"] * 0.4, "y": box["height"] * 0.6})
-        maps = page.locator("#maps img")
-        maps.wait_for(timeout=30_000)
+        maps = _click_on_attention_tab(page, 0.4, 0.6)
         page.wait_for_function("() => { const i = document.querySelector('#maps img'); return i && i.naturalWidth > 0 }")
         assert page.locator("#stages img").count() == 1
         size = maps.evaluate("img => [img.naturalWidth, img.naturalHeight]")
@@ -198,10 +204,17 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
         page.goto(server)
         page.get_by_role("tab", name="Edit").click()
         editor = page.locator("#editor")
+        editor.locator("canvas").last.wait_for(timeout=30_000)
+        page.wait_for_timeout(1000)  # the freshly shown editor takes a moment to accept files
         editor.locator("input[type=file]").first.set_input_files(str(photo))
         canvas = editor.locator("canvas").last
         canvas.wait_for(timeout=30_000)
-        page.wait_for_timeout(3000)  # the upload lands on the canvas
+        # the upload has landed once the editor zooms in on it (a 64x48 image shows at > 100 %; the blank
+        # 800x800 canvas it starts with, at ~32 %)
+        page.wait_for_function(
+            "() => { const z = document.querySelector('#editor .zoom-number'); return z && parseInt(z.textContent) > 100 }",
+            timeout=30_000,
+        )
         editor.get_by_role("button", name="Brush", exact=True).click()
         box = canvas.bounding_box()
         cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
@@ -217,11 +230,7 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
         text = page.locator("#edit-text").inner_text()
         assert "64x48 input, resized and centre-cropped to 16x16" in text  # the upload, not a blank canvas
         page.screenshot(path=str(shots / "app-edit.png"), full_page=True)
-        page.get_by_role("tab", name="Attention").click()
-        image = page.locator("#clickable img")
-        image.wait_for(timeout=30_000)
-        box = image.bounding_box()
-        image.click(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
+        _click_on_attention_tab(page, 0.5, 0.5)
         page.wait_for_function("() => { const i = document.querySelector('#maps img'); return i && i.naturalWidth > 200 }",
                                timeout=30_000)
         browser.close()
