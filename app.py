@@ -54,6 +54,66 @@ def click_to_pixel(index: tuple[int, int], sample_size: int, display: int = DISP
     return min(sample_size - 1, int(y) * sample_size // display), min(sample_size - 1, int(x) * sample_size // display)
 
 
+def _stream(job, progress, desc: str):
+    """Run `job(on_step)` (a generation or an edit) in a worker thread; yield its x0 previews as they come
+    (None every HEARTBEAT_S without one), then return its result. When the consumer is closed
+    (Gradio's cancel, a closed tab), the worker stops at its next step and is joined first, so the
+    queue slot frees only once the work has stopped."""
+    previews: queue.Queue = queue.Queue()
+    result: dict = {}
+    stop = threading.Event()  # set when nobody listens any more
+
+    def on_step(i, total, x0):
+        if stop.is_set():
+            raise Cancelled  # out of the sampling loop after the UNet call in progress
+        progress((i + 1, total), desc=desc)
+        if i % max(1, total // 10) == 0 or i == total - 1:
+            previews.put(x0)
+
+    def work():
+        try:
+            result["value"] = job(on_step)
+        except ValueError as err:
+            result["error"] = str(err)
+        except Cancelled:
+            pass
+        finally:
+            previews.put(None)
+
+    worker = threading.Thread(target=work, name="denoiser-generate", daemon=True)
+    worker.start()
+    try:
+        while True:
+            try:
+                x0 = previews.get(timeout=HEARTBEAT_S)
+            except queue.Empty:  # yield now and then: a cancel can only close a generator at a yield
+                yield None
+                continue
+            if x0 is None:
+                break
+            yield to_pil(x0)
+    finally:
+        stop.set()
+        worker.join()
+    if "error" in result:
+        raise gr.Error(result["error"])
+    return result["value"]
+
+
+def _relay(stream, n_outputs: int, show):
+    """A handler's updates for each item of `_stream`: `show(preview)` in the first output, the rest
+    untouched; returns the stream's result. Closing the handler closes the stream (stopping its work)."""
+    try:
+        while True:
+            try:
+                preview = next(stream)
+            except StopIteration as done:
+                return done.value
+            yield (gr.skip() if preview is None else show(preview),) + (gr.skip(),) * (n_outputs - 1)
+    finally:
+        stream.close()
+
+
 def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
     """The ImageEditor's uploaded image and the painted mask (opaque brush pixels: white), or None."""
     if not value or value.get("background") is None:
@@ -94,46 +154,11 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         if class_name not in (None, "", NO_CLASS) and class_name not in classes:
             raise gr.Error(f"class {class_name!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
         label = classes.index(class_name) if class_name in classes else None
-        previews: queue.Queue = queue.Queue()
-        result: dict = {}
-        stop = threading.Event()  # set when nobody listens any more (cancel, closed tab)
 
-        def on_step(i, total, x0):
-            if stop.is_set():
-                raise Cancelled  # out of the sampling loop after the UNet call in progress
-            progress((i + 1, total), desc="denoising")
-            if i % max(1, total // 10) == 0 or i == total - 1:
-                previews.put(x0)
+        def job(on_step):
+            return explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step, guidance=guidance)
 
-        def work():
-            try:
-                result["gen"] = explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step,
-                                                  guidance=guidance)
-            except ValueError as err:
-                result["error"] = str(err)
-            except Cancelled:
-                pass
-            finally:
-                previews.put(None)
-
-        worker = threading.Thread(target=work, name="denoiser-generate", daemon=True)
-        worker.start()
-        try:
-            while True:
-                try:
-                    x0 = previews.get(timeout=HEARTBEAT_S)
-                except queue.Empty:  # yield now and then: a cancel can only close this generator at a yield
-                    yield (gr.skip(),) * 7
-                    continue
-                if x0 is None:
-                    break
-                yield to_pil(x0), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        finally:  # cancelled or disconnected (GeneratorExit at a yield), or done: the slot frees once the work stops
-            stop.set()
-            worker.join()
-        if "error" in result:
-            raise gr.Error(result["error"])
-        gen = result["gen"]
+        gen = yield from _relay(_stream(job, progress, "denoising"), 7, lambda preview: preview)
         gallery = [to_pil(gen.images[i : i + 1], nrow=1, padding=0) for i in range(gen.images.shape[0])]
         layers = explorer.layer_names(gen, gen.num_steps - 1)
         yield (
@@ -149,18 +174,19 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             classes = explorer.classes(model) if model else []
             label = classes.index(class_name) if class_name in classes else None
             image, mask = _editor_layers(editor)
-
-            def on_step(i, total, x0):
-                progress((i + 1, total), desc=operation)
-
-            gen, noisy, text = explorer.restore(model, operation, image, mask, amount, add_noise, steps, seed, label,
-                                                guidance, on_step=on_step)
         except ValueError as err:
             raise gr.Error(str(err)) from None
+
+        def job(on_step):
+            return explorer.restore(model, operation, image, mask, amount, add_noise, steps, seed, label, guidance,
+                                    on_step=on_step)
+
+        gen, noisy, text = yield from _relay(_stream(job, progress, operation), 7,
+                                             lambda preview: [(image, "your image"), (preview, "predicted x0")])
         shown = [(image, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
         shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))
         layers = explorer.layer_names(gen, gen.num_steps - 1)
-        return (
+        yield (
             shown, text, gen, _index_slider(1, 0), _index_slider(gen.num_steps, gen.num_steps - 1),
             _display(gen, 0, None), gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
         )

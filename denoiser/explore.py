@@ -179,12 +179,14 @@ class Explorer:
         if add_noise > 0:
             x = x + 2 * add_noise * torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 12_345))
         inputs, timesteps = [], []
+        # steps the chain will take (denoise.restore visits at most this many timesteps), for progress
+        expected = {"denoise": 1, "edit": max(1, round(steps * amount))}.get(operation, steps)
 
         def record(i, t, x_t, x0):
             inputs.append(x_t.detach().clone())
             timesteps.append(t)
             if on_step is not None:
-                on_step(i, len(inputs), (x0.float().cpu() / 2 + 0.5).clamp(0, 1))
+                on_step(i, max(expected, i + 1), (x0.float().cpu() / 2 + 0.5).clamp(0, 1))
 
         common = dict(seed=seed, class_label=class_label, guidance_scale=guidance, callback=record)
         if operation.startswith("denoise"):

@@ -226,7 +226,8 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
         page.mouse.up()
         page.get_by_role("radio", name="inpaint").check()
         page.locator("#edit-run").click()
-        page.locator("#edit-result img").nth(1).wait_for(timeout=120_000)  # your image, result
+        page.locator("#edit-text").get_by_text("resized and centre-cropped").wait_for(timeout=120_000)  # done
+        assert page.locator("#edit-result img").count() >= 2  # your image, result
         text = page.locator("#edit-text").inner_text()
         assert "64x48 input, resized and centre-cropped to 16x16" in text  # the upload, not a blank canvas
         page.screenshot(path=str(shots / "app-edit.png"), full_page=True)
