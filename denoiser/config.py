@@ -76,6 +76,8 @@ class TrainConfig:
 
 
 SECTIONS = {"data": DataConfig, "diffusion": DiffusionConfig, "train": TrainConfig}
+# Keys that no longer do anything; a config.yaml written before their removal still loads.
+REMOVED = {"data": {"num_workers"}}
 
 
 @dataclass
@@ -152,6 +154,7 @@ def _build(raw: dict[str, Any], source: str) -> RunConfig:
         if not isinstance(values, dict):
             errors.append(f"section {name}: must be a mapping, got {values!r}")
             continue
+        values = {k: v for k, v in values.items() if k not in REMOVED.get(name, ())}  # older run folders name them
         hints = typing.get_type_hints(cls)
         values = {k: _coerce(v, hints[k]) if k in hints else v for k, v in values.items()}
         for key, value in values.items():

@@ -62,3 +62,11 @@ def test_overrides_dotted_and_bare():
 def test_missing_config_file():
     with pytest.raises(FileNotFoundError, match="not found"):
         load_config("nope.yaml")
+
+
+def test_removed_keys_of_older_run_folders_still_load(tmp_path):
+    from denoiser.config import load_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("data:\n  num_workers: 4\n  val_size: 10\n")
+    assert load_config(path).data.val_size == 10
