@@ -30,7 +30,8 @@ DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the mo
 # launch() settings every server of this app uses: the app takes no uploads yet, but Gradio's upload route
 # exists anyway; bound what it stores
 LAUNCH = {"max_file_size": "5mb"}
-HEARTBEAT_S = 0.5  # longest wait between yields of a running generation (how soon a cancel is seen)
+HEARTBEAT_S = 0.5
+CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation  # longest wait between yields of a running generation (how soon a cancel is seen)
 
 
 class Cancelled(Exception):
@@ -158,7 +159,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         def job(on_step):
             return explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step, guidance=guidance)
 
-        gen = yield from _relay(_stream(job, progress, "denoising"), 7, lambda preview: preview)
+        gen = yield from _relay(_stream(job, progress, "denoising"), 11, lambda preview: preview)
         gallery = [to_pil(gen.images[i : i + 1], nrow=1, padding=0) for i in range(gen.images.shape[0])]
         layers = explorer.layer_names(gen, gen.num_steps - 1)
         yield (
@@ -167,6 +168,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             _index_slider(gen.num_steps, gen.num_steps - 1),
             _display(gen, 0, None),
             gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
+            *CLEARED_VIEWS,
         )
 
     def run_edit(model, class_name, guidance, editor, operation, amount, add_noise, steps, seed, progress=gr.Progress()):
@@ -181,7 +183,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             return explorer.restore(model, operation, image, mask, amount, add_noise, steps, seed, label, guidance,
                                     on_step=on_step)
 
-        gen, noisy, text = yield from _relay(_stream(job, progress, operation), 7,
+        gen, noisy, text = yield from _relay(_stream(job, progress, operation), 11,
                                              lambda preview: [(image, "your image"), (preview, "predicted x0")])
         shown = [(image, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
         shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))
@@ -189,12 +191,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         yield (
             shown, text, gen, _index_slider(1, 0), _index_slider(gen.num_steps, gen.num_steps - 1),
             _display(gen, 0, None), gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
+            *CLEARED_VIEWS,
         )
-
-    def show(gen, image, step):
-        if gen is None:
-            return None, None
-        return _display(gen, int(image), None), None
 
     def at_pixel(gen, image, step, y, x, layer, head):
         if gen is None:
@@ -213,6 +211,14 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             raise gr.Error("generate images first (Sample tab)")
         y, x = click_to_pixel(evt.index, gen.images.shape[-1])
         return at_pixel(gen, image, step, y, x, layer, head)
+
+    def refresh(gen, image, step, pixel, layer, head):
+        """Every view at the current (image, step, pixel): the clickable image, the maps, the four stages."""
+        if gen is None:
+            return None, None, None, ""
+        if pixel is None:
+            return _display(gen, int(image), None), None, None, ""
+        return at_pixel(gen, image, step, pixel[0], pixel[1], layer, head)[3:]
 
     def restage(gen, image, step, pixel, layer, head):
         if gen is None or pixel is None:
@@ -289,17 +295,20 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         app.load(class_choices, model, class_name, api_name=False)
         model.change(class_choices, model, class_name, api_name=False)
         randomise.click(lambda: random.randint(0, 2**31 - 1), None, seed, api_name=False)
+        cleared = [pixel_state, maps, stages, stage_text]  # a new generation: no pixel, no maps of the old one
         run.click(generate, [model, scheduler, steps, seed, num_images, class_name, guidance],
-                  [preview, gallery, gen_state, image_idx, step, clickable, layer], concurrency_limit=1,
+                  [preview, gallery, gen_state, image_idx, step, clickable, layer, *cleared], concurrency_limit=1,
                   concurrency_id="sampling", api_name="generate")
         edit_run.click(run_edit, [model, class_name, guidance, editor, operation, amount, add_noise, edit_steps, edit_seed],
-                       [edit_result, edit_text, gen_state, image_idx, step, clickable, layer], concurrency_limit=1,
+                       [edit_result, edit_text, gen_state, image_idx, step, clickable, layer, *cleared], concurrency_limit=1,
                        concurrency_id="sampling", api_name="edit")
-        image_idx.change(show, [gen_state, image_idx, step], [clickable, maps], api_name=False)
         pixel_outputs = [pixel_state, py, px, clickable, maps, stages, stage_text]
+        views = [gen_state, image_idx, step, pixel_state, layer, head]
+        image_idx.change(refresh, views, [clickable, maps, stages, stage_text], api_name=False)
+        step.change(refresh, views, [clickable, maps, stages, stage_text], api_name="refresh")
         clickable.select(click, [gen_state, image_idx, step, layer, head], pixel_outputs, api_name=False)
         show_btn.click(at_pixel, [gen_state, image_idx, step, py, px, layer, head], pixel_outputs, api_name="attention")
-        for control in (layer, head, step):
+        for control in (layer, head):
             control.change(restage, [gen_state, image_idx, step, pixel_state, layer, head], [stages, stage_text], api_name=False)
     return app
 

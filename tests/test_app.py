@@ -146,6 +146,20 @@ def test_edit_tab_inpaints_an_uploaded_image_and_opens_its_attention(server, tmp
         client.predict("tiny-classes", "(any)", 1.0, plain, "inpaint", 0.0, 0.0, 3, 0, api_name="/edit")
 
 
+def test_every_view_follows_the_step_and_a_new_generation_clears_them(server):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    client.predict("tiny-classes", "ddim", 4, 0, 2, "(any)", api_name="/generate")
+    _, _, _, maps_last, _, text_last = client.predict(1, 3, 5, 6, 0, 0, api_name="/attention")
+    _, maps_first, _, text_first = client.predict(1, 1, 0, 0, api_name="/refresh")  # image 1, step 1
+    assert "step 3" in text_last and "step 1" in text_first  # the stages follow the step ...
+    assert Image.open(maps_first).tobytes() != Image.open(maps_last).tobytes()  # ... and so do the maps
+    client.predict("tiny-classes", "ddim", 2, 1, 1, "(any)", api_name="/generate")
+    clickable, maps, stages, text = client.predict(0, 1, 0, 0, api_name="/refresh")
+    assert clickable is not None and maps is None and stages is None and text == ""  # the old pixel is gone
+
+
 def test_analytics_are_off():
     assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
 
