@@ -68,6 +68,10 @@ class TrainConfig:
     num_sample_images: int = 16  # images in each sample grid
     sample_steps: int = 50  # DDIM steps for sample grids
     log_every: int = 10  # steps between tracker logs
+    fid_every: int = 0  # steps between FID evaluations of the EMA weights (0 = off); logged to fid.csv and tensorboard
+    fid_samples: int = 1000  # generated images per FID evaluation (DDIM, sample_steps, classes spread): FID-N
+    fid_reference: str | None = None  # reference statistics file; when missing, computed from the validation split
+    keep_best: bool = False  # with fid_every: also export the best-FID weights to run_dir/best-model
     # channels-last memory format: faster convolutions. None = on, except for CPU training where
     # denoiser's NHWC GroupNorm kernel does not apply (fp16, or no C++ compiler with bf16): torch's own
     # NHWC GroupNorm is several times slower there.
@@ -183,6 +187,11 @@ def _check_values(cfg: RunConfig, source: str) -> None:
         (t.checkpoint_every >= 1, f"train.checkpoint_every must be >= 1, got {t.checkpoint_every}"),
         (t.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}"),
         (0 <= t.class_dropout < 1, f"train.class_dropout must be in [0, 1), got {t.class_dropout}"),
+        (t.fid_every >= 0, f"train.fid_every must be >= 0 (0 = off), got {t.fid_every}"),
+        (t.fid_samples >= 2, f"train.fid_samples must be at least 2, got {t.fid_samples}"),
+        (not t.keep_best or t.fid_every > 0, "train.keep_best needs train.fid_every > 0 (best by FID)"),
+        (not t.fid_every or t.fid_reference or d.val_size >= 2,
+         "train.fid_every needs train.fid_reference or a validation split (data.val_size >= 2) to compute it from"),
         (d.dataset in ("synthetic", "folder", "cifar10"), f"data.dataset must be synthetic, folder or cifar10, got {d.dataset!r}"),
         (d.dataset == "synthetic" or d.path, f"data.path is required for dataset {d.dataset!r}: set data.path to the image folder"),
         (d.val_size >= 0, f"data.val_size must be >= 0, got {d.val_size}"),

@@ -26,7 +26,7 @@ __all__ = ["prepare_output_dir", "write_run_info", "record_loss", "read_losses",
 # Settings that may change between sittings of the same run without making it a different run.
 RESUMABLE_CHANGES = {
     "train.max_steps", "train.checkpoint_every", "train.keep_checkpoints", "train.sample_every",
-    "train.log_every", "train.time_limit_minutes", "train.num_sample_images", "train.sample_steps", "train.compile",
+    "train.log_every", "train.time_limit_minutes", "train.num_sample_images", "train.sample_steps", "train.compile", "train.fid_every", "train.fid_samples",
     "data.num_workers",  # removed (images are decoded once and kept in memory); older run folders still name it
 }
 
@@ -59,7 +59,8 @@ def prepare_output_dir(out: Path, cfg: RunConfig, resuming: bool, overwrite: boo
                 "or --overwrite to start over"
             )
     if overwrite and out.exists():
-        for name in ("checkpoints", "samples", "logs", "model", "loss.csv", "loss.png", "train_summary.json"):
+        for name in ("checkpoints", "samples", "logs", "model", "loss.csv", "loss.png", "train_summary.json", "fid.csv",
+                     "best-model", "fid-reference.safetensors"):
             target = out / name
             shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)

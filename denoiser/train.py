@@ -240,6 +240,10 @@ def train(
                 if main:
                     _sample_grid(accelerator.unwrap_model(model), ema, diffusion, cfg, out, step)
                 accelerator.wait_for_everyone()
+            if t.fid_every and (step % t.fid_every == 0 or last):
+                if main:
+                    _evaluate_fid(accelerator, accelerator.unwrap_model(model), ema, diffusion, cfg, val_ds, out, step)
+                accelerator.wait_for_everyone()
             if step % t.checkpoint_every == 0 or last or signum:
                 state = {"step": step, "lr_scheduler": lr_scheduler.state_dict(), "world_size": world}
                 ckpt.save_checkpoint(accelerator, out, step, state, ema)
@@ -356,6 +360,37 @@ def _sample_grid(unet: UNet, ema: EMAModel | None, diffusion: Diffusion, cfg: Ru
     save_grid(result.images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
     steps, losses = read_losses(out)
     loss_curve(steps, losses).save(out / "loss.png")
+
+
+def _evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, val_ds, out: Path, step: int) -> None:
+    """FID-N of the (EMA) weights against the reference; fid.csv, tensorboard, and best-model/ with keep_best."""
+    from denoiser.fid import InceptionFeatures, fid_of_images, generate_images, reference_statistics
+
+    t = cfg.train
+    final = _export_unet(unet, ema).to(unet.device)
+    extractor = InceptionFeatures(unet.device)
+    reference = Path(t.fid_reference) if t.fid_reference else out / "fid-reference.safetensors"
+    if reference.is_file():
+        ref = reference_statistics(reference)
+    else:  # the run's own validation split, computed once
+        from denoiser.fid import Statistics, features
+
+        ref = Statistics.of(features(val_ds.images, extractor, desc="fid reference"))
+        ref.save(reference, source=f"validation split of {cfg.data.path or cfg.data.dataset}")
+    images = generate_images(final, diffusion.scheduler.config, t.fid_samples, steps=t.sample_steps, seed=0,
+                             progress=False)
+    score = fid_of_images(images, ref, extractor)
+    accelerator.log({"fid": score}, step=step)
+    history = out / "fid.csv"
+    previous = [float(line.split(",")[1]) for line in history.read_text().splitlines()[1:]] if history.is_file() else []
+    if not history.is_file():
+        history.write_text("step,fid,num_samples\n")
+    with open(history, "a") as f:
+        f.write(f"{step},{score:.4f},{t.fid_samples}\n")
+    logger.warning("step %d: FID-%d %.2f", step, t.fid_samples, score)
+    if t.keep_best and (not previous or score < min(previous)):
+        save_pipeline(final.cpu(), diffusion.scheduler, out / "best-model")
+        (out / "best-model" / "fid.json").write_text(json.dumps({"step": step, "fid": score, "num_samples": t.fid_samples}))
 
 
 def _flat_hparams(cfg: RunConfig) -> dict:

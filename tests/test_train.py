@@ -175,3 +175,23 @@ def test_init_from_starts_at_a_model_folders_weights(tmp_path):
     res = cli("train", "--config", str(cfg), "--output-dir", str(tmp_path / "y"), "--init-from", str(tmp_path), check=False)
     assert res.returncode == 2 and "not a model folder" in res.stderr
     assert not (tmp_path / "x").exists() and not (tmp_path / "y" / "checkpoints").exists()
+
+
+def test_fid_during_training_logs_and_keeps_the_best(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", data={"num_images": 96, "val_size": 8},
+                       train={"max_steps": 4, "fid_every": 2, "fid_samples": 4, "sample_steps": 2, "keep_best": True})
+    run = tmp_path / "run"
+    cli("train", "--config", str(cfg), "--output-dir", str(run))
+    rows = (run / "fid.csv").read_text().splitlines()
+    assert rows[0] == "step,fid,num_samples" and [r.split(",")[0] for r in rows[1:]] == ["2", "4"]
+    scores = [float(r.split(",")[1]) for r in rows[1:]]
+    assert all(s > 0 for s in scores)
+    best = json.loads((run / "best-model" / "fid.json").read_text())
+    assert best["fid"] == pytest.approx(min(scores), abs=1e-3) and best["num_samples"] == 4
+    assert (run / "best-model" / "unet" / "config.json").is_file()
+    from denoiser.fid import Statistics
+
+    assert Statistics.load(run / "fid-reference.safetensors").num_images == 8  # the run's validation split
+    bad = write_config(tmp_path / "b.yaml", train={"keep_best": True})
+    res = cli("train", "--config", str(bad), "--output-dir", str(tmp_path / "x"), check=False)
+    assert res.returncode == 2 and "keep_best needs train.fid_every" in res.stderr
