@@ -21,6 +21,7 @@ matrix) without touching the computation, so any query pixel's exact weights can
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -209,7 +210,12 @@ class MultiHeadSelfAttention(nn.Module):
         self.fused_attn = fused_attn
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
         self.proj = nn.Linear(dim, dim, bias=bias)
-        self._recorder = None  # set by capture_attention
+
+    @property
+    def _recorder(self):
+        """This call's recorder when `capture_attention` is open around it in the current thread/context."""
+        active = _CAPTURES.get()
+        return None if active is None else active.get(self)
 
     def _use_fused(self, q: torch.Tensor) -> bool:
         if self.fused_attn is not None:
@@ -336,6 +342,9 @@ def _record_name(module_name: str) -> str:
     return module_name.removesuffix(".attention")
 
 
+_CAPTURES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("denoiser_attention_captures", default=None)
+
+
 @contextlib.contextmanager
 def capture_attention(module: nn.Module) -> Iterator[list[AttentionRecord]]:
     """Record every attention call inside `module` while the context is open.
@@ -354,12 +363,14 @@ def capture_attention(module: nn.Module) -> Iterator[list[AttentionRecord]]:
 
         return record
 
+    active = _CAPTURES.get() or {}
     for name, m in hooked:
-        if m._recorder is not None:
-            raise RuntimeError(f"attention {name!r} is already being captured; nest captures are not supported")
-        m._recorder = make_recorder(_record_name(name))
+        if m in active:
+            raise RuntimeError(f"attention {name!r} is already being captured here; nested captures are not supported")
+    # The recorders live in a context variable, not on the modules: a capture sees only the calls made in
+    # its own thread (and context), so another thread sampling with the same model is never recorded.
+    token = _CAPTURES.set({**active, **{m: make_recorder(_record_name(name)) for name, m in hooked}})
     try:
         yield records
     finally:
-        for _, m in hooked:
-            m._recorder = None
+        _CAPTURES.reset(token)

@@ -217,3 +217,50 @@ def test_capture_rebuilds_exact_weights_and_changes_nothing():
     with pytest.raises(ValueError, match="outside"):
         rec.weights((5, 0))
     assert block.attention._recorder is None  # unhooked on exit
+
+
+def test_capture_belongs_to_its_own_thread():
+    import threading
+
+    from denoiser import UNet
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    unet = UNet(**TINY).eval()
+    x2, x5 = torch.randn(2, 3, 16, 16), torch.randn(5, 3, 16, 16)
+    with torch.no_grad(), capture_attention(unet) as alone:
+        unet(x2, 10)
+    stop, errors = threading.Event(), []
+
+    def other_session():  # sampling-like calls with another batch size, no capture of its own
+        try:
+            with torch.no_grad():
+                while not stop.is_set():
+                    unet(x5, 500)
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    def capturing(results):
+        try:
+            for _ in range(5):
+                with torch.no_grad(), capture_attention(unet) as recs:
+                    unet(x2, 10)
+                results.append(recs)
+        except Exception as err:  # noqa: BLE001 - a second capture at once used to raise RuntimeError
+            errors.append(err)
+
+    first, second = [], []
+    threads = [threading.Thread(target=other_session), threading.Thread(target=capturing, args=(first,)),
+               threading.Thread(target=capturing, args=(second,))]
+    for t in threads:
+        t.start()
+    threads[1].join()
+    threads[2].join()
+    stop.set()
+    threads[0].join()
+    assert not errors
+    for recs in first + second:
+        assert len(recs) == len(alone)  # only this thread's calls
+        for a, b in zip(recs, alone, strict=True):
+            assert a.q.shape[0] == 2 and a.name == b.name
+            torch.testing.assert_close(a.q, b.q) and torch.testing.assert_close(a.k, b.k)
