@@ -115,6 +115,12 @@ def _relay(stream, n_outputs: int, show):
         stream.close()
 
 
+def _enlarge(img: Image.Image, target: int = DISPLAY) -> Image.Image:
+    """Scale a small preview up by a whole factor, nearest-neighbour: pixels stay sharp squares."""
+    factor = max(1, target // max(img.width, img.height))
+    return img.resize((img.width * factor, img.height * factor), Image.Resampling.NEAREST) if factor > 1 else img
+
+
 def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
     """The ImageEditor's uploaded image and the painted mask (opaque brush pixels: white), or None."""
     if not value or value.get("background") is None:
@@ -132,7 +138,7 @@ def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
 def _index_slider(count: int, value: int) -> dict:
     """An index slider over 0..count-1. Gradio refuses minimum == maximum, so a single image or step
     keeps maximum 1 and the slider is locked at 0 instead."""
-    return gr.update(maximum=max(1, count - 1), value=value, interactive=count > 1)
+    return gr.update(maximum=max(1, count - 1), value=value, interactive=count > 1, visible=True)
 
 
 def build_app(explorer: Explorer) -> gr.Blocks:
@@ -159,11 +165,11 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         def job(on_step):
             return explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step, guidance=guidance)
 
-        gen = yield from _relay(_stream(job, progress, "denoising"), 11, lambda preview: preview)
+        gen = yield from _relay(_stream(job, progress, "denoising"), 11, _enlarge)
         gallery = [to_pil(gen.images[i : i + 1], nrow=1, padding=0) for i in range(gen.images.shape[0])]
         layers = explorer.layer_names(gen, gen.num_steps - 1)
         yield (
-            to_pil(gen.images), gallery, gen,
+            _enlarge(to_pil(gen.images)), gallery, gen,
             _index_slider(gen.images.shape[0], 0),
             _index_slider(gen.num_steps, gen.num_steps - 1),
             _display(gen, 0, None),
@@ -184,7 +190,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                                     on_step=on_step)
 
         gen, noisy, text = yield from _relay(_stream(job, progress, operation), 11,
-                                             lambda preview: [(image, "your image"), (preview, "predicted x0")])
+                                             lambda preview: [(image, "your image"), (_enlarge(preview), "predicted x0")])
         shown = [(image, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
         shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))
         layers = explorer.layer_names(gen, gen.num_steps - 1)
@@ -275,8 +281,9 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         with gr.Tab("Attention", elem_id="attention-tab"):
             with gr.Row():
                 with gr.Column(scale=1):
-                    image_idx = gr.Slider(0, 63, value=0, step=1, label="image")
-                    step = gr.Slider(0, 999, value=0, step=1, label="denoising step")
+                    # shown once there is a generation (their ranges follow it)
+                    image_idx = gr.Slider(0, 1, value=0, step=1, label="image", visible=False)
+                    step = gr.Slider(0, 1, value=0, step=1, label="denoising step", visible=False)
                     clickable = gr.Image(label="click a pixel", format="png", type="pil", interactive=False,
                                          elem_id="clickable")
                     with gr.Row():
@@ -286,10 +293,11 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
                     head = gr.Number(value=0, precision=0, minimum=0, label="head (four stages)")
                 with gr.Column(scale=2):
-                    maps = gr.Image(label="attention of the clicked pixel: per layer, mean of heads and each head",
-                                    format="png", type="pil", interactive=False, elem_id="maps")
-                    stages = gr.Image(label="the four stages for one layer and head", format="png", type="pil",
-                                      interactive=False, elem_id="stages")
+                    # titles above the images: a floating label would cover the first row's layer names
+                    gr.Markdown("**Attention of the clicked pixel**: one row per layer, mean of heads, then each head")
+                    maps = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="maps")
+                    gr.Markdown("**The four stages** for one layer and head")
+                    stages = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stages")
                     stage_text = gr.Markdown()
 
         app.load(class_choices, model, class_name, api_name=False)

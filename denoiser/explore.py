@@ -9,6 +9,7 @@ the exact weights of the sampling pass, rebuilt for the clicked pixel only (O(N�
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,18 @@ RESTORE_OPERATIONS = ("denoise", "denoise (sampled)", "edit", "inpaint")
 
 # integer-timestep schedulers: the attention view re-runs a step's exact UNet call (Euler steps on fractional t)
 SCHEDULERS = ("ddim", "ddpm", "dpm++")
+
+# Work units: images × UNet calls × model_cost. The default admits the app's defaults on every shipped
+# model many times over (cifar10, 8 images DDIM-50: 2,700) and caps one request at about a minute of
+# CPU sampling on 2 cores (e.g. cifar10: 64 images x 70 steps, or 8 images x 550).
+WORK_BUDGET = 30_000
+
+
+def model_cost(unet) -> float:
+    """Relative cost of one image through one UNet call: parameters (millions) × pixels / 32²."""
+    params = sum(p.numel() for p in unet.parameters()) / 1e6
+    return params * unet.config.sample_size**2 / 32**2
+
 
 LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance": (1.0, 10.0)}
 
@@ -108,6 +121,7 @@ class Explorer:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         unet, train_sched = self.model(model)
+        self.check_work(unet, num_images, steps * (2 if float(guidance) != 1.0 else 1))
         n_cls = unet.config.num_class_embeds or 0
         if class_label is not None:
             if not n_cls:
@@ -171,6 +185,7 @@ class Explorer:
         if not 0 <= add_noise <= 1 or not 0 <= amount <= 1:
             raise ValueError(f"noise and strength must be in 0..1, got {amount} and {add_noise}")
         unet, train_sched = self.model(model)
+        self.check_work(unet, 1, steps * (2 if float(guidance) != 1.0 else 1))
         size = unet.config.sample_size
         fit = transforms.Compose([transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC,
                                                     antialias=True), transforms.CenterCrop(size)])
@@ -215,6 +230,22 @@ class Explorer:
             text += (f". PSNR against your image: noisy {float(psnr(noisy_unit, target)):.2f} dB, "
                      f"result {float(psnr(res.images, target)):.2f} dB")
         return gen, noisy, text + ". Open the **Attention** tab to see where the U-Net looked."
+
+    def check_work(self, unet, num_images: int, steps: int) -> None:
+        """Refuse, before any work, a request larger than the budget: images × UNet calls × the model's cost
+        per image-call (its parameters × pixels, relative to a 1M-parameter 32×32 model), so one request
+        cannot hold the only sampling slot for long. DENOISER_WORK_BUDGET changes the budget."""
+        budget = float(os.environ.get("DENOISER_WORK_BUDGET", WORK_BUDGET))
+        per_image_call = model_cost(unet)
+        work = num_images * steps * per_image_call
+        if work > budget:
+            calls = max(1, int(budget // (num_images * per_image_call)))
+            images = max(1, int(budget // (steps * per_image_call)))
+            raise ValueError(
+                f"{num_images} images x {steps} UNet calls is {work:,.0f} work units for this model, over the "
+                f"budget of {budget:,.0f}: use at most {calls} steps with {num_images} images, or {images} "
+                f"images with {steps} steps (guidance doubles the calls; the server's DENOISER_WORK_BUDGET sets the budget)"
+            )
 
     def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
         """Exact attention of step `step` for the whole batch (re-run under capture, cached per step)."""

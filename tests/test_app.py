@@ -190,8 +190,13 @@ def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
         )
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(server)
+        page.get_by_role("tab", name="Attention").click()
+        assert page.get_by_text("denoising step").count() == 0  # no sliders before there is a generation
+        page.get_by_role("tab", name="Sample").click()
         page.locator("#generate").click()
         page.locator("#gallery img").first.wait_for(timeout=120_000)
+        page.wait_for_function("() => { const i = document.querySelector('#preview img'); return i && i.naturalWidth >= 200 }",
+                               timeout=30_000)  # the preview is enlarged (nearest), not 16 px per tile
         page.screenshot(path=str(shots / "app-sample.png"), full_page=True)
         maps = _click_on_attention_tab(page, 0.4, 0.6)
         page.wait_for_function("() => { const i = document.querySelector('#maps img'); return i && i.naturalWidth > 0 }")

@@ -117,3 +117,17 @@ def test_memory_stays_bounded_over_100_generations(weights):
             rss.append(proc.memory_info().rss)
     assert rss[1] - rss[0] < 30e6, f"RSS grew by {(rss[1] - rss[0]) / 1e6:.1f} MB over 80 generations"
     assert len(gen._records) == 1  # one step's attention cached per generation
+
+
+def test_work_budget_refuses_oversized_requests_up_front(weights, monkeypatch):
+    from denoiser.explore import model_cost
+
+    ex = Explorer(weights)
+    unet, _ = ex.model("tiny")
+    cost = model_cost(unet)
+    monkeypatch.setenv("DENOISER_WORK_BUDGET", str(10 * 4 * cost))  # 10 images x 4 steps
+    ex.generate("tiny", steps=4, num_images=10)
+    with pytest.raises(ValueError, match=r"use at most 2 steps with 20 images, or 10 images with 4 steps"):
+        ex.generate("tiny", steps=4, num_images=20)
+    with pytest.raises(ValueError, match="over the budget"):
+        ex.generate("tiny-classes", steps=4, num_images=10, class_label=0, guidance=2)  # guidance doubles the calls
