@@ -10,10 +10,13 @@ UI wiring only; the work lives in `denoiser.explore.Explorer`. One sampling job 
 from __future__ import annotations
 
 import argparse
+import functools
+import html
 import os
 import queue
 import random
 import threading
+import time
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # an offline tool: no usage reports, no waiting on them
@@ -29,8 +32,12 @@ from denoiser.sample import to_pil  # noqa: E402
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
 # launch() settings every server of this app uses: the app takes no uploads yet, but Gradio's upload route
 # exists anyway; bound what it stores
-LAUNCH = {"max_file_size": "5mb"}
+# show_error: Gradio's own input validation (e.g. a raw API call with steps: null) reaches the client as its
+# message instead of "the upstream app has raised an exception"; our handlers' errors are already short
+# and escaped (_user_error), so no traceback or server path is shown either way
+LAUNCH = {"max_file_size": "5mb", "show_error": True}
 HEARTBEAT_S = 0.5
+PREVIEW_EVERY_S = 1.5  # at least this often a preview while sampling (DDPM-1000 never looks frozen)
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation  # longest wait between yields of a running generation (how soon a cancel is seen)
 
 
@@ -63,21 +70,24 @@ def _stream(job, progress, desc: str):
     previews: queue.Queue = queue.Queue()
     result: dict = {}
     stop = threading.Event()  # set when nobody listens any more
+    last_preview = [time.monotonic()]  # DDPM-1000 still shows a fresh x0 every PREVIEW_EVERY_S
 
     def on_step(i, total, x0):
         if stop.is_set():
             raise Cancelled  # out of the sampling loop after the UNet call in progress
         progress((i + 1, total), desc=desc)
-        if i % max(1, total // 10) == 0 or i == total - 1:
+        now = time.monotonic()
+        if i % max(1, total // 10) == 0 or i == total - 1 or now - last_preview[0] > PREVIEW_EVERY_S:
+            last_preview[0] = now
             previews.put(x0)
 
     def work():
         try:
             result["value"] = job(on_step)
-        except ValueError as err:
-            result["error"] = str(err)
         except Cancelled:
             pass
+        except Exception as err:  # noqa: BLE001 - every failure reaches the user as a readable message
+            result["error"] = err
         finally:
             previews.put(None)
 
@@ -97,8 +107,33 @@ def _stream(job, progress, desc: str):
         stop.set()
         worker.join()
     if "error" in result:
-        raise gr.Error(result["error"])
+        raise _user_error(result["error"])
     return result["value"]
+
+
+def _user_error(err: BaseException) -> gr.Error:
+    """Any failure as a short, escaped message that names the problem: no traceback, no server paths."""
+    if isinstance(err, gr.Error):
+        return err
+    text = str(err) if isinstance(err, (ValueError, FileNotFoundError)) else f"{type(err).__name__}: {err}"
+    for root in {str(WEIGHTS_DIR), str(WEIGHTS_DIR.resolve())}:
+        text = text.replace(root, "weights")
+    if len(text) > 300:
+        text = text[:300] + " …"
+    return gr.Error(html.escape(text, quote=False))
+
+
+def friendly(handler):
+    """A handler whose every exception reaches the browser as `_user_error`'s message."""
+
+    @functools.wraps(handler)
+    def wrapped(*args, **kwargs):
+        try:
+            return handler(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001
+            raise _user_error(err) from None
+
+    return wrapped
 
 
 def _relay(stream, n_outputs: int, show):
@@ -156,10 +191,10 @@ def build_app(explorer: Explorer) -> gr.Blocks:
     def generate(model, scheduler, steps, seed, num_images, class_name, guidance=1.0, progress=gr.Progress()):
         try:
             classes = explorer.classes(model) if model else []
-        except ValueError as err:
-            raise gr.Error(str(err)) from None
-        if class_name not in (None, "", NO_CLASS) and class_name not in classes:
-            raise gr.Error(f"class {class_name!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
+            if class_name not in (None, "", NO_CLASS) and class_name not in classes:
+                raise ValueError(f"class {str(class_name)[:40]!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
+        except Exception as err:  # noqa: BLE001
+            raise _user_error(err) from None
         label = classes.index(class_name) if class_name in classes else None
 
         def job(on_step):
@@ -182,8 +217,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             classes = explorer.classes(model) if model else []
             label = classes.index(class_name) if class_name in classes else None
             image, mask = _editor_layers(editor)
-        except ValueError as err:
-            raise gr.Error(str(err)) from None
+        except Exception as err:  # noqa: BLE001
+            raise _user_error(err) from None
 
         def job(on_step):
             return explorer.restore(model, operation, image, mask, amount, add_noise, steps, seed, label, guidance,
@@ -200,6 +235,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             *CLEARED_VIEWS,
         )
 
+    @friendly
     def at_pixel(gen, image, step, y, x, layer, head):
         if gen is None:
             raise gr.Error("generate images first (Sample tab)")
@@ -208,16 +244,18 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             maps = explorer.attention_maps(gen, image, step, pixel)
             stages, text = explorer.four_stages(gen, image, step, pixel, layer or 0, head or 0)
         except ValueError as err:
-            raise gr.Error(str(err)) from None
+            raise _user_error(err) from None
         y, x = int(y), int(x)
         return (y, x), y, x, _display(gen, int(image), (y, x)), maps, stages, text
 
+    @friendly
     def click(gen, image, step, layer, head, evt: gr.SelectData):
         if gen is None:
             raise gr.Error("generate images first (Sample tab)")
         y, x = click_to_pixel(evt.index, gen.images.shape[-1])
         return at_pixel(gen, image, step, y, x, layer, head)
 
+    @friendly
     def refresh(gen, image, step, pixel, layer, head):
         """Every view at the current (image, step, pixel): the clickable image, the maps, the four stages."""
         if gen is None:
@@ -226,13 +264,14 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             return _display(gen, int(image), None), None, None, ""
         return at_pixel(gen, image, step, pixel[0], pixel[1], layer, head)[3:]
 
+    @friendly
     def restage(gen, image, step, pixel, layer, head):
         if gen is None or pixel is None:
             return None, ""
         try:
             return explorer.four_stages(gen, image, step, pixel, layer or 0, head or 0)
         except ValueError as err:
-            raise gr.Error(str(err)) from None
+            raise _user_error(err) from None
 
     with gr.Blocks(title="denoiser", delete_cache=(300, 900), analytics_enabled=False) as app:
         gen_state = gr.State(None)

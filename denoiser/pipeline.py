@@ -58,10 +58,24 @@ def load_model(
             f"{str(folder)!r} is not a model folder (no unet/config.json); pass a folder written by "
             "`denoiser train` (run_dir/model) or one under weights/"
         )
+    try:
+        config = json.loads((folder / "unet" / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"model folder {folder.name!r}: unet/config.json is not valid JSON ({err}); re-export the model") from None
+    weights = list((folder / "unet").glob("*.safetensors"))
+    if not weights:
+        found = ", ".join(sorted(p.name for p in (folder / "unet").iterdir())) or "nothing"
+        raise ValueError(
+            f"model folder {folder.name!r} has no safetensors weights in unet/ (found: {found[:200]}); "
+            "denoiser never unpickles .bin files: re-save with save_pretrained(safe_serialization=True)"
+        )
     cls = UNet
-    if json.loads((folder / "unet" / "config.json").read_text()).get("_class_name") == "UNet2DModel":
+    if config.get("_class_name") == "UNet2DModel":
         cls = UNet2DModel  # a diffusers reference model (bench/reference_recipe.py), for evaluation
-    unet = cls.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32)
+    try:
+        unet = cls.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32)
+    except (TypeError, KeyError, OSError, RuntimeError) as err:  # wrong keys, shapes, arguments in config.json
+        raise ValueError(f"model folder {folder.name!r} does not load ({type(err).__name__}: {str(err)[:300]})") from None
     scheduler = DDPMScheduler.from_pretrained(folder / "scheduler")
     unet = unet.to(device).eval()
     if channels_last:

@@ -35,6 +35,12 @@ def weights(tmp_path_factory):
     root = tmp_path_factory.mktemp("weights")
     torch.manual_seed(0)
     save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes")
+    # two broken model folders: weights only as a pickle (.bin), and an unreadable config
+    shutil.copytree(root / "tiny-classes", root / "bin-only")
+    (root / "bin-only" / "unet" / "diffusion_pytorch_model.safetensors").rename(
+        root / "bin-only" / "unet" / "diffusion_pytorch_model.bin")
+    shutil.copytree(root / "tiny-classes", root / "broken-config")
+    (root / "broken-config" / "unet" / "config.json").write_text("{not json")
     shipped = WEIGHTS_DIR / "synthetic-shapes"
     if (shipped / "unet" / "config.json").is_file():
         shutil.copytree(shipped, root / "synthetic-shapes")
@@ -158,6 +164,23 @@ def test_every_view_follows_the_step_and_a_new_generation_clears_them(server):
     client.predict("tiny-classes", "ddim", 2, 1, 1, "(any)", api_name="/generate")
     clickable, maps, stages, text = client.predict(0, 1, 0, 0, api_name="/refresh")
     assert clickable is not None and maps is None and stages is None and text == ""  # the old pixel is gone
+
+
+def test_failures_read_as_short_escaped_messages(server, weights):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    for model, expected in (("bin-only", "no safetensors weights"), ("broken-config", "not valid JSON")):
+        with pytest.raises(Exception) as info:
+            client.predict(model, "ddim", 2, 0, 1, "(any)", api_name="/generate")
+        message = str(info.value)
+        assert expected in message and str(weights) not in message and "Traceback" not in message
+    with pytest.raises(Exception) as info:
+        client.predict("tiny-classes", "ddim", 2, 0, 1, "<b>x</b>" * 20_000, api_name="/generate")
+    message = str(info.value)
+    assert "is not one of this model's classes" in message and "<b>" not in message and len(message) < 600
+    with pytest.raises(Exception, match="Expected a `float`, but the value passed to the event handler was: None"):
+        client.predict("tiny-classes", "ddim", None, 0, 1, "(any)", api_name="/generate")  # Gradio's check, shown
 
 
 def test_analytics_are_off():
