@@ -121,7 +121,6 @@ class Explorer:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         unet, train_sched = self.model(model)
-        self.check_work(unet, num_images, steps * (2 if float(guidance) != 1.0 else 1))
         n_cls = unet.config.num_class_embeds or 0
         if class_label is not None:
             if not n_cls:
@@ -135,6 +134,7 @@ class Explorer:
             raise ValueError(f"guidance must be a number in 1..{LIMITS['guidance'][1]:g}, got {guidance!r}")
         if guidance != 1.0 and class_label is None:
             raise ValueError("guidance needs a class: pick one, or set guidance to 1")
+        self.check_work(unet, num_images, steps * (2 if guidance != 1.0 else 1))
         inputs: list[torch.Tensor] = []
 
         def record(i, t, x_t, x0):
