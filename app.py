@@ -35,7 +35,10 @@ DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the mo
 # show_error: Gradio's own input validation (e.g. a raw API call with steps: null) reaches the client as its
 # message instead of "the upstream app has raised an exception"; our handlers' errors are already short
 # and escaped (_user_error), so no traceback or server path is shown either way
-LAUNCH = {"max_file_size": "5mb", "show_error": True}
+# state_session_capacity: the sessions whose generations stay in memory (oldest dropped first); with the
+# work budget, one generation holds at most ~200 MB of step inputs (the 16x16 model: 64 images x 1000 steps)
+LAUNCH = {"max_file_size": "5mb", "show_error": True, "state_session_capacity": 32}
+SESSION_TTL_S = 1800  # a session's generation is dropped this long after its last update
 HEARTBEAT_S = 0.5
 PREVIEW_EVERY_S = 1.5  # at least this often a preview while sampling (DDPM-1000 never looks frozen)
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation  # longest wait between yields of a running generation (how soon a cancel is seen)
@@ -274,8 +277,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             raise _user_error(err) from None
 
     with gr.Blocks(title="denoiser", delete_cache=(300, 900), analytics_enabled=False) as app:
-        gen_state = gr.State(None)
-        pixel_state = gr.State(None)
+        gen_state = gr.State(None, time_to_live=SESSION_TTL_S)
+        pixel_state = gr.State(None, time_to_live=SESSION_TTL_S)
         gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, then click any pixel on "
                     "the **Attention** tab to see where each attention layer of the U-Net looks.")
         with gr.Tab("Sample"):
