@@ -54,6 +54,9 @@ def main() -> None:
     p.add_argument("--fid", action="append", default=[], metavar="JSON",
                    help="output of `denoiser evaluate --fid` for the card's FID table (repeatable)")
     p.add_argument("--guidance", type=float, default=1.0, help="classifier-free guidance of the card's sample grid")
+    p.add_argument("--grid-per-class", type=int, default=8, help="images per class row of the card's grid")
+    p.add_argument("--grid-steps", type=int, default=50, help="DDIM steps of the card's grid")
+    p.add_argument("--attribution", default=None, help="markdown file with the data's licences, appended to the card")
     args = p.parse_args()
 
     run = Path(args.run)
@@ -77,8 +80,10 @@ def main() -> None:
     ddim = make_sampler("ddim", sched.config)
     if conditional:  # one row per class
         n_cls = unet.config.num_class_embeds
-        rows = [sample(shipped, ddim, 8, 50, seed=c, class_labels=c, guidance_scale=args.guidance).images for c in range(n_cls)]
-        save_grid(torch.cat(rows), out / "samples.png", nrow=8, scale=max(1, 64 // unet.config.sample_size))
+        k = args.grid_per_class
+        rows = [sample(shipped, ddim, k, args.grid_steps, seed=c, class_labels=c, guidance_scale=args.guidance).images
+                for c in range(n_cls)]
+        save_grid(torch.cat(rows), out / "samples.png", nrow=k, scale=max(1, 64 // unet.config.sample_size))
     else:
         save_grid(sample(shipped, ddim, 64, 50, seed=0).images, out / "samples.png", nrow=8,
                   scale=max(1, 64 // unet.config.sample_size))
@@ -96,7 +101,7 @@ Weights are fp16 safetensors; `denoiser.pipeline.load_model` and `DiffusionPipel
 
 ![samples](samples.png)
 
-{'Rows: ' + ', '.join(classes) + ' (DDIM, 50 steps, seeds 0..' + str(len(classes) - 1) + guidance_text + ').' if conditional else 'DDIM, 50 steps, seed 0.'}
+{'Rows: ' + ', '.join(classes) + f' (DDIM, {args.grid_steps} steps, seeds 0..' + str(len(classes) - 1) + guidance_text + ').' if conditional else 'DDIM, 50 steps, seed 0.'}
 {fid_md}
 ## Training
 
@@ -135,6 +140,8 @@ on the synthetic model this estimate was within 0.002 bits/dim of the full 1000-
 """
     if args.extra_md:
         card += "\n" + Path(args.extra_md).read_text()
+    if args.attribution:
+        card += "\n" + Path(args.attribution).read_text()
     (out / "README.md").write_text(card)
     print(json.dumps({"name": args.name, "bits_per_dim": ev["bits_per_dim"], "mse_mean": ev["mse_mean"]}))
 
