@@ -178,21 +178,12 @@ def _read_image(path: str, what: str = "image"):
         raise ValueError(f"cannot read image {path!r} ({err}); pass a PNG or JPEG file") from None
 
 
-def _fit(img, size: int, mode: str):
-    """Resize the short side to `size` (bicubic) and centre-crop: the model's input."""
-    from torchvision import transforms
-
-    return transforms.Compose([transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC, antialias=True),
-                               transforms.CenterCrop(size)])(img.convert(mode) if mode == "L" else img)
-
-
 def cmd_restore(args) -> None:
     import torch
-    from torchvision.transforms import functional as TF
 
     from denoiser.data import flatten_to_rgb
     from denoiser.pipeline import load_model
-    from denoiser.restore import denoise, edit, inpaint, psnr
+    from denoiser.restore import add_noise, denoise, edit, image_to_model, inpaint, mask_to_model, psnr
     from denoiser.sample import save_grid
 
     img = flatten_to_rgb(_read_image(args.image))
@@ -206,10 +197,8 @@ def cmd_restore(args) -> None:
     size = unet.config.sample_size
     if img.size != (size, size):
         print(f"input resized and centre-cropped from {img.width}x{img.height} to {size}x{size} (the model's size)")
-    x = TF.pil_to_tensor(_fit(img, size, "RGB"))[None].float() / 127.5 - 1  # (1, 3, S, S) in [-1, 1]
-    clean = x
-    if args.add_noise is not None:
-        x = x + 2 * args.add_noise * torch.randn(x.shape, generator=torch.Generator().manual_seed(args.seed + 12_345))
+    clean = image_to_model(img, size)
+    x = clean if args.add_noise is None else add_noise(clean, args.add_noise, args.seed)
     common = dict(seed=args.seed, class_label=args.class_label, guidance_scale=args.guidance)
     if args.command == "denoise":
         sigma = args.sigma if args.sigma is not None else args.add_noise
@@ -217,8 +206,7 @@ def cmd_restore(args) -> None:
     elif args.command == "edit":
         res = edit(unet, sched.config, x, strength=args.strength, steps=args.steps, **common)
     else:
-        mask = TF.pil_to_tensor(_fit(mask_img, size, "L"))[None].float() / 255  # (1, 1, S, S), 1 = regenerate
-        res = inpaint(unet, sched.config, x, mask, steps=args.steps, **common)
+        res = inpaint(unet, sched.config, x, mask_to_model(mask_img, size), steps=args.steps, **common)
     print(f"{args.command}: {save_grid(res.images, args.out)}")
     if args.compare:
         shown = [(clean / 2 + 0.5).clamp(0, 1)] + ([(x / 2 + 0.5).clamp(0, 1)] if args.add_noise else []) + [res.images]

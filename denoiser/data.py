@@ -133,12 +133,16 @@ def flatten_to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")  # grayscale, palette, CMYK ... become RGB
 
 
-def _resize_crop(size: int) -> transforms.Compose:
+def fit_to_size(size: int) -> transforms.Compose:
+    """PIL image -> PIL image: the short side resized to `size` (bicubic, antialiased), then centre-cropped."""
     return transforms.Compose([
         transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC, antialias=True),
         transforms.CenterCrop(size),
-        transforms.PILToTensor(),
     ])
+
+
+def _resize_crop(size: int) -> transforms.Compose:
+    return transforms.Compose([fit_to_size(size), transforms.PILToTensor()])
 
 
 def load_folder(path: str | Path, size: int) -> ImageDataset:

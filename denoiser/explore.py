@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 from PIL import Image
-from torchvision import transforms
 
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model, resolve_model_dir
@@ -168,10 +167,8 @@ class Explorer:
         mask: for "inpaint", white (or painted, opaque) pixels are regenerated. Returns the generation
         (its image, every step's model input), the noisy input when `add_noise` > 0, and a summary.
         """
-        from torchvision.transforms import functional as TF
-
-        from denoiser.data import flatten_to_rgb
-        from denoiser.restore import denoise, edit, inpaint, psnr
+        from denoiser.restore import add_noise as noised
+        from denoiser.restore import denoise, edit, image_to_model, inpaint, mask_to_model, psnr
 
         if operation not in RESTORE_OPERATIONS:
             raise ValueError(f"operation must be one of {', '.join(RESTORE_OPERATIONS)}, got {str(operation)[:40]!r}")
@@ -187,12 +184,8 @@ class Explorer:
         unet, train_sched = self.model(model)
         self.check_work(unet, 1, steps * (2 if float(guidance) != 1.0 else 1))
         size = unet.config.sample_size
-        fit = transforms.Compose([transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC,
-                                                    antialias=True), transforms.CenterCrop(size)])
-        x = TF.pil_to_tensor(fit(flatten_to_rgb(image)))[None].float() / 127.5 - 1  # (1, 3, S, S) in [-1, 1]
-        clean = x
-        if add_noise > 0:
-            x = x + 2 * add_noise * torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 12_345))
+        clean = image_to_model(image, size)  # (1, 3, S, S) in [-1, 1]
+        x = noised(clean, add_noise, seed) if add_noise > 0 else clean
         inputs, timesteps = [], []
         # steps the chain will take (denoise.restore visits at most this many timesteps), for progress
         expected = {"denoise": 1, "edit": max(1, round(steps * amount))}.get(operation, steps)
@@ -215,7 +208,7 @@ class Explorer:
         else:
             if mask is None:
                 raise ValueError("inpaint needs a mask: paint the area to regenerate")
-            m = TF.pil_to_tensor(fit(mask.convert("L")))[None].float() / 255  # (1, 1, S, S)
+            m = mask_to_model(mask, size)  # (1, 1, S, S)
             if float((m > 0.5).sum()) == 0:
                 raise ValueError("the mask is empty: paint the area to regenerate")
             res = inpaint(unet, train_sched.config, x, m, steps=steps, **common)

@@ -21,10 +21,15 @@ from __future__ import annotations
 
 import torch
 from diffusers import DDPMScheduler
+from PIL import Image
+from torchvision.transforms import functional as TF
 
+from denoiser.data import fit_to_size, flatten_to_rgb
 from denoiser.sample import SampleResult, sample
 
-__all__ = ["sigma_to_timestep", "estimate_sigma", "denoise", "edit", "inpaint", "psnr"]
+__all__ = [
+    "sigma_to_timestep", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "image_to_model", "mask_to_model", "add_noise",
+]
 
 
 def _alphas_cumprod(train_scheduler_config) -> torch.Tensor:
@@ -58,7 +63,22 @@ def estimate_sigma(images: torch.Tensor) -> torch.Tensor:
     return (hh.flatten(1).abs().median(dim=1).values / 0.6745).float()  # (B,)
 
 
-def _labels(unet, images: torch.Tensor, class_label) -> torch.Tensor | None:
+def image_to_model(image: Image.Image, size: int) -> torch.Tensor:
+    """A user's image (any size or mode; transparency on white) -> (1, 3, size, size) in [-1, 1], resized and cropped."""
+    return TF.pil_to_tensor(fit_to_size(size)(flatten_to_rgb(image)))[None].float() / 127.5 - 1  # (1, 3, S, S)
+
+
+def mask_to_model(mask: Image.Image, size: int) -> torch.Tensor:
+    """A mask image (white = regenerate) -> (1, 1, size, size) in [0, 1], resized and cropped like the image."""
+    return TF.pil_to_tensor(fit_to_size(size)(mask.convert("L")))[None].float() / 255  # (1, 1, S, S)
+
+
+def add_noise(images: torch.Tensor, sigma: float, seed: int = 0) -> torch.Tensor:
+    """images in [-1, 1] plus Gaussian noise of std `sigma` on the [0, 1] pixel scale (2σ here), seeded."""
+    return images + 2 * sigma * torch.randn(images.shape, generator=torch.Generator().manual_seed(seed + 12_345))
+
+
+def _labels(images: torch.Tensor, class_label) -> torch.Tensor | None:
     if class_label is None:
         return None
     return torch.as_tensor(class_label).reshape(-1).expand(images.shape[0])
@@ -93,7 +113,7 @@ def denoise(
     # one DDPM step from t to "t = -1" (ᾱ = 1) adds no noise and returns the clipped x₀ prediction
     return sample(
         unet, DDPMScheduler.from_config(train_scheduler_config), images.shape[0], seed=seed, timesteps=timesteps,
-        x_init=abar**0.5 * images, class_labels=_labels(unet, images, class_label), guidance_scale=guidance_scale,
+        x_init=abar**0.5 * images, class_labels=_labels(images, class_label), guidance_scale=guidance_scale,
         callback=callback,
     )
 
@@ -117,7 +137,7 @@ def edit(
     return sample(
         unet, DDPMScheduler.from_config(train_scheduler_config), images.shape[0], seed=seed + 1,
         timesteps=_chain(t, max(1, round(steps * strength))), x_init=x_t.to(images),
-        class_labels=_labels(unet, images, class_label), guidance_scale=guidance_scale, callback=callback,
+        class_labels=_labels(images, class_label), guidance_scale=guidance_scale, callback=callback,
     )
 
 
@@ -147,7 +167,7 @@ def inpaint(
 
     return sample(
         unet, DDPMScheduler.from_config(train_scheduler_config), images.shape[0], seed=seed, timesteps=timesteps,
-        class_labels=_labels(unet, images, class_label), guidance_scale=guidance_scale, after_step=put_back_known,
+        class_labels=_labels(images, class_label), guidance_scale=guidance_scale, after_step=put_back_known,
         callback=callback,
     )
 
