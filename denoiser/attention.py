@@ -156,18 +156,22 @@ class AttentionHead(nn.Module):
         return scaled_dot_product_attention(q, k, v, return_weights=True)  # (2)-(4)
 
 
+def small_head_kernel() -> bool:
+    """Whether denoiser's small-head attention kernel is here: the kernels built, on an AVX-512 CPU."""
+    return load_kernels() and torch.ops.denoiser.small_head_attention_compiled()
+
+
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Stages (2)-(4) on the fast path, (B, h, N, d) -> (B, h, N, d): torch's fused SDPA; for inference on
     CPU, denoiser's small-head kernel (csrc/attention_small_head.cpp: d = 16 or 32 in fp32, where torch's
     flash kernel spends half its time around GEMM calls of inner size d; elsewhere the op calls torch's
-    SDPA itself). The fused attention block (csrc/unet_blocks.cpp) calls the same op, so the module and
-    the block compute bit-identical outputs."""
+    SDPA itself)."""
     if (
         q.device.type == "cpu"
         and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
         and plain_tensors(q, k, v)
         and not torch.compiler.is_compiling()
-        and load_kernels()
+        and small_head_kernel()
     ):
         return torch.ops.denoiser.small_head_attention(q, k, v)
     return F.scaled_dot_product_attention(q, k, v)
@@ -265,18 +269,6 @@ class SpatialSelfAttention(nn.Module):
         tokens = to_tokens(self.norm(x))  # (B, N, C)
         out = self.attention(tokens, spatial_size=(H, W))  # (B, N, C)
         return x + from_tokens(out, H, W)  # (B, C, H, W)
-
-    def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """`forward` as one C++ op (csrc/unet_blocks.cpp: `fused_attention`, bit-identical) for inference on
-        channels-last CPU tensors, where `UNet.forward` calls it; the module's `forward` while attention
-        is being captured or the readable path is forced (`fused_attn=False`)."""
-        attn = self.attention
-        if attn._recorder is not None or attn.fused_attn is False:
-            return self(x)
-        return torch.ops.denoiser.attention_block_forward(
-            x, self.norm.weight, self.norm.bias, attn.qkv.weight, attn.qkv.bias, attn.proj.weight, attn.proj.bias,
-            attn.num_heads, self.norm.num_groups, self.norm.eps,
-        )
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""`denoiser train | sample | attention | evaluate`: the command line, the only place that parses argv."""
+"""`denoiser train | sample | attention | evaluate | denoise | edit | inpaint | build-kernels`: the command line, the only place that parses argv."""
 
 from __future__ import annotations
 
@@ -107,7 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reference statistics for --fid; computed once from --data (its --val-size split) when missing")
     e.add_argument("--samples", default=None, metavar="IMAGES.npy",
                    help="score these uint8 (N, H, W, 3) images instead of sampling (e.g. from bench/gpu/run.sh)")
+
+    k = sub.add_parser("build-kernels", help="compile the optional C++ kernels for this torch and CPU (make venv runs it)")
+    k.add_argument("--verbose", action="store_true", help="show the compiler's output")
     return p
+
+
+def cmd_build_kernels(args) -> None:
+    from denoiser.kernels import build_kernels
+
+    try:
+        print(f"denoiser kernels: {build_kernels(verbose=args.verbose)}")
+    except RuntimeError as err:  # no compiler: say so; everything still runs on the reference paths
+        raise ValueError(str(err)) from err
 
 
 def cmd_train(args) -> None:
@@ -277,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "model", "") is None:
         args.model = _default_model()
     handler = {"train": cmd_train, "sample": cmd_sample, "attention": cmd_attention, "evaluate": cmd_evaluate,
-               "denoise": cmd_restore, "edit": cmd_restore, "inpaint": cmd_restore}
+               "denoise": cmd_restore, "edit": cmd_restore, "inpaint": cmd_restore, "build-kernels": cmd_build_kernels}
+    from denoiser import malloc
+
+    malloc.configure()  # freed activations stay in the heap for the next step (denoiser/malloc.py)
     try:
         handler[args.command](args)
     except (ValueError, FileNotFoundError) as err:

@@ -7,8 +7,9 @@ tensor the fast path does not cover. The fast path is a small C++ kernel
 GroupNorm is 3-12x slower than for NCHW (bf16 especially) while the convolutions around it are
 fastest channels-last. Tests assert that both paths compute the same function, forward and backward.
 
-The kernel is part of denoiser's C++ extension (`denoiser.kernels`), compiled on first use; without a
-C++ compiler, or with DENOISER_KERNELS=0, everything runs on the reference path and only speed changes.
+The kernel is part of denoiser's C++ extension (`denoiser.kernels`), built at install (`denoiser
+build-kernels`); without it, or with DENOISER_KERNELS=0, everything runs on the reference path and only
+speed changes.
 """
 
 from __future__ import annotations

@@ -1,128 +1,154 @@
-"""denoiser's C++ extension: built on first use, loaded once, optional.
+"""denoiser's C++ extension: built once at install (`denoiser build-kernels`, run by `make venv`), then
+only loaded — never compiled on a user's call. Optional: without it everything runs on the reference
+paths and only speed changes.
 
-CPU sources (`denoiser/csrc/`):
+CPU sources (`denoiser/csrc/`), each kept because an interleaved A/B showed it pays (bench/NOTES.md):
 - `group_norm_nhwc.cpp`: GroupNorm (+ the SiLU that follows it) for channels-last tensors, forward and
   backward; used by `denoiser.groupnorm`.
 - `attention_small_head.cpp`: scaled dot-product attention for small heads (d = 16, 32) on fp32 CPU
   tensors, forward only; the fast path of `denoiser.attention` there.
-- `unet_blocks.cpp`: the UNet's ResBlock, pixel-attention block and upsampler as single inference ops,
-  the same ATen calls as the modules' `forward` without the Python between them; used by `denoiser.unet`.
-- `allocation_cache.cpp`: a caching CPU allocator for sampling loops (`cached_cpu_allocations`).
 
-The extension is compiled with torch's C++-extension builder (about 15 s with g++, cached under
-~/.cache/torch_extensions and keyed by this CPU's instruction set, since it is built -march=native).
-Without a C++ compiler, or with DENOISER_KERNELS=0, everything runs on the reference paths and only
-speed changes.
+The build is cached under ~/.cache/denoiser/kernels (or $DENOISER_KERNEL_CACHE) in a folder keyed by
+the torch version, the compiler flags, this CPU's instruction-set flags (it is built -march=native)
+and the sources, so a cached build is never loaded by another torch or on a CPU that lacks its
+instructions. A build goes to a fresh temporary folder that is renamed into place when complete: a
+killed build leaves no lock or half-written library behind. DENOISER_KERNELS=0 switches them off.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
 import platform
 import shutil
+import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-__all__ = ["load_kernels", "kernel_error", "cached_cpu_allocations", "plain_tensors"]
+__all__ = ["build_kernels", "load_kernels", "kernel_error", "library_path", "plain_tensors"]
 
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [
-    _CSRC / name
-    for name in ("group_norm_nhwc.cpp", "attention_small_head.cpp", "unet_blocks.cpp", "allocation_cache.cpp")
-]
-_DISABLE = ("DENOISER_KERNELS", "DENOISER_FAST_GROUPNORM")  # the second: its name before the block ops
+_SOURCES = [_CSRC / name for name in ("group_norm_nhwc.cpp", "attention_small_head.cpp")]
+_HEADERS = sorted(_CSRC.glob("*.h"))
+_DISABLE = ("DENOISER_KERNELS", "DENOISER_FAST_GROUPNORM")  # the second: an older name
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool once a load was attempted, "error": str when it failed
 
 
-def _cpu_tag() -> str:
-    """Short hash of this CPU's instruction-set flags: the kernels are built with -march=native, so a cached
-    build must never be loaded on a CPU that lacks its instructions (e.g. a home folder shared by machines)."""
+def _cflags() -> list[str]:
+    flags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        flags.append("-mprefer-vector-width=512")  # gcc defaults to 256-bit vectors on AVX-512 CPUs
+    return flags
+
+
+def _cpu_flags() -> str:
     try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        return next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
-        flags = platform.processor() or platform.machine()
-    return hashlib.sha1(flags.encode()).hexdigest()[:8]
+        return platform.processor() or platform.machine()
 
 
-def _put_ninja_on_path() -> None:
-    """torch's builder runs `ninja` from PATH; the pip package's binary is not there unless the venv is
-    activated (e.g. `.venv/bin/python -m pytest`)."""
-    if shutil.which("ninja") is None:
+def _build_key() -> str:
+    """What a build depends on: torch (its C++ ABI and headers), flags, the CPU's instructions, sources."""
+    h = hashlib.sha1()
+    for part in (torch.__version__, " ".join(_cflags()), _cpu_flags()):
+        h.update(part.encode() + b"\0")
+    for path in _SOURCES + _HEADERS:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _cache_root() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "denoiser" / "kernels"
+    return Path(os.environ.get("DENOISER_KERNEL_CACHE", default))
+
+
+def library_path() -> Path:
+    """Where this machine's build lives (it may not exist yet)."""
+    name = f"denoiser_kernels_{_build_key()}"
+    return _cache_root() / name / f"{name}.so"
+
+
+def _disabled() -> str | None:
+    names = [name for name in _DISABLE if os.environ.get(name, "1") == "0"]
+    return f"disabled by {names[0]}=0" if names else None
+
+
+def build_kernels(verbose: bool = False) -> Path:
+    """Compile the extension for this torch and CPU into the cache (about 30-150 s with g++) and return
+    the library's path; an existing build is reused. Raises RuntimeError, saying what is missing, if it
+    cannot be built."""
+    target = library_path()
+    if target.exists():
+        return target
+    from torch.utils.cpp_extension import load
+
+    if shutil.which("ninja") is None:  # torch's builder runs `ninja`; the pip package's binary may be off PATH
         try:
             import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         except ImportError:
-            return
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+            pass
+    target.parent.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent.parent))
+    try:
+        load(
+            name=target.stem, sources=[str(s) for s in _SOURCES], extra_cflags=_cflags(), extra_ldflags=["-fopenmp"],
+            build_directory=str(work), is_python_module=False, verbose=verbose,
+        )  # fmt: skip
+        try:
+            work.rename(target.parent)
+        except OSError:  # another process finished the same build first: keep theirs
+            if not target.exists():
+                raise
+    except Exception as e:
+        raise RuntimeError(
+            f"denoiser's C++ kernels could not be built ({type(e).__name__}: {str(e)[-1500:]}); they need a C++ "
+            "compiler (g++) and ninja (a dependency of denoiser). Everything still works on the reference paths."
+        ) from e
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _state.clear()  # a later load_kernels() sees the new build
+    _state.update(ok=True)
+    return target
 
 
 def load_kernels() -> bool:
-    """Compile (once per machine) and load the extension; False, with the reason logged, if it cannot.
-    Called on every fast-path decision: once decided, it answers without the lock."""
+    """Load this machine's build if there is one (never compiles); False, with the reason kept for
+    `kernel_error`, if there is none or it is switched off. Answers without the lock once decided."""
     if "ok" in _state:
         return bool(_state["ok"])
     with _lock:
         if "ok" in _state:
             return bool(_state["ok"])
-        disabled = [name for name in _DISABLE if os.environ.get(name, "1") == "0"]
-        if disabled:
-            _state.update(ok=False, error=f"disabled by {disabled[0]}=0")
-            return False
-        try:
-            from torch.utils.cpp_extension import load
-
-            _put_ninja_on_path()
-            log.info("loading denoiser's C++ kernels (their first build on a machine takes about 15 s)")
-            cflags = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-            if platform.machine() in ("x86_64", "AMD64"):
-                cflags.append("-mprefer-vector-width=512")  # gcc defaults to 256-bit vectors on AVX-512 CPUs
-            load(
-                name=f"denoiser_kernels_{_cpu_tag()}",
-                sources=[str(s) for s in _SOURCES],
-                extra_cflags=cflags,
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
-            _state["ok"] = True
-        except Exception as e:  # no compiler, no headers, ...: the reference paths still work
-            _state.update(ok=False, error=f"{type(e).__name__}: {e}")
+        reason = _disabled()
+        path = library_path()
+        if reason is None and not path.exists():
+            reason = f"not built for this torch and CPU (looked for {path})"
             log.warning(
-                "denoiser: the C++ kernels could not be built (%s); using torch's GroupNorm and the modules' "
-                "Python forward instead (same results, slower channels-last). They need a C++ compiler (g++) "
-                "and ninja (a dependency of denoiser); set DENOISER_KERNELS=0 to skip the attempt.",
-                _state["error"][-2000:],
-            )
-        return bool(_state["ok"])
+                "denoiser: C++ kernels %s; using the reference paths (same results, slower). Build them once "
+                "with `denoiser build-kernels` (`make venv` does).", reason,
+            )  # fmt: skip
+        if reason is None:
+            try:
+                torch.ops.load_library(str(path))
+            except Exception as e:  # e.g. a library from a removed torch: the reference paths still work
+                reason = f"{path} failed to load ({type(e).__name__}: {e}); rebuild with `denoiser build-kernels`"
+                log.warning("denoiser: %s", reason)
+        _state.update(ok=reason is None, error=reason)
+        return reason is None
 
 
 def kernel_error() -> str | None:
     """Why the kernels are unavailable (None if they loaded or were never asked for)."""
     return _state.get("error")  # type: ignore[return-value]
-
-
-@contextlib.contextmanager
-def cached_cpu_allocations() -> Iterator[None]:
-    """While open, CPU tensor memory that is freed is kept by size and handed out again instead of going
-    back to the system (csrc/allocation_cache.cpp): a loop that allocates the same sizes every step then
-    stops page-faulting its activations in afresh (~15% of a CPU sampling step). Nests; process-wide
-    while open; the idle memory is released when the last one closes. A no-op without the kernels."""
-    if not load_kernels():
-        yield
-        return
-    torch.ops.denoiser.set_allocation_cache(True)
-    try:
-        yield
-    finally:
-        torch.ops.denoiser.set_allocation_cache(False)
 
 
 _functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)

@@ -22,7 +22,6 @@ from torchvision.utils import make_grid
 
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
-from denoiser.kernels import cached_cpu_allocations
 from denoiser.unet import UNet
 
 __all__ = [
@@ -168,16 +167,13 @@ def sample(
     return result
 
 
-def sampling_context(unet: torch.nn.Module) -> contextlib.ExitStack:
-    """What a loop of UNet calls with fixed weights sets up once: on CPU, freed activation memory reused
-    instead of faulted in afresh each step, and our UNet's weights prepared once (`UNet.packed_weights`).
-    Re-running a sampled step (the app's attention view) inside it repeats the sampling pass exactly."""
-    stack = contextlib.ExitStack()
-    if unet.device.type == "cpu":
-        stack.enter_context(cached_cpu_allocations())
-        if isinstance(unet, UNet):  # sample() also runs diffusers' UNet2DModel (reference models)
-            stack.enter_context(unet.packed_weights())
-    return stack
+def sampling_context(unet: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+    """What a loop of UNet calls with fixed weights sets up once: our UNet's convolution weights prepared
+    once for oneDNN (`UNet.packed_weights`). Re-running a sampled step (the app's attention view) inside
+    it repeats the sampling pass exactly."""
+    if isinstance(unet, UNet):  # sample() also runs diffusers' UNet2DModel (reference models)
+        return unet.packed_weights()
+    return contextlib.nullcontext()
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,9 @@
 //
 // Same function as torch.nn.functional.scaled_dot_product_attention (no mask, no dropout, default
 // scale), rounding differs (tests/test_attention.py: against float64 and torch's SDPA). NaN in a score
-// row makes that query's output NaN, as in torch. Where it does not apply (other head sizes, dtypes,
-// no AVX-512) the op calls torch's SDPA, so `denoiser.attention.fused_attention` and the fused
-// attention block (unet_blocks.cpp) always agree bit for bit.
+// row makes that query's output NaN, as in torch. The kernel is compiled only where the CPU has AVX-512
+// (`small_head_attention_compiled()` says whether it was); for other head sizes or dtypes, and in
+// builds without it, the op calls torch's SDPA.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -23,7 +23,6 @@
 #include <cstring>
 #include <vector>
 
-#include "attention_small_head.h"
 #include "vec_math.h"
 
 namespace {
@@ -119,6 +118,16 @@ void attend(const float* q, const float* k, const float* v, int64_t q_stride, in
 
 namespace denoiser {
 
+bool small_head_attention_compiled() {
+#if defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Whether small_head_attention runs its own kernel for these inputs (fp32 CPU, d = 16 or 32, no
+// autograd, AVX-512 build) rather than torch's SDPA.
 bool small_head_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
 #if defined(__AVX512F__)
   const auto plain = [](const at::Tensor& t) {
@@ -167,6 +176,7 @@ at::Tensor small_head_attention(const at::Tensor& q, const at::Tensor& k, const 
 
 TORCH_LIBRARY_FRAGMENT(denoiser, m) {
   m.def("small_head_attention(Tensor q, Tensor k, Tensor v) -> Tensor");
+  m.def("small_head_attention_compiled() -> bool", &denoiser::small_head_attention_compiled);
 }
 
 TORCH_LIBRARY_IMPL(denoiser, CPU, m) {

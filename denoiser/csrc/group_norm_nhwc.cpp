@@ -24,7 +24,6 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
-#include "group_norm_nhwc.h"
 #include "vec_math.h"
 
 #include <algorithm>
@@ -88,20 +87,13 @@ inline __m512 silu16(__m512 z) {
 }
 
 // Pass 1 for NV vectors of channels over npix pixels `stride` floats apart: chunk means into mk, sums
-// of squared deviations from them into m2k (sh: the shift of these channels, or null).
-template <int NV, bool SHIFT>
-void stats_block(const float* x, int64_t stride, int64_t npix, const float* sh, float inv, float* mk, float* m2k,
-                 __mmask16 last) {
+// of squared deviations from them into m2k.
+template <int NV>
+void stats_block(const float* x, int64_t stride, int64_t npix, float inv, float* mk, float* m2k, __mmask16 last) {
   const auto mask = [&](int u) { return u == NV - 1 ? last : __mmask16(0xFFFF); };
-  __m512 t[NV], acc[NV], m2[NV];
-  for (int u = 0; u < NV; ++u) {
-    t[u] = SHIFT ? _mm512_maskz_loadu_ps(mask(u), sh + 16 * u) : _mm512_setzero_ps();
-    acc[u] = m2[u] = _mm512_setzero_ps();
-  }
-  const auto value = [&](int64_t n, int u) {  // vector u of pixel n, shifted
-    const __m512 v = _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u);
-    return SHIFT ? _mm512_add_ps(v, t[u]) : v;
-  };
+  __m512 acc[NV], m2[NV];
+  for (int u = 0; u < NV; ++u) acc[u] = m2[u] = _mm512_setzero_ps();
+  const auto value = [&](int64_t n, int u) { return _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u); };
   for (int64_t n = 0; n < npix; ++n)
     for (int u = 0; u < NV; ++u) acc[u] = _mm512_add_ps(acc[u], value(n, u));
   for (int u = 0; u < NV; ++u) acc[u] = _mm512_mul_ps(acc[u], _mm512_set1_ps(inv));
@@ -116,21 +108,19 @@ void stats_block(const float* x, int64_t stride, int64_t npix, const float* sh, 
   }
 }
 
-// Pass 2 for NV vectors of channels: y = (x + sh) * a + k, then SiLU; y rows `y_stride` floats apart.
-template <int NV, bool SILU, bool SHIFT>
-void normalize_block(const float* x, int64_t stride, int64_t npix, const float* sh, const float* a, const float* k,
-                     float* y, int64_t y_stride, __mmask16 last) {
+// Pass 2 for NV vectors of channels: y = x * a + k, then SiLU; y rows `y_stride` floats apart.
+template <int NV, bool SILU>
+void normalize_block(const float* x, int64_t stride, int64_t npix, const float* a, const float* k, float* y,
+                     int64_t y_stride, __mmask16 last) {
   const auto mask = [&](int u) { return u == NV - 1 ? last : __mmask16(0xFFFF); };
-  __m512 t[NV], av[NV], kv[NV];
+  __m512 av[NV], kv[NV];
   for (int u = 0; u < NV; ++u) {
-    t[u] = SHIFT ? _mm512_maskz_loadu_ps(mask(u), sh + 16 * u) : _mm512_setzero_ps();
     av[u] = _mm512_maskz_loadu_ps(mask(u), a + 16 * u);
     kv[u] = _mm512_maskz_loadu_ps(mask(u), k + 16 * u);
   }
   for (int64_t n = 0; n < npix; ++n)
     for (int u = 0; u < NV; ++u) {
-      __m512 v = _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u);
-      if constexpr (SHIFT) v = _mm512_add_ps(v, t[u]);
+      const __m512 v = _mm512_maskz_loadu_ps(mask(u), x + n * stride + 16 * u);
       __m512 z = _mm512_fmadd_ps(v, av[u], kv[u]);
       if constexpr (SILU) z = silu16(z);
       _mm512_mask_storeu_ps(y + n * y_stride + 16 * u, mask(u), z);
@@ -161,14 +151,12 @@ struct Shape {
   int64_t chunks;         // ceil(N / kChunk)
 };
 
-// channels: x's, or (for two concatenated inputs) the total
-Shape check(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t groups,
-            int64_t channels = -1) {
+Shape check(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t groups) {
   TORCH_CHECK(x.dim() == 4, "group_norm_nhwc: expected a (B, C, H, W) tensor, got ", x.dim(), " dims");
   TORCH_CHECK(x.is_contiguous(at::MemoryFormat::ChannelsLast), "group_norm_nhwc: x must be channels-last");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "group_norm_nhwc: x must be float32 or bfloat16, got ", x.scalar_type());
-  const int64_t C = channels < 0 ? x.size(1) : channels;
+  const int64_t C = x.size(1);
   TORCH_CHECK(groups > 0 && C % groups == 0, "group_norm_nhwc: groups must divide channels");
   TORCH_CHECK(weight.scalar_type() == at::kFloat && bias.scalar_type() == at::kFloat &&
                   weight.is_contiguous() && bias.is_contiguous() && weight.numel() == C && bias.numel() == C,
@@ -222,90 +210,45 @@ inline double chunk_sum(const std::vector<float>& part, const Shape& s, int64_t 
   return t;
 }
 
-// Where the forward reads x: one tensor, or the channel-wise concatenation of two (x1's C1 channels,
-// then x2's) without materialising it; plus, optionally, a per-(image, channel) shift added to x first
-// (the ResBlock's timestep embedding), rounded to T as a separate add would round it.
-template <typename T>
-struct Source {
-  const T* x1;
-  int64_t C1;
-  const T* x2;         // nullptr: x1 has all C channels
-  const float* shift;  // nullptr, or (B, C)
-};
-
-// x + shift, rounded to T (exact for float; for bf16, what torch's add of two bf16 tensors returns).
-inline float shifted(float v, float s) { return v + s; }
-inline float shifted(uint16_t v, float s) {
-  uint16_t r;
-  from_float(to_float(v) + s, &r);
-  return to_float(r);
-}
-
-// Calls f(row, c0, len) for the parts of pixel n of image i: row[j] is channel c0 + j, j < len (and the
-// part's next pixel starts len floats later).
-template <typename T, typename F>
-inline void for_row(const Source<T>& src, const Shape& s, int64_t i, int64_t n, const F& f) {
-  if (src.x2 == nullptr) {
-    f(src.x1 + (i * s.N + n) * s.C, int64_t(0), s.C);
-    return;
-  }
-  const int64_t C2 = s.C - src.C1;
-  f(src.x1 + (i * s.N + n) * src.C1, int64_t(0), src.C1);
-  f(src.x2 + (i * s.N + n) * C2, src.C1, C2);
-}
-
 // T is float or uint16_t (bf16 bits, so that the compiler sees plain integer loads and vectorises);
-// SILU and SHIFT are template arguments so that the inner loops have no branch.
-template <typename T, bool SILU, bool SHIFT>
-void forward_impl(const Shape& s, const Source<T>& src, const float* w, const float* b, double eps, T* y,
-                  float* mean, float* rstd) {
+// SILU is a template argument so that the inner loops have no branch.
+template <typename T, bool SILU>
+void forward_impl(const Shape& s, const T* x, const float* w, const float* b, double eps, T* y, float* mean,
+                  float* rstd) {
   const int64_t N = s.N, C = s.C;
   std::vector<float> part1(s.B * s.chunks * C), part2(s.B * s.chunks * C), A(s.B * C), K(s.B * C);
-  auto value = [](T v, float shift) {  // a value of x, shifted
-    if constexpr (SHIFT) return shifted(v, shift);
-    return to_float(v);
-  };
   // Pass 1: per (image, chunk, channel) mean and sum of squared deviations from it; the chunk
   // (64 pixels) is read twice while it sits in L1, so no large value is ever squared.
   auto stats = [&](int64_t i, int64_t k) {
     float* mk = part1.data() + (i * s.chunks + k) * C;
     float* m2k = part2.data() + (i * s.chunks + k) * C;
-    const float* sh = SHIFT ? src.shift + i * C : nullptr;
     const int64_t n0 = k * kChunk, n1 = chunk_end(s, k);
     const float inv = 1.0f / float(n1 - n0);
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) {
-      for_row(src, s, i, n0, [&](const float* x, int64_t c0, int64_t channels) {
-        channel_blocks(channels, [&]<int NV>(int64_t cb, __mmask16 last) {
-          stats_block<NV, SHIFT>(x + cb, channels, n1 - n0, SHIFT ? sh + c0 + cb : nullptr, inv, mk + c0 + cb,
-                                 m2k + c0 + cb, last);
-        });
+      channel_blocks(C, [&]<int NV>(int64_t cb, __mmask16 last) {
+        stats_block<NV>(x + (i * N + n0) * C + cb, C, n1 - n0, inv, mk + cb, m2k + cb, last);
       });
       return;
     }
 #endif
     std::fill(mk, mk + C, 0.0f);
     std::fill(m2k, m2k + C, 0.0f);
-    for (int64_t n = n0; n < n1; ++n)
-      for_row(src, s, i, n, [&](const T* row, int64_t c0, int64_t len) {
-        float* m = mk + c0;
-        const float* t = SHIFT ? sh + c0 : m;  // (read only when shifting)
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* row = x + (i * N + n) * C;
 #pragma omp simd
-        for (int64_t j = 0; j < len; ++j) m[j] += value(row[j], t[j]);
-      });
+      for (int64_t c = 0; c < C; ++c) mk[c] += to_float(row[c]);
+    }
 #pragma omp simd
     for (int64_t c = 0; c < C; ++c) mk[c] *= inv;
-    for (int64_t n = n0; n < n1; ++n)
-      for_row(src, s, i, n, [&](const T* row, int64_t c0, int64_t len) {
-        const float* m = mk + c0;
-        const float* t = SHIFT ? sh + c0 : m;
-        float* m2 = m2k + c0;
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* row = x + (i * N + n) * C;
 #pragma omp simd
-        for (int64_t j = 0; j < len; ++j) {
-          const float d = value(row[j], t[j]) - m[j];
-          m2[j] += d * d;
-        }
-      });
+      for (int64_t c = 0; c < C; ++c) {
+        const float d = to_float(row[c]) - mk[c];
+        m2k[c] += d * d;
+      }
+    }
   };
   // Chunks, then the channels of each group, combined in double with the parallel-variance formula
   // (Chan et al.): M2 = sum of the parts' M2 + sum of n_part * (mean_part - mean)^2.
@@ -336,31 +279,25 @@ void forward_impl(const Shape& s, const Source<T>& src, const float* w, const fl
   // Pass 2: y = x * A + K, then SiLU.
   auto normalize = [&](int64_t i, int64_t k) {
     const float *a = A.data() + i * C, *kk = K.data() + i * C;
-    const float* sh = SHIFT ? src.shift + i * C : nullptr;
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) {
       const int64_t n0 = k * kChunk, n1 = chunk_end(s, k);
-      for_row(src, s, i, n0, [&](const float* x, int64_t c0, int64_t channels) {
-        channel_blocks(channels, [&]<int NV>(int64_t cb, __mmask16 last) {
-          normalize_block<NV, SILU, SHIFT>(x + cb, channels, n1 - n0, SHIFT ? sh + c0 + cb : nullptr, a + c0 + cb,
-                                           kk + c0 + cb, y + (i * N + n0) * C + c0 + cb, C, last);
-        });
+      channel_blocks(C, [&]<int NV>(int64_t cb, __mmask16 last) {
+        normalize_block<NV, SILU>(x + (i * N + n0) * C + cb, C, n1 - n0, a + cb, kk + cb, y + (i * N + n0) * C + cb,
+                                  C, last);
       });
       return;
     }
 #endif
     for (int64_t n = k * kChunk; n < chunk_end(s, k); ++n) {
+      const T* row = x + (i * N + n) * C;
       T* out = y + (i * N + n) * C;
-      for_row(src, s, i, n, [&](const T* row, int64_t c0, int64_t len) {
-        const float *ac = a + c0, *kc = kk + c0, *t = SHIFT ? sh + c0 : ac;
-        T* o = out + c0;
 #pragma omp simd
-        for (int64_t j = 0; j < len; ++j) {
-          float z = value(row[j], t[j]) * ac[j] + kc[j];
-          if constexpr (SILU) z = z * sigmoid(z);
-          from_float(z, o + j);
-        }
-      });
+      for (int64_t c = 0; c < C; ++c) {
+        float z = to_float(row[c]) * a[c] + kk[c];
+        if constexpr (SILU) z = z * sigmoid(z);
+        from_float(z, out + c);
+      }
     }
   };
   two_pass(s, stats, finish, normalize);
@@ -456,24 +393,12 @@ void backward_impl(const Shape& s, const T* dy, const T* x, const float* w, cons
   }
 }
 
-template <typename T, bool SILU, bool SHIFT>
-void forward_typed(const Shape& s, const at::Tensor& x, const at::Tensor* x2, const at::Tensor* shift,
-                   const at::Tensor& w, const at::Tensor& b, double eps, at::Tensor& y, at::Tensor& mean,
-                   at::Tensor& rstd) {
-  const Source<T> src{static_cast<const T*>(x.const_data_ptr()), x.size(1),
-                      x2 == nullptr ? nullptr : static_cast<const T*>(x2->const_data_ptr()),
-                      shift == nullptr ? nullptr : shift->const_data_ptr<float>()};
-  forward_impl<T, SILU, SHIFT>(s, src, w.const_data_ptr<float>(), b.const_data_ptr<float>(), eps,
-                               static_cast<T*>(y.mutable_data_ptr()), mean.mutable_data_ptr<float>(),
-                               rstd.mutable_data_ptr<float>());
-}
-
 template <typename T, bool SILU>
-void forward_typed(const Shape& s, const at::Tensor& x, const at::Tensor* x2, const at::Tensor* shift,
-                   const at::Tensor& w, const at::Tensor& b, double eps, at::Tensor& y, at::Tensor& mean,
-                   at::Tensor& rstd) {
-  if (shift != nullptr) return forward_typed<T, SILU, true>(s, x, x2, shift, w, b, eps, y, mean, rstd);
-  forward_typed<T, SILU, false>(s, x, x2, shift, w, b, eps, y, mean, rstd);
+void forward_typed(const Shape& s, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps,
+                   at::Tensor& y, at::Tensor& mean, at::Tensor& rstd) {
+  forward_impl<T, SILU>(s, static_cast<const T*>(x.const_data_ptr()), w.const_data_ptr<float>(),
+                        b.const_data_ptr<float>(), eps, static_cast<T*>(y.mutable_data_ptr()),
+                        mean.mutable_data_ptr<float>(), rstd.mutable_data_ptr<float>());
 }
 
 template <typename T, bool SILU>
@@ -490,40 +415,24 @@ void backward_typed(const Shape& s, const at::Tensor& dy, const at::Tensor& x, c
 
 namespace denoiser {
 
+// x (B, C, H, W) channels-last fp32/bf16, weight and bias (C,) fp32 -> (y like x, mean (B, G), rstd (B, G)).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_forward(const at::Tensor& x, const at::Tensor& weight,
                                                                        const at::Tensor& bias, int64_t groups,
                                                                        double eps, bool silu) {
-  return group_norm_nhwc_forward(x, nullptr, nullptr, weight, bias, groups, eps, silu);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_forward(const at::Tensor& x, const at::Tensor* x2,
-                                                                       const at::Tensor* shift,
-                                                                       const at::Tensor& weight,
-                                                                       const at::Tensor& bias, int64_t groups,
-                                                                       double eps, bool silu) {
-  const int64_t C = x.size(1) + (x2 == nullptr ? 0 : x2->size(1));
-  if (x2 != nullptr) {
-    TORCH_CHECK(x2->dim() == 4 && x2->size(0) == x.size(0) && x2->size(2) == x.size(2) && x2->size(3) == x.size(3) &&
-                    x2->scalar_type() == x.scalar_type() && x2->is_contiguous(at::MemoryFormat::ChannelsLast),
-                "group_norm_nhwc: x2 must be a channels-last tensor with x's batch, height, width and dtype");
-  }
-  const Shape s = check(x, weight, bias, groups, C);
-  if (shift != nullptr) {
-    TORCH_CHECK(shift->scalar_type() == at::kFloat && shift->is_contiguous() && shift->numel() == s.B * C,
-                "group_norm_nhwc: shift must be a contiguous float32 (B, C) tensor");
-  }
-  at::Tensor y = at::empty({s.B, C, x.size(2), x.size(3)}, x.options(), at::MemoryFormat::ChannelsLast);
+  const Shape s = check(x, weight, bias, groups);
+  at::Tensor y = at::empty_like(x, at::MemoryFormat::ChannelsLast);
   at::Tensor mean = at::empty({s.B, s.G}, x.options().dtype(at::kFloat));
   at::Tensor rstd = at::empty({s.B, s.G}, x.options().dtype(at::kFloat));
   if (y.numel() == 0) return {y, mean, rstd};
   const bool f32 = x.scalar_type() == at::kFloat;
-  if (f32 && silu) forward_typed<float, true>(s, x, x2, shift, weight, bias, eps, y, mean, rstd);
-  if (f32 && !silu) forward_typed<float, false>(s, x, x2, shift, weight, bias, eps, y, mean, rstd);
-  if (!f32 && silu) forward_typed<uint16_t, true>(s, x, x2, shift, weight, bias, eps, y, mean, rstd);
-  if (!f32 && !silu) forward_typed<uint16_t, false>(s, x, x2, shift, weight, bias, eps, y, mean, rstd);
+  if (f32 && silu) forward_typed<float, true>(s, x, weight, bias, eps, y, mean, rstd);
+  if (f32 && !silu) forward_typed<float, false>(s, x, weight, bias, eps, y, mean, rstd);
+  if (!f32 && silu) forward_typed<uint16_t, true>(s, x, weight, bias, eps, y, mean, rstd);
+  if (!f32 && !silu) forward_typed<uint16_t, false>(s, x, weight, bias, eps, y, mean, rstd);
   return {y, mean, rstd};
 }
 
+// -> (dx like x, dweight (C,), dbias (C,)).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_backward(const at::Tensor& dy, const at::Tensor& x,
                                                                         const at::Tensor& weight,
                                                                         const at::Tensor& bias,
@@ -555,21 +464,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_nhwc_backward(const at
 TORCH_LIBRARY(denoiser, m) {
   m.def("group_norm_nhwc_forward(Tensor x, Tensor weight, Tensor bias, int groups, float eps, bool silu)"
         " -> (Tensor, Tensor, Tensor)");
-  m.def("group_norm_nhwc_forward.cat_shift(Tensor x, Tensor? x2, Tensor? shift, Tensor weight, Tensor bias, int groups,"
-        " float eps, bool silu) -> (Tensor, Tensor, Tensor)");
   m.def("group_norm_nhwc_backward(Tensor dy, Tensor x, Tensor weight, Tensor bias, Tensor mean, Tensor rstd,"
         " int groups, bool silu) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(denoiser, CPU, m) {
-  using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&,
-                                                                     const at::Tensor&, int64_t, double, bool);
-  m.impl("group_norm_nhwc_forward", static_cast<Forward>(&denoiser::group_norm_nhwc_forward));
-  m.impl("group_norm_nhwc_forward.cat_shift",
-         [](const at::Tensor& x, const std::optional<at::Tensor>& x2, const std::optional<at::Tensor>& shift,
-            const at::Tensor& weight, const at::Tensor& bias, int64_t groups, double eps, bool silu) {
-           return denoiser::group_norm_nhwc_forward(x, x2 ? &*x2 : nullptr, shift ? &*shift : nullptr, weight, bias,
-                                                    groups, eps, silu);
-         });
+  m.impl("group_norm_nhwc_forward", &denoiser::group_norm_nhwc_forward);
   m.impl("group_norm_nhwc_backward", &denoiser::group_norm_nhwc_backward);
 }

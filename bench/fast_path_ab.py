@@ -1,0 +1,158 @@
+"""Interleaved A/B of each piece of the CPU fast path: what one UNet call costs with and without it.
+
+    .venv/bin/python bench/fast_path_ab.py [--model weights/cifar10] [--batch 8] [--rounds 15] [--calls 5]
+    .venv/bin/python bench/fast_path_ab.py --malloc      # glibc defaults vs denoiser.malloc.configure()
+
+One process, one model; each round runs every configuration once (`--calls` UNet calls, after two
+unmeasured ones), in turn, so a machine whose speed drifts slows all of them alike; the median over rounds
+is reported, relative to the full fast path. Configurations, each adding one piece to the one before:
+
+    nchw           the modules as a diffusers user runs them: NCHW, torch's GroupNorm and SDPA
+    channels-last  channels-last activations, torch's GroupNorm and SDPA
+    +groupnorm     denoiser's GroupNorm(+SiLU) kernel (csrc/group_norm_nhwc.cpp)
+    +prepacked     convolution weights packed for oneDNN once (UNet.packed_weights)
+    +small-head    denoiser's small-head attention kernel (csrc/attention_small_head.cpp) = the full path
+
+--malloc runs the full path in child processes alternately with glibc's default malloc settings and
+with `denoiser.malloc.configure()` (process-wide settings cannot be undone in one process), and
+reports ms per call and minor page faults per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from denoiser import attention, malloc
+from denoiser.groupnorm import GroupNorm
+from denoiser.pipeline import load_model
+
+
+def cpu_name() -> str:
+    flags = ""
+    with contextlib.suppress(OSError):
+        text = Path("/proc/cpuinfo").read_text()
+        name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+        flags = next((line for line in text.splitlines() if line.startswith("flags")), "").split()
+        isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+        return f"{name or platform.processor()} ({', '.join(isa) or 'no AVX2'})"
+    return platform.processor() or platform.machine()
+
+
+@contextlib.contextmanager
+def configuration(unet, name: str):
+    """Switch the pieces on up to `name` (see the module docstring)."""
+    order = ["nchw", "channels-last", "+groupnorm", "+prepacked", "+small-head"]
+    level = order.index(name)
+    norms = [m for m in unet.modules() if isinstance(m, GroupNorm)]
+    for m in norms:
+        m.fast = None if level >= 2 else False
+    small_head = attention.small_head_kernel
+    if level < 4:
+        attention.small_head_kernel = lambda: False  # fused_attention then calls torch's SDPA
+    try:
+        with unet.packed_weights() if level >= 3 else contextlib.nullcontext():
+            yield
+    finally:
+        attention.small_head_kernel = small_head
+        for m in norms:
+            m.fast = None
+
+
+def time_calls(unet, x, labels, calls: int) -> tuple[float, float]:
+    """Seconds and minor page faults per UNet call (after two unmeasured calls)."""
+    for _ in range(2):
+        unet(x, 500, class_labels=labels)
+    f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+    for _ in range(calls):
+        unet(x, 500, class_labels=labels)
+    return (time.perf_counter() - t0) / calls, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / calls
+
+
+def run_pieces(args) -> None:
+    malloc.configure()  # as the CLI and the app do; without it page faults swamp every difference (--malloc)
+    unet, _ = load_model(args.model, channels_last=False)
+    size = unet.config.sample_size
+    x = torch.randn(args.batch, unet.config.in_channels, size, size, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(args.batch) % unet.config.num_class_embeds if unet.config.num_class_embeds else None
+    names = ["nchw", "channels-last", "+groupnorm", "+prepacked", "+small-head"]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    outs = {}
+    with torch.inference_mode():
+        for _ in range(args.rounds):
+            for name in names:
+                nchw = name == "nchw"
+                unet.to(memory_format=torch.contiguous_format if nchw else torch.channels_last)
+                xi = x if nchw else x.contiguous(memory_format=torch.channels_last)
+                with configuration(unet, name):
+                    times[name].append(time_calls(unet, xi, labels, args.calls)[0])
+                    outs[name] = unet(xi, 500, class_labels=labels).sample
+    full = statistics.median(times["+small-head"])
+    print(f"{args.model}, batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"CPU {cpu_name()}; median of {args.rounds} interleaved rounds x {args.calls} calls")
+    print(f"{'configuration':15} {'ms/call':>8} {'vs full':>8} {'step gain':>10} {'max |diff| vs nchw':>19}")
+    prev = None
+    for name in names:
+        t = statistics.median(times[name])
+        gain = "" if prev is None else f"{100 * (prev / t - 1):+.1f}%"
+        diff = (outs[name] - outs["nchw"]).abs().max().item()
+        print(f"{name:15} {1000 * t:8.1f} {t / full:7.2f}x {gain:>10} {diff:19.1e}")
+        prev = t
+
+
+def run_malloc_child(args) -> None:
+    if args.child == "tuned":
+        malloc.configure()
+    unet, _ = load_model(args.model)
+    size = unet.config.sample_size
+    x = torch.randn(args.batch, 3, size, size).contiguous(memory_format=torch.channels_last)
+    labels = torch.arange(args.batch) % unet.config.num_class_embeds if unet.config.num_class_embeds else None
+    with torch.inference_mode(), unet.packed_weights():
+        time_calls(unet, x, labels, 3)  # warm-up: packs, thresholds
+        print(json.dumps(time_calls(unet, x, labels, args.calls)))
+
+
+def run_malloc(args) -> None:
+    base = [sys.executable, __file__, "--model", args.model, "--batch", str(args.batch), "--calls", str(args.calls)]
+    res: dict[str, list[tuple[float, float]]] = {"default": [], "tuned": []}
+    for _ in range(args.rounds):
+        for side in res:
+            out = subprocess.run(base + ["--child", side], capture_output=True, text=True, check=True).stdout
+            res[side].append(tuple(json.loads(out.strip().splitlines()[-1])))
+    print(f"{args.model}, batch {args.batch}, torch {torch.__version__}, CPU {cpu_name()}; "
+          f"{args.rounds} alternating processes x {args.calls} calls (after 5 warm-up calls)")
+    med = {k: (statistics.median(t for t, _ in v), statistics.median(f for _, f in v)) for k, v in res.items()}
+    for side, (t, f) in med.items():
+        print(f"malloc {side:8} {1000 * t:8.1f} ms/call  {f:9.0f} page faults/call")
+    print(f"tuned / default time: {med['tuned'][0] / med['default'][0]:.3f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="weights/cifar10")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--malloc", action="store_true", help="A/B of denoiser.malloc.configure() (child processes)")
+    p.add_argument("--child", choices=["default", "tuned"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        run_malloc_child(args)
+    elif args.malloc:
+        run_malloc(args)
+    else:
+        run_pieces(args)
+
+
+if __name__ == "__main__":
+    main()
