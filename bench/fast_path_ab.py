@@ -13,6 +13,9 @@ is reported, relative to the full fast path. Configurations, each adding one pie
     +prepacked     convolution weights packed for oneDNN once (UNet.packed_weights)
     +small-head    denoiser's small-head attention kernel (csrc/attention_small_head.cpp) = the full path
 
+--train A/Bs the GroupNorm kernel in training (forward + backward + AdamW, batch 32, the shipped
+CIFAR-10 architecture, channels-last both ways), fp32 and bf16 autocast: torch's GroupNorm vs the kernel.
+
 --malloc runs the full path in child processes alternately with glibc's default malloc settings and
 with `denoiser.malloc.configure()` (process-wide settings cannot be undone in one process), and
 reports ms per call and minor page faults per call.
@@ -110,6 +113,34 @@ def run_pieces(args) -> None:
         prev = t
 
 
+def run_train(args) -> None:
+    from train_throughput import Runner
+
+    from denoiser import UNet
+
+    malloc.configure()
+    config = UNet.load_config(str(Path(args.model) / "unet"))
+    print(f"{args.model} architecture, training batch {args.train_batch}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, CPU {cpu_name()}; median of {args.rounds} interleaved rounds x "
+          f"{args.calls} steps")
+    for bf16 in (False, True):
+        runner = Runner(UNet.from_config(config), args.train_batch, bf16, channels_last=True, fused_adam=True)
+        norms = [m for m in runner.model.modules() if isinstance(m, GroupNorm)]
+        times: dict[str, list[float]] = {"torch GroupNorm": [], "+groupnorm kernel": []}
+        for _ in range(args.rounds):
+            for name, fast in (("torch GroupNorm", False), ("+groupnorm kernel", None)):
+                for m in norms:
+                    m.fast = fast
+                runner.step()
+                t0 = time.perf_counter()
+                for _ in range(args.calls):
+                    runner.step()
+                times[name].append((time.perf_counter() - t0) / args.calls)
+        a, b = (statistics.median(v) for v in times.values())
+        print(f"{'bf16' if bf16 else 'fp32'}: torch GroupNorm {1000 * a:7.1f} ms/step, kernel {1000 * b:7.1f} ms/step, "
+              f"gain {100 * (a / b - 1):+.1f}%")
+
+
 def run_malloc_child(args) -> None:
     if args.child == "tuned":
         malloc.configure()
@@ -144,12 +175,16 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--malloc", action="store_true", help="A/B of denoiser.malloc.configure() (child processes)")
+    p.add_argument("--train", action="store_true", help="A/B of the GroupNorm kernel in training")
+    p.add_argument("--train-batch", type=int, default=32)
     p.add_argument("--child", choices=["default", "tuned"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         run_malloc_child(args)
     elif args.malloc:
         run_malloc(args)
+    elif args.train:
+        run_train(args)
     else:
         run_pieces(args)
 

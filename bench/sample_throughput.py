@@ -1,34 +1,54 @@
-"""Sampling images/s: denoiser's sampler vs diffusers' DDIMPipeline / DDPMPipeline on the same weights.
+"""Sampling images/s: denoiser's sampler vs diffusers' DDIMPipeline / DDPMPipeline, two ways.
 
     .venv/bin/python bench/sample_throughput.py [--model weights/cifar10] [--batch 8] [--repeats 3] [--ddpm-repeats 1]
 
-Both run the same UNet weights, the same scheduler settings and the same seed, side by side in one
-process, alternating after a warm-up; the median of the repeats is reported with the ratio, and the
-largest pixel difference between the two outputs (the same function; channels-last convolutions,
-prepacked weights and the upsampler's phase convolutions round differently in the last bits).
-denoiser's sampler runs the UNet channels-last under `torch.inference_mode` (each ResBlock, attention
-block and upsampler one C++ op, weights prepared once by `UNet.packed_weights()`, freed activation
-memory reused between steps); diffusers' pipelines run it as loaded, NCHW, which is how a diffusers
-user runs it. "faults/step": minor page faults per step, what the reuse saves. The default batch, 8,
-is the app's default number of images.
+Three sides, side by side in one process, alternating after a warm-up (median of the repeats):
 
-"ceiling": the ratio if everything but denoiser's convolutions (one profiled UNet call x steps) took
-no time.
+- "UNet2DModel": what a user would pick instead: diffusers' own UNet2DModel with the same architecture
+  (channels, ResBlocks per level, attention placement, heads, GroupNorm) in DDIMPipeline/DDPMPipeline,
+  as they ship (NCHW, diffusers' attention processor). Random weights: speed does not depend on them.
+- "pipe+ours": the same pipelines running denoiser's UNet with the shipped weights, NCHW, as loaded.
+- "denoiser": denoiser's sampler (`denoiser.sample.sample`, what the CLI and the app run) on those
+  weights: channels-last, the GroupNorm kernel, convolution weights packed once, the small-head
+  attention kernel on AVX-512 CPUs, malloc configured (`denoiser.malloc.configure`, as the CLI does).
+
+The two ratios are denoiser / UNet2DModel and denoiser / pipe+ours; "max |diff|" is the largest pixel
+difference between denoiser's images and pipe+ours' (the same function: float rounding only).
+The default batch, 8, is the app's default number of images.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import time
 
 import torch
-from diffusers import DDIMPipeline, DDPMPipeline
-from profiling import conv_seconds
+from diffusers import DDIMPipeline, DDPMPipeline, UNet2DModel
+from fast_path_ab import cpu_name
 
+from denoiser import malloc
 from denoiser.pipeline import load_model
 from denoiser.sample import make_sampler, sample
+
+
+def unet2d_like(config) -> UNet2DModel:
+    """diffusers' UNet2DModel with denoiser UNet `config`'s architecture (unconditional: the pipelines
+    pass no class labels)."""
+    levels = len(config.channel_mult)
+    res = [config.sample_size // 2**i for i in range(levels)]
+    attn = [r in config.attention_resolutions for r in res]
+    channels = tuple(config.base_channels * m for m in config.channel_mult)
+    heads = config.num_heads or channels[-1] // config.attention_head_dim
+    torch.manual_seed(0)
+    return UNet2DModel(
+        sample_size=config.sample_size, in_channels=config.in_channels, out_channels=config.out_channels,
+        block_out_channels=channels, layers_per_block=config.layers_per_block,
+        down_block_types=tuple("AttnDownBlock2D" if a else "DownBlock2D" for a in attn),
+        up_block_types=tuple("AttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attn)),
+        attention_head_dim=channels[-1] // heads, add_attention=config.mid_attention,
+        norm_num_groups=config.norm_num_groups, norm_eps=1e-6, dropout=config.dropout,
+    ).eval()  # fmt: skip
 
 
 def main() -> None:
@@ -40,47 +60,44 @@ def main() -> None:
     p.add_argument("--ddpm-steps", type=int, default=1000)
     p.add_argument("--ddim-steps", type=int, default=50)
     args = p.parse_args()
+    malloc.configure()
     ours_unet, train_sched = load_model(args.model)  # as `denoiser sample` and the app load it
-    theirs_unet, _ = load_model(args.model, channels_last=False)  # as diffusers loads it
-    print(f"model {args.model}, batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"DDIM: median of {args.repeats} after 1 warm-up; DDPM: median of {args.ddpm_repeats}; alternating")
-    print(f"{'sampler':10} {'diffusers img/s':>16} {'denoiser img/s':>15} {'ratio':>6} {'ceiling':>8} {'max |diff|':>11} "
-          f"{'faults/step (d/ours)':>21}")
-    x = torch.randn(args.batch, 3, ours_unet.config.sample_size, ours_unet.config.sample_size)
-    x = x.contiguous(memory_format=torch.channels_last)
-    with torch.inference_mode(), ours_unet.packed_weights():
-        ours_unet(x, 500)  # pack
-        conv_per_step = conv_seconds(lambda: ours_unet(x, 500))  # one UNet call = one sampling step
+    nchw_unet, _ = load_model(args.model, channels_last=False)  # as diffusers loads it
+    theirs_unet = unet2d_like(ours_unet.config)
+    n_ours, n_theirs = (sum(p.numel() for p in m.parameters()) / 1e6 for m in (ours_unet, theirs_unet))
+    print(f"model {args.model} ({n_ours:.2f}M; UNet2DModel {n_theirs:.2f}M), batch {args.batch}, torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads, CPU {cpu_name()}; DDIM: median of {args.repeats} "
+          f"after 1 warm-up, DDPM: median of {args.ddpm_repeats}; alternating")
+    print(f"{'sampler':10} {'UNet2DModel':>12} {'pipe+ours':>10} {'denoiser':>9} {'vs UNet2DModel':>15} "
+          f"{'vs pipe+ours':>13} {'max |diff|':>11}   (images/s)")
     for name, steps, pipe_cls in (("ddim", args.ddim_steps, DDIMPipeline), ("ddpm", args.ddpm_steps, DDPMPipeline)):
-        pipe = pipe_cls(unet=theirs_unet, scheduler=make_sampler(name, train_sched.config))
-        pipe.set_progress_bar_config(disable=True)
+        pipes = [pipe_cls(unet=u, scheduler=make_sampler(name, train_sched.config)) for u in (theirs_unet, nchw_unet)]
+        for pipe in pipes:
+            pipe.set_progress_bar_config(disable=True)
         sched = make_sampler(name, train_sched.config)
 
-        def run_theirs(pipe=pipe, steps=steps):
+        def run_pipe(pipe, steps=steps):
             return pipe(batch_size=args.batch, num_inference_steps=steps, generator=torch.Generator().manual_seed(0),
                         output_type="pt").images
 
-        def run_ours(sched=sched, steps=steps):
-            return sample(ours_unet, sched, args.batch, steps, seed=0).images
-
+        sides = [lambda pipe=pipe: run_pipe(pipe) for pipe in pipes]
+        sides.append(lambda sched=sched, steps=steps: sample(ours_unet, sched, args.batch, steps, seed=0).images)
         reps = args.ddpm_repeats if name == "ddpm" else args.repeats
         if name == "ddim":  # warm-up (DDPM-1000 then runs warm)
-            run_theirs(), run_ours()
-        t_theirs, t_ours, faults, outs = [], [], [0, 0], [None, None]
+            for fn in sides:
+                fn()
+        times, outs = [[] for _ in sides], [None] * len(sides)
         for _ in range(reps):
-            for fn, times, side in ((run_theirs, t_theirs, 0), (run_ours, t_ours, 1)):
-                f0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-                outs[side] = fn()
-                times.append(time.perf_counter() - t0)
-                faults[side] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
-        a, b = outs
+            for i, fn in enumerate(sides):
+                t0 = time.perf_counter()
+                outs[i] = fn()
+                times[i].append(time.perf_counter() - t0)
+        ips = [args.batch / statistics.median(t) for t in times]
+        a, b = outs[1], outs[2]
         a = a.permute(0, 3, 1, 2) if a.shape[-1] == 3 else a
-        ips_t, ips_o = args.batch / statistics.median(t_theirs), args.batch / statistics.median(t_ours)
         diff = (a - b).abs().max().item()
-        ceiling = statistics.median(t_theirs) / (steps * conv_per_step)
-        per_step = "/".join(f"{n / (reps * steps):.0f}" for n in faults)
-        print(f"{name + '-' + str(steps):10} {ips_t:16.3f} {ips_o:15.3f} {ips_o / ips_t:5.2f}x {ceiling:7.2f}x "
-              f"{diff:11.2e} {per_step:>21}", flush=True)
+        print(f"{name + '-' + str(steps):10} {ips[0]:12.3f} {ips[1]:10.3f} {ips[2]:9.3f} {ips[2] / ips[0]:14.2f}x "
+              f"{ips[2] / ips[1]:12.2f}x {diff:11.2e}", flush=True)
 
 
 if __name__ == "__main__":

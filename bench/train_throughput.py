@@ -24,10 +24,11 @@ import time
 
 import torch
 from diffusers import UNet2DModel
+from fast_path_ab import cpu_name
 from profiling import conv_seconds
 from torch.utils.flop_counter import FlopCounterMode
 
-from denoiser import UNet
+from denoiser import UNet, malloc
 from denoiser.groupnorm import default_channels_last
 
 CONFIGS = {
@@ -107,7 +108,8 @@ def main() -> None:
     p.add_argument("--configs", nargs="+", default=["small", "ddpm"], choices=list(CONFIGS))
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     args = p.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, 32x32, "
+    malloc.configure()  # as `denoiser train` does; process-wide, so both models run with it
+    print(f"CPU {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, 32x32, "
           f"median of {args.repeats} after {args.warmup} warm-up steps, alternating models")
     peak = {"fp32": gemm_rate(torch.float32), "bf16": gemm_rate(torch.bfloat16)}
     print(f"GEMM rate: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
