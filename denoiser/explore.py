@@ -252,7 +252,8 @@ class Explorer:
             with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
                 unet(x, gen.timesteps[step], class_labels=labels)
             gen._records.clear()  # keep one step's records: memory stays bounded
-            gen._records[step] = [dataclasses.replace(r, q=r.q[:B], k=r.k[:B]) for r in recs]  # the images' own half
+            # the images' own half, copied: a slice would keep the whole qkv projection (and v) alive
+            gen._records[step] = [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone()) for r in recs]
         return gen._records[step]
 
     def attention_maps(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> Image.Image:
