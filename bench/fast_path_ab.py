@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import resource
 import statistics
 import subprocess
@@ -35,21 +34,11 @@ import time
 from pathlib import Path
 
 import torch
+from profiling import cpu_name
 
 from denoiser import attention, malloc
 from denoiser.groupnorm import GroupNorm
 from denoiser.pipeline import load_model
-
-
-def cpu_name() -> str:
-    flags = ""
-    with contextlib.suppress(OSError):
-        text = Path("/proc/cpuinfo").read_text()
-        name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-        flags = next((line for line in text.splitlines() if line.startswith("flags")), "").split()
-        isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-        return f"{name or platform.processor()} ({', '.join(isa) or 'no AVX2'})"
-    return platform.processor() or platform.machine()
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Shared by the throughput benchmarks: how long the convolutions alone take in one profiled call.
+"""Shared by the throughput benchmarks: the CPU's name and instruction sets for every header, and how
+long the convolutions alone take in one profiled call.
 
 The convolutions already run near this CPU's GEMM rate, so (competitor's time) / (our convolution
 time) is the ratio we would reach if everything else took no time: the ceiling for any target.
@@ -6,7 +7,10 @@ time) is the ratio we would reach if everything else took no time: the ceiling f
 
 from __future__ import annotations
 
+import contextlib
+import platform
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -21,3 +25,14 @@ def conv_seconds(fn: Callable[[], object]) -> float:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in CONV_OPS) / 1e6
+
+
+def cpu_name() -> str:
+    flags = ""
+    with contextlib.suppress(OSError):
+        text = Path("/proc/cpuinfo").read_text()
+        name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+        flags = next((line for line in text.splitlines() if line.startswith("flags")), "").split()
+        isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+        return f"{name or platform.processor()} ({', '.join(isa) or 'no AVX2'})"
+    return platform.processor() or platform.machine()

@@ -25,7 +25,7 @@ import time
 
 import torch
 from diffusers import DDIMPipeline, DDPMPipeline, UNet2DModel
-from fast_path_ab import cpu_name
+from profiling import cpu_name
 
 from denoiser import malloc
 from denoiser.pipeline import load_model

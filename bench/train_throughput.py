@@ -24,8 +24,7 @@ import time
 
 import torch
 from diffusers import UNet2DModel
-from fast_path_ab import cpu_name
-from profiling import conv_seconds
+from profiling import conv_seconds, cpu_name
 from torch.utils.flop_counter import FlopCounterMode
 
 from denoiser import UNet, malloc

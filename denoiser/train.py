@@ -18,6 +18,7 @@ steps only, so both are right under accumulation and any number of processes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import signal
@@ -362,13 +363,21 @@ def _sample_grid(unet: UNet, ema: EMAModel | None, diffusion: Diffusion, cfg: Ru
     loss_curve(steps, losses).save(out / "loss.png")
 
 
+@functools.cache
+def _inception(device: str):
+    """The FID network, loaded and frozen once per run (each evaluation reused to rebuild it)."""
+    from denoiser.fid import InceptionFeatures
+
+    return InceptionFeatures(device)
+
+
 def _evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, val_ds, out: Path, step: int) -> None:
     """FID-N of the (EMA) weights against the reference; fid.csv, tensorboard, and best-model/ with keep_best."""
-    from denoiser.fid import InceptionFeatures, fid_of_images, generate_images, reference_statistics
+    from denoiser.fid import fid_of_images, generate_images, reference_statistics
 
     t = cfg.train
     final = _export_unet(unet, ema).to(unet.device)
-    extractor = InceptionFeatures(unet.device)
+    extractor = _inception(str(unet.device))
     reference = Path(t.fid_reference) if t.fid_reference else out / "fid-reference.safetensors"
     if reference.is_file():
         ref = reference_statistics(reference)

@@ -26,9 +26,8 @@ def _kernels_here() -> tuple[bool, str | None]:
 
 # Tests of a C++ kernel run where it is built (`make venv` builds it) and skip, saying why, elsewhere
 # (no compiler, DENOISER_KERNELS=0): a kernel test never compares a fallback with itself.
-needs_kernels = pytest.mark.skipif(
-    not _kernels_here()[0], reason=f"denoiser's C++ kernels are not loaded here: {_kernels_here()[1]}"
-)
+_KERNELS_LOADED, _KERNEL_ERROR = _kernels_here()
+needs_kernels = pytest.mark.skipif(not _KERNELS_LOADED, reason=f"denoiser's C++ kernels are not loaded here: {_KERNEL_ERROR}")
 
 
 @pytest.fixture
