@@ -133,7 +133,7 @@ class Explorer:
             raise ValueError(f"guidance must be a number in 1..{LIMITS['guidance'][1]:g}, got {guidance!r}")
         if guidance != 1.0 and class_label is None:
             raise ValueError("guidance needs a class: pick one, or set guidance to 1")
-        self.check_work(unet, num_images, steps * (2 if guidance != 1.0 else 1))
+        self.check_work(unet, num_images, steps, guidance)
         inputs: list[torch.Tensor] = []
 
         def record(i, t, x_t, x0):
@@ -182,7 +182,7 @@ class Explorer:
         if not 0 <= add_noise <= 1 or not 0 <= amount <= 1:
             raise ValueError(f"noise and strength must be in 0..1, got {amount} and {add_noise}")
         unet, train_sched = self.model(model)
-        self.check_work(unet, 1, steps * (2 if float(guidance) != 1.0 else 1))
+        self.check_work(unet, 1, steps, guidance)
         size = unet.config.sample_size
         clean = image_to_model(image, size)  # (1, 3, S, S) in [-1, 1]
         x = noised(clean, add_noise, seed) if add_noise > 0 else clean
@@ -224,20 +224,22 @@ class Explorer:
                      f"result {float(psnr(res.images, target)):.2f} dB")
         return gen, noisy, text + ". Open the **Attention** tab to see where the U-Net looked."
 
-    def check_work(self, unet, num_images: int, steps: int) -> None:
-        """Refuse, before any work, a request larger than the budget: images × UNet calls × the model's cost
-        per image-call (its parameters × pixels, relative to a 1M-parameter 32×32 model), so one request
-        cannot hold the only sampling slot for long. DENOISER_WORK_BUDGET changes the budget."""
+    def check_work(self, unet, num_images: int, steps: int, guidance: float = 1.0) -> None:
+        """Refuse, before any work, a request larger than the budget: images × UNet calls (steps, twice with
+        guidance) × the model's cost per image-call (its parameters × pixels, relative to a 1M-parameter
+        32×32 model), so one request cannot hold the only sampling slot for long. DENOISER_WORK_BUDGET
+        changes the budget."""
         budget = float(os.environ.get("DENOISER_WORK_BUDGET", WORK_BUDGET))
         per_image_call = model_cost(unet)
-        work = num_images * steps * per_image_call
+        calls = steps * (2 if float(guidance) != 1.0 else 1)
+        work = num_images * calls * per_image_call
         if work > budget:
-            calls = max(1, int(budget // (num_images * per_image_call)))
-            images = max(1, int(budget // (steps * per_image_call)))
+            max_calls = max(1, int(budget // (num_images * per_image_call)))
+            images = max(1, int(budget // (calls * per_image_call)))
             raise ValueError(
-                f"{num_images} images x {steps} UNet calls is {work:,.0f} work units for this model, over the "
-                f"budget of {budget:,.0f}: use at most {calls} steps with {num_images} images, or {images} "
-                f"images with {steps} steps (guidance doubles the calls; the server's DENOISER_WORK_BUDGET sets the budget)"
+                f"{num_images} images x {calls} UNet calls is {work:,.0f} work units for this model, over the "
+                f"budget of {budget:,.0f}: use at most {max_calls} steps with {num_images} images, or {images} "
+                f"images with {calls} steps (guidance doubles the calls; the server's DENOISER_WORK_BUDGET sets the budget)"
             )
 
     def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
