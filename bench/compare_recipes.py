@@ -1,89 +1,182 @@
-"""Equal-compute comparison: denoiser's recipe vs the diffusers train_unconditional recipe, same held-out images.
+"""Recipe table: short CIFAR-10 runs at equal wall-clock, scored by FID-N and bits/dim on the validation split.
 
-    .venv/bin/python bench/compare_recipes.py --ours runs/cifar10-cpu --reference runs/ref-cifar10 \
-        --num-images 500 --num-timesteps 100 --out bench/recipe_comparison.md
+    OMP_NUM_THREADS=1 .venv/bin/python bench/compare_recipes.py train --minutes 10    # one recipe after another
+    OMP_NUM_THREADS=1 .venv/bin/python bench/compare_recipes.py score --num-samples 1000
+    .venv/bin/python bench/compare_recipes.py table                                  # bench/recipe_table.md
 
-Both models are evaluated by the same code (`Diffusion.evaluate`) on the same validation images (the
-split in our run's config), the same noise (seed 0) and the same strided timesteps. A class-conditional
-model of ours is scored twice: with the true labels, and unconditionally (its "no class" embedding),
-which is the like-for-like number against the unconditional reference.
+Every recipe trains for the same wall-clock on one CPU thread (`OMP_NUM_THREADS=1`), one after another
+on the same machine, from scratch, on the CIFAR-10 training JPEGs minus the 5,000-image validation split
+(seed 0) whose Inception statistics are `bench/fid-reference/cifar10-val5000.safetensors`. The row
+`diffusers train_unconditional` is the equal-compute comparison: diffusers' own recipe and `UNet2DModel`
+(`bench/reference_recipe.py`). Each row changes one thing against `ours`, so the table says what each
+change gives at this budget. Scores: FID-N of DDIM-50 samples (seed 0, classes spread evenly,
+no guidance) and the variational bound in bits/dim on 200 validation images. A finished step is
+never redone: `train` skips recipes whose model is exported, `score` keeps `score.json` per run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 
-from denoiser.config import config_from_dict
-from denoiser.data import load_datasets
-from denoiser.diffusion import Diffusion
-from denoiser.pipeline import load_model
+RUNS = Path("runs/recipes")
+OUT = Path("bench/recipe_table.md")
+GRIDS = Path("bench/recipes")
+REFERENCE = "bench/fid-reference/cifar10-val5000.safetensors"
+DATA = "../shared/data/cifar10-jpeg/train"
+VAL_SIZE, VAL_SEED = 5000, 0
 
-MSE_TIMESTEPS = (1, 10, 50, 100, 250, 500, 750, 999)
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    change: str  # what differs from `ours`, for the table
+    overrides: tuple[str, ...] = ()  # --set key=value for `denoiser train`
+    steps_per_minute: float = 200.0  # steps one thread of the bench CPU makes (~190 measured): sizes the cosine LR schedule
+    batch_size: int = 16
+    reference: bool = False  # diffusers' recipe (bench/reference_recipe.py) instead of ours
+    config: str = "configs/cifar10-cpu.yaml"
+    extra: dict = field(default_factory=dict)
+
+
+RECIPES = (
+    Recipe("ours", "configs/cifar10-cpu.yaml: 1.7M UNet, batch 16, lr 3e-4 cosine to 0, plain MSE, EMA 0.999, labels"),
+    Recipe("diffusers", "diffusers train_unconditional: UNet2DModel 1.7M, lr 1e-4, EMA 0.9999, unconditional", reference=True),
+    Recipe("v-prediction", "v-prediction instead of ε", ("diffusion.prediction_type=v_prediction",)),
+    Recipe("min-snr-5", "min-SNR-γ 5 loss weighting", ("train.snr_gamma=5.0",)),
+    Recipe("batch-64", "batch 64 (lr 5e-4, 50 warm-up steps): 4x fewer steps",
+           ("train.lr=0.0005", "train.lr_warmup_steps=50"), steps_per_minute=60.0, batch_size=64),
+    Recipe("width-6.8M", "the shipped 6.8M architecture (64-128-128, dropout 0.1), batch 16",
+           (), steps_per_minute=60.0, config="configs/cifar10.yaml",
+           extra={"train.lr": 0.0003, "train.lr_warmup_steps": 200, "train.snr_gamma": "null",
+                  "train.ema_max_decay": 0.999, "train.mixed_precision": "no"}),
+)
+
+
+def train_command(r: Recipe, minutes: float) -> list[str]:
+    out = str(RUNS / r.name)
+    if r.reference:
+        return [sys.executable, "bench/reference_recipe.py", "--output-dir", out, "--minutes", str(minutes),
+                "--val-size", str(VAL_SIZE), "--val-seed", str(VAL_SEED), "--data", DATA]
+    sets = {"data.path": DATA, "data.val_size": VAL_SIZE, "data.val_seed": VAL_SEED,
+            "train.batch_size": r.batch_size, "train.time_limit_minutes": minutes,
+            "train.max_steps": max(100, int(r.steps_per_minute * minutes)),  # the cosine reaches ~0 at the time limit
+            "train.sample_every": 10**9, "train.checkpoint_every": 10**9, **r.extra}
+    cmd = ["denoiser", "train", "--config", r.config, "--output-dir", out]
+    for kv in [f"{k}={v}" for k, v in sets.items()] + list(r.overrides):
+        cmd += ["--set", kv]
+    return cmd
+
+
+def images_seen(run: Path) -> int:
+    for name in ("train_summary.json", "summary.json"):
+        if (run / name).exists():
+            return int(json.loads((run / name).read_text())["images_seen"])
+    raise FileNotFoundError(f"{run} has no train_summary.json / summary.json: train it first")
+
+
+def cmd_train(args) -> None:
+    if os.environ.get("OMP_NUM_THREADS") != "1":
+        raise SystemExit("run with OMP_NUM_THREADS=1: every recipe gets the same single thread")
+    for r in RECIPES:
+        if args.only and r.name not in args.only:
+            continue
+        run = RUNS / r.name
+        if (run / "model" / "model_index.json").exists():
+            print(f"{r.name}: already trained ({run})", flush=True)
+            continue
+        cmd = train_command(r, args.minutes)
+        print(f"{r.name}: {' '.join(cmd)}", flush=True)
+        run.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with open(run.with_suffix(".log"), "w") as log:
+            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+        (run / "recipe.json").write_text(json.dumps({"command": cmd, "minutes": args.minutes,
+                                                     "wall_s": round(time.monotonic() - started, 1)}, indent=1))
+
+
+def cmd_score(args) -> None:
+    from denoiser.config import DataConfig
+    from denoiser.data import load_datasets
+    from denoiser.diffusion import Diffusion
+    from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images
+    from denoiser.pipeline import load_model
+    from denoiser.sample import save_grid
+
+    extractor = InceptionFeatures()
+    ref = Statistics.load(REFERENCE)
+    _, val = load_datasets(DataConfig(dataset="folder", path=DATA, val_size=VAL_SIZE, val_seed=VAL_SEED), 32)
+    x, labels = val.batch(torch.arange(args.num_images))
+    GRIDS.mkdir(parents=True, exist_ok=True)
+    for r in RECIPES:
+        run = RUNS / r.name
+        done = run / f"score-{args.num_samples}.json"
+        if done.exists() or not (run / "model" / "model_index.json").exists():
+            continue
+        unet, sched = load_model(run / "model")
+        images = generate_images(unet, sched.config, args.num_samples, steps=50, seed=0, batch_size=100)
+        fid = fid_of_images(images, ref, extractor)
+        grid = save_grid(images[:100], GRIDS / f"{r.name}.png", nrow=10, scale=2)
+        cond = unet.config.get("num_class_embeds")
+        bound = Diffusion(sched).evaluate(unet, x, labels if cond else None, batch_size=100, num_timesteps=50)
+        score = {"fid": round(fid, 2), "num_samples": args.num_samples, "bits_per_dim": round(bound.bits_per_dim, 3),
+                 "bpd_images": args.num_images, "images_seen": images_seen(run), "grid": str(grid),
+                 "params_m": round(sum(p.numel() for p in unet.parameters()) / 1e6, 2)}
+        done.write_text(json.dumps(score, indent=1))
+        print(r.name, json.dumps(score), flush=True)
+
+
+def cmd_table(args) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from profiling import cpu_name
+
+    rows = ["| recipe | what changes | params | images seen | FID-%d | bits/dim | samples |" % args.num_samples,
+            "|---|---|---|---|---|---|---|"]
+    for r in RECIPES:
+        f = RUNS / r.name / f"score-{args.num_samples}.json"
+        if not f.exists():
+            continue
+        s = json.loads(f.read_text())
+        rows.append(f"| {r.name} | {r.change} | {s['params_m']}M | {s['images_seen']:,} | **{s['fid']:.1f}** | "
+                    f"{s['bits_per_dim']:.3f} | ![{r.name}](recipes/{r.name}.png) |")
+    minutes = json.loads((RUNS / "ours" / "recipe.json").read_text())["minutes"]
+    md = f"""## Recipe table: {minutes:g} minutes of one CPU thread each, scored by FID-{args.num_samples}
+
+Machine: {cpu_name()}, torch {torch.__version__}; each recipe trained from scratch for {minutes:g} minutes on
+one thread (`OMP_NUM_THREADS=1`), one after another, while another training run used the other core. Data:
+CIFAR-10 training JPEGs minus the 5,000-image validation split (seed 0). FID-{args.num_samples}: DDIM-50, seed 0,
+classes spread evenly, no guidance, against that split's Inception statistics ({REFERENCE}).
+Bits/dim: variational bound on 200 validation images, 50 log-spaced timesteps. Grids: the first 100 FID
+samples (columns are classes for the class-conditional models). Commands: `runs/recipes/<name>/recipe.json`
+(reproduce with `bench/compare_recipes.py train/score/table`).
+
+{chr(10).join(rows)}
+"""
+    OUT.write_text(md)
+    print(md)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ours", required=True, help="our run folder (config.yaml, model/, train_summary.json)")
-    p.add_argument("--reference", required=True, help="reference run folder (model/, summary.json)")
-    p.add_argument("--num-images", type=int, default=500)
-    p.add_argument("--num-timesteps", type=int, default=100)
-    p.add_argument("--out", default="bench/recipe_comparison.md")
-    p.add_argument("--ours-command", nargs="+", default=["denoiser", "train", "--config", "configs/cifar10-cpu.yaml"])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--minutes", type=float, default=10.0)
+    t.add_argument("--only", nargs="*", help="recipe names (default: all)")
+    s = sub.add_parser("score")
+    s.add_argument("--num-samples", type=int, default=1000)
+    s.add_argument("--num-images", type=int, default=200)
+    tb = sub.add_parser("table")
+    tb.add_argument("--num-samples", type=int, default=1000)
     args = p.parse_args()
-
-    ours_dir, ref_dir = Path(args.ours), Path(args.reference)
-    cfg = config_from_dict(yaml.safe_load((ours_dir / "config.yaml").read_text()), "ours")
-    _, val = load_datasets(cfg.data, 32)
-    n = min(args.num_images, len(val))
-    x, labels = val.batch(torch.arange(n))
-    rows = []
-    for name, folder, use_labels in (
-        ("denoiser (class labels)", ours_dir, True),
-        ("denoiser (unconditional)", ours_dir, False),
-        ("diffusers train_unconditional", ref_dir, False),
-    ):
-        unet, sched = load_model(folder / "model")
-        if use_labels and not unet.config.get("num_class_embeds"):
-            continue
-        res = Diffusion(sched).evaluate(unet, x, labels if use_labels else None, batch_size=100,
-                                        num_timesteps=args.num_timesteps)
-        rows.append((name, folder, unet, res))
-        print(name, f"{res.bits_per_dim:.3f} bits/dim, mse {res.mse_mean:.4f}", flush=True)
-
-    ours_sum = json.loads((ours_dir / "train_summary.json").read_text())
-    ref_sum = json.loads((ref_dir / "summary.json").read_text())
-    seen = {ours_dir: ours_sum["images_seen"], ref_dir: ref_sum["images_seen"]}
-    header = "| recipe | params | images seen | bits/dim | mean MSE | " + " | ".join(f"MSE t={t}" for t in MSE_TIMESTEPS) + " |"
-    lines = [header, "|" + "---|" * (5 + len(MSE_TIMESTEPS))]
-    for name, folder, unet, res in rows:
-        params = sum(p.numel() for p in unet.parameters()) / 1e6
-        mse = " | ".join(f"{res.mse_at(t)[1]:.4f}" for t in MSE_TIMESTEPS)
-        lines.append(f"| {name} | {params:.2f}M | {seen[folder]:,} | **{res.bits_per_dim:.3f}** | {res.mse_mean:.4f} | {mse} |")
-    table = "\n".join(lines)
-    md = f"""## Equal-compute comparison with the diffusers recipe
-
-Same machine, same data (CIFAR-10 train JPEGs minus the validation split: {len(val)} images, seed
-{cfg.data.val_seed}), same wall-clock: both trained at once for {ref_sum['minutes']:g} minutes, one CPU core each. Evaluated on
-{n} validation images, same noise, {args.num_timesteps} strided timesteps (`Diffusion.evaluate`).
-
-{table}
-
-- denoiser: `{' '.join(args.ours_command)}` (`OMP_NUM_THREADS=1`); its recipe is in that config.
-- reference: `bench/reference_recipe.py --minutes {ref_sum['minutes']:g}` — diffusers `UNet2DModel` of matched size with attention at
-  16x16 and 8x8 (and mid), train_unconditional's defaults: AdamW lr 1e-4, betas (0.95, 0.999), weight decay 1e-6,
-  cosine schedule with 500 warm-up steps over 100 epochs, batch 16, EMA (power 3/4, max 0.9999), fp32.
-"""
-    Path(args.out).write_text(md)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(
-        [{"recipe": name, "bits_per_dim": r.bits_per_dim, "mse_mean": r.mse_mean, "prior_bpd": r.prior_bpd,
-          "decoder_bpd": r.decoder_bpd, "diffusion_bpd": r.diffusion_bpd, "num_images": n,
-          "num_timesteps": r.num_timesteps, "images_seen": seen[folder]} for name, folder, _, r in rows], indent=1))
-    print(md)
+    {"train": cmd_train, "score": cmd_score, "table": cmd_table}[args.cmd](args)
 
 
 if __name__ == "__main__":

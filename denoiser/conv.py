@@ -4,7 +4,9 @@ oneDNN (torch's CPU convolution) computes on weights in its own blocked layout; 
 reorders the weight on every call. A sampling loop calls the same convolutions with the same input
 sizes hundreds of times, so `prepacked(modules)` reorders each weight once per input size and the
 calls go to oneDNN's convolution on the packed weight directly (`mkldnn::_convolution_pointwise`, the
-op torch.compile's CPU backend emits). Same parameters and state-dict keys as `nn.Conv2d`; the
+op torch.compile's CPU backend emits). `conv(x, add=a)` is `conv(x) + a`; on the packed path the add is
+oneDNN's binary post-op, done on each output block while it is in cache instead of in a pass of its
+own (the ResBlock's timestep embedding and residual). Same parameters and state-dict keys as `nn.Conv2d`; the
 module's `forward` runs for everything else (training, autograd, NCHW, other dtypes and devices).
 Outputs equal the plain convolution's to float rounding (tests/test_conv.py).
 """
@@ -36,9 +38,11 @@ class Conv2d(nn.Conv2d):
         self._packed: dict[tuple[int, ...], torch.Tensor] | None = None  # input shape -> oneDNN weight
         self._users = 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is None or not self._packed_applies(x):
-            return super().forward(x)
+    def forward(self, x: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        """conv(x), plus `add` (same shape, or (B, C_out, 1, 1) broadcast over pixels) when given."""
+        if self._packed is None or not self._packed_applies(x, add):
+            y = super().forward(x)
+            return y if add is None else y + add
         key = tuple(x.shape)
         weight = self._packed.get(key)
         if weight is None:  # two threads may both pack a new size: the same result, stored twice
@@ -46,12 +50,20 @@ class Conv2d(nn.Conv2d):
                 self.weight.detach().contiguous(), list(self.padding), list(self.stride), list(self.dilation),
                 self.groups, list(x.shape),
             )  # fmt: skip
-        return torch.ops.mkldnn._convolution_pointwise(
-            x, weight, self.bias, list(self.padding), list(self.stride), list(self.dilation), self.groups,
-            "none", [], None,
-        )  # fmt: skip
+        args = (weight, self.bias, list(self.padding), list(self.stride), list(self.dilation), self.groups)
+        if add is None:
+            return torch.ops.mkldnn._convolution_pointwise(x, *args, "none", [], None)
+        # the add as oneDNN's binary post-op, applied to each output block while it is still in cache
+        return torch.ops.mkldnn._convolution_pointwise.binary(x, add, *args, "add", None, None, [], None)
 
-    def _packed_applies(self, x: torch.Tensor) -> bool:
+    def _output_shape(self, x: torch.Tensor) -> tuple[int, ...]:
+        spatial = [
+            (n + 2 * p - d * (k - 1) - 1) // s + 1
+            for n, p, d, k, s in zip(x.shape[2:], self.padding, self.dilation, self.kernel_size, self.stride)
+        ]
+        return (x.shape[0], self.out_channels, *spatial)
+
+    def _packed_applies(self, x: torch.Tensor, add: torch.Tensor | None) -> bool:
         return (
             x.device.type == "cpu"
             and x.dtype == torch.float32
@@ -62,7 +74,18 @@ class Conv2d(nn.Conv2d):
             and x.is_contiguous(memory_format=torch.channels_last)
             and not torch.is_grad_enabled()
             and not torch.compiler.is_compiling()
+            and (add is None or _post_op_operand(add, self._output_shape(x)))
         )
+
+
+def _post_op_operand(add: torch.Tensor, out_shape: tuple[int, ...]) -> bool:
+    """Whether oneDNN's binary post-op takes `add` as it is: fp32 CPU, and either the output's shape
+    channels-last or (B, C_out, 1, 1) broadcast over the pixels."""
+    if add.device.type != "cpu" or add.dtype != torch.float32:
+        return False
+    if tuple(add.shape) == (*out_shape[:2], 1, 1):
+        return add.is_contiguous()
+    return tuple(add.shape) == out_shape and add.is_contiguous(memory_format=torch.channels_last)
 
 
 @contextlib.contextmanager

@@ -55,10 +55,9 @@ class ResBlock(nn.Module):
         self.skip = Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(self.norm1(x))  # norm1 and norm2 apply the SiLU
-        h = h + self.temb_proj(temb)[:, :, None, None]  # (B, C_out, 1, 1) broadcast over pixels
-        h = self.conv2(self.dropout(self.norm2(h)))
-        return self.skip(x) + h
+        # norm1 and norm2 apply the SiLU; conv(x, add=a) is conv(x) + a (fused where it pays: denoiser.conv)
+        h = self.conv1(self.norm1(x), add=self.temb_proj(temb)[:, :, None, None])  # temb (B, C_out, 1, 1) over pixels
+        return self.conv2(self.dropout(self.norm2(h)), add=self.skip(x))
 
 
 class Downsample(nn.Module):

@@ -39,7 +39,10 @@ def test_channels_last_sampling_matches_the_pipeline(tiny_unet):
     pipe = DDIMPipeline(unet=tiny_unet, scheduler=make_sampler("ddim", DDPMScheduler().config))
     pipe.set_progress_bar_config(disable=True)
     theirs = pipe(batch_size=3, num_inference_steps=4, generator=torch.Generator().manual_seed(3), output_type="pt").images
-    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+    # Both are fp32 but round differently (oneDNN's blocked convolutions and our GroupNorm vs NCHW torch):
+    # ~1e-6 per UNet call, which DDIM's x0 = (x - sqrt(1-a)·eps) / sqrt(a) multiplies by up to
+    # 1/sqrt(a_T) ~ 160 in the first step; a wrong layer or a missing add differs by ~0.1.
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=2e-4)
     assert all(m._packed is None for m in unet.modules() if isinstance(m, Conv2d))  # packs dropped after the loop
 
 
