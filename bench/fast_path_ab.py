@@ -41,7 +41,6 @@ from denoiser import attention, conv, malloc
 from denoiser.groupnorm import GroupNorm
 from denoiser.pipeline import load_model
 
-
 NAMES = ["nchw", "channels-last", "+groupnorm", "+prepacked", "+post-ops", "+small-head"]
 
 
