@@ -29,6 +29,7 @@ import torch
 
 RUNS = Path("runs/recipes")
 OUT = Path("bench/recipe_table.md")
+READING = "## Reading the table"
 GRIDS = Path("bench/recipes")
 REFERENCE = "bench/fid-reference/cifar10-val5000.safetensors"
 DATA = "../shared/data/cifar10-jpeg/train"
@@ -152,11 +153,14 @@ one thread (`OMP_NUM_THREADS=1`), one after another, while another training run 
 CIFAR-10 training JPEGs minus the 5,000-image validation split (seed 0). FID-{args.num_samples}: DDIM-50, seed 0,
 classes spread evenly, no guidance, against that split's Inception statistics ({REFERENCE}).
 Bits/dim: variational bound on 200 validation images, 50 log-spaced timesteps. Grids: the first 100 FID
-samples (columns are classes for the class-conditional models). Commands: `runs/recipes/<name>/recipe.json`
-(reproduce with `bench/compare_recipes.py train/score/table`).
+samples (columns are classes for the class-conditional models). Each recipe is one entry of `RECIPES` in
+`bench/compare_recipes.py` (reproduce with its `train`, `score` and `table` subcommands).
 
 {chr(10).join(rows)}
 """
+    # what was learnt from a table is written by hand below READING; a new table keeps it
+    if OUT.exists() and READING in OUT.read_text():
+        md += "\n" + READING + OUT.read_text().split(READING, 1)[1]
     OUT.write_text(md)
     print(md)
 
