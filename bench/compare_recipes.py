@@ -54,7 +54,7 @@ RECIPES = (
     Recipe("min-snr-5", "min-SNR-γ 5 loss weighting", ("train.snr_gamma=5.0",)),
     Recipe("batch-64", "batch 64 (lr 5e-4, 50 warm-up steps): 4x fewer steps",
            ("train.lr=0.0005", "train.lr_warmup_steps=50"), steps_per_minute=60.0, batch_size=64),
-    Recipe("ema-0.9999", "EMA max decay 0.9999 (half-life ~6,900 steps) instead of 0.999 (~690)",
+    Recipe("ema-0.9999", "EMA max decay 0.9999 instead of 0.999 (the EMA warm-up keeps both at ~0.996 this early)",
            ("train.ema_max_decay=0.9999",)),
 )
 
@@ -159,8 +159,9 @@ samples (columns are classes for the class-conditional models). Each recipe is o
 {chr(10).join(rows)}
 """
     # what was learnt from a table is written by hand below READING; a new table keeps it
-    if OUT.exists() and READING in OUT.read_text():
-        md += "\n" + READING + OUT.read_text().split(READING, 1)[1]
+    old = OUT.read_text() if OUT.exists() else ""
+    if READING in old:
+        md += "\n" + READING + old.split(READING, 1)[1]
     OUT.write_text(md)
     print(md)
 
