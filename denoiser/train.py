@@ -107,8 +107,9 @@ def train(
 
     init_from: a model folder (weights/<name>, or a run's model/) whose weights start the run: its EMA
     weights, as exported, with a fresh optimizer, LR warm-up and EMA. Continues a shipped model in a
-    later session, or fine-tunes it on another folder. The architecture must match `model:`; the
-    objective (`diffusion:`) may change, e.g. ε- to v-prediction.
+    later session, or fine-tunes it on another folder. The architecture must match `model:` except for
+    the number of classes (new classes start as the saved model's unconditional function, see
+    `_adapt_classes`); the objective (`diffusion:`) may change, e.g. ε- to v-prediction.
     """
     t = cfg.train
     out = Path(output_dir)
@@ -297,11 +298,34 @@ def _init_weights(cfg: RunConfig, init_from: str) -> dict[str, torch.Tensor]:
     saved = {k: v for k, v in json.loads(config_file.read_text()).items() if not k.startswith("_")}
     with torch.device("meta"):  # the full argument set, defaults included, without allocating weights
         wanted = {k: v for k, v in UNet(**cfg.model).config.items() if not k.startswith("_")}
-    differ = sorted(k for k in wanted if k in saved and _norm(saved[k]) != _norm(wanted[k]))
+    differ = sorted(k for k in wanted if k in saved and _norm(saved[k]) != _norm(wanted[k]) and k != "num_class_embeds")
     if differ:
         detail = ", ".join(f"{k}: {saved[k]!r} there, {wanted[k]!r} here" for k in differ)
         raise ValueError(f"--init-from {init_from!r} has another architecture ({detail}); copy its model section into the config")
-    return {k: v.float() for k, v in load_file(str(weights)).items()}
+    state = {k: v.float() for k, v in load_file(str(weights)).items()}
+    return _adapt_classes(state, wanted["num_class_embeds"])
+
+
+def _adapt_classes(state: dict[str, torch.Tensor], num_classes: int | None) -> dict[str, torch.Tensor]:
+    """A state dict for `num_classes` classes (None: unconditional) that starts as the saved model's
+    unconditional ("no class") function, whatever classes it had: fine-tuning on a folder with other classes.
+
+    K -> K' classes: every new row, the null row included, is the saved null row. Unconditional -> K': rows
+    of zeros (nothing is added to the time embedding). K -> unconditional: the null row moves into the
+    time embedding's last bias, where it was always added.
+    """
+    table = state.pop("class_embed.weight", None)  # (K + 1, 4C): row K is "no class"
+    bias = state["time_embed.2.bias"]  # (4C,)
+    if not num_classes:
+        if table is not None:
+            state["time_embed.2.bias"] = bias + table[-1]
+        return state
+    if table is not None and table.shape[0] == num_classes + 1:
+        state["class_embed.weight"] = table  # the same classes: nothing changes
+        return state
+    null = table[-1] if table is not None else torch.zeros_like(bias)
+    state["class_embed.weight"] = null.expand(num_classes + 1, -1).clone()  # (K' + 1, 4C)
+    return state
 
 
 def _norm(value):

@@ -11,7 +11,8 @@ from diffusers import DiffusionPipeline
 from safetensors.torch import load_file
 
 import denoiser  # noqa: F401
-from denoiser.train import batch_indices
+from denoiser.train import _adapt_classes, batch_indices
+from denoiser.unet import UNet
 from tests.conftest import cli, write_config
 
 
@@ -175,6 +176,37 @@ def test_init_from_starts_at_a_model_folders_weights(tmp_path):
     res = cli("train", "--config", str(cfg), "--output-dir", str(tmp_path / "y"), "--init-from", str(tmp_path), check=False)
     assert res.returncode == 2 and "not a model folder" in res.stderr
     assert not (tmp_path / "x").exists() and not (tmp_path / "y" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("before, after", [(3, 5), (3, None), (None, 4), (3, 3)])
+def test_init_from_another_class_count_starts_as_the_unconditional_model(before, after):
+    arch = dict(sample_size=8, base_channels=16, channel_mult=(1, 2), attention_resolutions=(4,), norm_num_groups=8)
+    torch.manual_seed(0)
+    old = UNet(**arch, num_class_embeds=before).eval()
+    if before:  # a trained table: every row different
+        torch.nn.init.normal_(old.class_embed.weight)
+    new = UNet(**arch, num_class_embeds=after).eval()
+    new.load_state_dict(_adapt_classes({k: v.clone() for k, v in old.state_dict().items()}, after))
+    x, t = torch.randn(2, 3, 8, 8), torch.tensor([10, 700])
+    with torch.no_grad():
+        want = old(x, t).sample  # no label: the "no class" row
+        if after == before:  # the same classes: the trained rows stay
+            got = new(x, t, class_labels=torch.tensor([0, 2])).sample
+            torch.testing.assert_close(got, old(x, t, class_labels=torch.tensor([0, 2])).sample, rtol=0, atol=0)
+            return
+        for label in ([None] if after is None else [None, 0, after - 1]):
+            got = new(x, t, class_labels=None if label is None else torch.tensor([label, label])).sample
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_init_from_a_model_with_other_classes_trains(tmp_path):
+    first = tmp_path / "first"
+    cli("train", "--config", str(write_config(tmp_path / "a.yaml", train={"max_steps": 1})), "--output-dir", str(first))
+    cfg = write_config(tmp_path / "b.yaml", model={"num_class_embeds": 6}, train={"max_steps": 1})
+    res = cli("train", "--config", str(cfg), "--output-dir", str(tmp_path / "second"), "--init-from", str(first / "model"))
+    assert "initialised from" in res.stderr
+    end = load_file(str(tmp_path / "second" / "model" / "unet" / "diffusion_pytorch_model.safetensors"))
+    assert end["class_embed.weight"].shape[0] == 7  # 6 classes and "no class"
 
 
 def test_fid_during_training_logs_and_keeps_the_best(tmp_path):
