@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -47,7 +48,7 @@ def main() -> None:
     p.add_argument("--wall-clock", default=None, help="training wall-clock, for the card")
     p.add_argument("--hardware", default="2 CPU cores of a cloud VM (Intel Xeon), no GPU")
     p.add_argument("--extra-md", default=None, help="markdown appended to the card (e.g. a comparison table)")
-    p.add_argument("--limitations", default="")
+    p.add_argument("--limitations", default="", help="the card's 'Known limitations' markdown, or @FILE to read it from a file")
     p.add_argument("--data-config", default=None,
                    help="config whose data section names the data and validation split (default: the run's own; "
                         "a GPU run trains on a copy of the training split only, bench/gpu/run.sh)")
@@ -56,6 +57,9 @@ def main() -> None:
     p.add_argument("--guidance", type=float, default=1.0, help="classifier-free guidance of the card's sample grid")
     p.add_argument("--grid-per-class", type=int, default=8, help="images per class row of the card's grid")
     p.add_argument("--grid-steps", type=int, default=50, help="DDIM steps of the card's grid")
+    p.add_argument("--unguided-grid", default=None, metavar="PNG",
+                   help="also draw the class rows without guidance to this PNG (e.g. docs/<name>-guidance-1.png), linked from the card")
+    p.add_argument("--unguided-per-class", type=int, default=6, help="images per class row of --unguided-grid")
     p.add_argument("--attribution", default=None, help="markdown file with the data's licences, appended to the card")
     args = p.parse_args()
 
@@ -78,16 +82,19 @@ def main() -> None:
     (out / "eval.json").write_text(json.dumps(ev, indent=1))
     shipped, _ = load_model(out)
     ddim = make_sampler("ddim", sched.config)
+    scale = max(1, 64 // unet.config.sample_size)
+    unguided_md = ""
     if conditional:  # one row per class
-        n_cls = unet.config.num_class_embeds
-        k = args.grid_per_class
-        rows = [sample(shipped, ddim, k, args.grid_steps, seed=c, class_labels=c, guidance_scale=args.guidance).images
-                for c in range(n_cls)]
-        save_grid(torch.cat(rows), out / "samples.png", nrow=k, scale=max(1, 64 // unet.config.sample_size))
+        class_grid(shipped, ddim, args.grid_per_class, args.grid_steps, args.guidance, out / "samples.png", scale)
+        if args.unguided_grid:  # the same rows without guidance: what FID at guidance 1 measures
+            path = Path(args.unguided_grid)
+            class_grid(shipped, ddim, args.unguided_per_class, args.grid_steps, 1.0, path, scale)
+            unguided_md = (f"\nWithout guidance (`--guidance 1`, {args.unguided_per_class} of each class, the same seeds): "
+                           f"[{os.path.relpath(path, out)}]({os.path.relpath(path, out)}).\n")
     else:
-        save_grid(sample(shipped, ddim, 64, 50, seed=0).images, out / "samples.png", nrow=8,
-                  scale=max(1, 64 // unet.config.sample_size))
+        save_grid(sample(shipped, ddim, 64, 50, seed=0).images, out / "samples.png", nrow=8, scale=scale)
 
+    limitations = Path(args.limitations[1:]).read_text().strip() if args.limitations.startswith("@") else args.limitations
     n_params = sum(p.numel() for p in shipped.parameters())
     guidance_text = f", classifier-free guidance {args.guidance:g}" if args.guidance != 1 else ""
     fid_md = fid_table([json.loads(Path(f).read_text()) for f in args.fid])
@@ -100,7 +107,7 @@ A {n_params / 1e6:.2f}M-parameter attention U-Net (denoiser `UNet`), {'class-con
 Weights are fp16 safetensors; `denoiser.pipeline.load_model` and `DiffusionPipeline.from_pretrained` load them.
 
 ![samples](samples.png)
-
+{unguided_md}
 {'Rows: ' + ', '.join(classes) + f' (DDIM, {args.grid_steps} steps, seeds 0..' + str(len(classes) - 1) + guidance_text + ').' if conditional else 'DDIM, 50 steps, seed 0.'}
 {fid_md}
 ## Training
@@ -136,7 +143,7 @@ on the synthetic model this estimate was within 0.002 bits/dim of the full 1000-
 
 ## Known limitations
 
-{args.limitations or '- Trained on 2 CPU cores for a short time: far from the quality of GPU-trained DDPMs.'}
+{limitations or '- Trained on 2 CPU cores for a short time: far from the quality of GPU-trained DDPMs.'}
 """
     if args.extra_md:
         card += "\n" + Path(args.extra_md).read_text()
@@ -144,6 +151,13 @@ on the synthetic model this estimate was within 0.002 bits/dim of the full 1000-
         card += "\n" + Path(args.attribution).read_text()
     (out / "README.md").write_text(card)
     print(json.dumps({"name": args.name, "bits_per_dim": ev["bits_per_dim"], "mse_mean": ev["mse_mean"]}))
+
+
+def class_grid(unet, ddim, per_class: int, steps: int, guidance: float, path: Path, scale: int) -> None:
+    """One row per class, `per_class` images each, seed = class: the same rows at every guidance."""
+    rows = [sample(unet, ddim, per_class, steps, seed=c, class_labels=c, guidance_scale=guidance).images
+            for c in range(unet.config.num_class_embeds)]
+    save_grid(torch.cat(rows), path, nrow=per_class, scale=scale)
 
 
 def fid_table(results: list[dict]) -> str:
