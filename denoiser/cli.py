@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+logger = logging.getLogger("denoiser.cli")
+
 __all__ = ["main", "build_parser"]
 
 
@@ -251,9 +253,15 @@ def cmd_fid(args) -> None:
         images = generate_images(unet, sched.config, args.num_samples, steps=args.sample_steps, seed=args.seed,
                                  batch_size=args.batch_size, guidance_scale=args.guidance)
         how = f"ddim-{args.sample_steps}, guidance {args.guidance:g}, seed {args.seed}, classes spread evenly"
+    size = images.shape[-1]
+    if ref.image_size is not None and ref.image_size != size:
+        logger.warning("the reference statistics are of %dx%d images and these are %dx%d: the FID also measures the "
+                       "resolution gap; for a model's own score compute a reference at its size (a new --reference "
+                       "path with --data FOLDER)", ref.image_size, ref.image_size, size, size)
     score = fid_of_images(images, ref, extractor)
     print(json.dumps({"fid": round(score, 3), "num_samples": len(images), "samples": how,
-                      "reference": {"path": args.reference, "num_images": ref.num_images}}, indent=1))
+                      "reference": {"path": args.reference, "num_images": ref.num_images, "image_size": ref.image_size}},
+                     indent=1))
 
 
 def cmd_evaluate(args) -> None:

@@ -137,6 +137,7 @@ class Statistics:
     mu: torch.Tensor
     sigma: torch.Tensor
     num_images: int
+    image_size: int | None = None  # the side the reference images were resized to (None: not recorded)
 
     @classmethod
     def of(cls, feats: torch.Tensor) -> Statistics:
@@ -164,7 +165,8 @@ class Statistics:
     def load(cls, path: str | Path) -> Statistics:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
-            return cls(f.get_tensor("mu").double(), f.get_tensor("sigma").double(), int(meta.get("num_images", 0)))
+            size = int(meta["size"]) if "size" in meta else None
+            return cls(f.get_tensor("mu").double(), f.get_tensor("sigma").double(), int(meta.get("num_images", 0)), size)
 
 
 def sqrtm_trace_product(sigma1: torch.Tensor, sigma2: torch.Tensor) -> torch.Tensor:
@@ -215,6 +217,7 @@ def reference_statistics(
     if val_size:
         _, ds = split(ds, val_size, val_seed)
     stats = Statistics.of(features(ds.images, extractor or InceptionFeatures(), desc="reference"))
+    stats.image_size = size
     source = f"{data} validation split {val_size} (seed {val_seed})" if val_size else str(data)
     stats.save(cache, source=source, size=str(size))
     return stats

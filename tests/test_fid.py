@@ -99,7 +99,7 @@ def test_generate_images_spreads_classes_and_matches_sample(tiny_unet):
     assert torch.equal(images[3:], second.mul(255).round().to(torch.uint8))  # batch 1 = seed 7 + 1, labels 0, 1
 
 
-def test_cli_fid_caches_the_reference_and_scores_samples(tiny_unet, tmp_path, capsys):
+def test_cli_fid_caches_the_reference_and_scores_samples(tiny_unet, tmp_path, capsys, caplog):
     model = save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "model")
     data = tmp_path / "data" / "only"
     data.mkdir(parents=True)
@@ -119,3 +119,9 @@ def test_cli_fid_caches_the_reference_and_scores_samples(tiny_unet, tmp_path, ca
     again = json.loads(capsys.readouterr().out)
     assert again["num_samples"] == 4 and again["fid"] != out["fid"]
     assert reference_statistics(ref).num_images == 4
+    # samples of another size than the reference's images still score, with a warning that names the gap
+    assert out["reference"]["image_size"] == 16 and "resolution gap" not in caplog.text
+    np.save(tmp_path / "small.npy", rng.integers(0, 256, (4, 8, 8, 3), dtype=np.uint8))
+    assert main([*args, "--samples", str(tmp_path / "small.npy")]) == 0
+    assert json.loads(capsys.readouterr().out)["reference"]["image_size"] == 16
+    assert "of 16x16 images and these are 8x8" in caplog.text
