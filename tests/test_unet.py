@@ -37,7 +37,7 @@ def test_ddpm_cifar10_preset_has_35_7m_parameters():
     assert abs(n_params(unet) - 35.7e6) < 0.1e6
 
 
-@pytest.mark.parametrize("name", ["tiny", "cifar10-small", "cifar10-cpu", "ddpm-cifar10", "cifar10", "emoji"])
+@pytest.mark.parametrize("name", ["tiny", "cifar10-small", "cifar10-cpu", "ddpm-cifar10", "cifar10", "emoji", "emoji32"])
 def test_presets_build_from_model_section(name):
     raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
     with torch.device("meta"):
@@ -46,7 +46,7 @@ def test_presets_build_from_model_section(name):
         got = unet.config[key]
         assert (list(got) if isinstance(got, (list, tuple)) else got) == value, key
     # the parameter counts the presets' comments and the README state
-    stated = {"tiny": 0.70, "cifar10-small": 6.8, "ddpm-cifar10": 35.7, "cifar10": 6.8, "emoji": 7.5}
+    stated = {"tiny": 0.70, "cifar10-small": 6.8, "ddpm-cifar10": 35.7, "cifar10": 6.8, "emoji": 7.5, "emoji32": 6.8}
     if name in stated:
         assert sum(p.numel() for p in unet.parameters()) / 1e6 == pytest.approx(stated[name], abs=0.05)
 
