@@ -108,8 +108,8 @@ def train(
     init_from: a model folder (weights/<name>, or a run's model/) whose weights start the run: its EMA
     weights, as exported, with a fresh optimizer, LR warm-up and EMA. Continues a shipped model in a
     later session, or fine-tunes it on another folder. The architecture must match `model:` except for
-    the number of classes (new classes start as the saved model's unconditional function, see
-    `_adapt_classes`); the objective (`diffusion:`) may change, e.g. ε- to v-prediction.
+    the number of classes (the saved class rows are kept, new classes start as the saved "no class" row,
+    see `_adapt_classes`); the objective (`diffusion:`) may change, e.g. ε- to v-prediction.
     """
     t = cfg.train
     out = Path(output_dir)
@@ -307,12 +307,16 @@ def _init_weights(cfg: RunConfig, init_from: str) -> dict[str, torch.Tensor]:
 
 
 def _adapt_classes(state: dict[str, torch.Tensor], num_classes: int | None) -> dict[str, torch.Tensor]:
-    """A state dict for `num_classes` classes (None: unconditional) that starts as the saved model's
-    unconditional ("no class") function, whatever classes it had: fine-tuning on a folder with other classes.
+    """A state dict for `num_classes` classes (None: unconditional) from one saved with another number:
+    fine-tuning on a folder with other classes.
 
-    K -> K' classes: every new row, the null row included, is the saved null row. Unconditional -> K': rows
-    of zeros (nothing is added to the time embedding). K -> unconditional: the null row moves into the
-    time embedding's last bias, where it was always added.
+    K -> K' classes: class i < K keeps the saved row i (a condition the network already tells apart; which
+    old class becomes which new one is arbitrary), classes K..K'-1 start as the saved "no class" row, which
+    stays "no class". Rows that start equal barely separate: a 32x32 emoji run whose 9 rows all started as
+    the null row moved them ~0.2 apart in 2,784 steps (the trained CIFAR-10 rows are ~22 apart), and its
+    guided samples equalled its unguided ones. Unconditional -> K': rows of zeros (nothing is added to the
+    time embedding). K -> unconditional: the null row moves into the time embedding's last bias, where it
+    was always added.
     """
     table = state.pop("class_embed.weight", None)  # (K + 1, 4C): row K is "no class"
     bias = state["time_embed.2.bias"]  # (4C,)
@@ -320,11 +324,12 @@ def _adapt_classes(state: dict[str, torch.Tensor], num_classes: int | None) -> d
         if table is not None:
             state["time_embed.2.bias"] = bias + table[-1]
         return state
-    if table is not None and table.shape[0] == num_classes + 1:
-        state["class_embed.weight"] = table  # the same classes: nothing changes
-        return state
     null = table[-1] if table is not None else torch.zeros_like(bias)
-    state["class_embed.weight"] = null.expand(num_classes + 1, -1).clone()  # (K' + 1, 4C)
+    rows = null.expand(num_classes + 1, -1).clone()  # (K' + 1, 4C)
+    kept = 0 if table is None else min(num_classes, table.shape[0] - 1)
+    if kept:
+        rows[:kept] = table[:kept]
+    state["class_embed.weight"] = rows
     return state
 
 

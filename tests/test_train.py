@@ -178,8 +178,8 @@ def test_init_from_starts_at_a_model_folders_weights(tmp_path):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("before, after", [(3, 5), (3, None), (None, 4), (3, 3)])
-def test_init_from_another_class_count_starts_as_the_unconditional_model(before, after):
+@pytest.mark.parametrize("before, after", [(3, 5), (5, 3), (3, None), (None, 4), (3, 3)])
+def test_init_from_another_class_count_keeps_old_classes_and_starts_new_ones_unconditional(before, after):
     arch = dict(sample_size=8, base_channels=16, channel_mult=(1, 2), attention_resolutions=(4,), norm_num_groups=8)
     torch.manual_seed(0)
     old = UNet(**arch, num_class_embeds=before).eval()
@@ -188,15 +188,18 @@ def test_init_from_another_class_count_starts_as_the_unconditional_model(before,
     new = UNet(**arch, num_class_embeds=after).eval()
     new.load_state_dict(_adapt_classes({k: v.clone() for k, v in old.state_dict().items()}, after))
     x, t = torch.randn(2, 3, 8, 8), torch.tensor([10, 700])
+
+    def out(model, label):
+        return model(x, t, class_labels=None if label is None else torch.tensor([label, label])).sample
+
     with torch.no_grad():
-        want = old(x, t).sample  # no label: the "no class" row
-        if after == before:  # the same classes: the trained rows stay
-            got = new(x, t, class_labels=torch.tensor([0, 2])).sample
-            torch.testing.assert_close(got, old(x, t, class_labels=torch.tensor([0, 2])).sample, rtol=0, atol=0)
-            return
-        for label in ([None] if after is None else [None, 0, after - 1]):
-            got = new(x, t, class_labels=None if label is None else torch.tensor([label, label])).sample
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        unconditional = out(old, None)  # no label: the "no class" row
+        torch.testing.assert_close(out(new, None), unconditional, rtol=1e-5, atol=1e-6)
+        for label in range(after or 0):
+            want = out(old, label) if label < (before or 0) else unconditional  # kept row, or a new class
+            torch.testing.assert_close(out(new, label), want, rtol=1e-5, atol=1e-6)
+        if before and after and after > 1:  # the kept classes stay apart
+            assert not torch.allclose(out(new, 0), out(new, 1))
 
 
 def test_init_from_a_model_with_other_classes_trains(tmp_path):
