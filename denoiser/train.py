@@ -312,11 +312,9 @@ def _adapt_classes(state: dict[str, torch.Tensor], num_classes: int | None) -> d
 
     K -> K' classes: class i < K keeps the saved row i (a condition the network already tells apart; which
     old class becomes which new one is arbitrary), classes K..K'-1 start as the saved "no class" row, which
-    stays "no class". Rows that start equal barely separate: a 32x32 emoji run whose 9 rows all started as
-    the null row moved them ~0.2 apart in 2,784 steps (the trained CIFAR-10 rows are ~22 apart), and its
-    guided samples equalled its unguided ones. Unconditional -> K': rows of zeros (nothing is added to the
-    time embedding). K -> unconditional: the null row moves into the time embedding's last bias, where it
-    was always added.
+    stays "no class" (rows that start equal barely separate, see the README). Unconditional -> K': rows of
+    zeros (nothing is added to the time embedding). K -> unconditional: the null row moves into the time
+    embedding's last bias, where it was always added.
     """
     table = state.pop("class_embed.weight", None)  # (K + 1, 4C): row K is "no class"
     bias = state["time_embed.2.bias"]  # (4C,)
@@ -326,8 +324,8 @@ def _adapt_classes(state: dict[str, torch.Tensor], num_classes: int | None) -> d
         return state
     null = table[-1] if table is not None else torch.zeros_like(bias)
     rows = null.expand(num_classes + 1, -1).clone()  # (K' + 1, 4C)
-    kept = 0 if table is None else min(num_classes, table.shape[0] - 1)
-    if kept:
+    if table is not None:
+        kept = min(num_classes, table.shape[0] - 1)
         rows[:kept] = table[:kept]
     state["class_embed.weight"] = rows
     return state
