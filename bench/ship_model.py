@@ -21,6 +21,7 @@ import yaml
 from denoiser.config import config_from_dict
 from denoiser.data import load_datasets
 from denoiser.diffusion import Diffusion
+from denoiser.guidance import Guidance
 from denoiser.pipeline import WEIGHTS_DIR, load_model, save_pipeline
 from denoiser.sample import make_sampler, sample, save_grid
 
@@ -155,7 +156,7 @@ on the synthetic model this estimate was within 0.002 bits/dim of the full 1000-
 
 def class_grid(unet, ddim, per_class: int, steps: int, guidance: float, path: Path, scale: int) -> None:
     """One row per class, `per_class` images each, seed = class: the same rows at every guidance."""
-    rows = [sample(unet, ddim, per_class, steps, seed=c, class_labels=c, guidance_scale=guidance).images
+    rows = [sample(unet, ddim, per_class, steps, seed=c, class_labels=c, guidance=Guidance(scale=guidance)).images
             for c in range(unet.config.num_class_embeds)]
     save_grid(torch.cat(rows), path, nrow=per_class, scale=scale)
 

@@ -16,6 +16,11 @@ the self-attention block of PixelCNN++/DDPM); heads split the C channels into h 
 
 `capture_attention(model)` records q and k of every attention call (O(N·d) memory, never the N×N
 matrix) without touching the computation, so any query pixel's exact weights can be rebuilt later.
+
+`identity_attention(model, layers)` is the one switch that turns chosen layers' (or heads') weights into
+the identity matrix: each pixel attends only to itself, so stages (2)-(4) return v. Perturbed-attention
+guidance (Ahn et al. 2024) and the attention ablations (denoiser.attention_stats) use it; `batch_start`
+perturbs only the batch rows from there on, so a guided step runs both passes in one batch.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +46,8 @@ __all__ = [
     "SpatialSelfAttention",
     "AttentionRecord",
     "capture_attention",
+    "identity_attention",
+    "attention_layer_names",
     "to_tokens",
     "from_tokens",
 ]
@@ -235,13 +242,20 @@ class MultiHeadSelfAttention(nn.Module):
         q, k, v = qkv.unbind(0)  # each (B, h, N, d)
         if self._recorder is not None:
             self._recorder(q, k, self.scale, spatial_size)
-        # (2)-(4) on the fast or the readable path
-        if self._use_fused(q):
-            out = fused_attention(q, k, v)  # (B, h, N, d)
+        switch = _IDENTITY.get()
+        identity = None if switch is None else switch.get(self)
+        if identity is None:
+            out = self._attend(q, k, v)  # (B, h, N, d)
         else:
-            out = scaled_dot_product_attention(q, k, v)  # (B, h, N, d)
+            out = _identity_rows(self._attend, q, k, v, *identity)  # (B, h, N, d)
         out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, h·d): heads concatenated
         return self.proj(out)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(2)-(4) on the fast or the readable path, (B, h, N, d) -> (B, h, N, d)."""
+        if self._use_fused(q):
+            return fused_attention(q, k, v)
+        return scaled_dot_product_attention(q, k, v)
 
 
 class SpatialSelfAttention(nn.Module):
@@ -269,6 +283,70 @@ class SpatialSelfAttention(nn.Module):
         tokens = to_tokens(self.norm(x))  # (B, N, C)
         out = self.attention(tokens, spatial_size=(H, W))  # (B, N, C)
         return x + from_tokens(out, H, W)  # (B, C, H, W)
+
+
+# --------------------------------------------------------------------------------------------
+# The identity switch: weights = I, so the output of stages (2)-(4) is v
+# --------------------------------------------------------------------------------------------
+
+
+def _identity_rows(
+    attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: tuple[int, ...] | None, batch_start: int
+) -> torch.Tensor:
+    """Attention whose weights are the identity for batch rows batch_start.. (all heads, or `heads`).
+
+    An identity weight matrix makes stage (4) return each pixel's own value: out = I · v = v. Rows before
+    `batch_start` attend as usual; perturbed rows skip the attention when every head is switched.
+    """
+    keep = attend(q[:batch_start], k[:batch_start], v[:batch_start]) if batch_start > 0 else v[:0]  # (B0, h, N, d)
+    if heads is None:
+        return torch.cat([keep, v[batch_start:]])  # (B, h, N, d)
+    part = attend(q[batch_start:], k[batch_start:], v[batch_start:]).clone()  # (B - B0, h, N, d)
+    part[:, list(heads)] = v[batch_start:, list(heads)]
+    return torch.cat([keep, part])
+
+
+def attention_layer_names(module: nn.Module) -> list[str]:
+    """Names of the attention layers inside `module`, as captures and the app show them (e.g. "mid_attn")."""
+    return [_record_name(n) for n, m in module.named_modules() if isinstance(m, MultiHeadSelfAttention)]
+
+
+_IDENTITY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("denoiser_identity_attention", default=None)
+
+
+@contextlib.contextmanager
+def identity_attention(
+    module: nn.Module,
+    layers: Iterable[str] | None = None,
+    heads: Iterable[int] | None = None,
+    batch_start: int = 0,
+) -> Iterator[None]:
+    """Within, the chosen attention layers of `module` use identity weights (each pixel attends to itself).
+
+    layers: names from `attention_layer_names` (None: every layer); heads: head indices switched in
+    each chosen layer (None: all); batch_start: only batch rows from this index on are perturbed. Like
+    captures, the switch lives in a context variable: other threads using the same model are untouched.
+    """
+    by_name = {_record_name(n): m for n, m in module.named_modules() if isinstance(m, MultiHeadSelfAttention)}
+    if not by_name:
+        raise ValueError(f"{type(module).__name__} contains no attention layers to switch")
+    names = list(by_name) if layers is None else list(layers)
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"unknown attention layer(s) {', '.join(map(repr, unknown))}; this model has: {', '.join(by_name)}")
+    head_ids = None if heads is None else tuple(sorted({int(h) for h in heads}))
+    for name in names:
+        n_heads = by_name[name].num_heads
+        if head_ids is not None and (not head_ids or head_ids[0] < 0 or head_ids[-1] >= n_heads):
+            raise ValueError(f"heads must lie in 0..{n_heads - 1} for layer {name!r}, got {list(heads)}")
+    if batch_start < 0:
+        raise ValueError(f"batch_start must be >= 0, got {batch_start}")
+    active = _IDENTITY.get() or {}
+    token = _IDENTITY.set({**active, **{by_name[n]: (head_ids, batch_start) for n in names}})
+    try:
+        yield
+    finally:
+        _IDENTITY.reset(token)
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,27 @@ def _pixel(text: str) -> tuple[int, int]:
     return y, x
 
 
+def _add_guidance(p: argparse.ArgumentParser, what: str = "samples") -> None:
+    """The guidance flags (denoiser.guidance); unset ones come from the model folder's sampling.json, else off."""
+    g = p.add_argument_group("guidance", f"how the {what} are guided; unset: the model folder's sampling.json, else off")
+    g.add_argument("--guidance", type=float, default=None,
+                   help="classifier-free guidance scale (class-conditional models with a class; 1 = off, 2-3 = clearer classes)")
+    g.add_argument("--pag-scale", type=float, default=None,
+                   help="perturbed-attention guidance: steer away from the model with attention switched to identity (0 = off)")
+    g.add_argument("--pag-layers", default=None, metavar="NAMES",
+                   help="comma-separated attention layers PAG perturbs (as `denoiser attention-stats` names them; default: mid_attn)")
+    g.add_argument("--guide-model", default=None, metavar="FOLDER",
+                   help="autoguidance: a smaller or less-trained model of the same data and classes")
+    g.add_argument("--guide-scale", type=float, default=None, help="autoguidance weight (1 = off)")
+
+
+def _guidance(args, unet, sched, class_given: bool = True):
+    from denoiser.guidance import guidance_for
+
+    return guidance_for(args.model, unet, sched.config, args.guidance, args.pag_scale, args.pag_layers,
+                        args.guide_model, args.guide_scale, has_class=class_given)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="denoiser", description="Attention U-Net diffusion: train, sample, inspect.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -54,8 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0 = deterministic)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--class-label", type=int, default=None, help="class index for class-conditional models")
-    s.add_argument("--guidance", type=float, default=1.0,
-                   help="classifier-free guidance scale (class-conditional models; 1 = off, 2-3 = clearer classes)")
+    _add_guidance(s)
     s.add_argument("--trajectory", default=None, help="also write the denoising trajectory (x_t over x0) PNG here")
     s.add_argument("--trajectory-every", type=int, default=5)
     s.add_argument("--scale", type=int, default=4, help="upscale the grid (nearest) for viewing")
@@ -79,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--steps", type=int, default=50, help="reverse-chain steps")
         r.add_argument("--seed", type=int, default=0)
         r.add_argument("--class-label", type=int, default=None)
-        r.add_argument("--guidance", type=float, default=1.0)
+        _add_guidance(r, "restored images")
         r.add_argument("--add-noise", type=float, default=None, metavar="SIGMA",
                        help="add Gaussian noise of this std ([0, 1] pixel scale) first, to see the round trip (PSNR printed)")
         if name == "denoise":
@@ -104,11 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="FID of --num-samples generated images (DDIM, classes spread evenly) against --reference instead")
     e.add_argument("--num-samples", type=int, default=1000, help="generated images for --fid (report FID-N with N)")
     e.add_argument("--sample-steps", type=int, default=50, help="DDIM steps for --fid")
-    e.add_argument("--guidance", type=float, default=1.0, help="classifier-free guidance scale for --fid samples")
     e.add_argument("--reference", default=None, metavar="STATS.safetensors",
                    help="reference statistics for --fid; computed once from --data (its --val-size split) when missing")
     e.add_argument("--samples", default=None, metavar="IMAGES.npy",
                    help="score these uint8 (N, H, W, 3) images instead of sampling (e.g. from bench/gpu/run.sh)")
+    _add_guidance(e, "--fid samples")
 
     k = sub.add_parser("build-kernels", help="compile the optional C++ kernels for this torch and CPU (make venv runs it)")
     k.add_argument("--verbose", action="store_true", help="show the compiler's output")
@@ -143,12 +163,13 @@ def cmd_sample(args) -> None:
     from denoiser.sample import make_sampler, sample, save_grid, trajectory_strip
 
     unet, train_sched = load_model(args.model)
+    guidance = _guidance(args, unet, train_sched, args.class_label is not None)
     sched = make_sampler(args.scheduler, train_sched.config, args.timestep_spacing)
     chunks = []
     for start in range(0, args.num_images, args.batch_size):
         n = min(args.batch_size, args.num_images - start)
         res = sample(unet, sched, n, args.steps, seed=args.seed + start, eta=args.eta, class_labels=args.class_label,
-                     guidance_scale=args.guidance,
+                     guidance=guidance,
                      trajectory_every=args.trajectory_every if (args.trajectory and start == 0) else 0)
         chunks.append(res.images)
         if args.trajectory and start == 0:
@@ -213,7 +234,7 @@ def cmd_restore(args) -> None:
         print(f"input resized and centre-cropped from {img.width}x{img.height} to {size}x{size} (the model's size)")
     clean = image_to_model(img, size)
     x = clean if args.add_noise is None else add_noise(clean, args.add_noise, args.seed)
-    common = dict(seed=args.seed, class_label=args.class_label, guidance_scale=args.guidance)
+    common = dict(seed=args.seed, class_label=args.class_label, guidance=_guidance(args, unet, sched, args.class_label is not None))
     if args.command == "denoise":
         sigma = args.sigma if args.sigma is not None else args.add_noise
         res = denoise(unet, sched.config, x, sigma=sigma, method=args.method, steps=args.steps, **common)
@@ -244,6 +265,7 @@ def cmd_fid(args) -> None:
     if args.num_samples < 2:
         raise ValueError(f"--num-samples must be at least 2 for a covariance, got {args.num_samples}")
     unet, sched = load_model(args.model)
+    guidance = _guidance(args, unet, sched, bool(unet.config.num_class_embeds))
     extractor = InceptionFeatures()
     ref = reference_statistics(args.reference, args.data, unet.config.sample_size, args.val_size or 0, args.val_seed, extractor)
     if args.samples:
@@ -251,8 +273,8 @@ def cmd_fid(args) -> None:
         how = f"images from {args.samples}"
     else:
         images = generate_images(unet, sched.config, args.num_samples, steps=args.sample_steps, seed=args.seed,
-                                 batch_size=args.batch_size, guidance_scale=args.guidance)
-        how = f"ddim-{args.sample_steps}, guidance {args.guidance:g}, seed {args.seed}, classes spread evenly"
+                                 batch_size=args.batch_size, guidance=guidance)
+        how = f"ddim-{args.sample_steps}, {guidance.describe()}, seed {args.seed}, classes spread evenly"
     size = images.shape[-1]
     if ref.image_size is not None and ref.image_size != size:
         logger.warning("the reference statistics are of %dx%d images and these are %dx%d: the FID also measures the "

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from denoiser.attention import AttentionRecord, capture_attention
+from denoiser.guidance import Guidance, check_guide, read_sampling_defaults
 from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model, resolve_model_dir
 from denoiser.sample import make_sampler, sample, sampling_context
 from denoiser.visualize import attention_panel, layer_label, stages_panel
@@ -43,7 +44,8 @@ def model_cost(unet) -> float:
     return params * unet.config.sample_size**2 / 32**2
 
 
-LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance": (1.0, 10.0)}
+LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance": (1.0, 10.0),
+          "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0)}
 
 
 @dataclass
@@ -55,7 +57,7 @@ class Generation:
     inputs: list[torch.Tensor]  # x_t fed to the UNet at each step, (B, C, H, W)
     timesteps: list[int]
     labels: torch.Tensor | None
-    guidance: float = 1.0  # classifier-free guidance scale the images were sampled with
+    guidance: Guidance = field(default_factory=Guidance)  # what the images were sampled with
     _records: dict[int, list[AttentionRecord]] = field(default_factory=dict, repr=False)
 
     @property
@@ -112,8 +114,13 @@ class Explorer:
         eta: float = 0.0,
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
         guidance: float = 1.0,
+        pag_scale: float = 0.0,
+        guide_scale: float = 1.0,
     ) -> Generation:
-        """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step."""
+        """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step.
+
+        guidance, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
+        (denoiser.guidance); autoguidance uses the guide named in the model folder's sampling.json."""
         steps = _check_int("steps", steps, *LIMITS["steps"])
         num_images = _check_int("number of images", num_images, *LIMITS["num_images"])
         seed = _check_int("seed", seed, *LIMITS["seed"])
@@ -125,14 +132,7 @@ class Explorer:
             if not n_cls:
                 raise ValueError(f"model {model!r} has no classes; leave the class empty")
             class_label = _check_int("class", class_label, 0, n_cls - 1)
-        try:
-            guidance = float(guidance)
-        except (TypeError, ValueError):
-            guidance = float("nan")
-        if not 1.0 <= guidance <= LIMITS["guidance"][1]:
-            raise ValueError(f"guidance must be a number in 1..{LIMITS['guidance'][1]:g}, got {guidance!r}")
-        if guidance != 1.0 and class_label is None:
-            raise ValueError("guidance needs a class: pick one, or set guidance to 1")
+        guidance = self.guidance(model, guidance, pag_scale, guide_scale, class_label)
         self.check_work(unet, num_images, steps, guidance)
         inputs: list[torch.Tensor] = []
 
@@ -143,7 +143,7 @@ class Explorer:
 
         sched = make_sampler(scheduler, train_sched.config)
         res = sample(unet, sched, num_images, steps, seed=seed, eta=eta, class_labels=class_label, callback=record,
-                     guidance_scale=guidance)
+                     guidance=guidance)
         labels = None if class_label is None else torch.full((num_images,), class_label, dtype=torch.long)
         return Generation(model, res.images, inputs, [int(t) for t in sched.timesteps], labels, guidance)
 
@@ -160,6 +160,8 @@ class Explorer:
         class_label: int | None = None,
         guidance: float = 1.0,
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
+        pag_scale: float = 0.0,
+        guide_scale: float = 1.0,
     ) -> tuple[Generation, Image.Image | None, str]:
         """Denoise, edit or inpaint the user's image (denoiser.restore) as a Generation the attention view opens.
 
@@ -182,6 +184,7 @@ class Explorer:
         if not 0 <= add_noise <= 1 or not 0 <= amount <= 1:
             raise ValueError(f"noise and strength must be in 0..1, got {amount} and {add_noise}")
         unet, train_sched = self.model(model)
+        guidance = self.guidance(model, guidance, pag_scale, guide_scale, class_label)
         self.check_work(unet, 1, steps, guidance)
         size = unet.config.sample_size
         clean = image_to_model(image, size)  # (1, 3, S, S) in [-1, 1]
@@ -196,7 +199,7 @@ class Explorer:
             if on_step is not None:
                 on_step(i, max(expected, i + 1), (x0.float().cpu() / 2 + 0.5).clamp(0, 1))
 
-        common = dict(seed=seed, class_label=class_label, guidance_scale=guidance, callback=record)
+        common = dict(seed=seed, class_label=class_label, guidance=guidance, callback=record)
         if operation.startswith("denoise"):
             sigma = amount if amount > 0 else None
             method = "sample" if operation == "denoise (sampled)" else "mmse"
@@ -224,22 +227,62 @@ class Explorer:
                      f"result {float(psnr(res.images, target)):.2f} dB")
         return gen, noisy, text + ". Open the **Attention** tab to see where the U-Net looked."
 
-    def check_work(self, unet, num_images: int, steps: int, guidance: float = 1.0) -> None:
-        """Refuse, before any work, a request larger than the budget: images × UNet calls (steps, twice with
-        guidance) × the model's cost per image-call (its parameters × pixels, relative to a 1M-parameter
-        32×32 model), so one request cannot hold the only sampling slot for long. DENOISER_WORK_BUDGET
-        changes the budget."""
+    def guidance(self, model: str, scale, pag_scale, guide_scale, class_label: int | None) -> Guidance:
+        """The app's guidance values, checked: CFG needs a class; autoguidance the model's own guide."""
+        values = {}
+        for name, value in (("guidance", scale), ("pag_scale", pag_scale), ("guide_scale", guide_scale)):
+            try:
+                values[name] = float(value)
+            except (TypeError, ValueError):
+                values[name] = float("nan")
+            lo, hi = LIMITS[name]
+            if not lo <= values[name] <= hi:
+                label = name.replace("_", " ")
+                raise ValueError(f"{label} must be a number in {lo:g}..{hi:g}, got {value!r}")
+        if values["guidance"] != 1.0 and class_label is None:
+            raise ValueError("guidance needs a class: pick one, or set guidance to 1")
+        guide = None
+        if values["guide_scale"] != 1.0:
+            guide = self.guide(model)
+            if guide is None:
+                raise ValueError(f"model {model!r} ships no guide model for autoguidance: set the autoguidance weight to 1")
+        return Guidance(values["guidance"], values["pag_scale"], guide=guide, guide_scale=values["guide_scale"])
+
+    def guide(self, name: str):
+        """The autoguidance guide a model folder names in its sampling.json (loaded once), or None."""
+        folder = resolve_model_dir(str(name), self.weights_dir)
+        rel = read_sampling_defaults(folder).get("guide_model")
+        if rel is None:
+            return None
+        path = (folder / rel).resolve()
+        if not path.is_relative_to(folder):
+            raise ValueError(f"model {name!r}: sampling.json's guide_model must be a folder inside the model folder")
+        key = f"{name}/guide"
+        with self._lock:
+            if key not in self._models:
+                unet, sched = self._models.get(name) or load_model(folder)
+                guide, guide_sched = load_model(path)
+                check_guide(unet, sched.config, guide, guide_sched.config)
+                self._models[key] = (guide, guide_sched)
+            return self._models[key][0]
+
+    def check_work(self, unet, num_images: int, steps: int, guidance: Guidance | None = None) -> None:
+        """Refuse, before any work, a request larger than the budget: images × steps × the cost of one step
+        (the main model's passes — two with classifier-free guidance, one more with PAG — each the model's
+        cost per image-call, its parameters × pixels relative to a 1M-parameter 32×32 model; plus the
+        guide's call with autoguidance), so one request cannot hold the only sampling slot for long.
+        DENOISER_WORK_BUDGET changes the budget."""
+        guidance = guidance or Guidance()
         budget = float(os.environ.get("DENOISER_WORK_BUDGET", WORK_BUDGET))
-        per_image_call = model_cost(unet)
-        calls = steps * (2 if float(guidance) != 1.0 else 1)
-        work = num_images * calls * per_image_call
+        per_step = guidance.main_passes * model_cost(unet) + (model_cost(guidance.guide) if guidance.autoguidance else 0.0)
+        work = num_images * steps * per_step
         if work > budget:
-            max_calls = max(1, int(budget // (num_images * per_image_call)))
-            images = max(1, int(budget // (calls * per_image_call)))
+            max_steps = max(1, int(budget // (num_images * per_step)))
+            images = max(1, int(budget // (steps * per_step)))
             raise ValueError(
-                f"{num_images} images x {calls} UNet calls is {work:,.0f} work units for this model, over the "
-                f"budget of {budget:,.0f}: use at most {max_calls} steps with {num_images} images, or {images} "
-                f"images with {calls} steps (guidance doubles the calls; the server's DENOISER_WORK_BUDGET sets the budget)"
+                f"{num_images} images x {steps} steps ({guidance.describe()}) is {work:,.0f} work units for this model, "
+                f"over the budget of {budget:,.0f}: use at most {max_steps} steps with {num_images} images, or {images} "
+                f"images with {steps} steps (each guidance adds UNet calls; the server's DENOISER_WORK_BUDGET sets the budget)"
             )
 
     def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
@@ -249,10 +292,9 @@ class Explorer:
             unet, _ = self.model(gen.model)
             # the sampling pass's setup (packed weights): the same arithmetic, so the same q and k
             x, labels, B = gen.inputs[step], gen.labels, gen.images.shape[0]
-            if gen.guidance != 1.0:  # the guided call: the class half and the "no class" half in one batch
-                x, labels = torch.cat([x, x]), torch.cat([labels, torch.full_like(labels, unet.config.num_class_embeds)])
+            # the guided call as sampled: the images' own rows first, then "no class" and perturbed rows
             with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
-                unet(x, gen.timesteps[step], class_labels=labels)
+                gen.guidance.main_pass(unet, x, gen.timesteps[step], labels)
             gen._records.clear()  # keep one step's records: memory stays bounded
             # the images' own half, copied: a slice would keep the whole qkv projection (and v) alive
             gen._records[step] = [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone()) for r in recs]

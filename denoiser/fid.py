@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from denoiser.guidance import Guidance
 from denoiser.sample import make_sampler, sample
 
 __all__ = [
@@ -44,7 +45,7 @@ def generate_images(
     batch_size: int = 250,
     scheduler: str = "ddim",
     progress: bool = True,
-    guidance_scale: float = 1.0,
+    guidance: Guidance | None = None,
 ) -> torch.Tensor:
     """`num_images` samples as uint8 (N, 3, H, W); classes spread evenly; batch i uses seed + i."""
     labels = spread_labels(num_images, unet.config.num_class_embeds)
@@ -54,7 +55,7 @@ def generate_images(
         n = min(batch_size, num_images - start)
         batch_labels = None if labels is None else labels[start : start + n]
         sched = make_sampler(scheduler, train_scheduler_config)
-        images = sample(unet, sched, n, steps, seed=seed + i, class_labels=batch_labels, guidance_scale=guidance_scale).images
+        images = sample(unet, sched, n, steps, seed=seed + i, class_labels=batch_labels, guidance=guidance).images
         out.append(images.mul(255).round().to(torch.uint8))
         bar.update(n)
     bar.close()

@@ -25,6 +25,7 @@ from PIL import Image
 from torchvision.transforms import functional as TF
 
 from denoiser.data import fit_to_size, flatten_to_rgb
+from denoiser.guidance import Guidance
 from denoiser.sample import SampleResult, sample
 
 __all__ = [
@@ -99,7 +100,7 @@ def _chain(t_start: int, steps: int) -> list[int]:
 
 def denoise(
     unet, train_scheduler_config, images: torch.Tensor, sigma: float | None = None, method: str = "mmse",
-    steps: int = 50, seed: int = 0, class_label=None, guidance_scale: float = 1.0, callback=None,
+    steps: int = 50, seed: int = 0, class_label=None, guidance: Guidance | None = None, callback=None,
 ) -> SampleResult:
     """Remove Gaussian noise of std `sigma` (pixel scale; None: estimated per batch, `estimate_sigma`)."""
     _check(unet, images)
@@ -113,14 +114,14 @@ def denoise(
     # one DDPM step from t to "t = -1" (ᾱ = 1) adds no noise and returns the clipped x₀ prediction
     return sample(
         unet, DDPMScheduler.from_config(train_scheduler_config), images.shape[0], seed=seed, timesteps=timesteps,
-        x_init=abar**0.5 * images, class_labels=_labels(images, class_label), guidance_scale=guidance_scale,
+        x_init=abar**0.5 * images, class_labels=_labels(images, class_label), guidance=guidance,
         callback=callback,
     )
 
 
 def edit(
     unet, train_scheduler_config, images: torch.Tensor, strength: float = 0.6, steps: int = 50, seed: int = 0,
-    class_label=None, guidance_scale: float = 1.0, callback=None,
+    class_label=None, guidance: Guidance | None = None, callback=None,
 ) -> SampleResult:
     """SDEdit: noise to t = strength·(T − 1) with seeded noise, then the reverse chain (strength 0: unchanged)."""
     _check(unet, images)
@@ -137,13 +138,13 @@ def edit(
     return sample(
         unet, DDPMScheduler.from_config(train_scheduler_config), images.shape[0], seed=seed + 1,
         timesteps=_chain(t, max(1, round(steps * strength))), x_init=x_t.to(images),
-        class_labels=_labels(images, class_label), guidance_scale=guidance_scale, callback=callback,
+        class_labels=_labels(images, class_label), guidance=guidance, callback=callback,
     )
 
 
 def inpaint(
     unet, train_scheduler_config, images: torch.Tensor, mask: torch.Tensor, steps: int = 50, seed: int = 0,
-    class_label=None, guidance_scale: float = 1.0, callback=None,
+    class_label=None, guidance: Guidance | None = None, callback=None,
 ) -> SampleResult:
     """Fill the pixels where `mask` is 1 (B or 1, 1, H, W); the others stay the input's, exactly at the end."""
     _check(unet, images)
@@ -167,7 +168,7 @@ def inpaint(
 
     return sample(
         unet, DDPMScheduler.from_config(train_scheduler_config), images.shape[0], seed=seed, timesteps=timesteps,
-        class_labels=_labels(images, class_label), guidance_scale=guidance_scale, after_step=put_back_known,
+        class_labels=_labels(images, class_label), guidance=guidance, after_step=put_back_known,
         callback=callback,
     )
 

@@ -22,6 +22,7 @@ from torchvision.utils import make_grid
 
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
+from denoiser.guidance import Guidance
 from denoiser.unet import UNet
 
 __all__ = [
@@ -74,7 +75,7 @@ def sample(
     trajectory_every: int = 0,
     capture_steps: Iterable[int] = (),
     callback: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
-    guidance_scale: float = 1.0,
+    guidance: Guidance | None = None,
     timesteps: Sequence[int] | None = None,
     x_init: torch.Tensor | None = None,
     after_step: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
@@ -83,9 +84,8 @@ def sample(
 
     callback(i, t, x_t, x0_pred) runs after every step (tensors in [-1, 1]); `trajectory_every=k`
     keeps x_t and x₀ every k steps; `capture_steps` lists step indices whose attention is recorded.
-    guidance_scale w ≠ 1: classifier-free guidance (Ho & Salimans 2022) for class-conditional models
-    trained with label dropout: out = out(no class) + w · (out(class) − out(no class)), one UNet call
-    on the doubled batch per step (its captured attention: the class half first, then the other).
+    guidance: classifier-free, perturbed-attention and autoguidance (denoiser.guidance); the main
+    model's passes run as one batch per step (its captured attention: the images' own rows first).
 
     Starting elsewhere than pure noise (what denoising, editing and inpainting need, denoiser.restore):
     `timesteps` is a descending list the chain visits instead of `num_inference_steps` evenly spaced
@@ -114,17 +114,8 @@ def sample(
         labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(num_images)
         if ((labels < 0) | (labels >= cfg.num_class_embeds)).any():
             raise ValueError(f"class label must be in 0..{cfg.num_class_embeds - 1}, got {class_labels}")
-    if guidance_scale != 1.0 and labels is None:
-        raise ValueError("classifier-free guidance (guidance_scale != 1) needs a class-conditional model and a class label")
-    if guidance_scale != 1.0:
-        null = torch.full_like(labels, cfg.num_class_embeds)  # the "no class" embedding row
-        guided_labels = torch.cat([labels, null])  # (2B,)
-
-    def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        if guidance_scale == 1.0:
-            return unet(x, t, class_labels=labels).sample
-        cond, uncond = unet(torch.cat([x, x]), t, class_labels=guided_labels).sample.chunk(2)  # (2B, ...) -> 2 x (B, ...)
-        return uncond + guidance_scale * (cond - uncond)
+    guidance = guidance or Guidance()
+    predict = guidance.predictor(unet, labels)
 
     generator = torch.Generator(device="cpu").manual_seed(seed)
     shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
@@ -144,7 +135,7 @@ def sample(
     capture_steps = set(capture_steps)
     step_kwargs = {"eta": eta} if isinstance(scheduler, DDIMScheduler) else {}
     result = SampleResult(images=x)
-    with sampling_context(unet):
+    with sampling_context(unet), sampling_context(guidance.guide):
         for i, t in enumerate(scheduler.timesteps):
             x_in = scheduler.scale_model_input(x, t)  # the variance-preserving x_t the UNet was trained on
             if i in capture_steps:
@@ -167,7 +158,7 @@ def sample(
     return result
 
 
-def sampling_context(unet: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+def sampling_context(unet: torch.nn.Module | None) -> contextlib.AbstractContextManager[None]:
     """What a loop of UNet calls with fixed weights sets up once: our UNet's convolution weights prepared
     once for oneDNN (`UNet.packed_weights`). Re-running a sampled step (the app's attention view) inside
     it repeats the sampling pass exactly."""

@@ -8,6 +8,7 @@ from diffusers import DDPMScheduler
 
 from denoiser import UNet
 from denoiser.explore import Explorer
+from denoiser.guidance import Guidance
 from denoiser.pipeline import save_pipeline
 from denoiser.sample import make_sampler, sample
 from tests.conftest import TINY
@@ -53,7 +54,7 @@ def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
     ex = Explorer(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, guidance=2.5)
     unet, sched = ex.model("tiny-classes")
-    res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance_scale=2.5,
+    res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=Guidance(scale=2.5),
                  capture_steps=[1])
     assert torch.equal(gen.images, res.images)
     recs = ex.records(gen, 1)

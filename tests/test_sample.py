@@ -7,6 +7,7 @@ import torch
 from diffusers import DDIMPipeline, DDPMPipeline, DDPMScheduler
 from PIL import Image
 
+from denoiser.guidance import Guidance
 from denoiser.sample import make_sampler, sample, save_grid, trajectory_strip
 
 
@@ -109,7 +110,7 @@ def test_classifier_free_guidance_combines_the_two_predictions():
     unet = UNet(**TINY, num_class_embeds=3).eval()
     sched = DDIMScheduler(num_train_timesteps=1000)
     w, labels = 2.5, torch.tensor([0, 2])
-    got = sample(unet, sched, 2, 3, seed=1, class_labels=labels, guidance_scale=w).images
+    got = sample(unet, sched, 2, 3, seed=1, class_labels=labels, guidance=Guidance(scale=w)).images
     # the same loop by hand: two separate UNet calls per step, combined as ε_u + w (ε_c − ε_u)
     sched = DDIMScheduler(num_train_timesteps=1000)
     sched.set_timesteps(3)
@@ -123,7 +124,7 @@ def test_classifier_free_guidance_combines_the_two_predictions():
     plain = sample(unet, DDIMScheduler(num_train_timesteps=1000), 2, 3, seed=1, class_labels=labels).images
     assert (plain - got).abs().max() > 1e-3  # guidance changes the images
     with pytest.raises(ValueError, match="class label"):
-        sample(unet, sched, 2, 3, guidance_scale=2.0)
+        sample(unet, sched, 2, 3, guidance=Guidance(scale=2.0))
 
 
 def test_euler_follows_diffusers_conventions_and_eta_is_ddim_only(tiny_unet):

@@ -1,0 +1,231 @@
+"""Guidance: how one sampling step's prediction is combined from several UNet passes.
+
+    out = ε_u + w·(ε_c − ε_u)  +  s·(ε_c − ε_p)  +  (a − 1)·(ε_c − ε_g)
+
+- ε_c: the model with the class (or "no class" when none is given): the plain prediction.
+- ε_u: the model with the "no class" row — classifier-free guidance, scale w (Ho & Salimans 2022);
+  without it the first term is just ε_c.
+- ε_p: the model with chosen self-attention layers' weights replaced by the identity, each pixel
+  attending only to itself — perturbed-attention guidance, scale s (Ahn et al. 2024, eq. 11 combines it
+  with CFG exactly this way: both directions start at the conditional prediction).
+- ε_g: a guide model, a smaller or less-trained model of the same data — autoguidance, weight a
+  (Karras et al. 2024: D = D_g + a·(D − D_g), which is ε_c + (a − 1)·(ε_c − ε_g)).
+
+w = 1, s = 0 and a = 1 switch each term off and cost nothing. ε-, v- and x₀-predictions are affine in
+each other for a fixed x_t, so combining outputs equals combining denoised images D (Karras' form).
+The main model's passes (class, no class, perturbed) run as one batch; the guide runs its own call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from denoiser.attention import attention_layer_names, identity_attention
+
+__all__ = ["Guidance", "guidance_for", "default_pag_layers", "check_guide", "read_sampling_defaults", "SAMPLING_FILE"]
+
+SAMPLING_FILE = "sampling.json"  # a model folder's default guidance, read by the CLI, the app and the pipeline
+
+
+def default_pag_layers(unet: nn.Module) -> tuple[str, ...]:
+    """The layers perturbed when none are named: the middle block's attention (the lowest resolution,
+    where the PAG paper found the perturbation most useful), else every attention layer."""
+    names = attention_layer_names(unet)
+    return ("mid_attn",) if "mid_attn" in names else tuple(names)
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """The guidance of a sampling run; `Guidance()` is none (one UNet pass per step)."""
+
+    scale: float = 1.0  # classifier-free guidance w (1 = off); needs a class-conditional model and a class
+    pag_scale: float = 0.0  # perturbed-attention guidance s (0 = off)
+    pag_layers: tuple[str, ...] | None = None  # attention layers switched to identity; None: default_pag_layers
+    guide: nn.Module | None = field(default=None, compare=False)  # autoguidance's guide model (check_guide)
+    guide_scale: float = 1.0  # autoguidance weight a (1 = off)
+
+    def __post_init__(self) -> None:
+        for name, value in (("guidance scale", self.scale), ("PAG scale", self.pag_scale), ("guide scale", self.guide_scale)):
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.scale < 1.0:
+            raise ValueError(f"classifier-free guidance scale must be >= 1 (1 = off), got {self.scale}")
+        if self.pag_scale < 0.0:
+            raise ValueError(f"PAG scale must be >= 0 (0 = off), got {self.pag_scale}")
+        if self.guide_scale < 1.0:
+            raise ValueError(f"autoguidance weight must be >= 1 (1 = off), got {self.guide_scale}")
+        if self.guide_scale != 1.0 and self.guide is None:
+            raise ValueError("autoguidance (guide scale != 1) needs a guide model: pass --guide-model FOLDER")
+        if self.pag_layers is not None:
+            object.__setattr__(self, "pag_layers", tuple(self.pag_layers))
+
+    @property
+    def cfg(self) -> bool:
+        return self.scale != 1.0
+
+    @property
+    def pag(self) -> bool:
+        return self.pag_scale != 0.0
+
+    @property
+    def autoguidance(self) -> bool:
+        return self.guide is not None and self.guide_scale != 1.0
+
+    @property
+    def main_passes(self) -> int:
+        """Batch rows of the main model per image and step: class, + no class (CFG), + perturbed (PAG)."""
+        return 1 + self.cfg + self.pag
+
+    def describe(self) -> str:
+        parts = [f"CFG {self.scale:g}"] if self.cfg else []
+        if self.pag:
+            parts.append(f"PAG {self.pag_scale:g} on {', '.join(self.pag_layers or ('default',))}")
+        if self.autoguidance:
+            parts.append(f"autoguidance {self.guide_scale:g}")
+        return " + ".join(parts) or "no guidance"
+
+    def check(self, unet: nn.Module, labels: torch.Tensor | None) -> None:
+        """Before any work: the model can give what each term needs."""
+        if self.cfg and labels is None:
+            raise ValueError(
+                "classifier-free guidance (guidance_scale != 1) needs a class-conditional model and a class label; "
+                "pick a class or set guidance to 1 (perturbed-attention guidance and autoguidance need no class)"
+            )
+        if self.pag:
+            names = attention_layer_names(unet)
+            if not names:
+                raise ValueError("perturbed-attention guidance needs a model with attention layers; set the PAG scale to 0")
+            unknown = [n for n in self.layers_for(unet) if n not in names]
+            if unknown:
+                raise ValueError(f"unknown PAG layer(s) {', '.join(unknown)}; this model has: {', '.join(names)}")
+
+    def layers_for(self, unet: nn.Module) -> tuple[str, ...]:
+        return self.pag_layers if self.pag_layers is not None else default_pag_layers(unet)
+
+    def main_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None) -> list[torch.Tensor]:
+        """The main model's outputs [ε_c, (ε_u), (ε_p)] from one batched call."""
+        B = x.shape[0]
+        n = self.main_passes
+        batch_labels = labels
+        if self.cfg:
+            null = torch.full_like(labels, unet.config.num_class_embeds)  # the "no class" embedding row
+            batch_labels = torch.cat([labels, null] + ([labels] if self.pag else []))  # (n·B,)
+        elif self.pag and labels is not None:
+            batch_labels = torch.cat([labels, labels])
+        x_in = torch.cat([x] * n) if n > 1 else x  # (n·B, C, H, W)
+        switch = (
+            identity_attention(unet, self.layers_for(unet), batch_start=(n - 1) * B) if self.pag else contextlib.nullcontext()
+        )
+        with switch:
+            out = unet(x_in, t, class_labels=batch_labels).sample
+        return list(out.split(B))  # n x (B, C, H, W)
+
+    def predictor(self, unet: nn.Module, labels: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """predict(x, t) -> the guided output for one step (see the module docstring)."""
+        self.check(unet, labels)
+
+        def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            parts = self.main_pass(unet, x, t, labels)
+            cond = parts[0]
+            out = parts[1] + self.scale * (cond - parts[1]) if self.cfg else cond
+            if self.pag:
+                out = out + self.pag_scale * (cond - parts[-1])
+            if self.autoguidance:
+                guided = self.guide(x, t, class_labels=labels).sample
+                out = out + (self.guide_scale - 1.0) * (cond - guided)
+            return out
+
+        return predict
+
+
+def check_guide(unet: nn.Module, scheduler_config, guide: nn.Module, guide_scheduler_config, name: str = "guide") -> None:
+    """Autoguidance needs a guide of the same task: same image size, channels, classes, prediction type."""
+    a, b = unet.config, guide.config
+    for key in ("sample_size", "in_channels", "out_channels", "num_class_embeds"):
+        if a.get(key) != b.get(key):
+            raise ValueError(
+                f"the {name} model has {key} = {b.get(key)} but the model has {a.get(key)}: a guide must be a smaller or "
+                "less-trained model of the same data and classes"
+            )
+    for key in ("prediction_type", "num_train_timesteps", "beta_schedule"):
+        if scheduler_config.get(key) != guide_scheduler_config.get(key):
+            raise ValueError(
+                f"the {name} model's scheduler has {key} = {guide_scheduler_config.get(key)!r} but the model's has "
+                f"{scheduler_config.get(key)!r}: both must predict the same quantity on the same noise schedule"
+            )
+
+
+def read_sampling_defaults(folder: str | Path) -> dict:
+    """A model folder's `sampling.json` (its best measured guidance), or {} when it has none.
+
+    Keys: guidance_scale, pag_scale, pag_layers, guide_model (a folder relative to the model's), guide_scale.
+    """
+    path = Path(folder) / SAMPLING_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); fix or delete it") from None
+    allowed = {"guidance_scale", "pag_scale", "pag_layers", "guide_model", "guide_scale", "note"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    return data
+
+
+def guidance_for(
+    model_dir: str | Path,
+    unet: nn.Module,
+    scheduler_config,
+    guidance_scale: float | None = None,
+    pag_scale: float | None = None,
+    pag_layers: str | Sequence[str] | None = None,
+    guide_model: str | Path | None = None,
+    guide_scale: float | None = None,
+    load_guide: Callable[[Path], tuple] | None = None,
+    has_class: bool = True,
+) -> Guidance:
+    """The guidance to sample `model_dir`'s model with: each argument given wins, the rest come from the
+    folder's sampling.json (its measured best), else off. A guide folder in sampling.json is relative to
+    the model folder; `load_guide(folder) -> (unet, scheduler)` loads it (default: denoiser.pipeline.load_model).
+    has_class=False (no class asked for) leaves out a default classifier-free scale, which needs one."""
+    defaults = read_sampling_defaults(model_dir)
+    if not has_class:
+        defaults.pop("guidance_scale", None)
+
+    def pick(value, key, off):
+        return value if value is not None else defaults.get(key, off)
+
+    guide_scale = float(pick(guide_scale, "guide_scale", 1.0))
+    guide = None
+    if guide_model is None and "guide_model" in defaults and guide_scale != 1.0:
+        guide_model = Path(model_dir) / defaults["guide_model"]
+    if guide_model is not None and guide_scale != 1.0:
+        if load_guide is None:
+            from denoiser.pipeline import load_model as load_guide
+        guide, guide_sched = load_guide(Path(guide_model))
+        check_guide(unet, scheduler_config, guide, guide_sched.config)
+    return Guidance(
+        scale=float(pick(guidance_scale, "guidance_scale", 1.0)),
+        pag_scale=float(pick(pag_scale, "pag_scale", 0.0)),
+        pag_layers=_as_layers(pick(pag_layers, "pag_layers", None)),
+        guide=guide,
+        guide_scale=guide_scale,
+    )
+
+
+def _as_layers(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    if value is None or isinstance(value, tuple):
+        return value
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    return tuple(value)
