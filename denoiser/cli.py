@@ -1,4 +1,4 @@
-"""`denoiser train | sample | attention | evaluate | denoise | edit | inpaint | build-kernels`: the command line, the only place that parses argv."""
+"""`denoiser train | sample | attention | attention-stats | evaluate | denoise | edit | inpaint | build-kernels`: the command line, the only place that parses argv."""
 
 from __future__ import annotations
 
@@ -110,6 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
             r.add_argument("--strength", type=float, default=0.6, help="0 keeps the image, 1 samples anew")
         if name == "inpaint":
             r.add_argument("--mask", required=True, help="mask image of the input's size: white = regenerate, black = keep")
+
+    st = sub.add_parser("attention-stats", help="what each attention layer and head does over the noise levels: CSV + charts")
+    st.add_argument("--model", default=None, help="model folder; default: the shipped synthetic-shapes")
+    st.add_argument("--out-dir", required=True, help="folder for attention_stats.csv and attention_stats.png")
+    st.add_argument("--images", default=None, metavar="FOLDER",
+                    help="your images (a folder, searched recursively; resized and centre-cropped); default: generated ones")
+    st.add_argument("--num-images", type=int, default=8, help="images in the batch (generated: DDIM-25 from --seed)")
+    st.add_argument("--timesteps", default=",".join(map(str, (999, 800, 600, 400, 250, 100, 30))),
+                    help="comma-separated noise levels t")
+    st.add_argument("--no-heads", action="store_true", help="layers only (one ablation call per layer, not per head)")
+    st.add_argument("--class-label", type=int, default=None, help="class of the generated images (default: spread evenly)")
+    st.add_argument("--seed", type=int, default=0)
 
     e = sub.add_parser("evaluate", help="held-out bits/dim and per-timestep MSE, as JSON")
     e.add_argument("--model", required=True)
@@ -253,6 +265,52 @@ def cmd_restore(args) -> None:
         print(f"PSNR vs the clean input: noisy {float(psnr(noisy, target)):.2f} dB, result {float(psnr(res.images, target)):.2f} dB")
 
 
+def cmd_attention_stats(args) -> None:
+    import torch
+
+    from denoiser.attention_stats import attention_stats, stats_chart, write_csv
+    from denoiser.fid import spread_labels
+    from denoiser.pipeline import load_model
+    from denoiser.restore import image_to_model
+    from denoiser.sample import make_sampler, sample, save_png
+
+    try:
+        timesteps = [int(t) for t in args.timesteps.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--timesteps expects comma-separated integers, got {args.timesteps!r}") from None
+    if not 1 <= args.num_images <= 256:
+        raise ValueError(f"--num-images must be in 1..256, got {args.num_images}")
+    unet, sched = load_model(args.model)
+    n_cls = unet.config.num_class_embeds
+    labels = None
+    if n_cls:
+        labels = spread_labels(args.num_images, n_cls) if args.class_label is None else torch.full((args.num_images,), args.class_label)
+    if args.images:
+        files = sorted(p for p in Path(args.images).rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
+        if not files:
+            raise ValueError(f"no .png/.jpg/.webp images under {args.images!r}")
+        from denoiser.data import flatten_to_rgb
+
+        images = torch.cat([image_to_model(flatten_to_rgb(_read_image(str(f))), unet.config.sample_size)
+                            for f in files[: args.num_images]])
+        labels = None if labels is None else labels[: len(images)].fill_(n_cls)  # the user's images: "no class"
+        how = f"{len(images)} images from {args.images}"
+    else:
+        images = sample(unet, make_sampler("ddim", sched.config), args.num_images, 25, seed=args.seed, class_labels=labels).images
+        images = images * 2 - 1
+        how = f"{args.num_images} generated images (DDIM-25, seed {args.seed})"
+    rows = attention_stats(unet, sched, images, labels, timesteps, heads=not args.no_heads, seed=args.seed)
+    out = Path(args.out_dir)
+    csv_path = write_csv(rows, out / "attention_stats.csv")
+    png = save_png(stats_chart(rows), out / "attention_stats.png")
+    print(f"attention stats of {how}: {csv_path} ({len(rows)} rows), charts {png}")
+    layers = [r for r in rows if r.head == -1]
+    top = sorted(layers, key=lambda r: -r.output_change)[:5]
+    print("largest effects of switching a layer to identity (t, layer, output change, eps-MSE change):")
+    for r in top:
+        print(f"  t={r.timestep:4d} {r.layer:16s} {r.output_change:.4f} {r.eps_mse_delta:+.5f}")
+
+
 def cmd_fid(args) -> None:
     import numpy as np
     import torch
@@ -319,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "model", "") is None:
         args.model = _default_model()
     handler = {"train": cmd_train, "sample": cmd_sample, "attention": cmd_attention, "evaluate": cmd_evaluate,
-               "denoise": cmd_restore, "edit": cmd_restore, "inpaint": cmd_restore, "build-kernels": cmd_build_kernels}
+               "denoise": cmd_restore, "edit": cmd_restore, "inpaint": cmd_restore, "build-kernels": cmd_build_kernels,
+               "attention-stats": cmd_attention_stats}
     from denoiser import malloc
 
     malloc.configure()  # freed activations stay in the heap for the next step (denoiser/malloc.py)
