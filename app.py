@@ -54,6 +54,7 @@ if __name__ == "__main__":
     TEMP_FOLDER = _own_temp_folder()
 
 import gradio as gr  # noqa: E402
+import torch  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
 from denoiser import malloc  # noqa: E402
@@ -220,6 +221,34 @@ def _index_slider(count: int, value: int) -> dict:
     return gr.update(maximum=max(1, count - 1), value=value, interactive=count > 1, visible=True)
 
 
+HEAD_COLUMNS = ["layer", "head", "grid", "distance (px)", "entropy / log N", "self-weight", "output change"]
+
+
+def _head_rows(rows) -> list[list]:
+    """attention_stats rows -> one table row per (layer, head), averaged over the noise levels."""
+    groups: dict[tuple[str, int], list] = {}
+    for r in rows:
+        groups.setdefault((r.layer, r.head), []).append(r)
+    table = []
+    for (layer, head), rs in groups.items():
+        n = len(rs)
+        table.append([layer, head, f"{rs[0].resolution}x{rs[0].resolution}",
+                      round(sum(r.mean_distance for r in rs) / n, 2), round(sum(r.entropy / r.max_entropy for r in rs) / n, 3),
+                      round(sum(r.self_weight for r in rs) / n, 3), round(sum(r.output_change for r in rs) / n, 4)])
+    return table
+
+
+def _parse_heads(text) -> list[int] | None:
+    """'all' (or empty) -> None; '0, 2' -> [0, 2]."""
+    text = str(text or "").strip().lower()
+    if text in ("", "all"):
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"heads must be 'all' or comma-separated numbers such as 0,2; got {text[:40]!r}") from None
+
+
 def build_app(explorer: Explorer) -> gr.Blocks:
     models = explorer.models()
     preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
@@ -232,7 +261,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             names = []
         return gr.update(choices=[NO_CLASS] + names, value=NO_CLASS, visible=bool(names))
 
-    def generate(model, scheduler, steps, seed, num_images, class_name, guidance=1.0, progress=gr.Progress()):
+    def generate(model, scheduler, steps, seed, num_images, class_name, guidance=1.0, pag_scale=0.0, guide_scale=1.0,
+                 progress=gr.Progress()):
         try:
             classes = explorer.classes(model) if model else []
             if class_name not in (None, "", NO_CLASS) and class_name not in classes:
@@ -242,7 +272,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         label = classes.index(class_name) if class_name in classes else None
 
         def job(on_step):
-            return explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step, guidance=guidance)
+            return explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step, guidance=guidance,
+                                     pag_scale=pag_scale, guide_scale=guide_scale)
 
         gen = yield from _relay(_stream(job, progress, "denoising"), 11, _enlarge)
         gallery = [to_pil(gen.images[i : i + 1], nrow=1, padding=0) for i in range(gen.images.shape[0])]
@@ -256,7 +287,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             *CLEARED_VIEWS,
         )
 
-    def run_edit(model, class_name, guidance, editor, operation, amount, add_noise, steps, seed, progress=gr.Progress()):
+    def run_edit(model, class_name, guidance, editor, operation, amount, add_noise, steps, seed, pag_scale=0.0,
+                 progress=gr.Progress()):
         try:
             classes = explorer.classes(model) if model else []
             label = classes.index(class_name) if class_name in classes else None
@@ -266,7 +298,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
 
         def job(on_step):
             return explorer.restore(model, operation, image, mask, amount, add_noise, steps, seed, label, guidance,
-                                    on_step=on_step)
+                                    on_step=on_step, pag_scale=pag_scale)
 
         gen, noisy, text = yield from _relay(_stream(job, progress, operation), 11,
                                              lambda preview: [(image, "your image"), (_enlarge(preview), "predicted x0")])
@@ -280,12 +312,15 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         )
 
     @friendly
-    def at_pixel(gen, image, step, y, x, layer, head):
+    def at_pixel(gen, image, step, y, x, layer, head, mean_steps=False):
         if gen is None:
             raise gr.Error("generate images first (Sample tab)")
         pixel = (y, x)
         try:
-            maps = explorer.attention_maps(gen, image, step, pixel)
+            if mean_steps:
+                maps = explorer.mean_attention_maps(gen, image, pixel)
+            else:
+                maps = explorer.attention_maps(gen, image, step, pixel)
             stages, text = explorer.four_stages(gen, image, step, pixel, layer or 0, head or 0)
         except ValueError as err:
             raise _user_error(err) from None
@@ -293,20 +328,53 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         return (y, x), y, x, _display(gen, int(image), (y, x)), maps, stages, text
 
     @friendly
-    def click(gen, image, step, layer, head, evt: gr.SelectData):
+    def click(gen, image, step, layer, head, mean_steps, evt: gr.SelectData):
         if gen is None:
             raise gr.Error("generate images first (Sample tab)")
         y, x = click_to_pixel(evt.index, gen.images.shape[-1])
-        return at_pixel(gen, image, step, y, x, layer, head)
+        return at_pixel(gen, image, step, y, x, layer, head, mean_steps)
 
     @friendly
-    def refresh(gen, image, step, pixel, layer, head):
+    def refresh(gen, image, step, pixel, layer, head, mean_steps=False):
         """Every view at the current (image, step, pixel): the clickable image, the maps, the four stages."""
         if gen is None:
             return None, None, None, ""
         if pixel is None:
             return _display(gen, int(image), None), None, None, ""
-        return at_pixel(gen, image, step, pixel[0], pixel[1], layer, head)[3:]
+        return at_pixel(gen, image, step, pixel[0], pixel[1], layer, head, mean_steps)[3:]
+
+    def guidance_defaults(model):
+        """The chosen model's own guidance (its sampling.json); the autoguidance slider only where it ships a guide."""
+        try:
+            d, has_guide = explorer.sampling_defaults(model) if model else ({}, False)
+        except ValueError:
+            d, has_guide = {}, False
+        return (gr.update(value=d.get("guidance_scale", 1.0)), gr.update(value=d.get("pag_scale", 0.0)),
+                gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))
+
+    @friendly
+    def head_stats(gen, image):
+        if gen is None:
+            raise gr.Error("generate images first (Sample tab)")
+        rows, chart = explorer.head_table(gen, image)
+        return chart, _head_rows(rows), gr.update(choices=sorted({r.layer for r in rows}, key=[r.layer for r in rows].index))
+
+    def switch_off(gen, layers, heads, progress=gr.Progress()):
+        try:
+            if gen is None:
+                raise ValueError("generate images first (Sample tab)")
+            head_ids = _parse_heads(heads)
+        except Exception as err:  # noqa: BLE001
+            raise _user_error(err) from None
+
+        def job(on_step):
+            return explorer.ablate(gen, list(layers or []), head_ids, on_step=on_step)
+
+        off = yield from _relay(_stream(job, progress, "switched off"), 2, lambda preview: _enlarge(preview))
+        which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
+        yield (_enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0])),
+               f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity attention "
+               f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}")
 
     @friendly
     def restage(gen, image, step, pixel, layer, head):
@@ -321,7 +389,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         gen_state = gr.State(None, time_to_live=SESSION_TTL_S)
         pixel_state = gr.State(None, time_to_live=SESSION_TTL_S)
         gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, then click any pixel on "
-                    "the **Attention** tab to see where each attention layer of the U-Net looks.")
+                    "the **Attention** tab to see where each attention layer of the U-Net looks; the **Heads** tab "
+                    "measures what each layer and head does and switches them off.")
         with gr.Tab("Sample"):
             with gr.Row():
                 with gr.Column(scale=1):
@@ -337,6 +406,12 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                                              allow_custom_value=True)
                     guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)",
                                          info="classifier-free guidance: 2-3 makes the class clearer, 1 = off")
+                    pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
+                                    info="steer away from the U-Net with its middle attention switched to identity: "
+                                         "sharper structure, no class needed; 0 = off, one extra pass")
+                    guide_w = gr.Slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
+                                        elem_id="autoguidance",
+                                        info="steer away from the model's small, less-trained guide model; 1 = off")
                     run = gr.Button("Generate", variant="primary", elem_id="generate")
                 with gr.Column(scale=2):
                     preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
@@ -356,6 +431,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (σ, 0 = off): the round trip, with PSNR")
                     edit_steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps (sampled denoise, edit, inpaint)")
                     edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
+                    edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)",
+                                         info="for sampled denoise, edit and inpaint; 0 = off")
                     edit_run = gr.Button("Run", variant="primary", elem_id="edit-run")
                 with gr.Column(scale=2):
                     edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
@@ -375,6 +452,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                         show_btn = gr.Button("show", size="sm")
                     layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
                     head = gr.Number(value=0, precision=0, minimum=0, label="head (four stages)")
+                    mean_steps = gr.Checkbox(False, label="maps: mean over all denoising steps (one U-Net call per step)")
                 with gr.Column(scale=2):
                     # titles above the images: a floating label would cover the first row's layer names
                     gr.Markdown("**Attention of the clicked pixel**: one row per layer, mean of heads, then each head")
@@ -383,22 +461,51 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     stages = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stages")
                     stage_text = gr.Markdown()
 
+        with gr.Tab("Heads", elem_id="heads-tab"):
+            gr.Markdown("What each attention layer and head does for the chosen image (Attention tab's image slider), "
+                        "at four noise levels: how far it looks (mean distance in image pixels), how spread its weights "
+                        "are (entropy / log N: 1 = uniform), how much a pixel keeps of itself, and how much the U-Net's "
+                        "output changes when the layer or head is switched to identity attention.")
+            with gr.Row():
+                with gr.Column(scale=1):
+                    stats_run = gr.Button("Compute statistics", variant="primary", elem_id="stats-run")
+                    off_layers = gr.Dropdown([], multiselect=True, label="layers to switch off", elem_id="off-layers")
+                    off_heads = gr.Textbox("all", label="heads to switch off (all, or e.g. 0,2)", elem_id="off-heads")
+                    off_run = gr.Button("Switch off and regenerate (same seed)", elem_id="off-run")
+                with gr.Column(scale=2):
+                    stats_chart = gr.Image(label="per layer (heads averaged), x = timestep", format="png", type="pil",
+                                           interactive=False, elem_id="stats-chart")
+                    stats_table = gr.Dataframe(headers=HEAD_COLUMNS, label="layers x heads (mean over the noise levels; "
+                                               "head -1 = the whole layer)", elem_id="stats-table", interactive=False)
+                    off_image = gr.Image(label="as generated (top) and switched off (bottom)", format="png", type="pil",
+                                         interactive=False, elem_id="off-image")
+                    off_text = gr.Markdown()
+
         app.load(class_choices, model, class_name, api_name=False)
         model.change(class_choices, model, class_name, api_name=False)
+        app.load(guidance_defaults, model, [guidance, pag, guide_w], api_name=False)
+        model.change(guidance_defaults, model, [guidance, pag, guide_w], api_name=False)
+        stats_run.click(head_stats, [gen_state, image_idx], [stats_chart, stats_table, off_layers], concurrency_limit=1,
+                        concurrency_id="sampling", api_name="heads")
+        off_run.click(switch_off, [gen_state, off_layers, off_heads], [off_image, off_text], concurrency_limit=1,
+                      concurrency_id="sampling", api_name="switch_off")
         randomise.click(lambda: random.randint(0, 2**31 - 1), None, seed, api_name=False)
         cleared = [pixel_state, maps, stages, stage_text]  # a new generation: no pixel, no maps of the old one
-        run.click(generate, [model, scheduler, steps, seed, num_images, class_name, guidance],
+        run.click(generate, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w],
                   [preview, gallery, gen_state, image_idx, step, clickable, layer, *cleared], concurrency_limit=1,
                   concurrency_id="sampling", api_name="generate")
-        edit_run.click(run_edit, [model, class_name, guidance, editor, operation, amount, add_noise, edit_steps, edit_seed],
+        edit_run.click(run_edit, [model, class_name, guidance, editor, operation, amount, add_noise, edit_steps, edit_seed,
+                                  edit_pag],
                        [edit_result, edit_text, gen_state, image_idx, step, clickable, layer, *cleared], concurrency_limit=1,
                        concurrency_id="sampling", api_name="edit")
         pixel_outputs = [pixel_state, py, px, clickable, maps, stages, stage_text]
-        views = [gen_state, image_idx, step, pixel_state, layer, head]
+        views = [gen_state, image_idx, step, pixel_state, layer, head, mean_steps]
         image_idx.change(refresh, views, [clickable, maps, stages, stage_text], api_name=False)
         step.change(refresh, views, [clickable, maps, stages, stage_text], api_name="refresh")
-        clickable.select(click, [gen_state, image_idx, step, layer, head], pixel_outputs, api_name=False)
-        show_btn.click(at_pixel, [gen_state, image_idx, step, py, px, layer, head], pixel_outputs, api_name="attention")
+        mean_steps.change(refresh, views, [clickable, maps, stages, stage_text], api_name=False)
+        clickable.select(click, [gen_state, image_idx, step, layer, head, mean_steps], pixel_outputs, api_name=False)
+        show_btn.click(at_pixel, [gen_state, image_idx, step, py, px, layer, head, mean_steps], pixel_outputs,
+                       api_name="attention")
         for control in (layer, head):
             control.change(restage, [gen_state, image_idx, step, pixel_state, layer, head], [stages, stage_text], api_name=False)
     return app

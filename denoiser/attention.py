@@ -342,7 +342,9 @@ def identity_attention(
     if batch_start < 0:
         raise ValueError(f"batch_start must be >= 0, got {batch_start}")
     active = _IDENTITY.get() or {}
-    token = _IDENTITY.set({**active, **{by_name[n]: (head_ids, batch_start) for n in names}})
+    # a layer already switched off for every row and head (an ablation) stays off inside a narrower switch (PAG)
+    chosen = {by_name[n]: (head_ids, batch_start) for n in names if active.get(by_name[n]) != (None, 0)}
+    token = _IDENTITY.set({**active, **chosen})
     try:
         yield
     finally:

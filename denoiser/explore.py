@@ -18,11 +18,12 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from denoiser.attention import AttentionRecord, capture_attention
+from denoiser.attention import AttentionRecord, capture_attention, identity_attention
+from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.guidance import Guidance, check_guide, read_sampling_defaults
 from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model, resolve_model_dir
 from denoiser.sample import make_sampler, sample, sampling_context
-from denoiser.visualize import attention_panel, layer_label, stages_panel
+from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
 __all__ = ["Explorer", "Generation", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
 
@@ -58,6 +59,7 @@ class Generation:
     timesteps: list[int]
     labels: torch.Tensor | None
     guidance: Guidance = field(default_factory=Guidance)  # what the images were sampled with
+    replay: dict | None = None  # generate()'s arguments, to sample the same seed again (None: an edit)
     _records: dict[int, list[AttentionRecord]] = field(default_factory=dict, repr=False)
 
     @property
@@ -145,7 +147,8 @@ class Explorer:
         res = sample(unet, sched, num_images, steps, seed=seed, eta=eta, class_labels=class_label, callback=record,
                      guidance=guidance)
         labels = None if class_label is None else torch.full((num_images,), class_label, dtype=torch.long)
-        return Generation(model, res.images, inputs, [int(t) for t in sched.timesteps], labels, guidance)
+        replay = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label, eta=eta)
+        return Generation(model, res.images, inputs, [int(t) for t in sched.timesteps], labels, guidance, replay)
 
     def restore(
         self,
@@ -248,6 +251,12 @@ class Explorer:
                 raise ValueError(f"model {model!r} ships no guide model for autoguidance: set the autoguidance weight to 1")
         return Guidance(values["guidance"], values["pag_scale"], guide=guide, guide_scale=values["guide_scale"])
 
+    def sampling_defaults(self, name: str) -> tuple[dict, bool]:
+        """(the model folder's sampling.json, whether it names a guide for autoguidance)."""
+        folder = resolve_model_dir(str(name), self.weights_dir)
+        defaults = read_sampling_defaults(folder)
+        return defaults, "guide_model" in defaults
+
     def guide(self, name: str):
         """The autoguidance guide a model folder names in its sampling.json (loaded once), or None."""
         folder = resolve_model_dir(str(name), self.weights_dir)
@@ -309,6 +318,40 @@ class Explorer:
 
     def layer_names(self, gen: Generation, step: int = 0) -> list[str]:
         return [layer_label(r) for r in self.records(gen, step)]
+
+    def mean_attention_maps(self, gen: Generation, image: int, pixel: tuple[int, int]) -> Image.Image:
+        """Every layer's attention of `pixel`, averaged over all denoising steps (one UNet call per step)."""
+        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
+        S = gen.images.shape[-1]
+        y, x = (_check_int("pixel y", pixel[0], 0, S - 1), _check_int("pixel x", pixel[1], 0, S - 1))
+        sums: dict[str, torch.Tensor] = {}
+        for step in range(gen.num_steps):
+            for rec in self.records(gen, step):
+                H, W = rec.size
+                w = rec.weights((y * H // S, x * W // S))[image]  # (h, H, W)
+                sums[layer_label(rec)] = sums.get(layer_label(rec), 0) + w / gen.num_steps
+        return maps_panel(gen.images[image], list(sums.items()), (y, x))
+
+    def head_table(self, gen: Generation, image: int, timesteps=(800, 400, 100, 20)) -> tuple[list[LayerStats], Image.Image]:
+        """`attention_stats` of one generated image (its class, heads included) and the charts."""
+        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
+        unet, train_sched = self.model(gen.model)
+        labels = None if gen.labels is None else gen.labels[image : image + 1]
+        x0 = gen.images[image : image + 1] * 2 - 1  # (1, C, H, W) in [-1, 1]
+        rows = attention_stats(unet, train_sched, x0, labels, timesteps)
+        return rows, stats_chart(rows)
+
+    def ablate(self, gen: Generation, layers: list[str], heads: list[int] | None = None, on_step=None) -> Generation:
+        """The same seed and settings sampled again with `layers` (or their `heads`) switched to identity."""
+        if gen.replay is None:
+            raise ValueError("switching layers off regenerates a sampled batch: use the Sample tab first")
+        if not layers:
+            raise ValueError("choose at least one attention layer to switch off")
+        unet, _ = self.model(gen.model)
+        g = gen.guidance
+        with identity_attention(unet, layers, heads):
+            return self.generate(gen.model, **gen.replay, on_step=on_step, guidance=g.scale, pag_scale=g.pag_scale,
+                                 guide_scale=g.guide_scale)
 
     def four_stages(
         self, gen: Generation, image: int, step: int, pixel: tuple[int, int], layer: int, head: int

@@ -101,13 +101,23 @@ def attention_panel(
     rebuilt from the captured q and k.
     """
     S = image.shape[-1]
-    rows = []
+    maps = []
     for rec in records:
         H, W = rec.size
-        w = rec.weights((query[0] * H // S, query[1] * W // S))[batch_index]  # (h, H, W) on this layer's grid
-        row = [(layer_label(rec), image), ("mean of heads", overlay(image, w.mean(0), query))]
-        if per_head and rec.num_heads > 1:
-            row += [(f"head {i}", overlay(image, w[i], query)) for i in range(rec.num_heads)]
+        maps.append((layer_label(rec), rec.weights((query[0] * H // S, query[1] * W // S))[batch_index]))  # (h, H, W)
+    return maps_panel(image, maps, query, per_head, cell)
+
+
+def maps_panel(
+    image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]], query: tuple[int, int], per_head: bool = True, cell: int = 96
+) -> Image.Image:
+    """The panel of `attention_panel` from ready maps: (label, weights (h, H, W) on the layer's grid) per layer."""
+    S = image.shape[-1]
+    rows = []
+    for label, w in maps:
+        row = [(label, image), ("mean of heads", overlay(image, w.mean(0), query))]
+        if per_head and w.shape[0] > 1:
+            row += [(f"head {i}", overlay(image, w[i], query)) for i in range(w.shape[0])]
         rows.append(row)
     return tiles_image(rows, max(1, cell // S))
 

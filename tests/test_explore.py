@@ -7,6 +7,7 @@ import torch
 from diffusers import DDPMScheduler
 
 from denoiser import UNet
+from denoiser.attention import identity_attention
 from denoiser.explore import Explorer
 from denoiser.guidance import Guidance
 from denoiser.pipeline import save_pipeline
@@ -132,3 +133,52 @@ def test_work_budget_refuses_oversized_requests_up_front(weights, monkeypatch):
         ex.generate("tiny", steps=4, num_images=20)
     with pytest.raises(ValueError, match="over the budget"):
         ex.generate("tiny-classes", steps=4, num_images=10, class_label=0, guidance=2)  # guidance doubles the calls
+
+
+def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    root = tmp_path / "w"
+    shutil.copytree(weights, root)
+    torch.manual_seed(3)
+    small = {**TINY, "base_channels": 8, "norm_num_groups": 4}
+    save_pipeline(UNet(**small, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes" / "guide")
+    (root / "tiny-classes" / "sampling.json").write_text(json.dumps({"guide_model": "guide", "guide_scale": 2.0}))
+    ex = Explorer(root)
+    assert ex.models() == ["tiny", "tiny-classes"]  # the guide is no model of its own
+    assert ex.sampling_defaults("tiny-classes") == ({"guide_model": "guide", "guide_scale": 2.0}, True)
+    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, pag_scale=1.5, guide_scale=2.0)
+    unet, sched = ex.model("tiny-classes")
+    g = Guidance(pag_scale=1.5, guide=ex.guide("tiny-classes"), guide_scale=2.0)
+    res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=g, capture_steps=[1])
+    assert torch.equal(gen.images, res.images)
+    for a, b in zip(ex.records(gen, 1), res.attention[1], strict=True):  # the images' own rows of the batched call
+        assert torch.equal(a.q, b.q[:2]) and torch.equal(a.k, b.k[:2])
+    with pytest.raises(ValueError, match="ships no guide model"):
+        ex.generate("tiny", steps=2, num_images=1, guide_scale=2.0)
+    monkeypatch.setenv("DENOISER_WORK_BUDGET", "3")
+    cost = 16**2 / 32**2 * sum(p.numel() for p in unet.parameters()) / 1e6
+    steps = int(3 // (2 * cost))  # 2 passes: the plain one and the perturbed one
+    ex.generate("tiny-classes", steps=steps, num_images=1, pag_scale=1.0)
+    with pytest.raises(ValueError, match="PAG"):
+        ex.generate("tiny-classes", steps=steps + 1, num_images=1, pag_scale=1.0)
+
+
+def test_heads_view_mean_maps_and_switching_layers_off(weights):
+    ex = Explorer(weights)
+    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=2)
+    rows, chart = ex.head_table(gen, image=1, timesteps=(500, 50))
+    assert {r.layer for r in rows} == {"down.1.attn.0", "mid_attn", "up.0.attn.0", "up.0.attn.1"} and chart.width > 600
+    mean = ex.mean_attention_maps(gen, image=1, pixel=(4, 5))
+    last = ex.attention_maps(gen, image=1, step=2, pixel=(4, 5))
+    assert mean.size == last.size and mean.tobytes() != last.tobytes()
+    off = ex.ablate(gen, ["mid_attn"])
+    unet, sched = ex.model("tiny-classes")
+    with identity_attention(unet, ["mid_attn"]):
+        want = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=2).images
+    assert torch.equal(off.images, want) and not torch.equal(off.images, gen.images)
+    one_head = ex.ablate(gen, ["mid_attn"], [0])
+    assert not torch.equal(one_head.images, off.images)
+    with pytest.raises(ValueError, match="at least one attention layer"):
+        ex.ablate(gen, [])
