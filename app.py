@@ -372,7 +372,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
 
         off = yield from _relay(_stream(job, progress, "switched off"), 2, lambda preview: _enlarge(preview))
         which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
-        yield (_enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0])),
+        yield (_enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
                f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity attention "
                f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}")
 
@@ -473,12 +473,12 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     off_heads = gr.Textbox("all", label="heads to switch off (all, or e.g. 0,2)", elem_id="off-heads")
                     off_run = gr.Button("Switch off and regenerate (same seed)", elem_id="off-run")
                 with gr.Column(scale=2):
-                    stats_chart = gr.Image(label="per layer (heads averaged), x = timestep", format="png", type="pil",
-                                           interactive=False, elem_id="stats-chart")
+                    gr.Markdown("**Per layer** (heads averaged), over the noise level t (noisy on the left)")
+                    stats_chart = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stats-chart")
                     stats_table = gr.Dataframe(headers=HEAD_COLUMNS, label="layers x heads (mean over the noise levels; "
                                                "head -1 = the whole layer)", elem_id="stats-table", interactive=False)
-                    off_image = gr.Image(label="as generated (top) and switched off (bottom)", format="png", type="pil",
-                                         interactive=False, elem_id="off-image")
+                    gr.Markdown("**Switched off**: as generated (top row), the same seed without the chosen attention (bottom)")
+                    off_image = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="off-image")
                     off_text = gr.Markdown()
 
         app.load(class_choices, model, class_name, api_name=False)

@@ -380,3 +380,38 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
         page.wait_for_function("() => { const i = document.querySelector('#maps img'); return i && i.naturalWidth > 200 }",
                                timeout=30_000)
         browser.close()
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_attention_guidance_then_heads_view_and_switching_a_layer_off(server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    shots = Path(os.environ.get("DENOISER_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                     args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(server)
+        pag = page.locator("#pag input[type=number]")
+        pag.fill("2")
+        pag.press("Enter")
+        assert page.locator("#autoguidance").is_hidden()  # no shipped guide: no autoguidance slider
+        page.locator("#generate").click()
+        page.locator("#gallery img").first.wait_for(timeout=120_000)
+        page.get_by_role("tab", name="Heads").click()
+        page.locator("#stats-run").click()
+        page.wait_for_function("() => { const i = document.querySelector('#stats-chart img'); return i && i.naturalWidth > 600 }",
+                               timeout=120_000)
+        assert "mid_attn" in page.locator("#stats-table").inner_text()  # the layers x heads table
+        page.locator("#off-layers input").click()
+        page.get_by_role("option", name="mid_attn").click()
+        page.keyboard.press("Escape")
+        page.locator("#off-run").click()
+        page.get_by_text("switched to identity attention").wait_for(timeout=120_000)
+        # the result: two rows (as generated, switched off) of all the images, wider than tall
+        page.wait_for_function("() => { const i = document.querySelector('#off-image img'); "
+                               "return i && i.naturalWidth > 2 * i.naturalHeight }", timeout=30_000)
+        page.screenshot(path=str(shots / "app-heads.png"), full_page=True)
+        browser.close()
+    assert (shots / "app-heads.png").stat().st_size > 10_000
