@@ -56,6 +56,8 @@ RECIPES = (
            ("train.lr=0.0005", "train.lr_warmup_steps=50"), steps_per_minute=60.0, batch_size=64),
     Recipe("ema-0.9999", "EMA max decay 0.9999 instead of 0.999 (the EMA warm-up keeps both at ~0.996 this early)",
            ("train.ema_max_decay=0.9999",)),
+    Recipe("no-attention", "no attention blocks (ResBlocks and skips only): the seed's claim that attention helps, "
+           "at equal wall-clock", ("model.attention_resolutions=[]", "model.mid_attention=false"), steps_per_minute=260.0),
 )
 
 
@@ -117,7 +119,7 @@ def cmd_score(args) -> None:
     for r in RECIPES:
         run = RUNS / r.name
         done = run / f"score-{args.num_samples}.json"
-        if done.exists() or not (run / "model" / "model_index.json").exists():
+        if done.exists() or not (run / "model" / "model_index.json").exists() or (args.only and r.name not in args.only):
             continue
         unet, sched = load_model(run / "model")
         images = generate_images(unet, sched.config, args.num_samples, steps=50, seed=0, batch_size=100)
@@ -140,7 +142,7 @@ def cmd_table(args) -> None:
             "|---|---|---|---|---|---|---|"]
     for r in RECIPES:
         f = RUNS / r.name / f"score-{args.num_samples}.json"
-        if not f.exists():
+        if not f.exists() or (args.only and r.name not in args.only):
             continue
         s = json.loads(f.read_text())
         rows.append(f"| {r.name} | {r.change} | {s['params_m']}M | {s['images_seen']:,} | **{s['fid']:.1f}** | "
@@ -159,10 +161,11 @@ samples (columns are classes for the class-conditional models). Each recipe is o
 {chr(10).join(rows)}
 """
     # what was learnt from a table is written by hand below READING; a new table keeps it
-    old = OUT.read_text() if OUT.exists() else ""
+    out = Path(args.out)
+    old = out.read_text() if out.exists() else ""
     if READING in old:
         md += "\n" + READING + old.split(READING, 1)[1]
-    OUT.write_text(md)
+    out.write_text(md)
     print(md)
 
 
@@ -175,8 +178,11 @@ def main() -> None:
     s = sub.add_parser("score")
     s.add_argument("--num-samples", type=int, default=1000)
     s.add_argument("--num-images", type=int, default=200)
+    s.add_argument("--only", nargs="*", help="recipe names (default: all trained)")
     tb = sub.add_parser("table")
     tb.add_argument("--num-samples", type=int, default=1000)
+    tb.add_argument("--only", nargs="*", help="recipe names (default: every scored one)")
+    tb.add_argument("--out", default=str(OUT), help="markdown file (default: %(default)s)")
     args = p.parse_args()
     {"train": cmd_train, "score": cmd_score, "table": cmd_table}[args.cmd](args)
 
