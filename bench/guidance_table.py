@@ -103,6 +103,80 @@ def run(args) -> None:
         print(json.dumps(result), flush=True)
 
 
+def table(args) -> None:
+    """bench/guidance_<model>.md from the kept results, and docs/guidance-<model>.png: the same seeds per setting."""
+    from PIL import Image, ImageDraw
+
+    from denoiser.sample import to_pil
+
+    name = Path(args.model).name
+    results = [json.loads(f.read_text()) for f in sorted((Path("runs/guidance") / name).glob("*.json"))]
+    if not results:
+        raise SystemExit(f"no results under runs/guidance/{name}: run first")
+    plain = {r["num_samples"]: r["ms_per_image"] for r in results if r["setting"] == "none"}
+    lines = ["| setting | what | N | FID-N | UNet passes per step | ms per image | x plain |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (-r["num_samples"], r["fid"])):
+        ratio = r["ms_per_image"] / plain[r["num_samples"]] if r["num_samples"] in plain else float("nan")
+        lines.append(f"| `{r['setting'].split(':')[0]}{'' if ':' not in r['setting'] else ':' + Path(r['setting'].split(':')[1]).name}` "
+                     f"| {r['describe']}{'' if r['labels'] else ', no class labels'} | {r['num_samples']} | **{r['fid']:.2f}** "
+                     f"| {r['unet_passes_per_step']:.2f} | {r['ms_per_image']:.0f} | {ratio:.2f} |")
+    cpus = sorted({r["cpu"] for r in results})
+    md = (f"## Guidance on `{name}`: FID-N of DDIM-50 samples\n\n"
+          f"Same seeds for every setting (batch i of 64 uses seed i), classes spread evenly (0, 1, ..., 9, 0, ...), "
+          f"against {REFERENCES.get(name, 'the validation split')}. Cost measured in the same run, one thread: "
+          f"{'; '.join(cpus)}. Reproduce: `OMP_NUM_THREADS=1 python bench/guidance_table.py run --model weights/{name} "
+          f"--num-samples N --settings SETTING ...`, then `table`.\n\n" + "\n".join(lines) + "\n")
+    out = Path(f"bench/guidance_{name}.md")
+    keep = out.read_text().split(READING, 1)[1] if out.exists() and READING in out.read_text() else ""
+    out.write_text(md + (f"\n{READING}{keep}" if keep else ""))
+    print(md)
+    shown = [r for r in results if r["setting"] in (args.grid or [r["setting"] for r in results])]
+    tiles = []
+    for r in shown:
+        f = Path("runs/guidance") / name / f"{r['setting'].replace('/', '_').replace(':', '=')}-n{r['num_samples']}.pt"
+        if f.exists():
+            grid = to_pil(torch.load(f, weights_only=True)[: args.grid_images].float() / 255, nrow=10)
+            tiles.append((f"{r['setting'].split(':')[0]}: FID-{r['num_samples']} {r['fid']:.1f}", grid.resize((grid.width * 2, grid.height * 2), Image.Resampling.NEAREST)))
+    if tiles:
+        w, h = tiles[0][1].size
+        cols = min(3, len(tiles))
+        sheet = Image.new("RGB", (cols * (w + 10), ((len(tiles) + cols - 1) // cols) * (h + 24)), "white")
+        draw = ImageDraw.Draw(sheet)
+        for i, (label, img) in enumerate(tiles):
+            x, y = (i % cols) * (w + 10), (i // cols) * (h + 24)
+            draw.text((x + 2, y + 4), label, fill="black")
+            sheet.paste(img, (x, y + 20))
+        sheet.save(f"docs/guidance-{name}.png")
+        print(f"grids: docs/guidance-{name}.png")
+
+
+READING = "## Reading the table"
+
+
+def cost(args) -> None:
+    """ms per image of each setting, interleaved rounds after a warm-up, median: the cost column measured quietly."""
+    import statistics
+
+    unet, sched = load_model(args.model)
+    settings = [(s, *parse_setting(s, unet, sched)) for s in args.settings]
+    labels = spread_labels(args.batch_size, unet.config.num_class_embeds)
+    times: dict[str, list[float]] = {s: [] for s, *_ in settings}
+    for round_ in range(args.rounds + 1):  # round 0 warms up
+        for name, guidance, labelled, _ in settings:
+            t0 = time.perf_counter()
+            sample(unet, make_sampler("ddim", sched.config), args.batch_size, args.steps, seed=0,
+                   class_labels=labels if labelled else None, guidance=guidance)
+            if round_:
+                times[name].append(1000 * (time.perf_counter() - t0) / args.batch_size * 50 / args.steps)
+    base = statistics.median(times[settings[0][0]])
+    print(f"ms per image at 50 steps, batch {args.batch_size}, {torch.get_num_threads()} thread(s), median of {args.rounds} "
+          f"interleaved rounds; {cpu_name()}")
+    print("| setting | UNet passes per step | ms per image | x first |\n|---|---|---|---|")
+    for name, guidance, _, guide_cost in settings:
+        med = statistics.median(times[name])
+        print(f"| `{name.split(':')[0]}` | {guidance.main_passes + guide_cost:.2f} | {med:.0f} | {med / base:.2f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -113,8 +187,18 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=50)
     r.add_argument("--batch-size", type=int, default=64)
     r.add_argument("--reference", default=None)
+    t = sub.add_parser("table")
+    t.add_argument("--model", required=True)
+    t.add_argument("--grid", nargs="*", help="settings drawn side by side (default: all)")
+    t.add_argument("--grid-images", type=int, default=30, help="images per setting (columns are classes)")
+    c = sub.add_parser("cost")
+    c.add_argument("--model", required=True)
+    c.add_argument("--settings", nargs="+", required=True)
+    c.add_argument("--batch-size", type=int, default=16)
+    c.add_argument("--steps", type=int, default=10)
+    c.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
-    run(args)
+    {"run": run, "table": table, "cost": cost}[args.command](args)
 
 
 if __name__ == "__main__":
