@@ -6,7 +6,8 @@ autoguidance, with the cost per image, on this machine.
     .venv/bin/python bench/guidance_table.py table --model weights/cifar10          # bench/guidance_<model>.md
 
 A setting is NAME[-SCALE][:GUIDE][@LAYERS], joined with '+': `none`, `cfg-2`, `pag-1`, `pag-1@mid_attn,up.0.attn.0`,
-`ag-2:/path/to/guide`, `uncond+pag-1` (no class labels: the model's "no class" row), `cfg-2+pag-1`. Every
+`ag-2:/path/to/guide`, `uncond+pag-1` (no class labels: the model's "no class" row), `cfg-2+pag-1`, and the
+ablations `off@mid_attn` / `off@all` (those layers switched to identity attention for the whole run). Every
 setting samples the same N images (seed 0, DDIM-50, classes spread evenly as `denoiser evaluate --fid`
 does) and is scored against the validation split's Inception statistics. Each result is kept as JSON
 under runs/guidance/<model>/ (a finished setting is never redone), with the ms per image measured in the
@@ -16,6 +17,7 @@ same run (one thread) and the UNet passes per image.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import subprocess
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from denoiser.attention import attention_layer_names, identity_attention
 from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, spread_labels
 from denoiser.guidance import Guidance, check_guide
 from denoiser.pipeline import load_model
@@ -39,9 +42,9 @@ def cpu_name() -> str:
     return f"{model} ({', '.join(has) or 'no AVX-512'})"
 
 
-def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float]:
-    """(guidance, with class labels?, guide cost relative to the model) of a setting name."""
-    scale, pag, layers, guide, guide_scale, labelled = 1.0, 0.0, None, None, 1.0, True
+def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[str, ...] | None]:
+    """(guidance, with class labels?, guide cost relative to the model, layers switched off) of a setting name."""
+    scale, pag, layers, guide, guide_scale, labelled, off = 1.0, 0.0, None, None, 1.0, True, None
     for part in text.split("+"):
         part, _, where = part.partition("@")
         part, _, guide_dir = part.partition(":")
@@ -54,6 +57,8 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float]:
             scale = float(value)
         elif kind == "pag":
             pag, layers = float(value), (tuple(where.split(",")) if where else None)
+        elif kind == "off":
+            off = tuple(attention_layer_names(unet)) if where == "all" else tuple(where.split(","))
         elif kind == "ag":
             guide, guide_sched = load_model(guide_dir)
             check_guide(unet, sched.config, guide, guide_sched.config)
@@ -61,7 +66,7 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float]:
         else:
             raise ValueError(f"unknown setting part {part!r}; use none, uncond, cfg-W, pag-S[@layers], ag-W:GUIDE")
     cost = 0.0 if guide is None else sum(p.numel() for p in guide.parameters()) / sum(p.numel() for p in unet.parameters())
-    return Guidance(scale, pag, layers, guide, guide_scale), labelled, cost
+    return Guidance(scale, pag, layers, guide, guide_scale), labelled, cost, off
 
 
 def run(args) -> None:
@@ -77,15 +82,16 @@ def run(args) -> None:
         if out.exists():
             print(f"{setting}: done before ({out})")
             continue
-        guidance, labelled, guide_cost = parse_setting(setting, unet, sched)
+        guidance, labelled, guide_cost, off = parse_setting(setting, unet, sched)
         labels = spread_labels(args.num_samples, unet.config.num_class_embeds) if labelled else None
         images, seconds = [], 0.0
         for i, start in enumerate(range(0, args.num_samples, args.batch_size)):
             n = min(args.batch_size, args.num_samples - start)
             batch_labels = None if labels is None else labels[start : start + n]
             t0 = time.perf_counter()
-            res = sample(unet, make_sampler("ddim", sched.config), n, args.steps, seed=i, class_labels=batch_labels,
-                         guidance=guidance)
+            with identity_attention(unet, off) if off else contextlib.nullcontext():
+                res = sample(unet, make_sampler("ddim", sched.config), n, args.steps, seed=i, class_labels=batch_labels,
+                             guidance=guidance)
             seconds += time.perf_counter() - t0
             images.append(res.images.mul(255).round().to(torch.uint8))
             print(f"{setting}: {start + n}/{args.num_samples} images, {1000 * seconds / (start + n):.0f} ms/image", flush=True)
@@ -158,7 +164,7 @@ def cost(args) -> None:
     import statistics
 
     unet, sched = load_model(args.model)
-    settings = [(s, *parse_setting(s, unet, sched)) for s in args.settings]
+    settings = [(s, *parse_setting(s, unet, sched)[:3]) for s in args.settings]
     labels = spread_labels(args.batch_size, unet.config.num_class_embeds)
     times: dict[str, list[float]] = {s: [] for s, *_ in settings}
     for round_ in range(args.rounds + 1):  # round 0 warms up
