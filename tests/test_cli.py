@@ -105,3 +105,27 @@ def test_channels_last_model_saves_and_reloads(tiny_unet, tmp_path):
     loaded, _ = load_model(tmp_path / "m")
     x = torch.randn(1, 3, 16, 16)
     torch.testing.assert_close(loaded(x, 3).sample, tiny_unet(x, 3).sample, rtol=1e-5, atol=1e-5)
+
+
+def test_sample_and_restore_take_the_guidance_flags(tmp_path, capsys):
+    from denoiser import UNet
+    from denoiser.guidance import Guidance
+    from denoiser.sample import make_sampler, sample, to_pil
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    unet = UNet(**TINY, num_class_embeds=3).eval()
+    model = save_pipeline(unet, DDPMScheduler(), tmp_path / "model")
+    assert main(["sample", "--model", str(model), "--out", str(tmp_path / "pag.png"), "--num-images", "2", "--steps", "3",
+                 "--scale", "1", "--class-label", "1", "--guidance", "2", "--pag-scale", "1.5", "--pag-layers", "mid_attn"]) == 0
+    loaded, sched = load_model(model)
+    want = sample(loaded, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1,
+                  guidance=Guidance(scale=2.0, pag_scale=1.5, pag_layers=("mid_attn",))).images
+    assert Image.open(tmp_path / "pag.png").convert("RGB").tobytes() == to_pil(want).tobytes()
+    assert main(["sample", "--model", str(model), "--out", str(tmp_path / "x.png"), "--pag-scale", "1",
+                 "--pag-layers", "mid"]) == 2
+    assert "unknown PAG layer(s) mid" in capsys.readouterr().err
+    Image.new("RGB", (20, 20), (250, 0, 0)).save(tmp_path / "in.png")
+    Image.new("L", (20, 20), 255).save(tmp_path / "mask.png")
+    assert main(["inpaint", "--model", str(model), "--image", str(tmp_path / "in.png"), "--mask", str(tmp_path / "mask.png"),
+                 "--out", str(tmp_path / "o.png"), "--steps", "2", "--pag-scale", "2"]) == 0

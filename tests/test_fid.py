@@ -125,3 +125,25 @@ def test_cli_fid_caches_the_reference_and_scores_samples(tiny_unet, tmp_path, ca
     assert main([*args, "--samples", str(tmp_path / "small.npy")]) == 0
     assert json.loads(capsys.readouterr().out)["reference"]["image_size"] == 16
     assert "of 16x16 images and these are 8x8" in caplog.text
+
+
+def test_cli_fid_samples_with_pag_and_autoguidance(tmp_path, capsys):
+    torch.manual_seed(0)
+    unet = UNet(**TINY, num_class_embeds=3).eval()
+    model = save_pipeline(unet, DDPMScheduler(), tmp_path / "model")
+    guide = save_pipeline(UNet(**{**TINY, "base_channels": 8, "norm_num_groups": 4}, num_class_embeds=3).eval(),
+                          DDPMScheduler(), tmp_path / "guide")
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data" / "only"
+    data.mkdir(parents=True)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(data / f"{i}.png")
+    args = ["evaluate", "--model", str(model), "--fid", "--num-samples", "4", "--sample-steps", "2",
+            "--reference", str(tmp_path / "ref.safetensors"), "--data", str(tmp_path / "data"), "--val-size", "4"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--pag-scale", "2", "--guide-model", str(guide), "--guide-scale", "1.5"]) == 0
+    guided = json.loads(capsys.readouterr().out)
+    assert guided["samples"].startswith("ddim-2, PAG 2 on default + autoguidance 1.5") and guided["fid"] != plain["fid"]
+    assert main([*args, "--guide-scale", "2"]) == 2
+    assert "needs a guide model" in capsys.readouterr().err
