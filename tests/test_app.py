@@ -26,6 +26,30 @@ from denoiser.pipeline import WEIGHTS_DIR, save_pipeline
 from tests.conftest import ROOT, TINY
 
 CHROMIUM = "/usr/bin/chromium"
+BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def _screenshots(tmp_path: Path) -> Path:
+    """Where browser tests write screenshots: DENOISER_SCREENSHOTS (`make screenshots`: docs/) or the test's folder."""
+    shots = Path(os.environ.get("DENOISER_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    return shots
+
+
+@contextlib.contextmanager
+def _browser_page(server: str, height: int = 900):
+    """A headless Chromium page of width 1280 on the app."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": height})
+            page.goto(server)
+            yield page
+        finally:
+            browser.close()
 
 
 def _free_port() -> int:
@@ -304,18 +328,8 @@ def _click_on_attention_tab(page, fx: float, fy: float):
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    shots = Path(os.environ.get("DENOISER_SCREENSHOTS", tmp_path))
-    shots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"],
-        )
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(server)
+    shots = _screenshots(tmp_path)
+    with _browser_page(server) as page:
         page.get_by_role("tab", name="Attention").click()
         assert page.get_by_text("denoising step").count() == 0  # no sliders before there is a generation
         page.get_by_role("tab", name="Sample").click()
@@ -330,23 +344,15 @@ def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
         size = maps.evaluate("img => [img.naturalWidth, img.naturalHeight]")
         assert size[0] > 200 and size[1] > 100
         page.screenshot(path=str(shots / "app-attention.png"), full_page=True)
-        browser.close()
     assert (shots / "app-attention.png").stat().st_size > 10_000
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
-    from playwright.sync_api import sync_playwright
-
     photo = tmp_path / "photo.png"
     Image.new("RGB", (64, 48), (30, 160, 60)).save(photo)
-    shots = Path(os.environ.get("DENOISER_SCREENSHOTS", tmp_path))
-    shots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1280, "height": 1000})
-        page.goto(server)
+    shots = _screenshots(tmp_path)
+    with _browser_page(server, height=1000) as page:
         page.get_by_role("tab", name="Edit").click()
         editor = page.locator("#editor")
         editor.locator("canvas").last.wait_for(timeout=30_000)
@@ -379,20 +385,12 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
         _click_on_attention_tab(page, 0.5, 0.5)
         page.wait_for_function("() => { const i = document.querySelector('#maps img'); return i && i.naturalWidth > 200 }",
                                timeout=30_000)
-        browser.close()
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_attention_guidance_then_heads_view_and_switching_a_layer_off(server, tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    shots = Path(os.environ.get("DENOISER_SCREENSHOTS", tmp_path))
-    shots.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                     args=["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(server)
+    shots = _screenshots(tmp_path)
+    with _browser_page(server) as page:
         pag = page.locator("#pag input[type=number]")
         pag.fill("2")
         pag.press("Enter")
@@ -413,5 +411,4 @@ def test_browser_attention_guidance_then_heads_view_and_switching_a_layer_off(se
         page.wait_for_function("() => { const i = document.querySelector('#off-image img'); "
                                "return i && i.naturalWidth > 2 * i.naturalHeight }", timeout=30_000)
         page.screenshot(path=str(shots / "app-heads.png"), full_page=True)
-        browser.close()
     assert (shots / "app-heads.png").stat().st_size > 10_000
