@@ -407,7 +407,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)",
                                          info="classifier-free guidance: 2-3 makes the class clearer, 1 = off")
                     pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
-                                    info="steer away from the U-Net with its middle attention switched to identity: "
+                                    info="steer away from the U-Net with its low-resolution decoder attention switched to identity: "
                                          "sharper structure, no class needed; 0 = off, one extra pass")
                     guide_w = gr.Slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
                                         elem_id="autoguidance",

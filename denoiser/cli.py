@@ -35,7 +35,7 @@ def _add_guidance(p: argparse.ArgumentParser, what: str = "samples") -> None:
     g.add_argument("--pag-scale", type=float, default=None,
                    help="perturbed-attention guidance: steer away from the model with attention switched to identity (0 = off)")
     g.add_argument("--pag-layers", default=None, metavar="NAMES",
-                   help="comma-separated attention layers PAG perturbs (as `denoiser attention-stats` names them; default: mid_attn)")
+                   help="comma-separated attention layers PAG perturbs (as `denoiser attention-stats` names them; default: the up path's first level, up.0.attn.*)")
     g.add_argument("--guide-model", default=None, metavar="FOLDER",
                    help="autoguidance: a smaller or less-trained model of the same data and classes")
     g.add_argument("--guide-scale", type=float, default=None, help="autoguidance weight (1 = off)")

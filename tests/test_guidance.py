@@ -127,9 +127,11 @@ def test_guidance_formulas_match_a_hand_written_loop(class_unet, guide_unet, w, 
     assert (plain - got).abs().max() > 1e-3
 
 
-def test_pag_needs_no_class_and_default_layer_is_the_middle(class_unet):
+def test_pag_needs_no_class_and_defaults_to_the_first_up_level(class_unet):
     g = Guidance(pag_scale=2.0)
-    assert g.layers_for(class_unet) == ("mid_attn",) and g.main_passes == 2
+    assert g.layers_for(class_unet) == ("up.0.attn.0", "up.0.attn.1") and g.main_passes == 2
+    no_up = UNet(**{**TINY, "attention_resolutions": ()}, num_class_embeds=3)
+    assert g.layers_for(no_up) == ("mid_attn",)
     images = sample(class_unet, DDIMScheduler(num_train_timesteps=1000), 2, 2, seed=0, guidance=g).images
     assert images.shape == (2, 3, 16, 16)
 
