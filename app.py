@@ -343,14 +343,23 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             return _display(gen, int(image), None), None, None, ""
         return at_pixel(gen, image, step, pixel[0], pixel[1], layer, head, mean_steps)[3:]
 
-    def guidance_defaults(model):
-        """The chosen model's own guidance (its sampling.json); the autoguidance slider only where it ships a guide."""
+    def model_defaults(model):
+        """(its sampling.json, whether it ships a guide) of the chosen model; none for a broken folder."""
         try:
-            d, has_guide = explorer.sampling_defaults(model) if model else ({}, False)
+            return explorer.sampling_defaults(model) if model else ({}, False)
         except ValueError:
-            d, has_guide = {}, False
-        return (gr.update(value=d.get("guidance_scale", 1.0)), gr.update(value=d.get("pag_scale", 0.0)),
+            return {}, False
+
+    def guidance_defaults(model):
+        """The chosen model's own attention and autoguidance (its sampling.json); the autoguidance slider only
+        where it ships a guide. Classifier-free guidance follows the class (cfg_default)."""
+        d, has_guide = model_defaults(model)
+        return (gr.update(value=d.get("pag_scale", 0.0)),
                 gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))
+
+    def cfg_default(model, class_name):
+        """The model's classifier-free scale once a class is chosen; 1 (off) for "(any)", which it needs."""
+        return gr.update(value=model_defaults(model)[0].get("guidance_scale", 1.0) if class_name not in (None, "", NO_CLASS) else 1.0)
 
     @friendly
     def head_stats(gen, image):
@@ -483,8 +492,9 @@ def build_app(explorer: Explorer) -> gr.Blocks:
 
         app.load(class_choices, model, class_name, api_name=False)
         model.change(class_choices, model, class_name, api_name=False)
-        app.load(guidance_defaults, model, [guidance, pag, guide_w], api_name=False)
-        model.change(guidance_defaults, model, [guidance, pag, guide_w], api_name=False)
+        app.load(guidance_defaults, model, [pag, guide_w], api_name=False)
+        model.change(guidance_defaults, model, [pag, guide_w], api_name=False)
+        class_name.change(cfg_default, [model, class_name], guidance, api_name=False)
         stats_run.click(head_stats, [gen_state, image_idx], [stats_chart, stats_table, off_layers], concurrency_limit=1,
                         concurrency_id="sampling", api_name="heads")
         off_run.click(switch_off, [gen_state, off_layers, off_heads], [off_image, off_text], concurrency_limit=1,
