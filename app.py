@@ -413,7 +413,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     # custom values allowed: choices follow the chosen model; generate() validates them
                     class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class", visible=False,
                                              allow_custom_value=True)
-                    guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)",
+                    guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)", elem_id="cfg",
                                          info="classifier-free guidance: 2-3 makes the class clearer, 1 = off")
                     pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
                                     info="steer away from the U-Net with its low-resolution decoder attention switched to identity: "

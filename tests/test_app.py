@@ -73,6 +73,8 @@ def weights(tmp_path_factory):
     shipped = WEIGHTS_DIR / "synthetic-shapes"
     if (shipped / "unet" / "config.json").is_file():
         shutil.copytree(shipped, root / "synthetic-shapes")
+        # its measured best guidance, as a shipped model's folder says it (the sliders start there)
+        (root / "synthetic-shapes" / "sampling.json").write_text('{"pag_scale": 0.5, "guidance_scale": 2.0}')
     return root
 
 
@@ -392,6 +394,9 @@ def test_browser_attention_guidance_then_heads_view_and_switching_a_layer_off(se
     shots = _screenshots(tmp_path)
     with _browser_page(server) as page:
         pag = page.locator("#pag input[type=number]")
+        if (WEIGHTS_DIR / "synthetic-shapes").is_dir():  # the default model: its sampling.json sets the sliders
+            page.wait_for_function("() => document.querySelector('#pag input[type=number]').value === '0.5'", timeout=30_000)
+            assert page.locator("#cfg input[type=number]").input_value() == "1"  # no class chosen: CFG stays off
         pag.fill("2")
         pag.press("Enter")
         assert page.locator("#autoguidance").is_hidden()  # no shipped guide: no autoguidance slider
