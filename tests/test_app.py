@@ -395,7 +395,8 @@ def test_browser_attention_guidance_then_heads_view_and_switching_a_layer_off(se
     with _browser_page(server) as page:
         pag = page.locator("#pag input[type=number]")
         if (WEIGHTS_DIR / "synthetic-shapes").is_dir():  # the default model: its sampling.json sets the sliders
-            page.wait_for_function("() => document.querySelector('#pag input[type=number]').value === '0.5'", timeout=30_000)
+            page.wait_for_function("() => { const i = document.querySelector('#pag input[type=number]'); "
+                                   "return i && i.value === '0.5' }", timeout=30_000)
             assert page.locator("#cfg input[type=number]").input_value() == "1"  # no class chosen: CFG stays off
         pag.fill("2")
         pag.press("Enter")
