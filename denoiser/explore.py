@@ -231,7 +231,8 @@ class Explorer:
         return gen, noisy, text + ". Open the **Attention** tab to see where the U-Net looked."
 
     def guidance(self, model: str, scale, pag_scale, guide_scale, class_label: int | None) -> Guidance:
-        """The app's guidance values, checked: CFG needs a class; autoguidance the model's own guide."""
+        """The app's guidance values, checked: CFG needs a class; autoguidance the model's own guide; PAG perturbs
+        the layers the model's sampling.json names (else the default)."""
         values = {}
         for name, value in (("guidance", scale), ("pag_scale", pag_scale), ("guide_scale", guide_scale)):
             try:
@@ -249,7 +250,8 @@ class Explorer:
             guide = self.guide(model)
             if guide is None:
                 raise ValueError(f"model {model!r} ships no guide model for autoguidance: set the autoguidance weight to 1")
-        return Guidance(values["guidance"], values["pag_scale"], guide=guide, guide_scale=values["guide_scale"])
+        layers = self.sampling_defaults(model)[0].get("pag_layers")  # the model's measured PAG layers, else the default
+        return Guidance(values["guidance"], values["pag_scale"], layers, guide=guide, guide_scale=values["guide_scale"])
 
     def sampling_defaults(self, name: str) -> tuple[dict, bool]:
         """(the model folder's sampling.json, whether it names a guide for autoguidance)."""
