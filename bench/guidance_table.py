@@ -109,6 +109,19 @@ def run(args) -> None:
         print(json.dumps(result), flush=True)
 
 
+def short(setting: str) -> str:
+    """A setting's name for tables: layer lists with one prefix as `prefix*`, guide folders by their name."""
+    parts = []
+    for part in setting.split("+"):
+        part, at, where = part.partition("@")
+        part, colon, guide = part.partition(":")
+        layers = where.split(",")
+        if len(layers) > 1 and len({n.rsplit(".", 1)[0] for n in layers}) == 1:
+            where = layers[0].rsplit(".", 1)[0] + ".*"
+        parts.append(part + (colon + Path(guide).name if colon else "") + (at + where if at else ""))
+    return "+".join(parts)
+
+
 def table(args) -> None:
     """bench/guidance_<model>.md from the kept results, and docs/guidance-<model>.png: the same seeds per setting."""
     from PIL import Image, ImageDraw
@@ -119,30 +132,29 @@ def table(args) -> None:
     results = [json.loads(f.read_text()) for f in sorted((Path("runs/guidance") / name).glob("*.json"))]
     if not results:
         raise SystemExit(f"no results under runs/guidance/{name}: run first")
-    plain = {r["num_samples"]: r["ms_per_image"] for r in results if r["setting"] == "none"}
-    lines = ["| setting | what | N | FID-N | UNet passes per step | ms per image | x plain |", "|---|---|---|---|---|---|---|"]
+    lines = ["| setting | what | N | FID-N | UNet passes per step |", "|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (-r["num_samples"], r["fid"])):
-        ratio = r["ms_per_image"] / plain[r["num_samples"]] if r["num_samples"] in plain else float("nan")
-        lines.append(f"| `{r['setting'].split(':')[0]}{'' if ':' not in r['setting'] else ':' + Path(r['setting'].split(':')[1]).name}` "
+        lines.append(f"| `{short(r['setting'])}` "
                      f"| {r['describe']}{'' if r['labels'] else ', no class labels'} | {r['num_samples']} | **{r['fid']:.2f}** "
-                     f"| {r['unet_passes_per_step']:.2f} | {r['ms_per_image']:.0f} | {ratio:.2f} |")
+                     f"| {r['unet_passes_per_step']:.2f} |")
     cpus = sorted({r["cpu"] for r in results})
     md = (f"## Guidance on `{name}`: FID-N of DDIM-50 samples\n\n"
           f"Same seeds for every setting (batch i of 64 uses seed i), classes spread evenly (0, 1, ..., 9, 0, ...), "
-          f"against {REFERENCES.get(name, 'the validation split')}. Cost measured in the same run, one thread: "
-          f"{'; '.join(cpus)}. Reproduce: `OMP_NUM_THREADS=1 python bench/guidance_table.py run --model weights/{name} "
+          f"against {REFERENCES.get(name, 'the validation split')}. Sampled on one thread: {'; '.join(cpus)}; "
+          f"the cost of each setting is the `cost` table below (interleaved, median). Reproduce: `OMP_NUM_THREADS=1 python bench/guidance_table.py run --model weights/{name} "
           f"--num-samples N --settings SETTING ...`, then `table`.\n\n" + "\n".join(lines) + "\n")
     out = Path(f"bench/guidance_{name}.md")
     keep = out.read_text().split(READING, 1)[1] if out.exists() and READING in out.read_text() else ""
     out.write_text(md + (f"\n{READING}{keep}" if keep else ""))
     print(md)
-    shown = [r for r in results if r["setting"] in (args.grid or [r["setting"] for r in results])]
+    order = args.grid or [r["setting"] for r in results]
+    shown = sorted((r for r in results if r["setting"] in order), key=lambda r: order.index(r["setting"]))
     tiles = []
     for r in shown:
         f = Path("runs/guidance") / name / f"{r['setting'].replace('/', '_').replace(':', '=')}-n{r['num_samples']}.pt"
         if f.exists():
             grid = to_pil(torch.load(f, weights_only=True)[: args.grid_images].float() / 255, nrow=10)
-            tiles.append((f"{r['setting'].split(':')[0]}: FID-{r['num_samples']} {r['fid']:.1f}", grid.resize((grid.width * 2, grid.height * 2), Image.Resampling.NEAREST)))
+            tiles.append((f"{short(r['setting'])}: FID-{r['num_samples']} {r['fid']:.1f}", grid.resize((grid.width * 2, grid.height * 2), Image.Resampling.NEAREST)))
     if tiles:
         w, h = tiles[0][1].size
         cols = min(3, len(tiles))
@@ -180,7 +192,7 @@ def cost(args) -> None:
     print("| setting | UNet passes per step | ms per image | x first |\n|---|---|---|---|")
     for name, guidance, _, guide_cost in settings:
         med = statistics.median(times[name])
-        print(f"| `{name.split(':')[0]}` | {guidance.main_passes + guide_cost:.2f} | {med:.0f} | {med / base:.2f} |")
+        print(f"| `{short(name)}` | {guidance.main_passes + guide_cost:.2f} | {med:.0f} | {med / base:.2f} |")
 
 
 def main() -> None:
