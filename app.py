@@ -461,7 +461,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                         show_btn = gr.Button("show", size="sm")
                     layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
                     head = gr.Number(value=0, precision=0, minimum=0, label="head (four stages)")
-                    mean_steps = gr.Checkbox(False, label="maps: mean over all denoising steps (one U-Net call per step)")
+                    mean_steps = gr.Checkbox(False, label="maps: averaged over every step of the chain (one U-Net call per step)")
                 with gr.Column(scale=2):
                     # titles above the images: a floating label would cover the first row's layer names
                     gr.Markdown("**Attention of the clicked pixel**: one row per layer, mean of heads, then each head")
