@@ -139,9 +139,9 @@ def table(args) -> None:
                      f"| {r['unet_passes_per_step']:.2f} |")
     cpus = sorted({r["cpu"] for r in results})
     md = (f"## Guidance on `{name}`: FID-N of DDIM-50 samples\n\n"
-          f"Same seeds for every setting (batch i of 64 uses seed i), classes spread evenly (0, 1, ..., 9, 0, ...), "
+          f"Same seeds for every setting (batch i of 64 uses seed i), classes spread evenly (0, 1, ..., K-1, 0, ...), "
           f"against {REFERENCES.get(name, 'the validation split')}. Sampled on one thread: {'; '.join(cpus)}; "
-          f"the cost of each setting is the `cost` table below (interleaved, median). Reproduce: `OMP_NUM_THREADS=1 python bench/guidance_table.py run --model weights/{name} "
+          f"the cost of each setting: `guidance_table.py cost` (interleaved, median; bench/guidance_cifar10.md). Reproduce: `OMP_NUM_THREADS=1 python bench/guidance_table.py run --model weights/{name} "
           f"--num-samples N --settings SETTING ...`, then `table`.\n\n" + "\n".join(lines) + "\n")
     out = Path(f"bench/guidance_{name}.md")
     keep = out.read_text().split(READING, 1)[1] if out.exists() and READING in out.read_text() else ""
