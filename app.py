@@ -366,7 +366,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         if gen is None:
             raise gr.Error("generate images first (Sample tab)")
         rows, chart = explorer.head_table(gen, image)
-        return chart, _head_rows(rows), gr.update(choices=sorted({r.layer for r in rows}, key=[r.layer for r in rows].index))
+        return chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows)))
 
     def switch_off(gen, layers, heads, progress=gr.Progress()):
         try:

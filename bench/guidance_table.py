@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from denoiser.attention import attention_layer_names, identity_attention
-from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, spread_labels
+from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images, spread_labels
 from denoiser.guidance import Guidance, check_guide
 from denoiser.pipeline import load_model
 from denoiser.sample import make_sampler, sample
@@ -83,19 +83,11 @@ def run(args) -> None:
             print(f"{setting}: done before ({out})")
             continue
         guidance, labelled, guide_cost, off = parse_setting(setting, unet, sched)
-        labels = spread_labels(args.num_samples, unet.config.num_class_embeds) if labelled else None
-        images, seconds = [], 0.0
-        for i, start in enumerate(range(0, args.num_samples, args.batch_size)):
-            n = min(args.batch_size, args.num_samples - start)
-            batch_labels = None if labels is None else labels[start : start + n]
-            t0 = time.perf_counter()
-            with identity_attention(unet, off) if off else contextlib.nullcontext():
-                res = sample(unet, make_sampler("ddim", sched.config), n, args.steps, seed=i, class_labels=batch_labels,
-                             guidance=guidance)
-            seconds += time.perf_counter() - t0
-            images.append(res.images.mul(255).round().to(torch.uint8))
-            print(f"{setting}: {start + n}/{args.num_samples} images, {1000 * seconds / (start + n):.0f} ms/image", flush=True)
-        images = torch.cat(images)
+        t0 = time.perf_counter()
+        with identity_attention(unet, off) if off else contextlib.nullcontext():
+            images = generate_images(unet, sched.config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
+                                     guidance=guidance, with_classes=labelled)
+        seconds = time.perf_counter() - t0
         torch.save(images[:100].clone(), out.with_suffix(".pt"))  # the first 100 images, for grids
         score = fid_of_images(images, reference, extractor)
         result = {"setting": setting, "describe": guidance.describe(), "fid": round(score, 2), "num_samples": args.num_samples,

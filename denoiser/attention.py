@@ -306,9 +306,14 @@ def _identity_rows(
     return torch.cat([keep, part])
 
 
+def _attention_modules(module: nn.Module) -> dict[str, MultiHeadSelfAttention]:
+    """The attention layers inside `module` by the name captures and the app show (e.g. "mid_attn")."""
+    return {_record_name(n): m for n, m in module.named_modules() if isinstance(m, MultiHeadSelfAttention)}
+
+
 def attention_layer_names(module: nn.Module) -> list[str]:
     """Names of the attention layers inside `module`, as captures and the app show them (e.g. "mid_attn")."""
-    return [_record_name(n) for n, m in module.named_modules() if isinstance(m, MultiHeadSelfAttention)]
+    return list(_attention_modules(module))
 
 
 _IDENTITY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("denoiser_identity_attention", default=None)
@@ -327,7 +332,7 @@ def identity_attention(
     each chosen layer (None: all); batch_start: only batch rows from this index on are perturbed. Like
     captures, the switch lives in a context variable: other threads using the same model are untouched.
     """
-    by_name = {_record_name(n): m for n, m in module.named_modules() if isinstance(m, MultiHeadSelfAttention)}
+    by_name = _attention_modules(module)
     if not by_name:
         raise ValueError(f"{type(module).__name__} contains no attention layers to switch")
     names = list(by_name) if layers is None else list(layers)
@@ -425,7 +430,7 @@ def capture_attention(module: nn.Module) -> Iterator[list[AttentionRecord]]:
     untouched (records hold detached references to q and k), so outputs are bit-identical.
     """
     records: list[AttentionRecord] = []
-    hooked = [(n, m) for n, m in module.named_modules() if isinstance(m, MultiHeadSelfAttention)]
+    hooked = list(_attention_modules(module).items())
     if not hooked:
         raise ValueError(f"{type(module).__name__} contains no MultiHeadSelfAttention to capture")
 
@@ -441,7 +446,7 @@ def capture_attention(module: nn.Module) -> Iterator[list[AttentionRecord]]:
             raise RuntimeError(f"attention {name!r} is already being captured here; nested captures are not supported")
     # The recorders live in a context variable, not on the modules: a capture sees only the calls made in
     # its own thread (and context), so another thread sampling with the same model is never recorded.
-    token = _CAPTURES.set({**active, **{m: make_recorder(_record_name(name)) for name, m in hooked}})
+    token = _CAPTURES.set({**active, **{m: make_recorder(name) for name, m in hooked}})
     try:
         yield records
     finally:

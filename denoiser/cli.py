@@ -323,13 +323,13 @@ def cmd_fid(args) -> None:
     if args.num_samples < 2:
         raise ValueError(f"--num-samples must be at least 2 for a covariance, got {args.num_samples}")
     unet, sched = load_model(args.model)
-    guidance = _guidance(args, unet, sched, bool(unet.config.num_class_embeds))
     extractor = InceptionFeatures()
     ref = reference_statistics(args.reference, args.data, unet.config.sample_size, args.val_size or 0, args.val_seed, extractor)
     if args.samples:
         images = torch.from_numpy(np.load(args.samples)).permute(0, 3, 1, 2)[: args.num_samples]  # (N, H, W, 3) -> (N, 3, H, W)
         how = f"images from {args.samples}"
-    else:
+    else:  # the guide (if any) loads only when there is sampling to do
+        guidance = _guidance(args, unet, sched, bool(unet.config.num_class_embeds))
         images = generate_images(unet, sched.config, args.num_samples, steps=args.sample_steps, seed=args.seed,
                                  batch_size=args.batch_size, guidance=guidance)
         how = f"ddim-{args.sample_steps}, {guidance.describe()}, seed {args.seed}, classes spread evenly"

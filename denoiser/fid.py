@@ -46,9 +46,11 @@ def generate_images(
     scheduler: str = "ddim",
     progress: bool = True,
     guidance: Guidance | None = None,
+    with_classes: bool = True,
 ) -> torch.Tensor:
-    """`num_images` samples as uint8 (N, 3, H, W); classes spread evenly; batch i uses seed + i."""
-    labels = spread_labels(num_images, unet.config.num_class_embeds)
+    """`num_images` samples as uint8 (N, 3, H, W); classes spread evenly (with_classes=False: the model's
+    "no class" row); batch i uses seed + i."""
+    labels = spread_labels(num_images, unet.config.num_class_embeds) if with_classes else None
     out = []
     bar = tqdm(total=num_images, desc="sampling", unit="img", disable=not progress, dynamic_ncols=True)
     for i, start in enumerate(range(0, num_images, batch_size)):
