@@ -7,10 +7,12 @@ from denoiser.attention import (
     capture_attention,
     scaled_dot_product_attention,
 )
+from denoiser.pipeline import DenoiserPipeline  # also registers it with diffusers
 from denoiser.unet import UNet
 
 __all__ = [
     "AttentionHead",
+    "DenoiserPipeline",
     "MultiHeadSelfAttention",
     "SpatialSelfAttention",
     "UNet",

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from denoiser.groupnorm import GroupNorm
-from denoiser.kernels import load_kernels, plain_tensors
+from denoiser.kernels import load_kernels, plain_tensors, tracing
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -174,10 +174,10 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     flash kernel spends half its time around GEMM calls of inner size d; elsewhere the op calls torch's
     SDPA itself)."""
     if (
-        q.device.type == "cpu"
+        not tracing()  # first: tracing sees none of the checks below
+        and q.device.type == "cpu"
         and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
         and plain_tensors(q, k, v)
-        and not torch.compiler.is_compiling()
         and small_head_kernel()
     ):
         return torch.ops.denoiser.small_head_attention(q, k, v)

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from denoiser.kernels import tracing
+
 __all__ = ["Conv2d", "prepacked", "can_prepack"]
 
 _USERS = threading.Lock()  # guards the user counts below (prepacked may be open in several threads)
@@ -65,7 +67,8 @@ class Conv2d(nn.Conv2d):
 
     def _packed_applies(self, x: torch.Tensor, add: torch.Tensor | None) -> bool:
         return (
-            x.device.type == "cpu"
+            not tracing()
+            and x.device.type == "cpu"
             and x.dtype == torch.float32
             and self.weight.dtype == torch.float32
             and self.padding_mode == "zeros"
@@ -73,7 +76,6 @@ class Conv2d(nn.Conv2d):
             and x.dim() == 4
             and x.is_contiguous(memory_format=torch.channels_last)
             and not torch.is_grad_enabled()
-            and not torch.compiler.is_compiling()
             and (add is None or _post_op_operand(add, self._output_shape(x)))
         )
 

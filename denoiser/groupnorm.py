@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from denoiser.kernels import kernel_error, load_kernels, plain_tensors
+from denoiser.kernels import kernel_error, load_kernels, plain_tensors, tracing
 
 __all__ = ["GroupNorm", "group_norm", "fast_path_applies", "default_channels_last"]
 
@@ -58,7 +58,8 @@ def fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.
     """Whether the kernel takes GroupNorm(x) with these parameters: channels-last fp32/bf16 CPU x, fp32
     weight and bias, no transforms or compilation, the kernels built."""
     return (
-        weight is not None
+        not tracing()  # first: tracing sees none of the checks below
+        and weight is not None
         and bias is not None
         and plain_tensors(x, weight, bias)  # first: vmap'd tensors cannot even be asked is_contiguous
         and x.device.type == "cpu"
@@ -70,7 +71,6 @@ def fast_path_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.
         and bias.is_contiguous()
         and x.is_contiguous(memory_format=torch.channels_last)
         and not x.is_contiguous()  # truly NHWC; NCHW tensors are torch's fast case
-        and not torch.compiler.is_compiling()
         and load_kernels()
     )
 

@@ -189,7 +189,7 @@ def read_sampling_defaults(folder: str | Path) -> dict:
 
 
 def guidance_for(
-    model_dir: str | Path,
+    model_dir: str | Path | None,
     unet: nn.Module,
     scheduler_config,
     guidance_scale: float | None = None,
@@ -203,8 +203,9 @@ def guidance_for(
     """The guidance to sample `model_dir`'s model with: each argument given wins, the rest come from the
     folder's sampling.json (its measured best), else off. A guide folder in sampling.json is relative to
     the model folder; `load_guide(folder) -> (unet, scheduler)` loads it (default: denoiser.pipeline.load_model).
-    has_class=False (no class asked for) leaves out a default classifier-free scale, which needs one."""
-    defaults = read_sampling_defaults(model_dir)
+    has_class=False (no class asked for) leaves out a default classifier-free scale, which needs one.
+    model_dir None: no folder (a model built in memory), so no defaults."""
+    defaults = read_sampling_defaults(model_dir) if model_dir is not None else {}
     if not has_class:
         defaults.pop("guidance_scale", None)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["build_kernels", "load_kernels", "kernel_error", "library_path", "plain_tensors"]
+__all__ = ["build_kernels", "load_kernels", "kernel_error", "library_path", "plain_tensors", "tracing"]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,12 @@ def kernel_error() -> str | None:
 
 
 _functorch_wrapped = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def tracing() -> bool:
+    """Whether torch.compile or torch.export is tracing the call: the graph then gets torch's own ops
+    (the kernels and oneDNN packing are eager-only speed-ups) and no data-dependent Python checks."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
 def plain_tensors(*tensors: torch.Tensor) -> bool:

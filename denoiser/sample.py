@@ -79,6 +79,7 @@ def sample(
     timesteps: Sequence[int] | None = None,
     x_init: torch.Tensor | None = None,
     after_step: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
 ) -> SampleResult:
     """Generate `num_images` images; same seed and settings as a diffusers pipeline -> same images.
 
@@ -91,6 +92,9 @@ def sample(
     `timesteps` is a descending list the chain visits instead of `num_inference_steps` evenly spaced
     ones (schedulers that take custom timesteps: DDPM, DPM-Solver++); `x_init` is x at `timesteps[0]`
     (in the model's input scale); `after_step(i, x)` may replace the x each step produces.
+
+    generator: draws the noise instead of a CPU generator seeded with `seed` (diffusers' pipelines take
+    one; `torch.Generator().manual_seed(s)` gives the images of seed s).
     """
     if timesteps is not None:
         timesteps = [int(t) for t in timesteps]
@@ -117,7 +121,8 @@ def sample(
     guidance = guidance or Guidance()
     predict = guidance.predictor(unet, labels)
 
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    if generator is None:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
     shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
     if timesteps is not None:
         scheduler.set_timesteps(timesteps=timesteps)

@@ -269,7 +269,8 @@ def train(
     model_dir = out / "model"
     if main:
         final = _export_unet(accelerator.unwrap_model(model), ema)
-        save_pipeline(final, diffusion.scheduler, model_dir)
+        names = list(getattr(train_ds, "classes", None) or [])
+        save_pipeline(final, diffusion.scheduler, model_dir, classes=names if len(names) == (cfg.model.num_class_embeds or 0) else None)
         summary = {
             "step": step,
             "images_seen": int(all_seen[:, 0].sum()),

@@ -13,6 +13,7 @@ saved pipeline import it again), so `save_pretrained`/`from_pretrained`, `DDPMPi
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Sequence
 
@@ -26,8 +27,20 @@ from torch import nn
 from denoiser.attention import SpatialSelfAttention
 from denoiser.conv import Conv2d, prepacked
 from denoiser.groupnorm import GroupNorm
+from denoiser.kernels import tracing
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]
+
+
+class _EmptyFp32ListFilter(logging.Filter):
+    """diffusers' `ModelMixin.to(dtype)` warns "modules that should be kept in float32: []" for every model
+    that keeps none (it tests `[] is not None`); the warning names nothing to act on, so it is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "should be kept in float32: []" not in record.getMessage()
+
+
+logging.getLogger("diffusers.models.modeling_utils").addFilter(_EmptyFp32ListFilter())
 
 
 def timestep_embedding(timesteps: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -93,7 +106,14 @@ class UNet(ModelMixin, ConfigMixin):
 
     The default (32×32×3, channels 64-128-128, 2 ResBlocks per level, attention at 16×16, 8×8 and in
     the middle) has about 6.8M parameters. `sample_size` must be divisible by 2**(levels - 1).
+
+    diffusers' model features hold: `enable_gradient_checkpointing()` recomputes each ResBlock and
+    attention block in the backward pass instead of keeping its activations; `enable_layerwise_casting`
+    stores weights in a small dtype and computes in another (GroupNorms stay as they are).
     """
+
+    _supports_gradient_checkpointing = True
+    _skip_layerwise_casting_patterns = ["norm"]
 
     @register_to_config
     def __init__(
@@ -113,6 +133,7 @@ class UNet(ModelMixin, ConfigMixin):
         num_class_embeds: int | None = None,
     ):
         super().__init__()
+        self.gradient_checkpointing = False  # set by ModelMixin.enable_gradient_checkpointing()
         _validate(sample_size, base_channels, channel_mult, layers_per_block, norm_num_groups)
         if attention_head_dim is not None:
             num_heads = None  # heads follow from each block's channels
@@ -178,20 +199,20 @@ class UNet(ModelMixin, ConfigMixin):
                 tensor.data = tensor.data.clone()
         return model
 
-    def _embed(self, timestep, class_labels, batch: int, device) -> torch.Tensor:
+    def _embed(self, timestep, class_labels, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
         t = torch.as_tensor(timestep, device=device)
         if t.ndim > 1 or (t.ndim == 1 and t.shape[0] not in (1, batch)):
             raise ValueError(f"timestep must be a number, a 0-d tensor or a ({batch},) tensor, got shape {tuple(t.shape)}")
         t = t.reshape(-1).expand(batch)  # (B,)
-        # the first layer's dtype, not ModelMixin.dtype: that walks every submodule on each call
-        dtype = self.time_embed[0].weight.dtype
+        # in the input's dtype (the compute dtype), not the weights': layerwise casting stores those in fp8
         temb = self.time_embed(timestep_embedding(t, self.config.base_channels).to(dtype))  # (B, 4C)
         if self.class_embed is not None:
             null = self.config.num_class_embeds
             if class_labels is None:
                 class_labels = torch.full((batch,), null, device=device, dtype=torch.long)
             class_labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(batch)
-            if ((class_labels < 0) | (class_labels > null)).any():
+            # a data-dependent check: eager calls only (torch.compile/export trace the graph without it)
+            if not tracing() and ((class_labels < 0) | (class_labels > null)).any():
                 raise ValueError(f"class_labels must lie in 0..{null - 1} (or {null} for 'no class')")
             temb = temb + self.class_embed(class_labels)
         elif class_labels is not None:
@@ -206,33 +227,41 @@ class UNet(ModelMixin, ConfigMixin):
         return_dict: bool = True,
     ) -> UNet2DOutput | tuple[torch.Tensor]:
         """sample (B, in_channels, H, W), timestep (), (1,) or (B,) -> predicted noise (B, out_channels, H, W)."""
-        temb = self._embed(timestep, class_labels, sample.shape[0], sample.device)
+        temb = self._embed(timestep, class_labels, sample.shape[0], sample.device, sample.dtype)
+        run = self._block  # module(*args), checkpointed when enabled
         h = self.conv_in(sample)
         skips = [h]
         for level in self.down:
-            for j, block in enumerate(level.res):
-                h = block(h, temb)
+            for j, resblock in enumerate(level.res):
+                h = run(resblock, h, temb)
                 if level.attn:
-                    h = level.attn[j](h)
+                    h = run(level.attn[j], h)
                 skips.append(h)
             if level.resample is not None:
                 h = level.resample(h)
                 skips.append(h)
-        h = self.mid_res1(h, temb)
+        h = run(self.mid_res1, h, temb)
         if self.mid_attn is not None:
-            h = self.mid_attn(h)
-        h = self.mid_res2(h, temb)
+            h = run(self.mid_attn, h)
+        h = run(self.mid_res2, h, temb)
         for level in self.up:
-            for j, block in enumerate(level.res):
-                h = block(torch.cat([h, skips.pop()], dim=1), temb)  # (B, C + C_skip, H, W)
+            for j, resblock in enumerate(level.res):
+                h = run(resblock, torch.cat([h, skips.pop()], dim=1), temb)  # (B, C + C_skip, H, W)
                 if level.attn:
-                    h = level.attn[j](h)
+                    h = run(level.attn[j], h)
             if level.resample is not None:
                 h = level.resample(h)
         out = self.conv_out(self.norm_out(h))  # GroupNorm + SiLU
         if not return_dict:
             return (out,)
         return UNet2DOutput(sample=out)
+
+    def _block(self, module: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+        """module(*args); with gradient checkpointing on and gradients wanted, its activations are not kept
+        but recomputed in the backward pass (diffusers' `_gradient_checkpointing_func`: non-reentrant)."""
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return self._gradient_checkpointing_func(module, *args)
+        return module(*args)
 
     def packed_weights(self) -> contextlib.AbstractContextManager[None]:
         """Within, inference on channels-last fp32 CPU tensors runs every convolution on a weight
