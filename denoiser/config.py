@@ -76,7 +76,8 @@ class TrainConfig:
     # denoiser's NHWC GroupNorm kernel does not apply (fp16, or no C++ compiler with bf16): torch's own
     # NHWC GroupNorm is several times slower there.
     channels_last: bool | None = None
-    compile: bool = False  # torch.compile the UNet (optional)
+    compile: bool = False  # torch.compile the UNet (optional; bench/compile.md says where it pays)
+    gradient_checkpointing: bool = False  # recompute each block in the backward pass: less memory, ~1/3 more time
 
 
 SECTIONS = {"data": DataConfig, "diffusion": DiffusionConfig, "train": TrainConfig}

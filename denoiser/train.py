@@ -145,6 +145,8 @@ def train(
         channels_last = default_channels_last(accelerator.device, t.mixed_precision)
     if channels_last:
         unet = unet.to(memory_format=torch.channels_last)
+    if t.gradient_checkpointing:
+        unet.enable_gradient_checkpointing()
     diffusion = Diffusion.from_config(cfg.diffusion)
     optimizer = torch.optim.AdamW(
         unet.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay,
@@ -270,7 +272,7 @@ def train(
     if main:
         final = _export_unet(accelerator.unwrap_model(model), ema)
         names = list(getattr(train_ds, "classes", None) or [])
-        save_pipeline(final, diffusion.scheduler, model_dir, classes=names if len(names) == (cfg.model.num_class_embeds or 0) else None)
+        save_pipeline(final, diffusion.scheduler, model_dir, classes=names if len(names) == (final.config.num_class_embeds or 0) else None)
         summary = {
             "step": step,
             "images_seen": int(all_seen[:, 0].sum()),
