@@ -1,4 +1,5 @@
-"""`denoiser train | sample | attention | attention-stats | evaluate | denoise | edit | inpaint | build-kernels`: the command line, the only place that parses argv."""
+"""`denoiser train | sample | attention | attention-stats | evaluate | denoise | edit | inpaint | app | build-kernels`:
+the command line, the only place that parses argv (`denoiser app` hands its arguments to the web app's own parser)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,7 @@ logger = logging.getLogger("denoiser.cli")
 __all__ = ["main", "build_parser"]
 
 
-def _default_model() -> str:
-    from denoiser.pipeline import WEIGHTS_DIR
-
-    return str(WEIGHTS_DIR / "synthetic-shapes")
+DEFAULT_MODEL = "synthetic-shapes"  # found by name: $DENOISER_WEIGHTS, then a clone's weights/
 
 
 def _pixel(text: str) -> tuple[int, int]:
@@ -53,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a UNet (also: accelerate launch -m denoiser.train ...)")
-    t.add_argument("--config", required=True, help="YAML config, e.g. configs/tiny.yaml")
+    t.add_argument("--config", required=True,
+                   help="a preset name (tiny, cifar10, emoji, ...; a wrong name lists them) or a YAML file")
     t.add_argument("--output-dir", default=None, help="run folder (default: runs/<config name>)")
     t.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
     t.add_argument("--resume", default=None, help="'latest' or a checkpoint folder")
@@ -142,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score these uint8 (N, H, W, 3) images instead of sampling (e.g. from bench/gpu/run.sh)")
     _add_guidance(e, "--fid samples")
 
+    sub.add_parser("app", add_help=False, help="serve the web app on 127.0.0.1 (`denoiser app --help`: its options)")
     k = sub.add_parser("build-kernels", help="compile the optional C++ kernels for this torch and CPU (make venv runs it)")
     k.add_argument("--verbose", action="store_true", help="show the compiler's output")
     return p
@@ -373,9 +373,13 @@ def cmd_evaluate(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["app"]:  # the web app parses its own arguments (`denoiser app --help`)
+        from denoiser.app import main as app_main
+
+        app_main(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
-    if getattr(args, "model", "") is None:
-        args.model = _default_model()
     handler = {"train": cmd_train, "sample": cmd_sample, "attention": cmd_attention, "evaluate": cmd_evaluate,
                "denoise": cmd_restore, "edit": cmd_restore, "inpaint": cmd_restore, "build-kernels": cmd_build_kernels,
                "attention-stats": cmd_attention_stats}
@@ -383,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
 
     malloc.configure()  # freed activations stay in the heap for the next step (denoiser/malloc.py)
     try:
+        if hasattr(args, "model"):  # a folder, or a name under $DENOISER_WEIGHTS / a clone's weights/
+            from denoiser.pipeline import find_model
+
+            args.model = str(find_model(args.model or DEFAULT_MODEL))
         handler[args.command](args)
     except (ValueError, FileNotFoundError) as err:
         print(f"denoiser {args.command}: error: {err}", file=sys.stderr)

@@ -244,14 +244,34 @@ def name_in(cls, key: str) -> bool:
     return key in {f.name for f in dataclasses.fields(cls)}
 
 
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"  # configs/*.yaml, shipped in the package (a link in a clone)
+
+
+def presets() -> list[str]:
+    """Names of the shipped training presets (`denoiser train --config NAME`)."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def find_config(name_or_path: str | Path) -> Path:
+    """A YAML file given by path, or a preset by name ("cifar10" or "cifar10.yaml")."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    preset = PRESETS_DIR / f"{path.stem}.yaml"
+    if path.parent == Path(".") and path.suffix in ("", ".yaml") and preset.is_file():
+        return preset
+    raise FileNotFoundError(
+        f"config {str(name_or_path)!r} is neither a file nor a preset; presets: {', '.join(presets())}"
+    )
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config (or the defaults when `path` is None), apply overrides, validate."""
+    """Read a YAML config, a file or a preset name (or the defaults when `path` is None), apply overrides,
+    validate."""
     raw: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {str(path)!r} not found; see configs/ for presets")
+        path = find_config(path)
         raw = yaml.safe_load(path.read_text()) or {}
         source = str(path)
     apply_overrides(raw, overrides or [])

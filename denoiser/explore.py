@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from PIL import Image
 from denoiser.attention import AttentionRecord, capture_attention, identity_attention
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.guidance import Guidance, check_guide, read_sampling_defaults
-from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model, resolve_model_dir
+from denoiser.pipeline import list_models, load_model, model_roots, resolve_model_dir
 from denoiser.sample import make_sampler, sample, sampling_context
 from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
@@ -79,10 +79,12 @@ def _check_int(name: str, value, lo: int, hi: int) -> int:
 
 
 class Explorer:
-    """Models under one weights folder, loaded once; generation and attention views."""
+    """Models under folders of model folders, loaded once; generation and attention views."""
 
-    def __init__(self, weights_dir: str | Path = WEIGHTS_DIR) -> None:
-        self.weights_dir = Path(weights_dir)
+    def __init__(self, weights_dir: str | Path | Sequence[str | Path] | None = None) -> None:
+        """weights_dir: a folder of model folders or several (the first holding a name wins); default
+        `denoiser.pipeline.model_roots()`: $DENOISER_WEIGHTS, then the checkout's weights/."""
+        self.weights_dir = model_roots() if weights_dir is None else weights_dir
         self._models: dict[str, tuple] = {}
         self._lock = threading.Lock()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
@@ -26,8 +27,8 @@ from denoiser.sample import sample
 from denoiser.unet import UNet
 
 __all__ = [
-    "DenoiserPipeline", "save_pipeline", "load_model", "read_classes", "resolve_model_dir", "list_models", "WEIGHTS_DIR",
-    "CLASSES_FILE",
+    "DenoiserPipeline", "save_pipeline", "load_model", "read_classes", "find_model", "model_roots", "resolve_model_dir",
+    "list_models", "WEIGHTS_DIR", "WEIGHTS_ENV", "CLASSES_FILE",
 ]
 
 CLASSES_FILE = "classes.txt"  # one class name per line, in label order
@@ -189,7 +190,36 @@ def read_classes(folder: str | Path | None, num_classes: int | None) -> list[str
     names = [c.strip() for c in names if c.strip()]
     return names if len(names) == n else [str(i) for i in range(n)]
 
-WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"  # a clone's shipped models (not in the wheel)
+WEIGHTS_ENV = "DENOISER_WEIGHTS"  # folder(s) of model folders, searched by name before WEIGHTS_DIR
+
+
+def model_roots() -> list[Path]:
+    """Where models are found by name: each folder in $DENOISER_WEIGHTS (os.pathsep-separated), then the
+    checkout's weights/ when denoiser runs from a clone (an installed wheel has none)."""
+    roots = [Path(p).expanduser() for p in os.environ.get(WEIGHTS_ENV, "").split(os.pathsep) if p.strip()]
+    if WEIGHTS_DIR.is_dir() and (WEIGHTS_DIR.parent / "pyproject.toml").is_file():
+        roots.append(WEIGHTS_DIR)
+    return roots
+
+
+def find_model(name_or_folder: str | Path) -> Path:
+    """A model folder given by path, or by name under `model_roots()`; the error says where it looked."""
+    path = Path(name_or_folder).expanduser()
+    if (path / "unet" / "config.json").is_file():
+        return path
+    name = str(name_or_folder)
+    roots = model_roots()
+    if "/" not in name and "\\" not in name:
+        for root in roots:
+            if (root / name / "unet" / "config.json").is_file():
+                return root / name
+    looked = ", ".join(str(r) for r in roots) or f"nothing (${WEIGHTS_ENV} is not set and this is no checkout)"
+    raise FileNotFoundError(
+        f"no model {name[:200]!r}: it is not a model folder (no unet/config.json) and no model of that name is in: "
+        f"{looked}. Pass a folder written by `denoiser train` (run_dir/model), or set {WEIGHTS_ENV} to a folder of "
+        "model folders"
+    )
 
 
 def save_pipeline(
@@ -268,19 +298,30 @@ def _contained(folder: Path, root: Path) -> bool:
     return all(f.resolve().is_relative_to(resolved) for f in resolved.rglob("*"))
 
 
-def list_models(root: str | Path = WEIGHTS_DIR) -> list[str]:
-    """Names of the model folders directly under `root` (the same rule `resolve_model_dir` applies)."""
-    root = Path(root).resolve()
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if _contained(p, root))
+def _roots(roots: str | Path | Sequence[str | Path] | None) -> list[Path]:
+    if roots is None:
+        roots = model_roots()
+    elif isinstance(roots, (str, Path)):
+        roots = [roots]
+    return [Path(r).resolve() for r in roots]
 
 
-def resolve_model_dir(name: str, root: str | Path = WEIGHTS_DIR) -> Path:
-    """The folder of model `name` under `root`; refuses anything that would leave `root`, symlinks included."""
-    root = Path(root).resolve()
-    candidate = root / name
-    if "/" in name or "\\" in name or name in ("", ".", "..") or not _contained(candidate, root):
-        available = ", ".join(list_models(root)) or "none"
-        raise ValueError(f"unknown model {name[:80]!r}: choose one of the model folders under weights/ ({available})")
-    return candidate.resolve()
+def list_models(roots: str | Path | Sequence[str | Path] | None = None) -> list[str]:
+    """Names of the model folders directly under `roots` (default: `model_roots()`; the first root holding a
+    name wins, the same rule `resolve_model_dir` applies)."""
+    names: set[str] = set()
+    for root in _roots(roots):
+        if root.is_dir():
+            names.update(p.name for p in root.iterdir() if _contained(p, root))
+    return sorted(names)
+
+
+def resolve_model_dir(name: str, roots: str | Path | Sequence[str | Path] | None = None) -> Path:
+    """The folder of model `name` under the first of `roots` that has it; refuses anything that would leave
+    its root, symlinks included."""
+    for root in _roots(roots):
+        candidate = root / name
+        if not ("/" in name or "\\" in name or name in ("", ".", "..")) and _contained(candidate, root):
+            return candidate.resolve()
+    available = ", ".join(list_models(roots)) or "none"
+    raise ValueError(f"unknown model {name[:80]!r}: choose one of the model folders ({available})")

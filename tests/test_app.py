@@ -19,8 +19,8 @@ import torch
 from diffusers import DDPMScheduler
 from PIL import Image
 
-import app as webapp
 from denoiser import UNet
+from denoiser.app import ui as webapp
 from denoiser.explore import Explorer
 from denoiser.pipeline import WEIGHTS_DIR, save_pipeline
 from tests.conftest import ROOT, TINY

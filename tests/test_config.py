@@ -59,9 +59,17 @@ def test_overrides_dotted_and_bare():
         apply_overrides({}, ["learning_rate=1"])
 
 
-def test_missing_config_file():
-    with pytest.raises(FileNotFoundError, match="not found"):
+def test_missing_config_file_lists_the_presets():
+    with pytest.raises(FileNotFoundError, match="neither a file nor a preset; presets: cifar10, .*tiny"):
         load_config("nope.yaml")
+    with pytest.raises(FileNotFoundError, match="neither a file nor a preset"):
+        load_config("somewhere/tiny.yaml")  # a path is a path: no preset fallback
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny.yaml", str(CONFIGS / "tiny.yaml")])
+def test_presets_load_by_name_or_path(name):
+    cfg = load_config(name)
+    assert cfg.model == yaml.safe_load((CONFIGS / "tiny.yaml").read_text())["model"]
 
 
 def test_removed_keys_of_older_run_folders_still_load(tmp_path):

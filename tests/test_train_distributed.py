@@ -109,3 +109,23 @@ def test_sigterm_saves_a_checkpoint_and_exits(tmp_path):
     assert "checkpoint saved" in err
     saved = list((run / "checkpoints").glob("checkpoint-*"))
     assert len(saved) == 1 and (saved[0] / "state.json").is_file()
+
+
+def test_cpu_launch_with_more_processes_than_started_warns(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", train={"max_steps": 1, "checkpoint_every": 1})
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "denoiser.train"]
+    res = cli("--config", str(cfg), "--output-dir", str(tmp_path / "run"), launcher=launcher)
+    assert "accelerate launch asked for 2 processes but 1 started" in res.stderr
+    assert "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2" in res.stderr
+    assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["per_rank"][0]["rank"] == 0  # it still trains
+
+
+def test_launch_warning_reads_the_launcher_command_line():
+    from denoiser.train import launch_warning, requested_processes
+
+    assert requested_processes(["accelerate", "launch", "--num-processes=4", "x.py"]) == 4
+    assert requested_processes(["accelerate", "launch", "x.py"]) is None
+    assert launch_warning(2, ["/bin/python", "accelerate", "launch", "--multi_gpu", "--num_processes", "2"]) is None
+    assert "check the devices" in launch_warning(1, ["/bin/python", "accelerate", "launch", "--num_processes", "2"])
+    assert launch_warning(1, ["/bin/bash", "run.sh", "--num_processes", "2"]) is None  # not an accelerate launch

@@ -1,0 +1,45 @@
+"""The denoiser web app: `denoiser app` or `python app.py [--host 127.0.0.1] [--port 7860] [--share]
+[--max-sessions 32] [--weights FOLDER]`.
+
+This module starts the process; the pages and handlers are in `denoiser.app.ui`. Gradio's served files
+go to a folder of the app's own (under GRADIO_TEMP_DIR when set), made before Gradio is imported
+(parts of Gradio read GRADIO_TEMP_DIR only then), swept every 5 minutes and removed on exit, on Ctrl-C
+and on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+__all__ = ["main"]
+
+# an offline tool: no usage reports, no waiting on them (set before denoiser.app.ui imports Gradio)
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def _own_temp_folder() -> str:
+    """A fresh folder for Gradio's files (under GRADIO_TEMP_DIR when that is set), made GRADIO_TEMP_DIR and
+    removed when Python exits."""
+    parent = os.environ.get("GRADIO_TEMP_DIR")
+    if parent:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="denoiser-app-", dir=parent)
+    os.environ["GRADIO_TEMP_DIR"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the app until Ctrl-C or SIGTERM (argv: the app's arguments, default sys.argv[1:])."""
+    # SIGTERM (kill, systemd, docker stop) ends the app as Ctrl-C does, so that Python unwinds and removes
+    # the app's temp folder even while it starts
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    _own_temp_folder()
+    from denoiser.app.ui import run  # imports Gradio: after the temp folder is set
+
+    run(argv)
