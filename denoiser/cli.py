@@ -17,6 +17,19 @@ __all__ = ["main", "build_parser"]
 DEFAULT_MODEL = "synthetic-shapes"  # found by name: $DENOISER_WEIGHTS, then a clone's weights/
 
 
+def _class_index(model_dir: str, text: str) -> int:
+    """--class-label as an index: a number, or a name from the model folder's classes.txt."""
+    if text.lstrip("-").isdigit():
+        return int(text)
+    from denoiser.pipeline import read_classes
+
+    config = json.loads((Path(model_dir) / "unet" / "config.json").read_text())
+    names = read_classes(model_dir, config.get("num_class_embeds"))
+    if text not in names:
+        raise ValueError(f"unknown class {text!r}; this model's classes: {', '.join(names) or 'none (unconditional)'}")
+    return names.index(text)
+
+
 def _pixel(text: str) -> tuple[int, int]:
     try:
         y, x = (int(v) for v in text.split(","))
@@ -73,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=50)
     s.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0 = deterministic)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--class-label", type=int, default=None, help="class index for class-conditional models")
+    s.add_argument("--class-label", default=None, help="class of a class-conditional model: an index or a name (classes.txt)")
     _add_guidance(s)
     s.add_argument("--trajectory", default=None, help="also write the denoising trajectory (x_t over x0) PNG here")
     s.add_argument("--trajectory-every", type=int, default=5)
@@ -86,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--steps", type=int, default=50)
     a.add_argument("--at-step", type=int, default=None, help="sampling step to inspect (default: the last)")
     a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--class-label", type=int, default=None)
+    a.add_argument("--class-label", default=None, help="class index or name")
 
     for name, what in (("denoise", "remove Gaussian noise from your image"), ("edit", "SDEdit: re-imagine your image"),
                        ("inpaint", "regenerate the masked pixels of your image")):
@@ -97,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument("--compare", default=None, help="also write input | result side by side (PNG)")
         r.add_argument("--steps", type=int, default=50, help="reverse-chain steps")
         r.add_argument("--seed", type=int, default=0)
-        r.add_argument("--class-label", type=int, default=None)
+        r.add_argument("--class-label", default=None, help="class index or name")
         _add_guidance(r, "restored images")
         r.add_argument("--add-noise", type=float, default=None, metavar="SIGMA",
                        help="add Gaussian noise of this std ([0, 1] pixel scale) first, to see the round trip (PSNR printed)")
@@ -119,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--timesteps", default=",".join(map(str, (999, 800, 600, 400, 250, 100, 30))),
                     help="comma-separated noise levels t")
     st.add_argument("--no-heads", action="store_true", help="layers only (one ablation call per layer, not per head)")
-    st.add_argument("--class-label", type=int, default=None, help="class of the generated images (default: spread evenly)")
+    st.add_argument("--class-label", default=None, help="class (index or name) of the generated images (default: spread evenly)")
     st.add_argument("--seed", type=int, default=0)
 
     e = sub.add_parser("evaluate", help="held-out bits/dim and per-timestep MSE, as JSON")
@@ -391,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             from denoiser.pipeline import find_model
 
             args.model = str(find_model(args.model or DEFAULT_MODEL))
+        if getattr(args, "class_label", None) is not None:
+            args.class_label = _class_index(args.model, args.class_label)
         handler[args.command](args)
     except (ValueError, FileNotFoundError) as err:
         print(f"denoiser {args.command}: error: {err}", file=sys.stderr)

@@ -21,7 +21,7 @@ from PIL import Image
 from denoiser.attention import AttentionRecord, capture_attention, identity_attention
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.guidance import Guidance, check_guide, read_sampling_defaults
-from denoiser.pipeline import list_models, load_model, model_roots, resolve_model_dir
+from denoiser.pipeline import list_models, load_model, model_roots, read_classes, resolve_model_dir
 from denoiser.sample import make_sampler, sample, sampling_context
 from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
@@ -102,10 +102,7 @@ class Explorer:
     def classes(self, name: str) -> list[str]:
         """Class names of a class-conditional model (from its card's classes.txt, else indices)."""
         unet, _ = self.model(name)
-        n = unet.config.num_class_embeds or 0
-        names_file = resolve_model_dir(name, self.weights_dir) / "classes.txt"
-        names = names_file.read_text().split() if names_file.is_file() else []
-        return names if len(names) == n else [str(i) for i in range(n)]
+        return read_classes(resolve_model_dir(name, self.weights_dir), unet.config.num_class_embeds)
 
     def generate(
         self,

@@ -21,8 +21,22 @@ def model_dir(tiny_unet, tmp_path):
 
 def test_help_lists_subcommands():
     out = cli("--help").stdout
-    for sub in ("train", "sample", "attention", "evaluate"):
+    for sub in ("train", "sample", "attention", "evaluate", "app"):
         assert sub in out
+
+
+def test_class_label_by_name_or_index(tmp_path, capsys):
+    from denoiser import UNet
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    model = save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), tmp_path / "m", classes=["red", "green", "blue"])
+    common = ["sample", "--model", str(model), "--num-images", "2", "--steps", "2", "--scale", "1", "--guidance", "2"]
+    assert main([*common, "--out", str(tmp_path / "a.png"), "--class-label", "green"]) == 0
+    assert main([*common, "--out", str(tmp_path / "b.png"), "--class-label", "1"]) == 0
+    assert Image.open(tmp_path / "a.png").tobytes() == Image.open(tmp_path / "b.png").tobytes()
+    assert main([*common, "--out", str(tmp_path / "c.png"), "--class-label", "cyan"]) == 2
+    assert "unknown class 'cyan'; this model's classes: red, green, blue" in capsys.readouterr().err
 
 
 def test_sample_writes_grid_and_trajectory(model_dir, tmp_path, capsys):
