@@ -20,7 +20,7 @@ def weights(tmp_path_factory):
     root = tmp_path_factory.mktemp("weights")
     torch.manual_seed(0)
     save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes")
-    (root / "tiny-classes" / "classes.txt").write_text("red green blue\n")
+    (root / "tiny-classes" / "classes.txt").write_text("red\ngreen\nblue\n")  # one name per line
     save_pipeline(UNet(**TINY).eval(), DDPMScheduler(), root / "tiny")
     return root
 
