@@ -133,3 +133,16 @@ def test_save_pretrained_round_trip_keeps_class_names(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(unet.state_dict().values(), again.unet.state_dict().values()))
     with pytest.raises(ValueError, match="2 classes, got 3"):
         pipe.classes = ["a", "b", "c"]
+
+
+def test_loads_in_bfloat16_and_shows_a_progress_bar(shapes, capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipe = DiffusionPipeline.from_pretrained(shapes, dtype=torch.bfloat16)
+    assert pipe.unet.dtype == torch.bfloat16
+    out = pipe(2, class_labels="circle", num_inference_steps=3, guidance_scale=1.0, pag_scale=0.0,
+               generator=torch.Generator().manual_seed(0), output_type="pt").images
+    assert "3/3" in capsys.readouterr().err  # diffusers' progress bar, one tick per step
+    unet, sched = load_model(shapes, channels_last=False)
+    ref = sample(unet, make_sampler("ddpm", sched.config), 2, 3, seed=0, class_labels=0).images
+    assert out.dtype == torch.float32 and (out - ref).abs().mean() < 0.05  # bf16 rounding, the same images
