@@ -1,0 +1,78 @@
+"""A user's image files in: read with bounded memory whatever the file claims, turned upright, and mapped
+onto the model's grid (the image and its mask alike).
+
+What phones and cameras write (JPEG, PNG, WebP, and HEIF where Pillow reads it) is accepted up to
+`MAX_PIXELS`; the size comes from the header before anything is decoded, and a JPEG decodes at the
+smallest of 1/1, 1/2, 1/4, 1/8 scale that still covers the size asked for (Pillow's `draft`), so a
+50-megapixel photo costs a few MB, not 150. Every refusal is one sentence without a file path.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+from torchvision.transforms import functional as TF
+
+from denoiser.data import fit_to_size, flatten_to_rgb
+
+__all__ = ["MAX_PIXELS", "open_image", "image_to_model", "mask_to_model"]
+
+MAX_PIXELS = 50_000_000  # a 50-megapixel camera's photo; more is refused before decoding
+
+
+def open_image(source: str | Path | bytes | BinaryIO, min_side: int | None = None, what: str = "the file") -> Image.Image:
+    """Read an image file: its size checked from the header, JPEGs decoded only as large as `min_side`
+    needs (the short side stays >= min_side), EXIF orientation applied, transparency flattened on white.
+
+    Raises ValueError (one sentence naming the problem and the fix, no path) for anything that is not a
+    readable image of at most MAX_PIXELS pixels; FileNotFoundError for a missing path.
+    """
+    if isinstance(source, bytes):
+        source = io.BytesIO(source)
+    try:
+        with warnings.catch_warnings():  # Pillow warns of decompression bombs; the pixel cap below refuses them
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(source)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} does not exist") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
+        raise ValueError(f"{what} is not an image this app can read: upload a PNG, JPEG or WebP photo") from None
+    with img:
+        w, h = img.size
+        if w * h > MAX_PIXELS:
+            raise ValueError(
+                f"the image is {w}x{h} ({w * h / 1e6:.0f} megapixels): at most {MAX_PIXELS // 1_000_000} megapixels; "
+                "upload a smaller copy"
+            )
+        if min_side is not None and img.format == "JPEG":
+            scale = min(w, h) / min_side  # decode at 1/2, 1/4, 1/8 while the short side keeps min_side
+            img.draft("RGB", (max(1, int(w / scale)), max(1, int(h / scale))))
+        try:
+            img.load()
+            upright = ImageOps.exif_transpose(img)  # phone photos are stored sideways with an EXIF rotation
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+            raise ValueError(f"{what} is damaged or truncated and cannot be decoded: upload it again or another file") from None
+        return flatten_to_rgb(upright)
+
+
+def image_to_model(image: Image.Image, size: int) -> torch.Tensor:
+    """A user's image (any size or mode; transparency on white) -> (1, 3, size, size) in [-1, 1]: the short
+    side resized to `size`, then centre-cropped."""
+    return TF.pil_to_tensor(fit_to_size(size)(flatten_to_rgb(image)))[None].float() / 127.5 - 1  # (1, 3, S, S)
+
+
+def mask_to_model(mask: Image.Image, image_size: tuple[int, int], size: int) -> torch.Tensor:
+    """A mask (white = regenerate) of any size -> (1, 1, size, size) in {0, 1}, lying where it was painted:
+    first stretched onto the image's (width, height), then reduced and cropped exactly as `image_to_model`
+    reduces and crops the image (nearest-neighbour, so the mask stays a mask)."""
+    w, h = image_size
+    grey = mask.convert("L").resize((w, h), Image.Resampling.NEAREST)
+    # torchvision's Resize(size): the short side becomes `size`, the long one int(size * long / short)
+    new = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
+    cropped = TF.center_crop(grey.resize(new, Image.Resampling.NEAREST), [size, size])  # fit_to_size's crop
+    return (TF.pil_to_tensor(cropped)[None].float() / 255 > 0.5).float()  # (1, 1, S, S)
