@@ -225,36 +225,28 @@ def cmd_attention(args) -> None:
     print(f"attention: {save_png(panel, args.out)} ({len(res.attention[at])} layers, step {at} of {args.steps})")
 
 
-def _read_image(path: str, what: str = "image"):
-    from PIL import Image, UnidentifiedImageError
+def _read_image(path: str, what: str = "image", min_side: int | None = None):
+    """An image file as RGB (denoiser.image_io: bounded memory, upright); errors name the file."""
+    from denoiser.image_io import open_image
 
-    try:
-        with Image.open(path) as img:
-            img.load()
-            return img.copy()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {path!r} does not exist") from None
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
-        raise ValueError(f"cannot read image {path!r} ({err}); pass a PNG or JPEG file") from None
+    return open_image(path, min_side=min_side, what=f"{what} {path!r}")
 
 
 def cmd_restore(args) -> None:
     import torch
 
-    from denoiser.data import flatten_to_rgb
+    from denoiser.image_io import image_to_model, mask_to_model
     from denoiser.pipeline import load_model
-    from denoiser.restore import add_noise, denoise, edit, image_to_model, inpaint, mask_to_model, psnr
+    from denoiser.restore import add_noise, denoise, edit, inpaint, psnr
     from denoiser.sample import save_grid
 
-    img = flatten_to_rgb(_read_image(args.image))
-    mask_img = _read_image(args.mask, "mask") if args.command == "inpaint" else None
-    if mask_img is not None and mask_img.size != img.size:
-        raise ValueError(f"mask is {mask_img.width}x{mask_img.height} but the image is {img.width}x{img.height}; "
-                         "draw the mask on an image of the same size")
     if args.add_noise is not None and not args.add_noise > 0:
         raise ValueError(f"--add-noise must be positive, got {args.add_noise}")
     unet, sched = load_model(args.model)
     size = unet.config.sample_size
+    img = _read_image(args.image, min_side=size)
+    # a mask of another size is stretched onto the image (e.g. drawn on a smaller copy of it)
+    mask_img = _read_image(args.mask, "mask") if args.command == "inpaint" else None
     if img.size != (size, size):
         print(f"input resized and centre-cropped from {img.width}x{img.height} to {size}x{size} (the model's size)")
     clean = image_to_model(img, size)
@@ -266,7 +258,7 @@ def cmd_restore(args) -> None:
     elif args.command == "edit":
         res = edit(unet, sched.config, x, strength=args.strength, steps=args.steps, **common)
     else:
-        res = inpaint(unet, sched.config, x, mask_to_model(mask_img, size), steps=args.steps, **common)
+        res = inpaint(unet, sched.config, x, mask_to_model(mask_img, img.size, size), steps=args.steps, **common)
     print(f"{args.command}: {save_grid(res.images, args.out)}")
     if args.compare:
         shown = [(clean / 2 + 0.5).clamp(0, 1)] + ([(x / 2 + 0.5).clamp(0, 1)] if args.add_noise else []) + [res.images]
@@ -283,8 +275,8 @@ def cmd_attention_stats(args) -> None:
 
     from denoiser.attention_stats import attention_stats, stats_chart, write_csv
     from denoiser.fid import spread_labels
+    from denoiser.image_io import image_to_model
     from denoiser.pipeline import load_model
-    from denoiser.restore import image_to_model
     from denoiser.sample import make_sampler, sample, save_png
 
     try:
@@ -302,10 +294,8 @@ def cmd_attention_stats(args) -> None:
         files = sorted(p for p in Path(args.images).rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
         if not files:
             raise ValueError(f"no .png/.jpg/.webp images under {args.images!r}")
-        from denoiser.data import flatten_to_rgb
-
-        images = torch.cat([image_to_model(flatten_to_rgb(_read_image(str(f))), unet.config.sample_size)
-                            for f in files[: args.num_images]])
+        size = unet.config.sample_size
+        images = torch.cat([image_to_model(_read_image(str(f), min_side=size), size) for f in files[: args.num_images]])
         labels = None if labels is None else labels[: len(images)].fill_(n_cls)  # the user's images: "no class"
         how = f"{len(images)} images from {args.images}"
     else:

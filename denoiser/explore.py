@@ -171,15 +171,16 @@ class Explorer:
         mask: for "inpaint", white (or painted, opaque) pixels are regenerated. Returns the generation
         (its image, every step's model input), the noisy input when `add_noise` > 0, and a summary.
         """
+        from denoiser.image_io import MAX_PIXELS, image_to_model, mask_to_model
         from denoiser.restore import add_noise as noised
-        from denoiser.restore import denoise, edit, image_to_model, inpaint, mask_to_model, psnr
+        from denoiser.restore import denoise, edit, inpaint, psnr
 
         if operation not in RESTORE_OPERATIONS:
             raise ValueError(f"operation must be one of {', '.join(RESTORE_OPERATIONS)}, got {str(operation)[:40]!r}")
         if image is None:
             raise ValueError("upload an image first")
-        if image.width * image.height > 4096 * 4096:
-            raise ValueError(f"the image is {image.width}x{image.height}: at most 4096x4096 pixels")
+        if image.width * image.height > MAX_PIXELS:
+            raise ValueError(f"the image is {image.width}x{image.height}: at most {MAX_PIXELS // 1_000_000} megapixels")
         steps = _check_int("steps", steps, *LIMITS["steps"])
         seed = _check_int("seed", seed, *LIMITS["seed"])
         amount, add_noise = float(amount), float(add_noise)
@@ -213,7 +214,7 @@ class Explorer:
         else:
             if mask is None:
                 raise ValueError("inpaint needs a mask: paint the area to regenerate")
-            m = mask_to_model(mask, size)  # (1, 1, S, S)
+            m = mask_to_model(mask, image.size, size)  # (1, 1, S, S), mapped onto the image's crop
             if float((m > 0.5).sum()) == 0:
                 raise ValueError("the mask is empty: paint the area to regenerate")
             res = inpaint(unet, train_sched.config, x, m, steps=steps, **common)

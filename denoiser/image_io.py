@@ -41,7 +41,7 @@ def open_image(source: str | Path | bytes | BinaryIO, min_side: int | None = Non
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} does not exist") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
-        raise ValueError(f"{what} is not an image this app can read: upload a PNG, JPEG or WebP photo") from None
+        raise ValueError(f"{what} is not an image denoiser can read: use a PNG, JPEG or WebP file") from None
     with img:
         w, h = img.size
         if w * h > MAX_PIXELS:

@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import torch
 from diffusers import DDPMScheduler
-from PIL import Image
-from torchvision.transforms import functional as TF
 
-from denoiser.data import fit_to_size, flatten_to_rgb
 from denoiser.guidance import Guidance
 from denoiser.sample import SampleResult, sample
 
 __all__ = [
-    "sigma_to_timestep", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "image_to_model", "mask_to_model", "add_noise",
+    "sigma_to_timestep", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "add_noise",
 ]
 
 
@@ -62,16 +59,6 @@ def estimate_sigma(images: torch.Tensor) -> torch.Tensor:
     c, d = x[..., 1:H:2, 0:W:2], x[..., 1:H:2, 1:W:2]
     hh = (a - b - c + d) / 2  # (B, C, H/2, W/2)
     return (hh.flatten(1).abs().median(dim=1).values / 0.6745).float()  # (B,)
-
-
-def image_to_model(image: Image.Image, size: int) -> torch.Tensor:
-    """A user's image (any size or mode; transparency on white) -> (1, 3, size, size) in [-1, 1], resized and cropped."""
-    return TF.pil_to_tensor(fit_to_size(size)(flatten_to_rgb(image)))[None].float() / 127.5 - 1  # (1, 3, S, S)
-
-
-def mask_to_model(mask: Image.Image, size: int) -> torch.Tensor:
-    """A mask image (white = regenerate) -> (1, 1, size, size) in [0, 1], resized and cropped like the image."""
-    return TF.pil_to_tensor(fit_to_size(size)(mask.convert("L")))[None].float() / 255  # (1, 1, S, S)
 
 
 def add_noise(images: torch.Tensor, sigma: float, seed: int = 0) -> torch.Tensor:

@@ -41,7 +41,7 @@ def test_a_phone_photo_decodes_small_and_upright():
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"this is text, renamed to .png", "not an image this app can read"),
+    (b"this is text, renamed to .png", "not an image denoiser can read"),
     (_photo(256, 256)[:20_000], "damaged or truncated"),
 ])
 def test_unreadable_files_are_named_without_a_path(tmp_path, content, message):
