@@ -25,9 +25,13 @@ __all__ = ["MAX_PIXELS", "open_image", "image_to_model", "mask_to_model"]
 MAX_PIXELS = 50_000_000  # a 50-megapixel camera's photo; more is refused before decoding
 
 
-def open_image(source: str | Path | bytes | BinaryIO, min_side: int | None = None, what: str = "the file") -> Image.Image:
+def open_image(
+    source: str | Path | bytes | BinaryIO, min_side: int | None = None, what: str = "the file",
+    min_long_side: int | None = None,
+) -> Image.Image:
     """Read an image file: its size checked from the header, JPEGs decoded only as large as `min_side`
-    needs (the short side stays >= min_side), EXIF orientation applied, transparency flattened on white.
+    needs (the short side stays >= min_side; or the long side >= min_long_side), EXIF orientation applied,
+    transparency flattened on white. The file's own (upright) size is in `.info["source_size"]`.
 
     Raises ValueError (one sentence naming the problem and the fix, no path) for anything that is not a
     readable image of at most MAX_PIXELS pixels; FileNotFoundError for a missing path.
@@ -40,6 +44,11 @@ def open_image(source: str | Path | bytes | BinaryIO, min_side: int | None = Non
             img = Image.open(source)
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} does not exist") from None
+    except Image.DecompressionBombError:  # Pillow's own refusal, past twice its pixel limit (~179 megapixels)
+        raise ValueError(
+            f"the image is far larger than {MAX_PIXELS // 1_000_000} megapixels: at most {MAX_PIXELS // 1_000_000} "
+            "megapixels; upload a smaller copy"
+        ) from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError):
         raise ValueError(f"{what} is not an image denoiser can read: use a PNG, JPEG or WebP file") from None
     with img:
@@ -49,15 +58,18 @@ def open_image(source: str | Path | bytes | BinaryIO, min_side: int | None = Non
                 f"the image is {w}x{h} ({w * h / 1e6:.0f} megapixels): at most {MAX_PIXELS // 1_000_000} megapixels; "
                 "upload a smaller copy"
             )
-        if min_side is not None and img.format == "JPEG":
-            scale = min(w, h) / min_side  # decode at 1/2, 1/4, 1/8 while the short side keeps min_side
+        if (min_side or min_long_side) and img.format == "JPEG":
+            # decode at 1/2, 1/4, 1/8 while the short side keeps min_side (the long side min_long_side)
+            scale = min(w, h) / min_side if min_side else max(w, h) / min_long_side
             img.draft("RGB", (max(1, int(w / scale)), max(1, int(h / scale))))
         try:
             img.load()
             upright = ImageOps.exif_transpose(img)  # phone photos are stored sideways with an EXIF rotation
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
             raise ValueError(f"{what} is damaged or truncated and cannot be decoded: upload it again or another file") from None
-        return flatten_to_rgb(upright)
+        rgb = flatten_to_rgb(upright)
+        rgb.info["source_size"] = (w, h) if (rgb.width >= rgb.height) == (w >= h) else (h, w)
+        return rgb
 
 
 def image_to_model(image: Image.Image, size: int) -> torch.Tensor:

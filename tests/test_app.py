@@ -154,7 +154,8 @@ def test_cancel_stops_the_sampling_work(server):
 def test_uploads_are_bounded(server):
     import httpx
 
-    big = httpx.post(server + "gradio_api/upload", files={"files": ("big.bin", b"0" * (6 * 1024 * 1024))}, timeout=30)
+    # 25 MB at most: a phone's JPEG fits, the editor's PNG of its small copy too (webapp.LAUNCH)
+    big = httpx.post(server + "gradio_api/upload", files={"files": ("big.bin", b"0" * (26 * 1024 * 1024))}, timeout=30)
     assert big.status_code in (400, 413) and "size" in big.text.lower()
     small = httpx.post(server + "gradio_api/upload", files={"files": ("small.bin", b"0" * 1024)}, timeout=30)
     assert small.status_code == 200
@@ -349,6 +350,45 @@ def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
     assert (shots / "app-attention.png").stat().st_size > 10_000
 
 
+def _upload_photo(page, path: Path) -> None:
+    """Choose a file in the Edit tab's photo input, as a person does (removing the one shown first, with its ×)."""
+    clear = page.locator("#photo").get_by_role("button", name="Clear")
+    if clear.count():
+        clear.first.click()
+    page.locator("#photo input[type=file]").set_input_files(str(path))
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
+    from tests.test_image_io import _photo
+
+    jpeg = tmp_path / "IMG_2041.jpg"
+    jpeg.write_bytes(_photo(2400, 1800))
+    assert jpeg.stat().st_size >= 500_000
+    fake = tmp_path / "notes.png"
+    fake.write_text("a text file renamed to .png")
+    huge = tmp_path / "huge.png"
+    Image.new("1", (16000, 16000), 1).save(huge)  # a few hundred KB claiming 256 megapixels
+    shots = _screenshots(tmp_path)
+    with _browser_page(server, height=1000) as page:
+        page.get_by_role("tab", name="Edit").click()
+        started = time.monotonic()
+        _upload_photo(page, jpeg)
+        page.locator("#photo-text").get_by_text("your photo: 2400x1800, shown at 512x384").wait_for(timeout=60_000)
+        page.locator("#edit-run").click()
+        page.locator("#edit-text").get_by_text("512x384 input, resized and centre-cropped").wait_for(timeout=120_000)
+        took = time.monotonic() - started
+        assert page.locator("#edit-result img").count() >= 2
+        page.screenshot(path=str(shots / "app-edit-photo.png"), full_page=True)
+        for bad, message in ((fake, "is not an image denoiser can read"), (huge, "at most 50 megapixels")):
+            _upload_photo(page, bad)
+            shown = page.get_by_text(message).first
+            shown.wait_for(timeout=30_000)
+            assert str(tmp_path) not in page.content() and "gradio" not in shown.inner_text().lower()
+            page.screenshot(path=str(shots / f"app-edit-{bad.stem}.png"), full_page=True)
+    assert took < 60, f"a phone photo took {took:.0f} s from upload to result"
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
     photo = tmp_path / "photo.png"
@@ -357,13 +397,11 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
     with _browser_page(server, height=1000) as page:
         page.get_by_role("tab", name="Edit").click()
         editor = page.locator("#editor")
-        editor.locator("canvas").last.wait_for(timeout=30_000)
-        page.wait_for_timeout(1000)  # the freshly shown editor takes a moment to accept files
-        editor.locator("input[type=file]").first.set_input_files(str(photo))
+        _upload_photo(page, photo)
+        page.locator("#photo-text").get_by_text("your photo: 64x48, shown at 64x48").wait_for(timeout=30_000)
         canvas = editor.locator("canvas").last
         canvas.wait_for(timeout=30_000)
-        # the upload has landed once the editor zooms in on it (a 64x48 image shows at > 100 %; the blank
-        # 800x800 canvas it starts with, at ~32 %)
+        # the photo has landed in the editor once it zooms in on it (a 64x48 image shows at > 100 %)
         page.wait_for_function(
             "() => { const z = document.querySelector('#editor .zoom-number'); return z && parseInt(z.textContent) > 100 }",
             timeout=30_000,

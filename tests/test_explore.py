@@ -182,3 +182,24 @@ def test_heads_view_mean_maps_and_switching_layers_off(weights):
     assert not torch.equal(one_head.images, off.images)
     with pytest.raises(ValueError, match="at least one attention layer"):
         ex.ablate(gen, [])
+
+
+def test_inpaint_with_a_mask_of_another_size_changes_only_where_it_was_painted(weights):
+    from PIL import Image
+
+    explorer = Explorer(weights)
+    # the case: a 256x256 photo, a 300x100 mask layer with a rectangle over x 100-200 (a third of the width)
+    rng = torch.Generator().manual_seed(0)
+    photo = Image.fromarray((torch.rand(256, 256, 3, generator=rng) * 255).to(torch.uint8).numpy())
+    mask = Image.new("L", (300, 100), 0)
+    mask.paste(255, (100, 0, 200, 100))
+    gen, _, _ = explorer.restore("tiny-classes", "inpaint", photo, mask, steps=3, seed=0)
+    from denoiser.image_io import image_to_model
+
+    size = gen.images.shape[-1]
+    before = (image_to_model(photo, size) / 2 + 0.5).clamp(0, 1)
+    changed = (gen.images - before).abs().amax(dim=(0, 1)) > 1e-5  # (S, S): pixels the inpainting replaced
+    cols = changed.any(dim=0).nonzero().flatten().tolist()
+    lo, hi = 100 / 300 * size, 200 / 300 * size  # where the rectangle lands on the model's grid
+    assert changed.any(dim=1).all()  # every row: the rectangle spans the mask's full height
+    assert cols and min(cols) >= int(lo) - 1 and max(cols) <= int(hi) + 1  # only its columns, not the whole width

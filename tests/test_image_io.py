@@ -59,6 +59,10 @@ def test_huge_images_are_refused_from_the_header_with_bounded_memory(tmp_path):
     assert path.stat().st_size < 1_000_000 and 12000 * 12000 > MAX_PIXELS
     with pytest.raises(ValueError, match="12000x12000 .* at most 50 megapixels"):
         open_image(path)
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (16000, 16000), 1).save(bomb)  # past Pillow's own limit: refused by Image.open itself
+    with pytest.raises(ValueError, match="far larger than 50 megapixels"):
+        open_image(bomb)
     # in a fresh process: the resident-memory peak while refusing it (a full decode: +432 MB as RGB)
     code = (
         "import json, pathlib\nfrom denoiser.image_io import open_image\n"

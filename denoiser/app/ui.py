@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import html
+import logging
 import queue
 import random
 import signal
@@ -30,19 +31,24 @@ from PIL import Image, ImageDraw
 
 from denoiser import malloc
 from denoiser.explore import LIMITS, RESTORE_OPERATIONS, SCHEDULERS, Explorer
+from denoiser.image_io import open_image
 from denoiser.kernels import load_kernels
 from denoiser.pipeline import WEIGHTS_ENV, model_roots
 from denoiser.sample import to_pil
 
+log = logging.getLogger("denoiser.app")
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
-# launch() settings every server of this app uses: the app takes no uploads yet, but Gradio's upload route
-# exists anyway; bound what it stores
+# launch() settings every server of this app uses: uploads (a photo on the Edit tab) of at most 25 MB, what a
+# phone or camera writes; image_io then refuses more than 50 megapixels before decoding
 # show_error: Gradio's own input validation (e.g. a raw API call with steps: null) reaches the client as its
 # message instead of "the upstream app has raised an exception"; our handlers' errors are already short
 # and escaped (_user_error), so no traceback or server path is shown either way
 # state_session_capacity: the sessions whose generations stay in memory (oldest dropped first; app.py's
 # --max-sessions); with the work budget, one generation holds at most ~200 MB of step inputs (the 16x16 model: 64 images x 1000 steps)
-LAUNCH = {"max_file_size": "5mb", "show_error": True, "state_session_capacity": 32}
+LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32}
+# the Edit tab paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the
+# editor holds as PNG on every run (a 2400x1800 JPEG of 600 KB became 8.4 MB), a copy this size stays ~1 MB
+EDIT_PREVIEW = 512
 SESSION_TTL_S = 1800  # a session's generation is dropped this long after its last update
 HEARTBEAT_S = 0.5  # longest wait between yields of a running generation (how soon a cancel is seen)
 PREVIEW_EVERY_S = 1.5  # at least this often a preview while sampling (DDPM-1000 never looks frozen)
@@ -187,6 +193,17 @@ def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
     return image, alpha
 
 
+def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
+    """An uploaded photo file -> (an RGB copy at most EDIT_PREVIEW pixels a side to paint on, a line saying so).
+    Decoded with bounded memory (denoiser.image_io); a file that is no image raises a sentence without a path."""
+    if path is None:
+        return None, ""
+    img = open_image(path, min_long_side=EDIT_PREVIEW, what="the upload")  # a JPEG decodes at a reduced scale
+    w, h = img.info["source_size"]
+    img.thumbnail((EDIT_PREVIEW, EDIT_PREVIEW), Image.Resampling.LANCZOS)
+    return img, f"your photo: {w}x{h}, shown at {img.width}x{img.height}; the model sees it at its own size"
+
+
 def _index_slider(count: int, value: int) -> dict:
     """An index slider over 0..count-1. Gradio refuses minimum == maximum, so a single image or step
     keeps maximum 1 and the slider is locked at 0 instead."""
@@ -282,6 +299,15 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             _display(gen, 0, None), gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
             *CLEARED_VIEWS,
         )
+
+    def load_photo(path):
+        """The photo into the editor; a file that cannot be used says why under the upload box (no path)."""
+        try:
+            image, text = photo_preview(path)
+        except (ValueError, FileNotFoundError) as err:
+            log.info("upload refused: %s", err)
+            return None, f"**This file cannot be used:** {html.escape(str(err), quote=False)}"
+        return ({"background": image, "layers": [], "composite": image} if image is not None else None), text
 
     @friendly
     def at_pixel(gen, image, step, y, x, layer, head, mean_steps=False):
@@ -402,8 +428,13 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         with gr.Tab("Edit"):
             with gr.Row():
                 with gr.Column(scale=1):
-                    editor = gr.ImageEditor(type="pil", sources=["upload"], elem_id="editor", height=320,
-                                            label="your image (inpaint: paint the area to regenerate)",
+                    photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 50 megapixels and 25 MB",
+                                    file_types=["image"], type="filepath", elem_id="photo", height=110)
+                    photo_text = gr.Markdown(elem_id="photo-text")
+                    # the editor gets a small copy of the photo (photo_preview): painting needs no more, and the
+                    # browser sends the editor's content back as PNG on every run
+                    editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
+                                            label="inpaint: paint the area to regenerate",
                                             brush=gr.Brush(colors=["#ff00ff"], color_mode="fixed"))
                     operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation",
                                          info="uses the Sample tab's model, class and guidance")
@@ -476,6 +507,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         run.click(generate, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w],
                   [preview, gallery, gen_state, image_idx, step, clickable, layer, *cleared], concurrency_limit=1,
                   concurrency_id="sampling", api_name="generate")
+        photo.upload(load_photo, photo, [editor, photo_text], api_name=False)
+        photo.clear(lambda: (None, ""), None, [editor, photo_text], api_name=False)
         edit_run.click(run_edit, [model, class_name, guidance, editor, operation, amount, add_noise, edit_steps, edit_seed,
                                   edit_pag],
                        [edit_result, edit_text, gen_state, image_idx, step, clickable, layer, *cleared], concurrency_limit=1,
