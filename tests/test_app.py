@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -356,6 +357,30 @@ def _upload_photo(page, path: Path) -> None:
     if clear.count():
         clear.first.click()
     page.locator("#photo input[type=file]").set_input_files(str(path))
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_progress_says_how_far_and_stop_frees_the_slot(server, tmp_path):
+    shots = _screenshots(tmp_path)
+    with _browser_page(server) as page:
+        page.locator("#steps input[type=number]").fill("500")  # within the work budget at 8 images
+        page.locator("#steps input[type=number]").press("Enter")
+        page.locator("#generate").click()
+        left = page.get_by_text(re.compile(r"denoising: step \d+ / 500 · about \d+ (s|min) left")).first
+        left.wait_for(timeout=60_000)
+        page.screenshot(path=str(shots / "app-progress.png"), full_page=True)
+        assert _cpu_seconds_over(1.0) > 0.5, "the generation is not running"
+        page.locator("#stop").click()
+        tic = time.monotonic()
+        while [t for t in threading.enumerate() if t.name == "denoiser-generate"] and time.monotonic() - tic < 10:
+            time.sleep(0.05)
+        stopped = time.monotonic() - tic
+        assert stopped < 2, f"the work went on {stopped:.1f} s after Stop"
+        assert _cpu_seconds_over(1.0) < 0.25, "the server still works after Stop"
+        page.locator("#steps input[type=number]").fill("3")
+        page.locator("#steps input[type=number]").press("Enter")
+        page.locator("#generate").click()  # the slot is free: a short job runs at once
+        page.locator("#gallery img").first.wait_for(timeout=30_000)
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")

@@ -79,20 +79,30 @@ def click_to_pixel(index: tuple[int, int], sample_size: int, display: int = DISP
     return min(sample_size - 1, int(y) * sample_size // display), min(sample_size - 1, int(x) * sample_size // display)
 
 
+def progress_text(desc: str, done: int, total: int, elapsed: float) -> str:
+    """ "sampling: step 12 / 50 · about 8 s left" (the rest estimated from the steps so far)."""
+    left = elapsed / max(done, 1) * (total - done)
+    when = f"about {left:.0f} s left" if left < 120 else f"about {left / 60:.0f} min left"
+    return f"{desc}: step {done} / {total} · {when}" if done < total else f"{desc}: step {done} / {total}"
+
+
 def _stream(job, progress, desc: str):
-    """Run `job(on_step)` (a generation or an edit) in a worker thread; yield its x0 previews as they come
-    (None every HEARTBEAT_S without one), then return its result. When the consumer is closed
+    """Run `job(on_step)` (a generation or an edit) in a worker thread; yield (x0 preview, progress text) as they
+    come (None for what has not changed, at least every HEARTBEAT_S), then return its result. When the consumer is closed
     (Gradio's cancel, a closed tab), the worker stops at its next step and is joined first, so the
     queue slot frees only once the work has stopped."""
     previews: queue.Queue = queue.Queue()
     result: dict = {}
     stop = threading.Event()  # set when nobody listens any more
     last_preview = [time.monotonic()]  # DDPM-1000 still shows a fresh x0 every PREVIEW_EVERY_S
+    started = time.monotonic()
+    status = {"text": None}  # the latest "step k / N · about S s left"
 
     def on_step(i, total, x0):
         if stop.is_set() or STOPPING.is_set():
             raise Cancelled  # out of the sampling loop after the UNet call in progress
-        progress((i + 1, total), desc=desc)
+        status["text"] = progress_text(desc, i + 1, total, time.monotonic() - started)
+        progress((i + 1) / total, desc=status["text"])
         now = time.monotonic()
         if i % max(1, total // 10) == 0 or i == total - 1 or now - last_preview[0] > PREVIEW_EVERY_S:
             last_preview[0] = now
@@ -110,16 +120,23 @@ def _stream(job, progress, desc: str):
 
     worker = threading.Thread(target=work, name="denoiser-generate", daemon=True)
     worker.start()
+    shown = [None]
+
+    def fresh_text():
+        text = status["text"]
+        new, shown[0] = (text if text != shown[0] else None), text
+        return new
+
     try:
         while True:
             try:
                 x0 = previews.get(timeout=HEARTBEAT_S)
             except queue.Empty:  # yield now and then: a cancel can only close a generator at a yield
-                yield None
+                yield None, fresh_text()
                 continue
             if x0 is None:
                 break
-            yield to_pil(x0)
+            yield to_pil(x0), fresh_text()
     finally:
         stop.set()
         worker.join()
@@ -159,16 +176,19 @@ def friendly(handler):
     return wrapped
 
 
-def _relay(stream, n_outputs: int, show):
-    """A handler's updates for each item of `_stream`: `show(preview)` in the first output, the rest
-    untouched; returns the stream's result. Closing the handler closes the stream (stopping its work)."""
+def _relay(stream, n_outputs: int, show, status: bool = False):
+    """A handler's updates for each item of `_stream`: `show(preview)` in the first output and, with `status`,
+    the progress text in the last; the rest untouched. Returns the stream's result. Closing the handler closes
+    the stream (stopping its work)."""
     try:
         while True:
             try:
-                preview = next(stream)
+                preview, text = next(stream)
             except StopIteration as done:
                 return done.value
-            yield (gr.skip() if preview is None else show(preview),) + (gr.skip(),) * (n_outputs - 1)
+            first = gr.skip() if preview is None else show(preview)
+            last = ((gr.skip() if text is None else text),) if status else ()
+            yield (first,) + (gr.skip(),) * (n_outputs - 1 - len(last)) + last
     finally:
         stream.close()
 
@@ -264,7 +284,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             return explorer.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step, guidance=guidance,
                                      pag_scale=pag_scale, guide_scale=guide_scale)
 
-        gen = yield from _relay(_stream(job, progress, "denoising"), 11, _enlarge)
+        gen = yield from _relay(_stream(job, progress, "denoising"), 12, _enlarge, status=True)
         gallery = [to_pil(gen.images[i : i + 1], nrow=1, padding=0) for i in range(gen.images.shape[0])]
         layers = explorer.layer_names(gen, gen.num_steps - 1)
         yield (
@@ -274,6 +294,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             _display(gen, 0, None),
             gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
             *CLEARED_VIEWS,
+            f"done: {gen.images.shape[0]} image(s), {gen.num_steps} steps",
         )
 
     def run_edit(model, class_name, guidance, editor, operation, amount, add_noise, steps, seed, pag_scale=0.0,
@@ -289,15 +310,16 @@ def build_app(explorer: Explorer) -> gr.Blocks:
             return explorer.restore(model, operation, image, mask, amount, add_noise, steps, seed, label, guidance,
                                     on_step=on_step, pag_scale=pag_scale)
 
-        gen, noisy, text = yield from _relay(_stream(job, progress, operation), 11,
-                                             lambda preview: [(image, "your image"), (_enlarge(preview), "predicted x0")])
+        gen, noisy, text = yield from _relay(_stream(job, progress, operation), 12,
+                                             lambda preview: [(image, "your image"), (_enlarge(preview), "predicted x0")],
+                                             status=True)
         shown = [(image, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
         shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))
         layers = explorer.layer_names(gen, gen.num_steps - 1)
         yield (
             shown, text, gen, _index_slider(1, 0), _index_slider(gen.num_steps, gen.num_steps - 1),
             _display(gen, 0, None), gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
-            *CLEARED_VIEWS,
+            *CLEARED_VIEWS, f"done: {operation}, {gen.num_steps} step(s)",
         )
 
     def load_photo(path):
@@ -395,15 +417,16 @@ def build_app(explorer: Explorer) -> gr.Blocks:
     with gr.Blocks(title="denoiser", delete_cache=(300, 900), analytics_enabled=False) as app:
         gen_state = gr.State(None, time_to_live=SESSION_TTL_S)
         pixel_state = gr.State(None, time_to_live=SESSION_TTL_S)
-        gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, then click any pixel on "
-                    "the **Attention** tab to see where each attention layer of the U-Net looks; the **Heads** tab "
-                    "measures what each layer and head does and switches them off.")
+        gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, or denoise, edit and inpaint "
+                    "your own photo on the **Edit** tab; then click any pixel on the **Attention** tab to see where each "
+                    "attention layer of the U-Net looks; the **Heads** tab measures what each layer and head does and "
+                    "switches them off.")
         with gr.Tab("Sample"):
             with gr.Row():
                 with gr.Column(scale=1):
                     model = gr.Dropdown(models, value=default, label="model (folders under weights/)")
-                    scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler")
-                    steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps")
+                    scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
+                    steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps")
                     with gr.Row():
                         seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
                         randomise = gr.Button("🎲 randomise", size="sm")
@@ -419,7 +442,10 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     guide_w = gr.Slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
                                         elem_id="autoguidance",
                                         info="steer away from the model's small, less-trained guide model; 1 = off")
-                    run = gr.Button("Generate", variant="primary", elem_id="generate")
+                    with gr.Row():
+                        run = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
+                        stop = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
+                    status = gr.Markdown(elem_id="status")
                 with gr.Column(scale=2):
                     preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
                                        elem_id="preview")
@@ -445,7 +471,10 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
                     edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)",
                                          info="for sampled denoise, edit and inpaint; 0 = off")
-                    edit_run = gr.Button("Run", variant="primary", elem_id="edit-run")
+                    with gr.Row():
+                        edit_run = gr.Button("Run", variant="primary", elem_id="edit-run", scale=3)
+                        edit_stop = gr.Button("Stop", variant="stop", elem_id="edit-stop", scale=1)
+                    edit_status = gr.Markdown(elem_id="edit-status")
                 with gr.Column(scale=2):
                     edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
                                              height=360)
@@ -504,15 +533,19 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                       concurrency_id="sampling", api_name="switch_off")
         randomise.click(lambda: random.randint(0, 2**31 - 1), None, seed, api_name=False)
         cleared = [pixel_state, maps, stages, stage_text]  # a new generation: no pixel, no maps of the old one
-        run.click(generate, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w],
-                  [preview, gallery, gen_state, image_idx, step, clickable, layer, *cleared], concurrency_limit=1,
-                  concurrency_id="sampling", api_name="generate")
+        generating = run.click(generate, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w],
+                               [preview, gallery, gen_state, image_idx, step, clickable, layer, *cleared, status],
+                               concurrency_limit=1, concurrency_id="sampling", api_name="generate")
         photo.upload(load_photo, photo, [editor, photo_text], api_name=False)
         photo.clear(lambda: (None, ""), None, [editor, photo_text], api_name=False)
-        edit_run.click(run_edit, [model, class_name, guidance, editor, operation, amount, add_noise, edit_steps, edit_seed,
-                                  edit_pag],
-                       [edit_result, edit_text, gen_state, image_idx, step, clickable, layer, *cleared], concurrency_limit=1,
-                       concurrency_id="sampling", api_name="edit")
+        editing = edit_run.click(run_edit, [model, class_name, guidance, editor, operation, amount, add_noise, edit_steps,
+                                            edit_seed, edit_pag],
+                                 [edit_result, edit_text, gen_state, image_idx, step, clickable, layer, *cleared, edit_status],
+                                 concurrency_limit=1, concurrency_id="sampling", api_name="edit")
+        # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), _stream then stops the
+        # worker after the UNet call in progress and frees the sampling slot
+        stop.click(None, None, None, cancels=[generating], api_name=False)
+        edit_stop.click(None, None, None, cancels=[editing], api_name=False)
         pixel_outputs = [pixel_state, py, px, clickable, maps, stages, stage_text]
         views = [gen_state, image_idx, step, pixel_state, layer, head, mean_steps]
         image_idx.change(refresh, views, [clickable, maps, stages, stage_text], api_name=False)
