@@ -403,6 +403,8 @@ def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
         page.locator("#edit-run").click()
         page.locator("#edit-text").get_by_text("512x384 input, resized and centre-cropped").wait_for(timeout=120_000)
         took = time.monotonic() - started
+        model = page.locator("#edit-model input").input_value()  # the Edit tab shows the model it runs
+        assert model and page.locator("#edit-status").get_by_text(f"done: denoise with {model}").count() == 1
         assert page.locator("#edit-result img").count() >= 2
         page.screenshot(path=str(shots / "app-edit-photo.png"), full_page=True)
         for bad, message in ((fake, "is not an image denoiser can read"), (huge, "at most 50 megapixels")):

@@ -319,7 +319,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         yield (
             shown, text, gen, _index_slider(1, 0), _index_slider(gen.num_steps, gen.num_steps - 1),
             _display(gen, 0, None), gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
-            *CLEARED_VIEWS, f"done: {operation}, {gen.num_steps} step(s)",
+            *CLEARED_VIEWS, f"done: {operation} with {model}, {gen.num_steps} step(s)",
         )
 
     def load_photo(path):
@@ -462,8 +462,13 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
                                             label="inpaint: paint the area to regenerate",
                                             brush=gr.Brush(colors=["#ff00ff"], color_mode="fixed"))
-                    operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation",
-                                         info="uses the Sample tab's model, class and guidance")
+                    operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation")
+                    # the Edit tab's own model, class and guidance: what runs is what this tab shows
+                    edit_model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
+                    edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
+                                             visible=False, allow_custom_value=True, elem_id="edit-class")
+                    edit_guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)",
+                                              elem_id="edit-cfg", info="classifier-free guidance; 1 = off, needs a class")
                     amount = gr.Slider(0, 1, value=0.0, step=0.01, label="denoise: noise σ of your image (0 = estimate); "
                                        "edit: strength (0 keeps, 1 samples anew)")
                     add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (σ, 0 = off): the round trip, with PSNR")
@@ -527,6 +532,9 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         app.load(guidance_defaults, model, [pag, guide_w], api_name=False)
         model.change(guidance_defaults, model, [pag, guide_w], api_name=False)
         class_name.change(cfg_default, [model, class_name], guidance, api_name=False)
+        app.load(class_choices, edit_model, edit_class, api_name=False)
+        edit_model.change(class_choices, edit_model, edit_class, api_name=False)
+        edit_class.change(cfg_default, [edit_model, edit_class], edit_guidance, api_name=False)
         stats_run.click(head_stats, [gen_state, image_idx], [stats_chart, stats_table, off_layers], concurrency_limit=1,
                         concurrency_id="sampling", api_name="heads")
         off_run.click(switch_off, [gen_state, off_layers, off_heads], [off_image, off_text], concurrency_limit=1,
@@ -538,8 +546,8 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                                concurrency_limit=1, concurrency_id="sampling", api_name="generate")
         photo.upload(load_photo, photo, [editor, photo_text], api_name=False)
         photo.clear(lambda: (None, ""), None, [editor, photo_text], api_name=False)
-        editing = edit_run.click(run_edit, [model, class_name, guidance, editor, operation, amount, add_noise, edit_steps,
-                                            edit_seed, edit_pag],
+        editing = edit_run.click(run_edit, [edit_model, edit_class, edit_guidance, editor, operation, amount, add_noise,
+                                            edit_steps, edit_seed, edit_pag],
                                  [edit_result, edit_text, gen_state, image_idx, step, clickable, layer, *cleared, edit_status],
                                  concurrency_limit=1, concurrency_id="sampling", api_name="edit")
         # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), _stream then stops the
