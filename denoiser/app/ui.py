@@ -258,6 +258,14 @@ def _parse_heads(text) -> list[int] | None:
         raise ValueError(f"heads must be 'all' or comma-separated numbers such as 0,2; got {text[:40]!r}") from None
 
 
+def _run_controls(label: str, run_id: str, stop_id: str, status_id: str):
+    """A job's Run and Stop buttons side by side, and the line under them that says how far the job is."""
+    with gr.Row():
+        run = gr.Button(label, variant="primary", elem_id=run_id, scale=3)
+        stop = gr.Button("Stop", variant="stop", elem_id=stop_id, scale=1)
+    return run, stop, gr.Markdown(elem_id=status_id)
+
+
 def build_app(explorer: Explorer) -> gr.Blocks:
     models = explorer.models()
     preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
@@ -442,10 +450,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     guide_w = gr.Slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
                                         elem_id="autoguidance",
                                         info="steer away from the model's small, less-trained guide model; 1 = off")
-                    with gr.Row():
-                        run = gr.Button("Generate", variant="primary", elem_id="generate", scale=3)
-                        stop = gr.Button("Stop", variant="stop", elem_id="stop", scale=1)
-                    status = gr.Markdown(elem_id="status")
+                    run, stop, status = _run_controls("Generate", "generate", "stop", "status")
                 with gr.Column(scale=2):
                     preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
                                        elem_id="preview")
@@ -476,10 +481,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
                     edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)",
                                          info="for sampled denoise, edit and inpaint; 0 = off")
-                    with gr.Row():
-                        edit_run = gr.Button("Run", variant="primary", elem_id="edit-run", scale=3)
-                        edit_stop = gr.Button("Stop", variant="stop", elem_id="edit-stop", scale=1)
-                    edit_status = gr.Markdown(elem_id="edit-status")
+                    edit_run, edit_stop, edit_status = _run_controls("Run", "edit-run", "edit-stop", "edit-status")
                 with gr.Column(scale=2):
                     edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
                                              height=360)
