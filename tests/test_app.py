@@ -4,6 +4,7 @@ its own process for what only a whole process shows (its memory, its temp files,
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -199,9 +200,10 @@ def test_every_view_follows_the_step_and_a_new_generation_clears_them(server):
     assert clickable is not None and maps is None and stages is None and text == ""  # the old pixel is gone
 
 
-def test_failures_read_as_short_escaped_messages(server, weights):
+def test_failures_read_as_short_escaped_messages(server, weights, capfd, caplog):
     from gradio_client import Client
 
+    caplog.set_level(logging.INFO, logger="denoiser.app")
     client = Client(server, verbose=False)
     for model, expected in (("bin-only", "no safetensors weights"), ("broken-config", "not valid JSON")):
         with pytest.raises(Exception) as info:
@@ -212,6 +214,11 @@ def test_failures_read_as_short_escaped_messages(server, weights):
         client.predict("tiny-classes", "ddim", 2, 0, 1, "<b>x</b>" * 20_000, api_name="/generate")
     message = str(info.value)
     assert "is not one of this model's classes" in message and "<b>" not in message and len(message) < 600
+    # the server's log: one line per user error, no traceback
+    lines = [r.getMessage() for r in caplog.records if r.name == "denoiser.app"]
+    assert sum("user error:" in line and "no safetensors weights" in line for line in lines) == 1
+    assert sum("is not one of this model's classes" in line for line in lines) == 1
+    assert "Traceback" not in capfd.readouterr().err
     with pytest.raises(Exception, match="Expected a `float`, but the value passed to the event handler was: None"):
         client.predict("tiny-classes", "ddim", None, 0, 1, "(any)", api_name="/generate")  # Gradio's check, shown
 
@@ -381,6 +388,24 @@ def test_browser_progress_says_how_far_and_stop_frees_the_slot(server, tmp_path)
         page.locator("#steps input[type=number]").press("Enter")
         page.locator("#generate").click()  # the slot is free: a short job runs at once
         page.locator("#gallery img").first.wait_for(timeout=30_000)
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_examples_fill_the_settings_and_a_picture(server, tmp_path):
+    shots = _screenshots(tmp_path)
+    with _browser_page(server, height=1000) as page:
+        page.locator("#steps input[type=number]").fill("7")
+        page.get_by_text("try these").locator("..").locator("button, tr, td").first.wait_for(timeout=30_000)
+        page.locator(".gallery-item, tbody tr").first.click()  # the first example row of the Sample tab
+        page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '25'", timeout=10_000)
+        page.get_by_role("tab", name="Edit").click()
+        page.get_by_text("try a picture").wait_for(timeout=30_000)
+        examples = page.locator("#photo").locator("xpath=ancestor::div[contains(@class,'column')][1]")
+        examples.locator(".gallery-item, tbody tr").first.click()  # cube.png, drawn for the project
+        page.locator("#photo-text").get_by_text("your photo: 256x256").wait_for(timeout=30_000)
+        page.locator("#edit-run").click()
+        page.locator("#edit-status").get_by_text("done: denoise").wait_for(timeout=60_000)
+        page.screenshot(path=str(shots / "app-edit-example.png"), full_page=True)
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")

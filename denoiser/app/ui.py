@@ -37,6 +37,8 @@ from denoiser.pipeline import WEIGHTS_ENV, model_roots
 from denoiser.sample import to_pil
 
 log = logging.getLogger("denoiser.app")
+# a model's images are 16-64 pixels: enlarged in the galleries, each pixel stays a sharp square
+CSS = "#gallery img, #edit-result img, #preview img { image-rendering: pixelated; }"
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
 # launch() settings every server of this app uses: uploads (a photo on the Edit tab) of at most 25 MB, what a
 # phone or camera writes; image_io then refuses more than 50 megapixels before decoding
@@ -45,10 +47,12 @@ DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the mo
 # and escaped (_user_error), so no traceback or server path is shown either way
 # state_session_capacity: the sessions whose generations stay in memory (oldest dropped first; app.py's
 # --max-sessions); with the work budget, one generation holds at most ~200 MB of step inputs (the 16x16 model: 64 images x 1000 steps)
-LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32}
+LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32, "css": CSS}
 # the Edit tab paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the
 # editor holds as PNG on every run (a 2400x1800 JPEG of 600 KB became 8.4 MB), a copy this size stays ~1 MB
 EDIT_PREVIEW = 512
+# pictures for the Edit tab's examples, drawn for this project (MIT, like the code); shipped in the package
+EXAMPLES = Path(__file__).resolve().parent / "examples"
 SESSION_TTL_S = 1800  # a session's generation is dropped this long after its last update
 HEARTBEAT_S = 0.5  # longest wait between yields of a running generation (how soon a cancel is seen)
 PREVIEW_EVERY_S = 1.5  # at least this often a preview while sampling (DDPM-1000 never looks frozen)
@@ -151,16 +155,26 @@ def _stream(job, progress, desc: str):
 
 
 def _user_error(err: BaseException) -> gr.Error:
-    """Any failure as a short, escaped message that names the problem: no traceback, no server paths."""
+    """Any failure as a short, escaped message that names the problem: no traceback, no server paths. The
+    server's log gets one line for a user's mistake (ValueError, FileNotFoundError, our own gr.Error) and the
+    traceback only for a real failure."""
     if isinstance(err, gr.Error):
+        if err.print_exception:
+            log.info("user error: %s", err.message)
+            err.print_exception = False
         return err
-    text = str(err) if isinstance(err, (ValueError, FileNotFoundError)) else f"{type(err).__name__}: {err}"
+    user = isinstance(err, (ValueError, FileNotFoundError))
+    text = str(err) if user else f"{type(err).__name__}: {err}"
     for root in model_roots():
         for form in {str(root), str(root.resolve())}:
             text = text.replace(form, "weights")
     if len(text) > 300:
         text = text[:300] + " …"
-    return gr.Error(html.escape(text, quote=False))
+    if user:
+        log.info("user error: %s", text)
+    else:
+        log.error("failed: %s", text, exc_info=err)
+    return gr.Error(html.escape(text, quote=False), print_exception=False)
 
 
 def friendly(handler):
@@ -221,13 +235,14 @@ def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
     img = open_image(path, min_long_side=EDIT_PREVIEW, what="the upload")  # a JPEG decodes at a reduced scale
     w, h = img.info["source_size"]
     img.thumbnail((EDIT_PREVIEW, EDIT_PREVIEW), Image.Resampling.LANCZOS)
-    return img, f"your photo: {w}x{h}, shown at {img.width}x{img.height}; the model sees it at its own size"
+    return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}; the model sees it at its own size. "
+                 "To inpaint, paint over what to regenerate.")
 
 
 def _index_slider(count: int, value: int) -> dict:
-    """An index slider over 0..count-1. Gradio refuses minimum == maximum, so a single image or step
-    keeps maximum 1 and the slider is locked at 0 instead."""
-    return gr.update(maximum=max(1, count - 1), value=value, interactive=count > 1, visible=True)
+    """An index slider over 0..count-1, shown only when there is something to choose (a single image or step
+    hides it: Gradio refuses minimum == maximum anyway, so it keeps maximum 1 at value 0)."""
+    return gr.update(maximum=max(1, count - 1), value=value, interactive=count > 1, visible=count > 1)
 
 
 HEAD_COLUMNS = ["layer", "head", "grid", "distance (px)", "entropy / log N", "self-weight", "output change"]
@@ -451,6 +466,10 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                                         elem_id="autoguidance",
                                         info="steer away from the model's small, less-trained guide model; 1 = off")
                     run, stop, status = _run_controls("Generate", "generate", "stop", "status")
+                    if models:  # a click fills the settings, then Generate (a class can be picked after the model)
+                        first = sorted(models, key=lambda m: m != default)[:3]  # the default model first
+                        gr.Examples([[m, "ddim", 25, k, 8] for k, m in enumerate(first)],
+                                    [model, scheduler, steps, seed, num_images], label="try these")
                 with gr.Column(scale=2):
                     preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
                                        elem_id="preview")
@@ -465,7 +484,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     # the editor gets a small copy of the photo (photo_preview): painting needs no more, and the
                     # browser sends the editor's content back as PNG on every run
                     editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
-                                            label="inpaint: paint the area to regenerate",
+                                            label="inpaint mask",  # short: the editor's toolbar covers long labels
                                             brush=gr.Brush(colors=["#ff00ff"], color_mode="fixed"))
                     operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation")
                     # the Edit tab's own model, class and guidance: what runs is what this tab shows
@@ -482,11 +501,14 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                     edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)",
                                          info="for sampled denoise, edit and inpaint; 0 = off")
                     edit_run, edit_stop, edit_status = _run_controls("Run", "edit-run", "edit-stop", "edit-status")
+                    gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [photo], label="try a picture")
                 with gr.Column(scale=2):
                     edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
-                                             height=360)
+                                             object_fit="contain", height="auto")
                     edit_text = gr.Markdown(elem_id="edit-text")
         with gr.Tab("Attention", elem_id="attention-tab"):
+            gr.Markdown("Click any pixel of the image to see where each attention layer looks from it. Nothing here "
+                        "yet? Generate on the **Sample** tab or run the **Edit** tab first.", elem_id="attention-hint")
             with gr.Row():
                 with gr.Column(scale=1):
                     # shown once there is a generation (their ranges follow it)
@@ -546,8 +568,7 @@ def build_app(explorer: Explorer) -> gr.Blocks:
         generating = run.click(generate, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w],
                                [preview, gallery, gen_state, image_idx, step, clickable, layer, *cleared, status],
                                concurrency_limit=1, concurrency_id="sampling", api_name="generate")
-        photo.upload(load_photo, photo, [editor, photo_text], api_name=False)
-        photo.clear(lambda: (None, ""), None, [editor, photo_text], api_name=False)
+        photo.change(load_photo, photo, [editor, photo_text], api_name=False)  # an upload, an example, or cleared
         editing = edit_run.click(run_edit, [edit_model, edit_class, edit_guidance, editor, operation, amount, add_noise,
                                             edit_steps, edit_seed, edit_pag],
                                  [edit_result, edit_text, gen_state, image_idx, step, clickable, layer, *cleared, edit_status],
@@ -617,6 +638,10 @@ def _serve(args: argparse.Namespace) -> None:
 
 def run(argv: list[str] | None = None) -> None:
     """Parse the app's arguments and serve until Ctrl-C or SIGTERM; running sampling jobs end first."""
+    handler = logging.StreamHandler()  # the app's own lines (one per user error); other libraries keep theirs
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
     try:
         _serve(_parse_args(argv))
     finally:
