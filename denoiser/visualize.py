@@ -16,7 +16,9 @@ from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.attention import AttentionRecord
 
-__all__ = ["heat_colormap", "overlay", "layer_label", "tiles_image", "attention_panel", "stages_panel", "loss_curve"]
+__all__ = [
+    "heat_colormap", "overlay", "layer_label", "tiles_image", "with_colour_scale", "attention_panel", "stages_panel", "loss_curve",
+]
 
 # Anchor colours of a dark-to-bright heat map (black-purple-red-orange-yellow-white), our own choice.
 _HEAT = torch.tensor(
@@ -87,6 +89,22 @@ def tiles_image(rows: Sequence[Sequence[tuple[str, torch.Tensor]]], scale: int, 
     return panel
 
 
+def with_colour_scale(panel: Image.Image, low: str, high: str, bar_h: int = 10, pad: int = 4) -> Image.Image:
+    """The panel with the heat colour scale under it: a bar from the lowest colour (left, `low`) to the highest
+    (right, `high`), the labels at its ends."""
+    width = min(panel.width - 2 * pad, 256)
+    ramp = torch.linspace(0, 1, width)[None].expand(bar_h, width)  # (bar_h, width)
+    bar = _to_pil(heat_colormap(ramp), 1)
+    out = Image.new("RGB", (panel.width, panel.height + bar_h + 18 + pad), "white")
+    out.paste(panel, (0, 0))
+    out.paste(bar, (pad, panel.height))
+    draw = ImageDraw.Draw(out)
+    font = _font(11)
+    draw.text((pad, panel.height + bar_h + 2), low, fill="black", font=font)
+    draw.text((pad + width - draw.textlength(high, font=font), panel.height + bar_h + 2), high, fill="black", font=font)
+    return out
+
+
 def attention_panel(
     image: torch.Tensor,
     records: Sequence[AttentionRecord],
@@ -119,7 +137,7 @@ def maps_panel(
         if per_head and w.shape[0] > 1:
             row += [(f"head {i}", overlay(image, w[i], query)) for i in range(w.shape[0])]
         rows.append(row)
-    return tiles_image(rows, max(1, cell // S))
+    return with_colour_scale(tiles_image(rows, max(1, cell // S)), "weight 0", "each map's largest weight")
 
 
 def stages_panel(image: torch.Tensor, scores: torch.Tensor, weights: torch.Tensor, query: tuple[int, int]) -> Image.Image:
@@ -131,7 +149,7 @@ def stages_panel(image: torch.Tensor, scores: torch.Tensor, weights: torch.Tenso
     s = (scores - scores.min()) / (scores.max() - scores.min()).clamp(min=1e-12)
     score_tile = F.interpolate(heat_colormap(s)[None], size=(S, S), mode="nearest")[0]  # (3, S, S)
     row = [("scores q.k^T / sqrt(d)", score_tile), ("softmax weights", overlay(image, weights, query, alpha=0.85))]
-    return tiles_image([row], max(1, 160 // S))
+    return with_colour_scale(tiles_image([row], max(1, 160 // S)), "lowest", "highest (each map)")
 
 
 def loss_curve(steps: Sequence[int], losses: Sequence[float], title: str = "training loss", size=(640, 360)) -> Image.Image:

@@ -1,0 +1,25 @@
+"""Pictures of attention: every heatmap panel carries its colour scale."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from denoiser.visualize import heat_colormap, maps_panel, stages_panel
+
+
+def _bar_row(panel) -> np.ndarray:
+    """The first row of the colour bar: 14+ pixels above the panel's bottom, from x = 4."""
+    arr = np.asarray(panel)
+    return arr[arr.shape[0] - 4 - 18 - 10 + 2, 4:]
+
+
+def test_heatmap_panels_end_with_the_colour_scale():
+    image = torch.rand(3, 16, 16)
+    weights = torch.softmax(torch.randn(2, 8, 8).flatten(1), -1).reshape(2, 8, 8)
+    for panel in (maps_panel(image, [("down 8x8 #1", weights)], (3, 4)),
+                  stages_panel(image, torch.randn(8, 8), weights[0], (3, 4))):
+        row = _bar_row(panel)
+        width = min(panel.width - 8, 256)
+        want = (heat_colormap(torch.linspace(0, 1, width)[None]).permute(1, 2, 0)[0] * 255).round().numpy()
+        assert np.abs(row[:width].astype(float) - want).max() <= 1  # the bar runs through the colormap, low to high
