@@ -391,6 +391,29 @@ def test_browser_progress_says_how_far_and_stop_frees_the_slot(server, tmp_path)
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_a_second_visitor_sees_the_queue_position(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        try:
+            first, second = (browser.new_page(viewport={"width": 1280, "height": 800}) for _ in range(2))
+            for page in (first, second):
+                page.goto(server)
+                page.locator("#steps input[type=number]").fill("400")
+                page.locator("#steps input[type=number]").press("Enter")
+            first.locator("#generate").click()
+            first.locator("#status").get_by_text("denoising: step").wait_for(timeout=60_000)
+            second.locator("#generate").click()  # one sampling job at a time: this one waits
+            second.locator("#status").get_by_text(re.compile(r"queue: 1/1")).wait_for(timeout=30_000)
+            first.locator("#stop").click()
+            second.locator("#status").get_by_text("denoising: step").wait_for(timeout=60_000)  # its turn came
+            second.locator("#stop").click()
+        finally:
+            browser.close()
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_examples_fill_the_settings_and_a_picture(server, tmp_path):
     shots = _screenshots(tmp_path)
     with _browser_page(server, height=1000) as page:
