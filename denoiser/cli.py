@@ -235,7 +235,7 @@ def _read_image(path: str, what: str = "image", min_side: int | None = None):
 def cmd_restore(args) -> None:
     import torch
 
-    from denoiser.image_io import image_to_model, mask_to_model
+    from denoiser.image_io import image_to_model, mask_to_model, to_unit
     from denoiser.pipeline import load_model
     from denoiser.restore import add_noise, denoise, edit, inpaint, psnr
     from denoiser.sample import save_grid
@@ -261,12 +261,12 @@ def cmd_restore(args) -> None:
         res = inpaint(unet, sched.config, x, mask_to_model(mask_img, img.size, size), steps=args.steps, **common)
     print(f"{args.command}: {save_grid(res.images, args.out)}")
     if args.compare:
-        shown = [(clean / 2 + 0.5).clamp(0, 1)] + ([(x / 2 + 0.5).clamp(0, 1)] if args.add_noise else []) + [res.images]
+        shown = [to_unit(clean)] + ([to_unit(x)] if args.add_noise else []) + [res.images]
         save_grid(torch.cat(shown), args.compare, nrow=len(shown), scale=max(1, 128 // size))
         print(f"compare: {args.compare} (input{', noisy' if args.add_noise else ''}, result)")
     if args.add_noise is not None:
-        target = (clean / 2 + 0.5).clamp(0, 1)
-        noisy = (x / 2 + 0.5).clamp(0, 1)
+        target = to_unit(clean)
+        noisy = to_unit(x)
         print(f"PSNR vs the clean input: noisy {float(psnr(noisy, target)):.2f} dB, result {float(psnr(res.images, target)):.2f} dB")
 
 

@@ -21,6 +21,7 @@ from PIL import Image
 from denoiser.attention import AttentionRecord, capture_attention, identity_attention
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.guidance import Guidance, check_guide, read_sampling_defaults
+from denoiser.image_io import to_unit
 from denoiser.pipeline import list_models, load_model, model_roots, read_classes, resolve_model_dir
 from denoiser.sample import make_sampler, sample, sampling_context
 from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
@@ -140,7 +141,7 @@ class Explorer:
         def record(i, t, x_t, x0):
             inputs.append(x_t.detach().clone())
             if on_step is not None:
-                on_step(i, steps, (x0.float().cpu() / 2 + 0.5).clamp(0, 1))
+                on_step(i, steps, to_unit(x0))
 
         sched = make_sampler(scheduler, train_sched.config)
         res = sample(unet, sched, num_images, steps, seed=seed, eta=eta, class_labels=class_label, callback=record,
@@ -200,7 +201,7 @@ class Explorer:
             inputs.append(x_t.detach().clone())
             timesteps.append(t)
             if on_step is not None:
-                on_step(i, max(expected, i + 1), (x0.float().cpu() / 2 + 0.5).clamp(0, 1))
+                on_step(i, max(expected, i + 1), to_unit(x0))
 
         common = dict(seed=seed, class_label=class_label, guidance=guidance, callback=record)
         if operation.startswith("denoise"):
@@ -220,11 +221,11 @@ class Explorer:
             res = inpaint(unet, train_sched.config, x, m, steps=steps, **common)
         labels = None if class_label is None else torch.full((1,), class_label, dtype=torch.long)
         gen = Generation(model, res.images, inputs, timesteps, labels, guidance)
-        target = (clean / 2 + 0.5).clamp(0, 1)
+        target = to_unit(clean)
         text = f"**{operation}**: {image.width}x{image.height} input, resized and centre-cropped to {size}x{size}; {len(timesteps)} step(s)"
         noisy = None
         if add_noise > 0:
-            noisy_unit = (x / 2 + 0.5).clamp(0, 1)
+            noisy_unit = to_unit(x)
             noisy = _to_image(noisy_unit)
             text += (f". PSNR against your image: noisy {float(psnr(noisy_unit, target)):.2f} dB, "
                      f"result {float(psnr(res.images, target)):.2f} dB")

@@ -20,7 +20,7 @@ from torchvision.transforms import functional as TF
 
 from denoiser.data import fit_to_size, flatten_to_rgb
 
-__all__ = ["MAX_PIXELS", "open_image", "image_to_model", "mask_to_model"]
+__all__ = ["MAX_PIXELS", "open_image", "image_to_model", "mask_to_model", "to_unit"]
 
 MAX_PIXELS = 50_000_000  # a 50-megapixel camera's photo; more is refused before decoding
 
@@ -76,6 +76,11 @@ def image_to_model(image: Image.Image, size: int) -> torch.Tensor:
     """A user's image (any size or mode; transparency on white) -> (1, 3, size, size) in [-1, 1]: the short
     side resized to `size`, then centre-cropped."""
     return TF.pil_to_tensor(fit_to_size(size)(flatten_to_rgb(image)))[None].float() / 127.5 - 1  # (1, 3, S, S)
+
+
+def to_unit(x: torch.Tensor) -> torch.Tensor:
+    """The model's range [-1, 1] -> images in [0, 1], on the CPU in fp32 (image_to_model's inverse, clamped)."""
+    return (x.float().cpu() / 2 + 0.5).clamp(0, 1)
 
 
 def mask_to_model(mask: Image.Image, image_size: tuple[int, int], size: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 from diffusers import DDPMScheduler
 
 from denoiser.guidance import Guidance
+from denoiser.image_io import to_unit
 from denoiser.sample import SampleResult, sample
 
 __all__ = [
@@ -115,7 +116,7 @@ def edit(
     if not 0.0 <= strength <= 1.0:
         raise ValueError(f"strength must be in [0, 1] (0 keeps the image, 1 samples anew), got {strength}")
     if strength == 0.0:
-        return SampleResult(images=(images.float().cpu() / 2 + 0.5).clamp(0, 1))
+        return SampleResult(images=to_unit(images))
     T = train_scheduler_config["num_train_timesteps"]
     t = round(strength * (T - 1))
     generator = torch.Generator().manual_seed(seed)

@@ -23,6 +23,7 @@ from torchvision.utils import make_grid
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
+from denoiser.image_io import to_unit
 from denoiser.unet import UNet
 
 __all__ = [
@@ -153,13 +154,13 @@ def sample(
             t_index = t.round().long().reshape(1)  # Euler-type schedulers step on fractional timesteps
             x0 = diffusion.predict_x0(x_in, out, t_index).clamp(-1, 1) if keep or callback else None
             if keep:
-                result.trajectory.append((int(t), _unit(x_in), _unit(x0)))
+                result.trajectory.append((int(t), to_unit(x_in), to_unit(x0)))
             x = scheduler.step(out, t, x, generator=generator, **step_kwargs).prev_sample
             if after_step is not None:
                 x = after_step(i, x)
             if callback is not None:
                 callback(i, int(t), x_in, x0)
-    result.images = _unit(x)
+    result.images = to_unit(x)
     return result
 
 
@@ -170,11 +171,6 @@ def sampling_context(unet: torch.nn.Module | None) -> contextlib.AbstractContext
     if isinstance(unet, UNet):  # sample() also runs diffusers' UNet2DModel (reference models)
         return unet.packed_weights()
     return contextlib.nullcontext()
-
-
-def _unit(x: torch.Tensor) -> torch.Tensor:
-    """[-1, 1] -> [0, 1] on the CPU in fp32."""
-    return (x.float().cpu() / 2 + 0.5).clamp(0, 1)
 
 
 def to_pil(images: torch.Tensor, nrow: int | None = None, padding: int = 2) -> Image.Image:
