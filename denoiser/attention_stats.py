@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
+from denoiser.atomic import atomic_path
 from denoiser.attention import AttentionRecord, attention_scores, capture_attention, identity_attention
 from denoiser.diffusion import Diffusion
 
@@ -138,14 +139,11 @@ def _rows_at(unet, diffusion: Diffusion, images, noise, t: int, class_labels, he
 def write_csv(rows: Sequence[LayerStats], path: str | Path) -> Path:
     """The rows as CSV (one line per timestep, layer and head), written to a temporary file and renamed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", newline="") as f:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
         writer.writeheader()
         for row in rows:
             writer.writerow({k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(row).items()})
-    tmp.replace(path)
     return path
 
 

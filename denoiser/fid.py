@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from denoiser.atomic import atomic_path
 from denoiser.guidance import Guidance
 from denoiser.sample import make_sampler, sample
 
@@ -155,13 +156,11 @@ class Statistics:
     def save(self, path: str | Path, **meta: str) -> Path:
         """Float32 safetensors (the statistics of a reference set, committed so nobody recomputes them)."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        save_file(
-            {"mu": self.mu.float().contiguous(), "sigma": self.sigma.float().contiguous()}, str(tmp),
-            metadata={"num_images": str(self.num_images), **meta},
-        )
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            save_file(
+                {"mu": self.mu.float().contiguous(), "sigma": self.sigma.float().contiguous()}, str(tmp),
+                metadata={"num_images": str(self.num_images), **meta},
+            )
         return path
 
     @classmethod

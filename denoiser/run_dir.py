@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from denoiser.atomic import atomic_path
 from denoiser.config import RunConfig
 
 __all__ = ["prepare_output_dir", "write_run_info", "record_loss", "read_losses", "truncate_losses"]
@@ -64,9 +65,8 @@ def prepare_output_dir(out: Path, cfg: RunConfig, resuming: bool, overwrite: boo
             target = out / name
             shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = saved.with_suffix(".yaml.tmp")
-    tmp.write_text(yaml.safe_dump(new, sort_keys=False))
-    tmp.replace(saved)
+    with atomic_path(saved) as tmp:
+        tmp.write_text(yaml.safe_dump(new, sort_keys=False))
 
 
 def _git_commit() -> str | None:
@@ -124,6 +124,5 @@ def truncate_losses(out: Path, step: int) -> None:
     """Forget losses logged after `step` (a resumed run repeats those steps)."""
     steps, losses = read_losses(out)
     path = Path(out) / "loss.csv"
-    tmp = path.with_suffix(".csv.tmp")
-    tmp.write_text("".join(f"{s},{v:.6g}\n" for s, v in zip(steps, losses) if s <= step))
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(f"{s},{v:.6g}\n" for s, v in zip(steps, losses) if s <= step))

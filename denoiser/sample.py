@@ -20,6 +20,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 from torchvision.utils import make_grid
 
+from denoiser.atomic import atomic_path
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
@@ -195,10 +196,8 @@ def save_png(img: Image.Image, path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"output must be a .png file, got {str(path)!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    img.save(tmp, format="PNG")
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        img.save(tmp, format="PNG")
     return path
 
 
