@@ -200,6 +200,20 @@ def test_every_view_follows_the_step_and_a_new_generation_clears_them(server):
     assert clickable is not None and maps is None and stages is None and text == ""  # the old pixel is gone
 
 
+def test_drawing_on_the_blank_canvas_asks_for_a_photo(server, tmp_path):
+    from gradio_client import Client, handle_file
+
+    blank, layer = tmp_path / "blank.png", tmp_path / "layer.png"
+    Image.new("RGB", (800, 800), "white").save(blank)  # what the editor holds when nothing was uploaded
+    stroke = Image.new("RGBA", (800, 800), (0, 0, 0, 0))
+    stroke.paste((255, 0, 255, 255), (300, 300, 500, 500))
+    stroke.save(layer)
+    editor = {"background": handle_file(str(blank)), "layers": [handle_file(str(layer))],
+              "composite": handle_file(str(blank))}
+    with pytest.raises(Exception, match="upload a photo first"):
+        Client(server, verbose=False).predict("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.0, 3, 0, api_name="/edit")
+
+
 def test_failures_read_as_short_escaped_messages(server, weights, capfd, caplog):
     from gradio_client import Client
 
@@ -429,6 +443,13 @@ def test_browser_examples_fill_the_settings_and_a_picture(server, tmp_path):
         page.locator("#edit-run").click()
         page.locator("#edit-status").get_by_text("done: denoise").wait_for(timeout=60_000)
         page.screenshot(path=str(shots / "app-edit-example.png"), full_page=True)
+        gallery = page.locator("#edit-result").bounding_box()
+        for img in page.locator("#edit-result img").all():  # nothing cut off: each picture inside the gallery
+            box = img.bounding_box()
+            assert box["y"] + box["height"] <= gallery["y"] + gallery["height"] + 1
+            assert img.evaluate("i => getComputedStyle(i).imageRendering") == "pixelated"  # sharp model pixels
+        page.get_by_role("tab", name="Attention").click()
+        assert page.locator("#attention-hint").get_by_text("Generate on the Sample tab or run the Edit tab").count() == 1
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")

@@ -218,6 +218,8 @@ def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
     if not value or value.get("background") is None:
         return None, None
     image = value["background"]
+    if all(band == (255, 255) for band in image.convert("RGB").getextrema()):  # the editor's blank white canvas
+        raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
     painted = [layer for layer in value.get("layers") or [] if layer is not None]
     if not painted:
         return image, None
