@@ -468,15 +468,15 @@ def build_app(explorer: Explorer) -> gr.Blocks:
                                         elem_id="autoguidance",
                                         info="steer away from the model's small, less-trained guide model; 1 = off")
                     run, stop, status = _run_controls("Generate", "generate", "stop", "status")
-                    if models:  # a click fills the settings, then Generate (a class can be picked after the model)
-                        first = sorted(models, key=lambda m: m != default)[:3]  # the default model first
-                        gr.Examples([[m, "ddim", 25, k, 8] for k, m in enumerate(first)],
-                                    [model, scheduler, steps, seed, num_images], label="try these")
                 with gr.Column(scale=2):
                     preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
                                        elem_id="preview")
                     gallery = gr.Gallery(label="results (lossless PNG)", format="png", columns=8, elem_id="gallery",
                                          buttons=["download", "download_all"])
+            if models:  # full width, under both columns: a click fills the settings, then Generate
+                first = sorted(models, key=lambda m: m != default)[:3]  # the default model first
+                gr.Examples([[m, "ddim", 25, k, 8] for k, m in enumerate(first)],
+                            [model, scheduler, steps, seed, num_images], label="try these")
         with gr.Tab("Edit"):
             with gr.Row():
                 with gr.Column(scale=1):
