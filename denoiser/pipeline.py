@@ -22,7 +22,7 @@ import torch
 from diffusers import DDPMScheduler, DiffusionPipeline, ImagePipelineOutput, UNet2DModel
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from denoiser.guidance import guidance_for
+from denoiser.guidance import guidance_for, read_sampling_defaults
 from denoiser.sample import sample
 from denoiser.unet import UNet
 
@@ -79,8 +79,6 @@ class DenoiserPipeline(DiffusionPipeline):
     @property
     def sampling_defaults(self) -> dict:
         """The folder's sampling.json: the guidance a call without guidance arguments uses."""
-        from denoiser.guidance import read_sampling_defaults
-
         return read_sampling_defaults(self.folder) if self.folder is not None else {}
 
     def labels(self, class_labels: int | str | Sequence[int | str] | None, batch_size: int) -> list[int] | None:
@@ -141,13 +139,9 @@ class DenoiserPipeline(DiffusionPipeline):
             self.folder, self.unet, self.scheduler.config, guidance_scale, pag_scale, pag_layers, guide_model, guide_scale,
             load_guide=self._load_guide, has_class=labels is not None,
         )
-        timesteps: list = []
-
         def after_step(i: int, x: torch.Tensor) -> torch.Tensor:
-            if not timesteps:
-                timesteps.extend(self.scheduler.timesteps)
-            if callback_on_step_end is not None:
-                x = callback_on_step_end(self, i, timesteps[i], {"latents": x}).get("latents", x)
+            if callback_on_step_end is not None:  # sample() has set the scheduler's timesteps by now
+                x = callback_on_step_end(self, i, self.scheduler.timesteps[i], {"latents": x}).get("latents", x)
             bar.update()
             return x
 
