@@ -25,7 +25,8 @@ import torch
 import yaml
 from profiling import cpu_name
 
-from denoiser import UNet, malloc
+from denoiser import UNet
+from denoiser.fast import malloc
 from denoiser.pipeline import load_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
 """Interleaved A/B of each piece of the CPU fast path: what one UNet call costs with and without it.
 
     .venv/bin/python bench/fast_path_ab.py [--model weights/cifar10] [--batch 8] [--rounds 15] [--calls 5]
-    .venv/bin/python bench/fast_path_ab.py --malloc      # glibc defaults vs denoiser.malloc.configure()
+    .venv/bin/python bench/fast_path_ab.py --malloc      # glibc defaults vs denoiser.fast.malloc.configure()
 
 One process, one model; each round runs every configuration once (`--calls` UNet calls, after two
 unmeasured ones), in turn, so a machine whose speed drifts slows all of them alike; the median over rounds
@@ -18,7 +18,7 @@ is reported, relative to the full fast path. Configurations, each adding one pie
 CIFAR-10 architecture, channels-last both ways), fp32 and bf16 autocast: torch's GroupNorm vs the kernel.
 
 --malloc runs the full path in child processes alternately with glibc's default malloc settings and
-with `denoiser.malloc.configure()` (process-wide settings cannot be undone in one process), and
+with `denoiser.fast.malloc.configure()` (process-wide settings cannot be undone in one process), and
 reports ms per call and minor page faults per call.
 """
 
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from profiling import cpu_name
 
-from denoiser import attention, conv, malloc
+from denoiser.fast import attention, conv, malloc
 from denoiser.groupnorm import GroupNorm
 from denoiser.pipeline import load_model
 
@@ -167,7 +167,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=5)
-    p.add_argument("--malloc", action="store_true", help="A/B of denoiser.malloc.configure() (child processes)")
+    p.add_argument("--malloc", action="store_true", help="A/B of denoiser.fast.malloc.configure() (child processes)")
     p.add_argument("--train", action="store_true", help="A/B of the GroupNorm kernel in training")
     p.add_argument("--train-batch", type=int, default=32)
     p.add_argument("--child", choices=["default", "tuned"], help=argparse.SUPPRESS)

@@ -10,7 +10,7 @@ Three sides, side by side in one process, alternating after a warm-up (median of
 - "pipe+ours": the same pipelines running denoiser's UNet with the shipped weights, NCHW, as loaded.
 - "denoiser": denoiser's sampler (`denoiser.sample.sample`, what the CLI and the app run) on those
   weights: channels-last, the GroupNorm kernel, convolution weights packed once, the small-head
-  attention kernel on AVX-512 CPUs, malloc configured (`denoiser.malloc.configure`, as the CLI does).
+  attention kernel on AVX-512 CPUs, malloc configured (`denoiser.fast.malloc.configure`, as the CLI does).
 
 The two ratios are denoiser / UNet2DModel and denoiser / pipe+ours; "max |diff|" is the largest pixel
 difference between denoiser's images and pipe+ours' (the same function: float rounding only).
@@ -27,7 +27,7 @@ import torch
 from diffusers import DDIMPipeline, DDPMPipeline, UNet2DModel
 from profiling import cpu_name
 
-from denoiser import malloc
+from denoiser.fast import malloc
 from denoiser.pipeline import load_model
 from denoiser.sample import make_sampler, sample
 

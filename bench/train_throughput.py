@@ -27,8 +27,9 @@ from diffusers import UNet2DModel
 from profiling import conv_seconds, cpu_name
 from torch.utils.flop_counter import FlopCounterMode
 
-from denoiser import UNet, malloc
-from denoiser.groupnorm import default_channels_last
+from denoiser import UNet
+from denoiser.fast import malloc
+from denoiser.fast.groupnorm import default_channels_last
 
 CONFIGS = {
     # channels 64-128-128, 2 ResBlocks per level, attention at 16x16, 8x8 and mid, one head

@@ -8,7 +8,7 @@ Vaswani et al. 2017, "Attention Is All You Need", eq. (1):
     (4) output  = weights V
 
 `scaled_dot_product_attention` is the readable reference for stages (2)-(4). The modules below use
-torch's fused kernel on the fast path and this reference on the readable one; a switch per module
+torch's fused kernel on the fast path (`denoiser.fast` adds a CPU kernel for small heads) and this reference on the readable one; a switch per module
 (`fused_attn`, as in timm) picks the path and the tests assert both compute the same function.
 
 In the U-Net a (B, C, H, W) feature map becomes N = H·W pixel tokens of C values (Ho et al. 2020,
@@ -32,11 +32,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from denoiser.fast.attention import sdpa as fast_sdpa
 from denoiser.groupnorm import GroupNorm
-from denoiser.kernels import load_kernels, plain_tensors, tracing
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -163,25 +162,10 @@ class AttentionHead(nn.Module):
         return scaled_dot_product_attention(q, k, v, return_weights=True)  # (2)-(4)
 
 
-def small_head_kernel() -> bool:
-    """Whether denoiser's small-head attention kernel is here: the kernels built, on an AVX-512 CPU."""
-    return load_kernels() and torch.ops.denoiser.small_head_attention_compiled()
-
-
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Stages (2)-(4) on the fast path, (B, h, N, d) -> (B, h, N, d): torch's fused SDPA; for inference on
-    CPU, denoiser's small-head kernel (csrc/attention_small_head.cpp: d = 16 or 32 in fp32, where torch's
-    flash kernel spends half its time around GEMM calls of inner size d; elsewhere the op calls torch's
-    SDPA itself)."""
-    if (
-        not tracing()  # first: tracing sees none of the checks below
-        and q.device.type == "cpu"
-        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-        and plain_tensors(q, k, v)
-        and small_head_kernel()
-    ):
-        return torch.ops.denoiser.small_head_attention(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v)
+    """Stages (2)-(4) on the fast path, (B, h, N, d) -> (B, h, N, d): torch's fused SDPA, or for CPU
+    inference with small heads the speed layer's kernel (`denoiser.fast.attention`), the same function."""
+    return fast_sdpa(q, k, v)
 
 
 class MultiHeadSelfAttention(nn.Module):

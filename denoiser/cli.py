@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_build_kernels(args) -> None:
-    from denoiser.kernels import build_kernels
+    from denoiser.fast.kernels import build_kernels
 
     try:
         print(f"denoiser kernels: {build_kernels(verbose=args.verbose)}")
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"train": cmd_train, "sample": cmd_sample, "attention": cmd_attention, "evaluate": cmd_evaluate,
                "denoise": cmd_restore, "edit": cmd_restore, "inpaint": cmd_restore, "build-kernels": cmd_build_kernels,
                "attention-stats": cmd_attention_stats}
-    from denoiser import malloc
+    from denoiser.fast import malloc
 
     malloc.configure()  # freed activations stay in the heap for the next step (denoiser/malloc.py)
     try:

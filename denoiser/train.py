@@ -40,7 +40,7 @@ from denoiser import checkpoint as ckpt
 from denoiser.config import RunConfig
 from denoiser.data import ImageDataset, load_datasets
 from denoiser.diffusion import Diffusion
-from denoiser.groupnorm import default_channels_last
+from denoiser.fast.groupnorm import default_channels_last
 from denoiser.pipeline import save_pipeline
 from denoiser.run_dir import prepare_output_dir, read_losses, record_loss, truncate_losses, write_run_info
 from denoiser.sample import make_sampler, sample, save_grid

@@ -25,9 +25,9 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
 from denoiser.attention import SpatialSelfAttention
-from denoiser.conv import Conv2d, prepacked
+from denoiser.fast.conv import Conv2d, prepacked
+from denoiser.fast.kernels import tracing
 from denoiser.groupnorm import GroupNorm
-from denoiser.kernels import tracing
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]
 
@@ -68,7 +68,7 @@ class ResBlock(nn.Module):
         self.skip = Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-        # norm1 and norm2 apply the SiLU; conv(x, add=a) is conv(x) + a (fused where it pays: denoiser.conv)
+        # norm1 and norm2 apply the SiLU; conv(x, add=a) is conv(x) + a (fused where it pays: denoiser.fast.conv)
         h = self.conv1(self.norm1(x), add=self.temb_proj(temb)[:, :, None, None])  # temb (B, C_out, 1, 1) over pixels
         return self.conv2(self.dropout(self.norm2(h)), add=self.skip(x))
 
@@ -265,7 +265,7 @@ class UNet(ModelMixin, ConfigMixin):
 
     def packed_weights(self) -> contextlib.AbstractContextManager[None]:
         """Within, inference on channels-last fp32 CPU tensors runs every convolution on a weight
-        prepared once for oneDNN (`denoiser.conv.prepacked`; outputs equal to float rounding): what
+        prepared once for oneDNN (`denoiser.fast.conv.prepacked`; outputs equal to float rounding): what
         `sample()` opens around its loop. The weights must not change while it is open; it nests and may
         be open in several threads at once."""
         return prepacked(self.modules())

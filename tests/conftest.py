@@ -19,7 +19,7 @@ TINY = dict(
 
 
 def _kernels_here() -> tuple[bool, str | None]:
-    from denoiser.kernels import kernel_error, load_kernels
+    from denoiser.fast.kernels import kernel_error, load_kernels
 
     return load_kernels(), kernel_error()
 

@@ -141,7 +141,7 @@ def _qkv(B, N, h, d, seed=0):
 
 
 def _small_head_here() -> bool:
-    from denoiser.attention import small_head_kernel
+    from denoiser.fast.attention import small_head_kernel
 
     return small_head_kernel()
 

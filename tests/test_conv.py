@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from denoiser.conv import Conv2d, can_prepack, prepacked
+from denoiser.fast.conv import Conv2d, can_prepack, prepacked
 
 pytestmark = pytest.mark.skipif(not can_prepack(), reason="this torch has no oneDNN (mkldnn) CPU backend")
 

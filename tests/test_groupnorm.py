@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from denoiser import kernels
-from denoiser.groupnorm import GroupNorm, default_channels_last, group_norm
-from denoiser.kernels import load_kernels
+from denoiser.fast import kernels
+from denoiser.fast.groupnorm import default_channels_last
+from denoiser.fast.kernels import load_kernels
+from denoiser.groupnorm import GroupNorm, group_norm
 from tests.conftest import needs_kernels
 
 # awkward shapes: 1 channel per group, odd and non-square sizes, pixel counts that are not a multiple

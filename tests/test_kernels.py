@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from denoiser import kernels
-from denoiser.kernels import build_kernels, kernel_error, library_path, load_kernels
+from denoiser.fast import kernels
+from denoiser.fast.kernels import build_kernels, kernel_error, library_path, load_kernels
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ def test_channels_last_sampling_matches_the_pipeline(tiny_unet):
     # channels-last on CPU: the GroupNorm kernel and prepacked convolutions while sampling
     from diffusers import DDPMScheduler
 
-    from denoiser.conv import Conv2d
+    from denoiser.fast.conv import Conv2d
     from tests.test_unet import _cl_copy
 
     unet, sched = _cl_copy(tiny_unet), make_sampler("ddim", DDPMScheduler().config)

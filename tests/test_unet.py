@@ -110,7 +110,7 @@ def _cl_copy(unet: UNet) -> UNet:
 
 
 def test_packed_weights_match_and_are_released(tiny_unet):
-    from denoiser.conv import Conv2d
+    from denoiser.fast.conv import Conv2d
 
     unet = _cl_copy(tiny_unet)
     convs = [m for m in unet.modules() if isinstance(m, Conv2d)]
@@ -138,7 +138,7 @@ def test_packed_weights_match_and_are_released(tiny_unet):
 
 
 def test_without_the_kernels_the_modules_run(tiny_unet, monkeypatch):
-    from denoiser import kernels
+    from denoiser.fast import kernels
     from denoiser.sample import make_sampler, sample
 
     unet = _cl_copy(tiny_unet)

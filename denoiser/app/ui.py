@@ -29,10 +29,10 @@ import gradio as gr
 import torch
 from PIL import Image, ImageDraw
 
-from denoiser import malloc
 from denoiser.explore import LIMITS, RESTORE_OPERATIONS, SCHEDULERS, Explorer
+from denoiser.fast import malloc
+from denoiser.fast.kernels import load_kernels
 from denoiser.image_io import open_image
-from denoiser.kernels import load_kernels
 from denoiser.pipeline import WEIGHTS_ENV, model_roots
 from denoiser.sample import to_pil
 

@@ -2,11 +2,11 @@
 only loaded — never compiled on a user's call. Optional: without it everything runs on the reference
 paths and only speed changes.
 
-CPU sources (`denoiser/csrc/`), each kept because an interleaved A/B showed it pays (bench/NOTES.md):
+CPU sources (`denoiser/fast/csrc/`), each kept because an interleaved A/B showed it pays (bench/NOTES.md):
 - `group_norm_nhwc.cpp`: GroupNorm (+ the SiLU that follows it) for channels-last tensors, forward and
-  backward; used by `denoiser.groupnorm`.
+  backward; used by `denoiser.fast.groupnorm`.
 - `attention_small_head.cpp`: scaled dot-product attention for small heads (d = 16, 32) on fp32 CPU
-  tensors, forward only; the fast path of `denoiser.attention` there.
+  tensors, forward only; used by `denoiser.fast.attention`.
 
 The build is cached under ~/.cache/denoiser/kernels (or $DENOISER_KERNEL_CACHE) in a folder keyed by
 the torch version, the compiler flags, this CPU's instruction-set flags (it is built -march=native)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from denoiser.kernels import tracing
+from denoiser.fast.kernels import tracing
 
 __all__ = ["Conv2d", "prepacked", "can_prepack"]
 
