@@ -108,8 +108,8 @@ def cmd_score(args) -> None:
     from denoiser.data import load_datasets
     from denoiser.diffusion import Diffusion
     from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images
+    from denoiser.image_io import save_grid
     from denoiser.pipeline import load_model
-    from denoiser.sample import save_grid
 
     extractor = InceptionFeatures()
     ref = Statistics.load(REFERENCE)

@@ -27,9 +27,10 @@ import torch.nn.functional as F
 
 from denoiser.config import load_config
 from denoiser.data import load_datasets
+from denoiser.diffusion import Diffusion
+from denoiser.image_io import save_grid
 from denoiser.pipeline import load_model
 from denoiser.restore import denoise, psnr
-from denoiser.sample import save_grid
 
 SIGMAS = (0.05, 0.1, 0.2, 0.4)
 
@@ -95,14 +96,14 @@ def main() -> None:
         t = time.perf_counter()
         cond = labels if unet.config.num_class_embeds else None
         results["denoiser MMSE"] = torch.cat([
-            denoise(unet, sched.config, noisy[s : s + 100] * 2 - 1, sigma=sigma,
+            denoise(unet, Diffusion(sched), noisy[s : s + 100] * 2 - 1, sigma=sigma,
                     class_label=None if cond is None else cond[s : s + 100]).images
             for s in range(0, n, 100)
         ])
         times["denoiser MMSE"] = time.perf_counter() - t
         m = args.sampled_images
         t = time.perf_counter()
-        sampled = denoise(unet, sched.config, noisy[:m] * 2 - 1, sigma=sigma, method="sample", steps=args.sampled_steps,
+        sampled = denoise(unet, Diffusion(sched), noisy[:m] * 2 - 1, sigma=sigma, method="sample", steps=args.sampled_steps,
                           class_label=None if cond is None else cond[:m]).images
         times["denoiser sampled"] = time.perf_counter() - t
         t = time.perf_counter()

@@ -22,8 +22,9 @@ from denoiser.config import config_from_dict
 from denoiser.data import load_datasets
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
+from denoiser.image_io import save_grid
 from denoiser.pipeline import WEIGHTS_DIR, load_model, save_pipeline
-from denoiser.sample import make_sampler, sample, save_grid
+from denoiser.sample import make_sampler, sample
 
 MSE_TIMESTEPS = (1, 10, 50, 100, 250, 500, 750, 999)
 

@@ -62,26 +62,34 @@ def _guidance(args, unet, sched, class_given: bool = True):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="denoiser", description="Attention U-Net diffusion: train, sample, inspect.")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_train_args(sub)
+    _add_sample_args(sub)
+    _add_attention_args(sub)
+    _add_restore_args(sub)
+    _add_attention_stats_args(sub)
+    _add_evaluate_args(sub)
+    sub.add_parser("app", add_help=False, help="serve the web app on 127.0.0.1 (`denoiser app --help`: its options)")
+    k = sub.add_parser("build-kernels", help="compile the optional C++ kernels for this torch and CPU (make venv runs it)")
+    k.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    return p
 
-    t = sub.add_parser("train", help="train a UNet (also: accelerate launch -m denoiser.train ...)")
-    t.add_argument("--config", required=True,
-                   help="a preset name (tiny, cifar10, emoji, ...; a wrong name lists them) or a YAML file")
-    t.add_argument("--output-dir", default=None, help="run folder (default: runs/<config name>)")
-    t.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
-    t.add_argument("--resume", default=None, help="'latest' or a checkpoint folder")
-    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set train.lr=1e-4 (repeatable)")
-    t.add_argument("--overwrite", action="store_true", help="start over in an output folder that holds another run")
-    t.add_argument("--init-from", default=None, metavar="MODEL_DIR",
-                   help="start from a model folder's weights (e.g. weights/cifar10): fresh optimizer, warm-up; fine-tuning")
+
+def _add_train_args(sub) -> None:
+    from denoiser.train import add_train_arguments  # shared with `accelerate launch -m denoiser.train`
+
+    add_train_arguments(sub.add_parser("train", help="train a UNet (also: accelerate launch -m denoiser.train ...)"))
+
+
+def _add_sample_args(sub) -> None:
+    from denoiser.sample import SCHEDULERS, TIMESTEP_SPACINGS
 
     s = sub.add_parser("sample", help="generate images into a PNG grid")
     s.add_argument("--model", default=None, help="model folder (diffusers pipeline format); default: the shipped synthetic-shapes")
     s.add_argument("--out", required=True, help="output PNG")
     s.add_argument("--num-images", type=int, default=16)
     s.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
-    s.add_argument("--scheduler", default="ddim", choices=["ddim", "ddpm", "dpm++", "euler"])
-    s.add_argument("--timestep-spacing", default=None, choices=["leading", "trailing", "linspace"],
+    s.add_argument("--scheduler", default="ddim", choices=list(SCHEDULERS))
+    s.add_argument("--timestep-spacing", default=None, choices=list(TIMESTEP_SPACINGS),
                    help="which timesteps the sampler visits (default: the scheduler's); trailing suits few-step DDIM")
     s.add_argument("--steps", type=int, default=50)
     s.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0 = deterministic)")
@@ -92,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trajectory-every", type=int, default=5)
     s.add_argument("--scale", type=int, default=4, help="upscale the grid (nearest) for viewing")
 
+
+def _add_attention_args(sub) -> None:
     a = sub.add_parser("attention", help="attention maps of one pixel at every attention layer")
     a.add_argument("--model", default=None, help="model folder; default: the shipped synthetic-shapes")
     a.add_argument("--pixel", type=_pixel, required=True, help="query pixel Y,X in image coordinates")
@@ -100,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--at-step", type=int, default=None, help="sampling step to inspect (default: the last)")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--class-label", default=None, help="class index or name")
+
+
+def _add_restore_args(sub) -> None:
+    """denoise, edit and inpaint: one set of flags, and each operation's own."""
+    from denoiser.restore import METHODS
 
     for name, what in (("denoise", "remove Gaussian noise from your image"), ("edit", "SDEdit: re-imagine your image"),
                        ("inpaint", "regenerate the masked pixels of your image")):
@@ -116,13 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="add Gaussian noise of this std ([0, 1] pixel scale) first, to see the round trip (PSNR printed)")
         if name == "denoise":
             r.add_argument("--sigma", type=float, default=None, help="noise std of the input ([0, 1] scale); default: estimated")
-            r.add_argument("--method", default="mmse", choices=["mmse", "sample"],
+            r.add_argument("--method", default="mmse", choices=METHODS,
                            help="mmse: one x0 prediction (smooth, best PSNR); sample: the reverse chain (sharper)")
         if name == "edit":
             r.add_argument("--strength", type=float, default=0.6, help="0 keeps the image, 1 samples anew")
         if name == "inpaint":
             r.add_argument("--mask", required=True, help="mask image of the input's size: white = regenerate, black = keep")
 
+
+def _add_attention_stats_args(sub) -> None:
     st = sub.add_parser("attention-stats", help="what each attention layer and head does over the noise levels: CSV + charts")
     st.add_argument("--model", default=None, help="model folder; default: the shipped synthetic-shapes")
     st.add_argument("--out-dir", required=True, help="folder for attention_stats.csv and attention_stats.png")
@@ -135,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--class-label", default=None, help="class (index or name) of the generated images (default: spread evenly)")
     st.add_argument("--seed", type=int, default=0)
 
+
+def _add_evaluate_args(sub) -> None:
     e = sub.add_parser("evaluate", help="held-out bits/dim and per-timestep MSE, as JSON")
     e.add_argument("--model", required=True)
     e.add_argument("--data", default=None, help="image folder (ImageFolder layout); default: the model's synthetic set")
@@ -154,11 +173,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score these uint8 (N, H, W, 3) images instead of sampling (e.g. from bench/gpu/run.sh)")
     _add_guidance(e, "--fid samples")
 
-    sub.add_parser("app", add_help=False, help="serve the web app on 127.0.0.1 (`denoiser app --help`: its options)")
-    k = sub.add_parser("build-kernels", help="compile the optional C++ kernels for this torch and CPU (make venv runs it)")
-    k.add_argument("--verbose", action="store_true", help="show the compiler's output")
-    return p
-
 
 def cmd_build_kernels(args) -> None:
     from denoiser.fast.kernels import build_kernels
@@ -170,22 +184,15 @@ def cmd_build_kernels(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from denoiser.config import load_config
-    from denoiser.train import train
+    from denoiser.train import cmd_train as run_training  # also `accelerate launch -m denoiser.train`'s entry
 
-    overrides = list(args.overrides) + ([f"train.max_steps={args.max_steps}"] if args.max_steps else [])
-    cfg = load_config(args.config, overrides)
-    out = args.output_dir or str(Path("runs") / Path(args.config).stem)
-    model_dir = train(cfg, out, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from)
-    from accelerate import PartialState
-
-    if PartialState().is_main_process:
-        print(f"model: {model_dir}\nrun folder: {out} (samples/, loss.png, logs/ for tensorboard)")
+    run_training(args)
 
 
 def cmd_sample(args) -> None:
+    from denoiser.image_io import save_grid
     from denoiser.pipeline import load_model
-    from denoiser.sample import make_sampler, sample, save_grid, trajectory_strip
+    from denoiser.sample import make_sampler, sample, trajectory_strip
 
     unet, train_sched = load_model(args.model)
     guidance = _guidance(args, unet, train_sched, args.class_label is not None)
@@ -207,8 +214,9 @@ def cmd_sample(args) -> None:
 
 
 def cmd_attention(args) -> None:
+    from denoiser.image_io import save_png
     from denoiser.pipeline import load_model
-    from denoiser.sample import make_sampler, sample, save_png
+    from denoiser.sample import make_sampler, sample
     from denoiser.visualize import attention_panel
 
     unet, train_sched = load_model(args.model)
@@ -235,39 +243,31 @@ def _read_image(path: str, what: str = "image", min_side: int | None = None):
 def cmd_restore(args) -> None:
     import torch
 
-    from denoiser.image_io import image_to_model, mask_to_model, to_unit
+    from denoiser.diffusion import Diffusion
+    from denoiser.image_io import save_grid, to_unit
     from denoiser.pipeline import load_model
-    from denoiser.restore import add_noise, denoise, edit, inpaint, psnr
-    from denoiser.sample import save_grid
+    from denoiser.restore import restore
 
-    if args.add_noise is not None and not args.add_noise > 0:
-        raise ValueError(f"--add-noise must be positive, got {args.add_noise}")
     unet, sched = load_model(args.model)
     size = unet.config.sample_size
     img = _read_image(args.image, min_side=size)
-    # a mask of another size is stretched onto the image (e.g. drawn on a smaller copy of it)
-    mask_img = _read_image(args.mask, "mask") if args.command == "inpaint" else None
+    mask = _read_image(args.mask, "mask") if args.command == "inpaint" else None
+    guidance = _guidance(args, unet, sched, args.class_label is not None)
     if img.size != (size, size):
         print(f"input resized and centre-cropped from {img.width}x{img.height} to {size}x{size} (the model's size)")
-    clean = image_to_model(img, size)
-    x = clean if args.add_noise is None else add_noise(clean, args.add_noise, args.seed)
-    common = dict(seed=args.seed, class_label=args.class_label, guidance=_guidance(args, unet, sched, args.class_label is not None))
-    if args.command == "denoise":
-        sigma = args.sigma if args.sigma is not None else args.add_noise
-        res = denoise(unet, sched.config, x, sigma=sigma, method=args.method, steps=args.steps, **common)
-    elif args.command == "edit":
-        res = edit(unet, sched.config, x, strength=args.strength, steps=args.steps, **common)
-    else:
-        res = inpaint(unet, sched.config, x, mask_to_model(mask_img, img.size, size), steps=args.steps, **common)
-    print(f"{args.command}: {save_grid(res.images, args.out)}")
+    res = restore(
+        unet, Diffusion(sched), img, args.command, mask=mask, sigma=args.add_noise if getattr(args, "sigma", None) is None else args.sigma,
+        method=getattr(args, "method", "mmse"), strength=getattr(args, "strength", 0.6), noise_first=args.add_noise,
+        steps=args.steps, seed=args.seed, class_label=args.class_label, guidance=guidance,
+    )
+    print(f"{args.command}: {save_grid(res.result.images, args.out)}")
     if args.compare:
-        shown = [to_unit(clean)] + ([to_unit(x)] if args.add_noise else []) + [res.images]
+        shown = [to_unit(res.clean)] + ([to_unit(res.noisy)] if res.noisy is not None else []) + [res.result.images]
         save_grid(torch.cat(shown), args.compare, nrow=len(shown), scale=max(1, 128 // size))
-        print(f"compare: {args.compare} (input{', noisy' if args.add_noise else ''}, result)")
-    if args.add_noise is not None:
-        target = to_unit(clean)
-        noisy = to_unit(x)
-        print(f"PSNR vs the clean input: noisy {float(psnr(noisy, target)):.2f} dB, result {float(psnr(res.images, target)):.2f} dB")
+        print(f"compare: {args.compare} (input{', noisy' if res.noisy is not None else ''}, result)")
+    if res.noisy is not None:
+        noisy_db, result_db = res.psnr()
+        print(f"PSNR vs the clean input: noisy {noisy_db:.2f} dB, result {result_db:.2f} dB")
 
 
 def cmd_attention_stats(args) -> None:
@@ -275,9 +275,9 @@ def cmd_attention_stats(args) -> None:
 
     from denoiser.attention_stats import attention_stats, stats_chart, write_csv
     from denoiser.fid import spread_labels
-    from denoiser.image_io import image_to_model
+    from denoiser.image_io import image_to_model, save_png
     from denoiser.pipeline import load_model
-    from denoiser.sample import make_sampler, sample, save_png
+    from denoiser.sample import make_sampler, sample
 
     try:
         timesteps = [int(t) for t in args.timesteps.split(",") if t.strip()]

@@ -98,6 +98,14 @@ class Diffusion:
             return (x_t - (1 - a).sqrt() * model_output) / a.sqrt()
         return a.sqrt() * x_t - (1 - a).sqrt() * model_output
 
+    def sigma_to_timestep(self, sigma: float) -> int:
+        """The timestep whose noise-to-signal ratio √((1 − ᾱ_t)/ᾱ_t) is nearest to 2σ: an image with Gaussian
+        noise of std σ on the [0, 1] pixel scale (2σ on the model's [-1, 1]), scaled by √ᾱ_t, is an x_t there."""
+        if not sigma > 0:
+            raise ValueError(f"sigma must be positive (noise std on the [0, 1] pixel scale), got {sigma}")
+        ratio = ((1 - self.alphas_cumprod) / self.alphas_cumprod).sqrt()  # (T,)
+        return int((ratio - 2 * sigma).abs().argmin())
+
     def sample_timesteps(self, batch: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
         return torch.randint(0, self.T, (batch,), generator=generator, device=device)
 

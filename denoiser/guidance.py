@@ -102,8 +102,9 @@ class Guidance:
         """Before any work: the model can give what each term needs."""
         if self.cfg and labels is None:
             raise ValueError(
-                "classifier-free guidance (guidance_scale != 1) needs a class-conditional model and a class label; "
-                "pick a class or set guidance to 1 (perturbed-attention guidance and autoguidance need no class)"
+                "guidance needs a class: classifier-free guidance (guidance_scale != 1) needs a class-conditional model "
+                "and a class label; pick a class or set guidance to 1 (perturbed-attention guidance and autoguidance "
+                "need no class)"
             )
         if self.pag:
             names = attention_layer_names(unet)

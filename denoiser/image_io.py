@@ -1,5 +1,5 @@
-"""A user's image files in: read with bounded memory whatever the file claims, turned upright, and mapped
-onto the model's grid (the image and its mask alike).
+"""Images in and out: a user's files read with bounded memory whatever the file claims, turned upright, and
+mapped onto the model's grid (the image and its mask alike); tensors back to pictures, grids and PNGs.
 
 What phones and cameras write (JPEG, PNG, WebP, and HEIF where Pillow reads it) is accepted up to
 `MAX_PIXELS`; the size comes from the header before anything is decoded, and a JPEG decodes at the
@@ -17,10 +17,12 @@ from typing import BinaryIO
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision.transforms import functional as TF
+from torchvision.utils import make_grid
 
+from denoiser.atomic import atomic_path
 from denoiser.data import fit_to_size, flatten_to_rgb
 
-__all__ = ["MAX_PIXELS", "open_image", "image_to_model", "mask_to_model", "to_unit"]
+__all__ = ["MAX_PIXELS", "open_image", "image_to_model", "mask_to_model", "to_unit", "to_pil", "save_grid", "save_png"]
 
 MAX_PIXELS = 50_000_000  # a 50-megapixel camera's photo; more is refused before decoding
 
@@ -93,3 +95,30 @@ def mask_to_model(mask: Image.Image, image_size: tuple[int, int], size: int) -> 
     new = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
     cropped = TF.center_crop(grey.resize(new, Image.Resampling.NEAREST), [size, size])  # fit_to_size's crop
     return (TF.pil_to_tensor(cropped)[None].float() / 255 > 0.5).float()  # (1, 1, S, S)
+
+
+def to_pil(images: torch.Tensor, nrow: int | None = None, padding: int = 2) -> Image.Image:
+    """(B, C, H, W) in [0, 1] -> one PIL image: the grid (nrow per row, default ~square)."""
+    if nrow is None:
+        nrow = max(1, int(round(images.shape[0] ** 0.5)))
+    grid = make_grid(images, nrow=nrow, padding=padding, pad_value=1.0)  # (C, H', W')
+    arr = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()  # (H', W', C)
+    return Image.fromarray(arr)
+
+
+def save_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None, scale: int = 1) -> Path:
+    """Write a PNG grid, optionally upscaled by `scale` (nearest, so pixels stay sharp)."""
+    img = to_pil(images, nrow)
+    if scale > 1:
+        img = img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
+    return save_png(img, path)
+
+
+def save_png(img: Image.Image, path: str | Path) -> Path:
+    """Save a PNG through a temporary file and a rename, so a reader never sees half a file."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"output must be a .png file, got {str(path)!r}")
+    with atomic_path(path) as tmp:
+        img.save(tmp, format="PNG")
+    return path

@@ -15,33 +15,76 @@ RePaint, Lugmayr et al. 2022, without its resampling jumps). All three are `samp
 user's image on DDPM's ancestral steps (the scheduler that takes custom timesteps), so classifier-free
 guidance and class labels work as for sampling. Images are (B, 3, H, W) in [-1, 1]; results come back
 in [0, 1] like `sample()`'s.
+
+`restore(unet, diffusion, image, operation, ...)` is the one entry point from a user's picture: the CLI
+(`denoiser denoise | edit | inpaint`) and the app's Edit tab both call it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from diffusers import DDPMScheduler
+from PIL import Image
 
+from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
-from denoiser.image_io import to_unit
+from denoiser.image_io import image_to_model, mask_to_model, to_unit
 from denoiser.sample import SampleResult, sample
 
 __all__ = [
-    "sigma_to_timestep", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "add_noise",
+    "OPERATIONS", "Restoration", "restore", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "add_noise",
 ]
 
+OPERATIONS = ("denoise", "edit", "inpaint")
+METHODS = ("mmse", "sample")
 
-def _alphas_cumprod(train_scheduler_config) -> torch.Tensor:
-    return DDPMScheduler.from_config(train_scheduler_config).alphas_cumprod.double()
+
+@dataclass
+class Restoration:
+    clean: torch.Tensor  # (1, 3, S, S) in [-1, 1]: the user's image at the model's size
+    noisy: torch.Tensor | None  # the same with the added noise (the round trip), or None
+    result: SampleResult  # images in [0, 1]
+
+    def psnr(self) -> tuple[float, float] | None:
+        """(noisy, result) PSNR in dB against the clean input when noise was added, else None."""
+        if self.noisy is None:
+            return None
+        target = to_unit(self.clean)
+        return float(psnr(to_unit(self.noisy), target)), float(psnr(self.result.images, target))
 
 
-def sigma_to_timestep(sigma: float, train_scheduler_config) -> int:
-    """The timestep whose noise-to-signal ratio √((1 − ᾱ_t)/ᾱ_t) is nearest to 2σ (σ in [0, 1] pixel scale)."""
-    if not sigma > 0:
-        raise ValueError(f"sigma must be positive (noise std on the [0, 1] pixel scale), got {sigma}")
-    a = _alphas_cumprod(train_scheduler_config)
-    ratio = ((1 - a) / a).sqrt()
-    return int((ratio - 2 * sigma).abs().argmin())
+def restore(
+    unet, diffusion: Diffusion, image: Image.Image, operation: str, *, mask: Image.Image | None = None,
+    sigma: float | None = None, method: str = "mmse", strength: float = 0.6, noise_first: float | None = None,
+    steps: int = 50, seed: int = 0, class_label=None, guidance: Guidance | None = None, callback=None,
+) -> Restoration:
+    """A user's picture through `operation` ("denoise", "edit" or "inpaint"), checked before any work.
+
+    The image is resized and centre-cropped to the model's size (`denoiser.image_io.image_to_model`); a mask
+    of another size is stretched onto it (white or opaque painted pixels are regenerated). `noise_first`
+    adds Gaussian noise of that σ (pixel scale) first, seeded (the round trip, scored by `Restoration.psnr`).
+    sigma: the noise σ `denoise` removes (None: estimated); method: "mmse" or "sample" (denoise only).
+    """
+    if operation not in OPERATIONS:
+        raise ValueError(f"operation must be one of {', '.join(OPERATIONS)}, got {str(operation)[:40]!r}")
+    if noise_first is not None and not noise_first > 0:
+        raise ValueError(f"the noise to add first must be positive (σ on the [0, 1] pixel scale), got {noise_first}")
+    if operation == "inpaint" and mask is None:
+        raise ValueError("inpaint needs a mask: paint (or pass a mask image of) the area to regenerate")
+    size = unet.config.sample_size
+    clean = image_to_model(image, size)  # (1, 3, S, S) in [-1, 1]
+    m = mask_to_model(mask, image.size, size) if operation == "inpaint" else None  # (1, 1, S, S)
+    x = clean if noise_first is None else add_noise(clean, noise_first, seed)
+    common = dict(steps=steps, seed=seed, class_label=class_label, guidance=guidance, callback=callback)
+    if operation == "denoise":
+        res = denoise(unet, diffusion, x, sigma=sigma, method=method, **common)
+    elif operation == "edit":
+        res = edit(unet, diffusion, x, strength=strength, **common)
+    else:
+        res = inpaint(unet, diffusion, x, m, **common)
+    return Restoration(clean, None if noise_first is None else x, res)
 
 
 def estimate_sigma(images: torch.Tensor) -> torch.Tensor:
@@ -80,6 +123,11 @@ def _check(unet, images: torch.Tensor) -> None:
         raise ValueError(f"images must be (B, {want[0]}, {want[1]}, {want[2]}) for this model, got {tuple(images.shape)}")
 
 
+def _ancestral(diffusion: Diffusion) -> DDPMScheduler:
+    """A fresh DDPM scheduler on the model's noise process: the one that takes custom timesteps."""
+    return DDPMScheduler.from_config(diffusion.scheduler.config)
+
+
 def _chain(t_start: int, steps: int) -> list[int]:
     """`steps` descending timesteps from t_start to 0 (fewer if t_start is small), each visited once."""
     n = max(1, min(steps, t_start + 1))
@@ -87,28 +135,28 @@ def _chain(t_start: int, steps: int) -> list[int]:
 
 
 def denoise(
-    unet, train_scheduler_config, images: torch.Tensor, sigma: float | None = None, method: str = "mmse",
+    unet, diffusion: Diffusion, images: torch.Tensor, sigma: float | None = None, method: str = "mmse",
     steps: int = 50, seed: int = 0, class_label=None, guidance: Guidance | None = None, callback=None,
 ) -> SampleResult:
     """Remove Gaussian noise of std `sigma` (pixel scale; None: estimated per batch, `estimate_sigma`)."""
     _check(unet, images)
-    if method not in ("mmse", "sample"):
+    if method not in METHODS:
         raise ValueError(f"method must be 'mmse' (one x0 prediction) or 'sample' (the reverse chain), got {method!r}")
     if sigma is None:
         sigma = float(estimate_sigma(images).mean())
-    t = sigma_to_timestep(max(sigma, 1e-4), train_scheduler_config)
-    abar = float(_alphas_cumprod(train_scheduler_config)[t])
+    t = diffusion.sigma_to_timestep(max(sigma, 1e-4))
+    abar = float(diffusion.alphas_cumprod[t])
     timesteps = [t] if method == "mmse" else _chain(t, steps)
     # one DDPM step from t to "t = -1" (ᾱ = 1) adds no noise and returns the clipped x₀ prediction
     return sample(
-        unet, DDPMScheduler.from_config(train_scheduler_config), images.shape[0], seed=seed, timesteps=timesteps,
+        unet, _ancestral(diffusion), images.shape[0], seed=seed, timesteps=timesteps,
         x_init=abar**0.5 * images, class_labels=_labels(images, class_label), guidance=guidance,
         callback=callback,
     )
 
 
 def edit(
-    unet, train_scheduler_config, images: torch.Tensor, strength: float = 0.6, steps: int = 50, seed: int = 0,
+    unet, diffusion: Diffusion, images: torch.Tensor, strength: float = 0.6, steps: int = 50, seed: int = 0,
     class_label=None, guidance: Guidance | None = None, callback=None,
 ) -> SampleResult:
     """SDEdit: noise to t = strength·(T − 1) with seeded noise, then the reverse chain (strength 0: unchanged)."""
@@ -117,21 +165,19 @@ def edit(
         raise ValueError(f"strength must be in [0, 1] (0 keeps the image, 1 samples anew), got {strength}")
     if strength == 0.0:
         return SampleResult(images=to_unit(images))
-    T = train_scheduler_config["num_train_timesteps"]
-    t = round(strength * (T - 1))
+    t = round(strength * (diffusion.T - 1))
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn(images.shape, generator=generator, dtype=torch.float32)
-    abar = float(_alphas_cumprod(train_scheduler_config)[t])
-    x_t = abar**0.5 * images.float().cpu() + (1 - abar) ** 0.5 * noise
+    x_t = diffusion.add_noise(images.float().cpu(), noise, torch.tensor([t]))  # q(x_t | x₀)
     return sample(
-        unet, DDPMScheduler.from_config(train_scheduler_config), images.shape[0], seed=seed + 1,
+        unet, _ancestral(diffusion), images.shape[0], seed=seed + 1,
         timesteps=_chain(t, max(1, round(steps * strength))), x_init=x_t.to(images),
         class_labels=_labels(images, class_label), guidance=guidance, callback=callback,
     )
 
 
 def inpaint(
-    unet, train_scheduler_config, images: torch.Tensor, mask: torch.Tensor, steps: int = 50, seed: int = 0,
+    unet, diffusion: Diffusion, images: torch.Tensor, mask: torch.Tensor, steps: int = 50, seed: int = 0,
     class_label=None, guidance: Guidance | None = None, callback=None,
 ) -> SampleResult:
     """Fill the pixels where `mask` is 1 (B or 1, 1, H, W); the others stay the input's, exactly at the end."""
@@ -141,22 +187,18 @@ def inpaint(
             f"mask must be (1 or B, 1, H, W) matching the images' {tuple(images.shape[-2:])}, got {tuple(mask.shape)}"
         )
     hole = (mask > 0.5).to(images.dtype)
-    T = train_scheduler_config["num_train_timesteps"]
-    timesteps = _chain(T - 1, steps)
-    abar = _alphas_cumprod(train_scheduler_config)
+    timesteps = _chain(diffusion.T - 1, steps)
     generator = torch.Generator().manual_seed(seed + 1)
     known = images.float()
 
     def put_back_known(i: int, x: torch.Tensor) -> torch.Tensor:
         if i + 1 == len(timesteps):  # x is the final x₀: the known pixels exactly
             return hole * x + (1 - hole) * known.to(x)
-        a = float(abar[timesteps[i + 1]])  # x is x_{t_next}: noise the known pixels to that level
-        noise = torch.randn(known.shape, generator=generator).to(x)
-        return hole * x + (1 - hole) * (a**0.5 * known.to(x) + (1 - a) ** 0.5 * noise)
+        noise = torch.randn(known.shape, generator=generator).to(x)  # x is x_{t_next}: the known pixels noised to it
+        return hole * x + (1 - hole) * diffusion.add_noise(known.to(x), noise, torch.tensor([timesteps[i + 1]]))
 
     return sample(
-        unet, DDPMScheduler.from_config(train_scheduler_config), images.shape[0], seed=seed, timesteps=timesteps,
-        class_labels=_labels(images, class_label), guidance=guidance, after_step=put_back_known,
+        unet, _ancestral(diffusion), images.shape[0], seed=seed, timesteps=timesteps, class_labels=_labels(images, class_label), guidance=guidance, after_step=put_back_known,
         callback=callback,
     )
 

@@ -12,15 +12,11 @@ import contextlib
 import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
-from PIL import Image
-from torchvision.utils import make_grid
 
-from denoiser.atomic import atomic_path
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
@@ -28,10 +24,28 @@ from denoiser.image_io import to_unit
 from denoiser.unet import UNet
 
 __all__ = [
-    "SCHEDULERS", "make_sampler", "sample", "sampling_context", "SampleResult", "to_pil", "save_grid", "trajectory_strip",
+    "SAMPLERS", "SCHEDULERS", "Sampler", "make_sampler", "sample", "sampling_context", "SampleResult", "trajectory_strip",
 ]
 
-SCHEDULERS = ("ddim", "ddpm", "dpm++", "euler")
+
+@dataclass(frozen=True)
+class Sampler:
+    """A diffusers scheduler offered by name, and what it allows."""
+
+    scheduler: type  # built with `from_config(the model's training scheduler config, **options)`
+    options: tuple[tuple[str, str], ...] = ()
+    integer_timesteps: bool = True  # steps on whole timesteps: one step's UNet call can be re-run exactly (the app)
+
+
+# the one list of samplers: the CLI's choices, the app's (those with integer timesteps), make_sampler's names
+SAMPLERS = {
+    "ddim": Sampler(DDIMScheduler),
+    "ddpm": Sampler(DDPMScheduler),
+    "dpm++": Sampler(DPMSolverMultistepScheduler, (("algorithm_type", "dpmsolver++"),)),
+    "euler": Sampler(EulerDiscreteScheduler, integer_timesteps=False),  # fractional timesteps
+}
+SCHEDULERS = tuple(SAMPLERS)
+_ALIASES = {"dpmsolver++": "dpm++", "dpm-solver++": "dpm++"}
 TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
 
 
@@ -41,21 +55,15 @@ def make_sampler(name: str, train_scheduler_config, timestep_spacing: str | None
     timestep_spacing: diffusers' choice of the sampled timesteps; "trailing" starts at t = T - 1, which
     few-step DDIM needs (Lin et al. 2024). None keeps each scheduler's default.
     """
-    name = name.lower()
-    extra = {}
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key not in SAMPLERS:
+        raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
+    extra = dict(SAMPLERS[key].options)
     if timestep_spacing is not None:
         if timestep_spacing not in TIMESTEP_SPACINGS:
             raise ValueError(f"unknown timestep spacing {timestep_spacing!r}; choose one of {', '.join(TIMESTEP_SPACINGS)}")
         extra["timestep_spacing"] = timestep_spacing
-    if name == "ddpm":
-        return DDPMScheduler.from_config(train_scheduler_config, **extra)
-    if name == "ddim":
-        return DDIMScheduler.from_config(train_scheduler_config, **extra)
-    if name in ("dpm++", "dpmsolver++", "dpm-solver++"):
-        return DPMSolverMultistepScheduler.from_config(train_scheduler_config, algorithm_type="dpmsolver++", **extra)
-    if name == "euler":
-        return EulerDiscreteScheduler.from_config(train_scheduler_config, **extra)
-    raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
+    return SAMPLERS[key].scheduler.from_config(train_scheduler_config, **extra)
 
 
 @dataclass
@@ -98,6 +106,44 @@ def sample(
     generator: draws the noise instead of a CPU generator seeded with `seed` (diffusers' pipelines take
     one; `torch.Generator().manual_seed(s)` gives the images of seed s).
     """
+    _set_timesteps(scheduler, num_inference_steps, timesteps, num_images, eta)
+    cfg = unet.config
+    device, dtype = unet.device, unet.dtype
+    labels = None if class_labels is None else _class_labels(cfg, class_labels, num_images, device)
+    guidance = guidance or Guidance()
+    predict = guidance.predictor(unet, labels)
+    if generator is None:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+    shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
+    # as diffusers' pipelines: the first latent scaled by init_noise_sigma, each model input through
+    # scale_model_input (both identities for DDPM / DDIM / DPM-Solver, not for Euler-type schedulers)
+    if x_init is not None:
+        if tuple(x_init.shape) != shape:
+            raise ValueError(f"x_init must have shape {shape}, got {tuple(x_init.shape)}")
+        x = x_init.to(device=device, dtype=dtype)
+    else:
+        x = randn_tensor(shape, generator=generator, device=device, dtype=dtype) * scheduler.init_noise_sigma
+    with sampling_context(unet), sampling_context(guidance.guide):
+        return _denoise_steps(unet, scheduler, x, predict, generator, eta, trajectory_every, set(capture_steps),
+                              callback, after_step)
+
+
+def _class_labels(cfg, class_labels, num_images: int, device) -> torch.Tensor:
+    """A user's class label(s) as a (num_images,) tensor, checked: the one check of them, for the CLI, the app
+    and the pipeline alike (which pass them through). The UNet itself also takes the "no class" row."""
+    n = cfg.num_class_embeds
+    if not n:
+        raise ValueError("this model is unconditional (it has no classes): leave the class label out")
+    labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(num_images)  # (B,)
+    if ((labels < 0) | (labels >= n)).any():
+        bad = sorted({int(c) for c in labels if not 0 <= c < n})
+        raise ValueError(f"class label out of range: each class must be a whole number in 0..{n - 1}, got {bad[:8]}")
+    return labels
+
+
+def _set_timesteps(scheduler, num_inference_steps: int, timesteps: Sequence[int] | None, num_images: int,
+                   eta: float) -> None:
+    """Check the request (before any work) and set the scheduler's timesteps."""
     if timesteps is not None:
         timesteps = [int(t) for t in timesteps]
         if "timesteps" not in inspect.signature(scheduler.set_timesteps).parameters:
@@ -111,56 +157,36 @@ def sample(
         raise ValueError(f"num_images must be at least 1, got {num_images}")
     if eta != 0.0 and not isinstance(scheduler, DDIMScheduler):
         raise ValueError(f"eta={eta} applies to DDIM only; {type(scheduler).__name__} has no eta: leave it at 0")
-    cfg = unet.config
-    device, dtype = unet.device, unet.dtype
-    labels = None
-    if class_labels is not None:
-        if not cfg.num_class_embeds:
-            raise ValueError("this model is unconditional: drop the class label")
-        labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(num_images)
-        if ((labels < 0) | (labels >= cfg.num_class_embeds)).any():
-            raise ValueError(f"class label must be in 0..{cfg.num_class_embeds - 1}, got {class_labels}")
-    guidance = guidance or Guidance()
-    predict = guidance.predictor(unet, labels)
-
-    if generator is None:
-        generator = torch.Generator(device="cpu").manual_seed(seed)
-    shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
     if timesteps is not None:
         scheduler.set_timesteps(timesteps=timesteps)
     else:
         scheduler.set_timesteps(num_inference_steps)
-    # as diffusers' pipelines: the first latent scaled by init_noise_sigma, each model input through
-    # scale_model_input (both identities for DDPM / DDIM / DPM-Solver, not for Euler-type schedulers)
-    if x_init is not None:
-        if tuple(x_init.shape) != shape:
-            raise ValueError(f"x_init must have shape {shape}, got {tuple(x_init.shape)}")
-        x = x_init.to(device=device, dtype=dtype)
-    else:
-        x = randn_tensor(shape, generator=generator, device=device, dtype=dtype) * scheduler.init_noise_sigma
-    diffusion = Diffusion(scheduler)  # ε/v -> x₀ for the previews
-    capture_steps = set(capture_steps)
+
+
+def _denoise_steps(unet, scheduler, x, predict, generator, eta, trajectory_every, capture_steps, callback,
+                   after_step) -> SampleResult:
+    """The loop: one guided prediction and one scheduler step per timestep, with previews and capture."""
+    diffusion = Diffusion(scheduler)  # the noise process's ε/v -> x₀, for the previews
     step_kwargs = {"eta": eta} if isinstance(scheduler, DDIMScheduler) else {}
     result = SampleResult(images=x)
-    with sampling_context(unet), sampling_context(guidance.guide):
-        for i, t in enumerate(scheduler.timesteps):
-            x_in = scheduler.scale_model_input(x, t)  # the variance-preserving x_t the UNet was trained on
-            if i in capture_steps:
-                with capture_attention(unet) as records:
-                    out = predict(x_in, t)
-                result.attention[i] = records
-            else:
+    for i, t in enumerate(scheduler.timesteps):
+        x_in = scheduler.scale_model_input(x, t)  # the variance-preserving x_t the UNet was trained on
+        if i in capture_steps:
+            with capture_attention(unet) as records:
                 out = predict(x_in, t)
-            keep = trajectory_every and (i % trajectory_every == 0 or i == len(scheduler.timesteps) - 1)
-            t_index = t.round().long().reshape(1)  # Euler-type schedulers step on fractional timesteps
-            x0 = diffusion.predict_x0(x_in, out, t_index).clamp(-1, 1) if keep or callback else None
-            if keep:
-                result.trajectory.append((int(t), to_unit(x_in), to_unit(x0)))
-            x = scheduler.step(out, t, x, generator=generator, **step_kwargs).prev_sample
-            if after_step is not None:
-                x = after_step(i, x)
-            if callback is not None:
-                callback(i, int(t), x_in, x0)
+            result.attention[i] = records
+        else:
+            out = predict(x_in, t)
+        keep = trajectory_every and (i % trajectory_every == 0 or i == len(scheduler.timesteps) - 1)
+        t_index = t.round().long().reshape(1)  # Euler-type schedulers step on fractional timesteps
+        x0 = diffusion.predict_x0(x_in, out, t_index).clamp(-1, 1) if keep or callback else None
+        if keep:
+            result.trajectory.append((int(t), to_unit(x_in), to_unit(x0)))
+        x = scheduler.step(out, t, x, generator=generator, **step_kwargs).prev_sample
+        if after_step is not None:
+            x = after_step(i, x)
+        if callback is not None:
+            callback(i, int(t), x_in, x0)
     result.images = to_unit(x)
     return result
 
@@ -172,33 +198,6 @@ def sampling_context(unet: torch.nn.Module | None) -> contextlib.AbstractContext
     if isinstance(unet, UNet):  # sample() also runs diffusers' UNet2DModel (reference models)
         return unet.packed_weights()
     return contextlib.nullcontext()
-
-
-def to_pil(images: torch.Tensor, nrow: int | None = None, padding: int = 2) -> Image.Image:
-    """(B, C, H, W) in [0, 1] -> one PIL image: the grid (nrow per row, default ~square)."""
-    if nrow is None:
-        nrow = max(1, int(round(images.shape[0] ** 0.5)))
-    grid = make_grid(images, nrow=nrow, padding=padding, pad_value=1.0)  # (C, H', W')
-    arr = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()  # (H', W', C)
-    return Image.fromarray(arr)
-
-
-def save_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None, scale: int = 1) -> Path:
-    """Write a PNG grid, optionally upscaled by `scale` (nearest, so pixels stay sharp)."""
-    img = to_pil(images, nrow)
-    if scale > 1:
-        img = img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
-    return save_png(img, path)
-
-
-def save_png(img: Image.Image, path: str | Path) -> Path:
-    """Save a PNG through a temporary file and a rename, so a reader never sees half a file."""
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        raise ValueError(f"output must be a .png file, got {str(path)!r}")
-    with atomic_path(path) as tmp:
-        img.save(tmp, format="PNG")
-    return path
 
 
 def trajectory_strip(trajectory: list[tuple[int, torch.Tensor, torch.Tensor]], index: int = 0) -> torch.Tensor:

@@ -17,6 +17,7 @@ steps only, so both are right under accumulation and any number of processes.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import json
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import ProjectConfiguration
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
@@ -37,19 +38,21 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from denoiser import checkpoint as ckpt
-from denoiser.config import RunConfig
+from denoiser.config import RunConfig, load_config
 from denoiser.data import ImageDataset, load_datasets
 from denoiser.diffusion import Diffusion
+from denoiser.fast import malloc
 from denoiser.fast.groupnorm import default_channels_last
+from denoiser.image_io import save_grid
 from denoiser.pipeline import save_pipeline
 from denoiser.run_dir import prepare_output_dir, read_losses, record_loss, truncate_losses, write_run_info
-from denoiser.sample import make_sampler, sample, save_grid
+from denoiser.sample import make_sampler, sample
 from denoiser.unet import UNet
 from denoiser.visualize import loss_curve
 
-__all__ = ["train", "TrainingError", "batch_indices"]
+__all__ = ["train", "TrainLoop", "TrainingError", "batch_indices", "add_train_arguments", "cmd_train", "main"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("denoiser.train")  # by name: under `-m denoiser.train`, __name__ is "__main__"
 
 
 class TrainingError(RuntimeError):
@@ -142,184 +145,250 @@ def train(
     the number of classes (the saved class rows are kept, new classes start as the saved "no class" row,
     see `_adapt_classes`); the objective (`diffusion:`) may change, e.g. ε- to v-prediction.
     """
-    t = cfg.train
-    out = Path(output_dir)
-    if init_from is not None and resume is not None:
-        raise ValueError("--init-from starts a new run and --resume continues one: pass only one of them")
-    init_weights = _init_weights(cfg, init_from) if init_from is not None else None
-    accelerator = Accelerator(
-        mixed_precision=t.mixed_precision,
-        log_with="tensorboard",
-        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
-    )
-    world, rank, main = accelerator.num_processes, accelerator.process_index, accelerator.is_main_process
-    if main and (warning := launch_warning(world)):
-        logger.warning(warning)
-    # Everything that can be wrong is checked before the first step.
-    resume_dir = ckpt.find_checkpoint(out, resume) if resume else None
-    if resume == "latest" and resume_dir is None and main:
-        logger.warning("--resume latest: no checkpoint under %s yet; starting a new run", out / "checkpoints")
-    if main:
-        prepare_output_dir(out, cfg, resuming=resume_dir is not None, overwrite=overwrite)
-    accelerator.wait_for_everyone()
-    torch.manual_seed(t.seed)
-    unet = UNet(**cfg.model)
-    if init_weights is not None:
-        unet.load_state_dict(init_weights)
-        if main:
-            logger.warning("initialised from %s", init_from)
-    train_ds, val_ds = load_datasets(cfg.data, unet.config.sample_size)
-    micro = _check_setup(cfg, world, train_ds)
-    A = t.gradient_accumulation_steps
+    return TrainLoop(cfg, Path(output_dir), resume, overwrite, init_from).run()
 
-    conditional = bool(unet.config.num_class_embeds)
-    channels_last = t.channels_last
-    if channels_last is None:
-        channels_last = default_channels_last(accelerator.device, t.mixed_precision)
-    if channels_last:
-        unet = unet.to(memory_format=torch.channels_last)
-    if t.gradient_checkpointing:
-        unet.enable_gradient_checkpointing()
-    diffusion = Diffusion.from_config(cfg.diffusion)
-    optimizer = torch.optim.AdamW(
-        unet.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay,
-        fused=accelerator.device.type in ("cpu", "cuda"),  # one kernel for all parameters: same update, 4x faster on CPU
-    )
-    # Stepped by us once per optimizer step (not prepared: Accelerate would step it once per process).
-    lr_scheduler = get_scheduler(
-        t.lr_scheduler, optimizer, num_warmup_steps=t.lr_warmup_steps, num_training_steps=t.max_steps
-    )
-    ema = None
-    if t.ema:
-        ema = EMAModel(
-            unet.parameters(), decay=t.ema_max_decay, use_ema_warmup=True, inv_gamma=t.ema_inv_gamma,
-            power=t.ema_power, model_cls=UNet, model_config=unet.config,
+
+class TrainLoop:
+    """One run as named steps (improved-diffusion's TrainLoop): the set-up in `__init__`, then `run`
+    repeats `run_step`, `log` and `periodic_work` (sample grid, FID, checkpoint, the agreement to stop)
+    and ends with `finish` (export and summary).
+
+    The order of the set-up is part of the result: the model is built right after `torch.manual_seed`,
+    and each step reseeds before drawing, so a resumed run continues the same random streams.
+    """
+
+    def __init__(self, cfg: RunConfig, out: Path, resume: str | None, overwrite: bool, init_from: str | None):
+        if init_from is not None and resume is not None:
+            raise ValueError("--init-from starts a new run and --resume continues one: pass only one of them")
+        init_weights = _init_weights(cfg, init_from) if init_from is not None else None
+        self.cfg, self.t, self.out = cfg, cfg.train, out
+        self.accelerator = Accelerator(
+            mixed_precision=self.t.mixed_precision,
+            log_with="tensorboard",
+            project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         )
-    model_fwd = torch.compile(unet) if t.compile else unet
-    model, optimizer = accelerator.prepare(model_fwd, optimizer)
-    if ema is not None:
-        ema.to(accelerator.device)
+        acc = self.accelerator
+        self.world, self.rank, self.is_main = acc.num_processes, acc.process_index, acc.is_main_process
+        if self.is_main and (warning := launch_warning(self.world)):
+            logger.warning(warning)
+        # Everything that can be wrong is checked before the first step.
+        resume_dir = ckpt.find_checkpoint(out, resume) if resume else None
+        if resume == "latest" and resume_dir is None and self.is_main:
+            logger.warning("--resume latest: no checkpoint under %s yet; starting a new run", out / "checkpoints")
+        if self.is_main:
+            prepare_output_dir(out, cfg, resuming=resume_dir is not None, overwrite=overwrite)
+        acc.wait_for_everyone()
+        unet = self._build_model(init_weights, init_from)
+        self._build_optimizer(unet)
+        self.step = self._resume(resume_dir)
 
-    step = 0
-    if resume_dir is not None:
-        state = ckpt.load_checkpoint(accelerator, resume_dir, ema)
-        lr_scheduler.load_state_dict(state["lr_scheduler"])
-        step = state["step"]
-        if main:
-            truncate_losses(out, step)
-        logger.info("resumed from %s at step %d", resume_dir, step)
-    if main:
-        ckpt.remove_partial(out)
-        write_run_info(out, cfg, world)
-        accelerator.init_trackers("denoiser", config=_flat_hparams(cfg))
-    accelerator.wait_for_everyone()
+    def _build_model(self, init_weights: dict[str, torch.Tensor] | None, init_from: str | None) -> UNet:
+        """The seeded (or initialised) UNet in its training layout, and the data it is checked against."""
+        t = self.t
+        torch.manual_seed(t.seed)
+        unet = UNet(**self.cfg.model)
+        if init_weights is not None:
+            unet.load_state_dict(init_weights)
+            if self.is_main:
+                logger.warning("initialised from %s", init_from)
+        self.train_ds, self.val_ds = load_datasets(self.cfg.data, unet.config.sample_size)
+        self.micro = _check_setup(self.cfg, self.world, self.train_ds)  # images per process and accumulation step
+        self.conditional = bool(unet.config.num_class_embeds)
+        self.channels_last = t.channels_last
+        if self.channels_last is None:
+            self.channels_last = default_channels_last(self.accelerator.device, t.mixed_precision)
+        if self.channels_last:
+            unet = unet.to(memory_format=torch.channels_last)
+        if t.gradient_checkpointing:
+            unet.enable_gradient_checkpointing()
+        return unet
 
-    stop = _Stop()
-    stop.install()
-    bar = tqdm(total=t.max_steps, initial=step, disable=not main, desc="train", dynamic_ncols=True)
-    seen = torch.zeros(2, dtype=torch.float64)  # images seen by this rank, checksum of their indices
-    tic, tic_step = time.perf_counter(), step
-    started, first_step = time.monotonic(), step
-    try:
-        while step < t.max_steps:
-            torch.manual_seed(t.seed * 1_000_003 + step * 97 + rank)  # dropout stream: a function of (step, rank)
-            batch = _step_batch(train_ds, diffusion, cfg, step, conditional)  # the whole global batch
-            model.train()
-            loss_sum = torch.zeros((), device=accelerator.device)
-            for a in range(A):
-                mine = slice((a * world + rank) * micro, (a * world + rank + 1) * micro)  # order: [accum][rank][micro]
-                idx, x0, labels, noise, timesteps = (v[mine] for v in batch)
-                seen += torch.tensor([micro, float(idx.double().mul(step + 1).sum())], dtype=torch.float64)
-                x0 = x0.to(accelerator.device, memory_format=torch.channels_last if channels_last else torch.preserve_format)
-                labels = labels.to(accelerator.device)
-                sync = a == A - 1
-                ctx = accelerator.no_sync(model) if not sync else contextlib.nullcontext()
-                with ctx:
-                    loss = diffusion.training_loss(
-                        model, x0, labels if conditional else None, noise=noise.to(x0), timesteps=timesteps.to(x0.device),
-                        snr_gamma=t.snr_gamma,
-                    )
-                    accelerator.backward(loss / A)
-                loss_sum += loss.detach() / A
-            grad_norm = None
-            if t.max_grad_norm is not None:
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), t.max_grad_norm)
-            loss_mean = accelerator.reduce(loss_sum, "mean")
-            if not torch.isfinite(loss_mean):
-                raise TrainingError(
-                    f"loss is {float(loss_mean)} at step {step + 1}; stopped without saving this state. "
-                    f"The last good checkpoint is {_last(out)}; lower train.lr or use mixed_precision: no"
-                )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: no real step, so no LR/EMA step
-                lr_scheduler.step()
-                if ema is not None:
-                    ema.step(accelerator.unwrap_model(model).parameters())
-            step += 1
+    def _build_optimizer(self, unet: UNet) -> None:
+        """Objective, AdamW, LR schedule and EMA; the model and optimizer prepared by Accelerate."""
+        t, acc = self.t, self.accelerator
+        self.diffusion = Diffusion.from_config(self.cfg.diffusion)
+        optimizer = torch.optim.AdamW(
+            unet.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay,
+            fused=acc.device.type in ("cpu", "cuda"),  # one kernel for all parameters: same update, 4x faster on CPU
+        )
+        # Stepped by us once per optimizer step (not prepared: Accelerate would step it once per process).
+        self.lr_scheduler = get_scheduler(
+            t.lr_scheduler, optimizer, num_warmup_steps=t.lr_warmup_steps, num_training_steps=t.max_steps
+        )
+        self.ema = None
+        if t.ema:
+            self.ema = EMAModel(
+                unet.parameters(), decay=t.ema_max_decay, use_ema_warmup=True, inv_gamma=t.ema_inv_gamma,
+                power=t.ema_power, model_cls=UNet, model_config=unet.config,
+            )
+        model_fwd = torch.compile(unet) if t.compile else unet
+        self.model, self.optimizer = acc.prepare(model_fwd, optimizer)
+        if self.ema is not None:
+            self.ema.to(acc.device)
 
-            if main:
-                bar.update(1)
-                elapsed = time.perf_counter() - tic
-                ips = (step - tic_step) * t.batch_size / max(elapsed, 1e-9)
-                bar.set_postfix(loss=f"{float(loss_mean):.4f}", img_s=f"{ips:.1f}", refresh=False)
-                record_loss(out, step, float(loss_mean))
-                if step % t.log_every == 0 or step == t.max_steps:
-                    logs = {"loss": float(loss_mean), "lr": lr_scheduler.get_last_lr()[0], "img_per_s": ips}
-                    if grad_norm is not None:
-                        logs["grad_norm"] = float(grad_norm)
-                    accelerator.log(logs, step=step)
-            # Every rank must agree on stopping: reduce (signal, out of time) with max.
-            flags = torch.tensor([float(stop.signum or 0), float(_out_of_time(t, started))], device=accelerator.device)
-            signum, out_of_time = (int(v) for v in accelerator.reduce(flags, "max"))
-            last = step == t.max_steps or out_of_time
-            if t.sample_every and (step % t.sample_every == 0 or last):
-                if main:
-                    _sample_grid(accelerator.unwrap_model(model), ema, diffusion, cfg, out, step)
-                accelerator.wait_for_everyone()
-            if t.fid_every and (step % t.fid_every == 0 or last):
-                if main:
-                    _evaluate_fid(accelerator, accelerator.unwrap_model(model), ema, diffusion, cfg, val_ds, out, step)
-                accelerator.wait_for_everyone()
-            if step % t.checkpoint_every == 0 or last or signum:
-                state = {"step": step, "lr_scheduler": lr_scheduler.state_dict(), "world_size": world}
-                ckpt.save_checkpoint(accelerator, out, step, state, ema)
-                if main:
-                    ckpt.prune_checkpoints(out, t.keep_checkpoints)
-            if signum:
-                if main:
-                    logger.warning("stopped by signal %d at step %d; checkpoint saved. Continue with --resume latest", signum, step)
-                raise SystemExit(128 + signum)
-            if out_of_time:
-                logger.warning("train.time_limit_minutes=%s reached at step %d; exporting", t.time_limit_minutes, step)
-                break
-    except BaseException:
-        accelerator.end_training()
-        raise
-    finally:
-        bar.close()
-        stop.restore()
+    def _resume(self, resume_dir: Path | None) -> int:
+        """The step to start at: a checkpoint's state loaded (loss.csv cut back to it), else 0; run_info and trackers."""
+        step = 0
+        if resume_dir is not None:
+            state = ckpt.load_checkpoint(self.accelerator, resume_dir, self.ema)
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+            step = state["step"]
+            if self.is_main:
+                truncate_losses(self.out, step)
+            logger.info("resumed from %s at step %d", resume_dir, step)
+        if self.is_main:
+            ckpt.remove_partial(self.out)
+            write_run_info(self.out, self.cfg, self.world)
+            self.accelerator.init_trackers("denoiser", config=_flat_hparams(self.cfg))
+        self.accelerator.wait_for_everyone()
+        return step
 
-    all_seen = accelerator.gather(seen.to(accelerator.device)[None]).cpu()  # (world, 2)
-    model_dir = out / "model"
-    if main:
-        final = _export_unet(accelerator.unwrap_model(model), ema)
-        names = list(getattr(train_ds, "classes", None) or [])
-        save_pipeline(final, diffusion.scheduler, model_dir, classes=names if len(names) == (final.config.num_class_embeds or 0) else None)
-        summary = {
+    def run(self) -> Path:
+        """Steps to train.max_steps (or the time limit), then `finish`; a signal saves a checkpoint and exits."""
+        stop = _Stop()
+        stop.install()
+        self.bar = tqdm(total=self.t.max_steps, initial=self.step, disable=not self.is_main, desc="train", dynamic_ncols=True)
+        self.seen = torch.zeros(2, dtype=torch.float64)  # images seen by this rank, checksum of their indices
+        self.tic, self.tic_step = time.perf_counter(), self.step
+        self.started, self.first_step = time.monotonic(), self.step
+        try:
+            while self.step < self.t.max_steps:
+                loss_mean, grad_norm = self.run_step()
+                self.log(loss_mean, grad_norm)
+                if self.periodic_work(stop.signum):
+                    break
+        except BaseException:
+            self.accelerator.end_training()
+            raise
+        finally:
+            self.bar.close()
+            stop.restore()
+        return self.finish()
+
+    def run_step(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One optimizer step on the global batch: this process's slices, accumulated. Returns the loss
+        (mean over processes) and the gradient norm before clipping (None without clipping)."""
+        t, acc, A = self.t, self.accelerator, self.t.gradient_accumulation_steps
+        torch.manual_seed(t.seed * 1_000_003 + self.step * 97 + self.rank)  # dropout stream: a function of (step, rank)
+        batch = _step_batch(self.train_ds, self.diffusion, self.cfg, self.step, self.conditional)  # the whole global batch
+        self.model.train()
+        loss_sum = torch.zeros((), device=acc.device)
+        for a in range(A):
+            loss_sum += self._micro_step(batch, a) / A
+        grad_norm = None
+        if t.max_grad_norm is not None:
+            grad_norm = acc.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
+        loss_mean = acc.reduce(loss_sum, "mean")
+        if not torch.isfinite(loss_mean):
+            raise TrainingError(
+                f"loss is {float(loss_mean)} at step {self.step + 1}; stopped without saving this state. "
+                f"The last good checkpoint is {_last(self.out)}; lower train.lr or use mixed_precision: no"
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if not acc.optimizer_step_was_skipped:  # fp16 overflow: no real step, so no LR/EMA step
+            self.lr_scheduler.step()
+            if self.ema is not None:
+                self.ema.step(acc.unwrap_model(self.model).parameters())
+        self.step += 1
+        return loss_mean, grad_norm
+
+    def _micro_step(self, batch: tuple[torch.Tensor, ...], a: int) -> torch.Tensor:
+        """Forward and backward on this process's slice of accumulation step `a`; gradients sync on the last."""
+        acc, A, micro = self.accelerator, self.t.gradient_accumulation_steps, self.micro
+        first = (a * self.world + self.rank) * micro  # order: [accum][rank][micro]
+        idx, x0, labels, noise, timesteps = (v[first : first + micro] for v in batch)
+        self.seen += torch.tensor([micro, float(idx.double().mul(self.step + 1).sum())], dtype=torch.float64)
+        x0 = x0.to(acc.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        labels = labels.to(acc.device)
+        ctx = acc.no_sync(self.model) if a < A - 1 else contextlib.nullcontext()
+        with ctx:
+            loss = self.diffusion.training_loss(
+                self.model, x0, labels if self.conditional else None, noise=noise.to(x0), timesteps=timesteps.to(x0.device),
+                snr_gamma=self.t.snr_gamma,
+            )
+            acc.backward(loss / A)
+        return loss.detach()
+
+    def log(self, loss_mean: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        """Progress bar and loss.csv every step, tensorboard every train.log_every steps: main process only."""
+        if not self.is_main:
+            return
+        t, step = self.t, self.step
+        self.bar.update(1)
+        elapsed = time.perf_counter() - self.tic
+        ips = (step - self.tic_step) * t.batch_size / max(elapsed, 1e-9)
+        self.bar.set_postfix(loss=f"{float(loss_mean):.4f}", img_s=f"{ips:.1f}", refresh=False)
+        record_loss(self.out, step, float(loss_mean))
+        if step % t.log_every == 0 or step == t.max_steps:
+            logs = {"loss": float(loss_mean), "lr": self.lr_scheduler.get_last_lr()[0], "img_per_s": ips}
+            if grad_norm is not None:
+                logs["grad_norm"] = float(grad_norm)
+            self.accelerator.log(logs, step=step)
+
+    def periodic_work(self, signum_here: int | None) -> bool:
+        """Sample grid, FID and checkpoint when due; True when the time limit ends the run.
+
+        signum_here: the signal this process caught, if any. Every rank must agree on stopping: (signal,
+        out of time) are reduced with max, so a signal to one process saves a checkpoint on all and
+        exits them all."""
+        t, acc, step = self.t, self.accelerator, self.step
+        flags = torch.tensor([float(signum_here or 0), float(_out_of_time(t, self.started))], device=acc.device)
+        signum, out_of_time = (int(v) for v in acc.reduce(flags, "max"))
+        last = step == t.max_steps or out_of_time
+        if t.sample_every and (step % t.sample_every == 0 or last):
+            if self.is_main:
+                _sample_grid(acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.out, step)
+            acc.wait_for_everyone()
+        if t.fid_every and (step % t.fid_every == 0 or last):
+            if self.is_main:
+                _evaluate_fid(acc, acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.val_ds, self.out, step)
+            acc.wait_for_everyone()
+        if step % t.checkpoint_every == 0 or last or signum:
+            self.save()
+        if signum:
+            if self.is_main:
+                logger.warning("stopped by signal %d at step %d; checkpoint saved. Continue with --resume latest", signum, step)
+            raise SystemExit(128 + signum)
+        if out_of_time:
+            logger.warning("train.time_limit_minutes=%s reached at step %d; exporting", t.time_limit_minutes, step)
+        return bool(out_of_time)
+
+    def save(self) -> None:
+        """A checkpoint of this step (every process writes its part), then the oldest pruned."""
+        state = {"step": self.step, "lr_scheduler": self.lr_scheduler.state_dict(), "world_size": self.world}
+        ckpt.save_checkpoint(self.accelerator, self.out, self.step, state, self.ema)
+        if self.is_main:
+            ckpt.prune_checkpoints(self.out, self.t.keep_checkpoints)
+
+    def finish(self) -> Path:
+        """The (EMA) weights exported as a pipeline to out/model, and train_summary.json; returns out/model."""
+        acc = self.accelerator
+        all_seen = acc.gather(self.seen.to(acc.device)[None]).cpu()  # (world, 2)
+        model_dir = self.out / "model"
+        if self.is_main:
+            final = _export_unet(acc.unwrap_model(self.model), self.ema)
+            names = list(getattr(self.train_ds, "classes", None) or [])
+            classes = names if len(names) == (final.config.num_class_embeds or 0) else None
+            save_pipeline(final, self.diffusion.scheduler, model_dir, classes=classes)
+            (self.out / "train_summary.json").write_text(json.dumps(self._summary(all_seen), indent=1))
+        acc.wait_for_everyone()
+        acc.end_training()
+        return model_dir
+
+    def _summary(self, all_seen: torch.Tensor) -> dict:
+        """train_summary.json: images seen (per rank, with a checksum of their indices), LR, this sitting's speed."""
+        t, step = self.t, self.step
+        return {
             "step": step,
             "images_seen": int(all_seen[:, 0].sum()),
             "per_rank": [{"rank": r, "images": int(n), "index_checksum": float(c)} for r, (n, c) in enumerate(all_seen.tolist())],
-            "lr": lr_scheduler.get_last_lr()[0],
-            "validation_images": len(val_ds),
+            "lr": self.lr_scheduler.get_last_lr()[0],
+            "validation_images": len(self.val_ds),
             # this sitting only (a resumed run adds sittings): wall-clock of the loop and its throughput
-            "train_seconds": round(time.monotonic() - started, 1),
-            "images_per_s": round((step - first_step) * t.batch_size / max(time.monotonic() - started, 1e-9), 1),
+            "train_seconds": round(time.monotonic() - self.started, 1),
+            "images_per_s": round((step - self.first_step) * t.batch_size / max(time.monotonic() - self.started, 1e-9), 1),
         }
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=1))
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return model_dir
 
 
 def _init_weights(cfg: RunConfig, init_from: str) -> dict[str, torch.Tensor]:
@@ -474,11 +543,49 @@ def _flat_hparams(cfg: RunConfig) -> dict:
     return flat
 
 
-def main() -> None:  # `accelerate launch -m denoiser.train ...`
-    from denoiser.cli import main as cli_main
+# The command line of a run: `denoiser train ...` (the CLI adds these flags to its `train` subcommand)
+# and `accelerate launch -m denoiser.train ...` (main below), the same flags and the same behaviour.
 
-    sys.exit(cli_main(["train", *sys.argv[1:]]))
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `denoiser train`, which `accelerate launch -m denoiser.train` takes as they are."""
+    parser.add_argument("--config", required=True,
+                        help="a preset name (tiny, cifar10, emoji, ...; a wrong name lists them) or a YAML file")
+    parser.add_argument("--output-dir", default=None, help="run folder (default: runs/<config name>)")
+    parser.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
+    parser.add_argument("--resume", default=None, help="'latest' or a checkpoint folder")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set train.lr=1e-4 (repeatable)")
+    parser.add_argument("--overwrite", action="store_true", help="start over in an output folder that holds another run")
+    parser.add_argument("--init-from", default=None, metavar="MODEL_DIR",
+                        help="start from a model folder's weights (e.g. weights/cifar10): fresh optimizer, warm-up; fine-tuning")
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    """`denoiser train`: the config with its overrides, the run, then where its outputs are (main process)."""
+    overrides = list(args.overrides) + ([f"train.max_steps={args.max_steps}"] if args.max_steps else [])
+    cfg = load_config(args.config, overrides)
+    out = args.output_dir or str(Path("runs") / Path(args.config).stem)
+    model_dir = train(cfg, out, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from)
+    if PartialState().is_main_process:
+        print(f"model: {model_dir}\nrun folder: {out} (samples/, loss.png, logs/ for tensorboard)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`accelerate launch -m denoiser.train --config ...`: `denoiser train` as the `denoiser` command runs it
+    (logging, malloc settings, errors as `denoiser train: error: ...` with exit status 2)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="denoiser train")
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    malloc.configure()  # freed activations stay in the heap for the next step (denoiser/fast/malloc.py)
+    try:
+        cmd_train(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"denoiser train: error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -140,48 +140,26 @@ class UNet(ModelMixin, ConfigMixin):
         temb_dim = 4 * base_channels
         groups = norm_num_groups
 
+        def block(in_ch: int, out_ch: int) -> ResBlock:
+            return ResBlock(in_ch, out_ch, temb_dim, dropout, groups)
+
         def attention(ch: int) -> SpatialSelfAttention:
             return SpatialSelfAttention(ch, num_heads, attention_head_dim, groups)
 
+        # (channels, attention?) of each level, top to bottom: level i works at sample_size / 2**i
+        levels = [(base_channels * mult, sample_size // 2**i in attention_resolutions) for i, mult in enumerate(channel_mult)]
         self.time_embed = nn.Sequential(nn.Linear(base_channels, temb_dim), nn.SiLU(), nn.Linear(temb_dim, temb_dim))
         # One extra row: the "no class" embedding, used when class_labels is None (and for label dropout).
         self.class_embed = nn.Embedding(num_class_embeds + 1, temb_dim) if num_class_embeds else None
         self.conv_in = Conv2d(in_channels, base_channels, 3, padding=1)
-
-        # Down path: remember every output's channels; the up path consumes them in reverse.
-        skip_channels = [base_channels]
-        ch, res = base_channels, sample_size
-        self.down = nn.ModuleList()
-        for i, mult in enumerate(channel_mult):
-            blocks, attns = [], []
-            for _ in range(layers_per_block):
-                blocks.append(ResBlock(ch, base_channels * mult, temb_dim, dropout, groups))
-                ch = base_channels * mult
-                if res in attention_resolutions:
-                    attns.append(attention(ch))
-                skip_channels.append(ch)
-            last = i == len(channel_mult) - 1
-            self.down.append(Level(blocks, attns, None if last else Downsample(ch)))
-            if not last:
-                skip_channels.append(ch)
-                res //= 2
-
-        self.mid_res1 = ResBlock(ch, ch, temb_dim, dropout, groups)
+        # Built in this order (down, middle, up): the order of the random initialisation and of the state dict.
+        self.down, skip_channels = _down_path(levels, base_channels, layers_per_block, block, attention)
+        ch = levels[-1][0]
+        self.mid_res1 = block(ch, ch)
         self.mid_attn = attention(ch) if mid_attention else None
-        self.mid_res2 = ResBlock(ch, ch, temb_dim, dropout, groups)
-
-        self.up = nn.ModuleList()
-        for i, mult in reversed(list(enumerate(channel_mult))):
-            blocks, attns = [], []
-            for _ in range(layers_per_block + 1):
-                blocks.append(ResBlock(ch + skip_channels.pop(), base_channels * mult, temb_dim, dropout, groups))
-                ch = base_channels * mult
-                if res in attention_resolutions:
-                    attns.append(attention(ch))
-            self.up.append(Level(blocks, attns, Upsample(ch) if i > 0 else None))
-            if i > 0:
-                res *= 2
-
+        self.mid_res2 = block(ch, ch)
+        self.up = _up_path(levels, skip_channels, layers_per_block, block, attention)
+        ch = levels[0][0]  # the up path ends at the top level's channels
         self.norm_out = GroupNorm(groups, ch, eps=1e-6, silu=True)
         self.conv_out = Conv2d(ch, out_channels, 3, padding=1)
 
@@ -269,6 +247,41 @@ class UNet(ModelMixin, ConfigMixin):
         `sample()` opens around its loop. The weights must not change while it is open; it nests and may
         be open in several threads at once."""
         return prepacked(self.modules())
+
+
+def _down_path(levels, base_channels: int, layers_per_block: int, block, attention) -> tuple[nn.ModuleList, list[int]]:
+    """The down levels (ResBlocks, attention where the level has it, a Downsample but at the bottom) and
+    the channels of every output kept as a skip, conv_in's first; the up path consumes them in reverse."""
+    skip_channels = [base_channels]
+    ch, path = base_channels, nn.ModuleList()
+    for i, (out, attends) in enumerate(levels):
+        blocks, attns = [], []
+        for _ in range(layers_per_block):
+            blocks.append(block(ch, out))
+            ch = out
+            if attends:
+                attns.append(attention(ch))
+            skip_channels.append(ch)
+        last = i == len(levels) - 1
+        path.append(Level(blocks, attns, None if last else Downsample(ch)))
+        if not last:
+            skip_channels.append(ch)
+    return path, skip_channels
+
+
+def _up_path(levels, skip_channels: list[int], layers_per_block: int, block, attention) -> nn.ModuleList:
+    """The up levels, bottom to top: layers_per_block + 1 ResBlocks, each taking one skip (popped from
+    `skip_channels`) concatenated to its input, attention where the level has it, an Upsample but at the top."""
+    ch, path = levels[-1][0], nn.ModuleList()
+    for i, (out, attends) in reversed(list(enumerate(levels))):
+        blocks, attns = [], []
+        for _ in range(layers_per_block + 1):
+            blocks.append(block(ch + skip_channels.pop(), out))
+            ch = out
+            if attends:
+                attns.append(attention(ch))
+        path.append(Level(blocks, attns, Upsample(ch) if i > 0 else None))
+    return path
 
 
 def _validate(sample_size, base_channels, channel_mult, layers_per_block, norm_num_groups) -> None:

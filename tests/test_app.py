@@ -22,8 +22,8 @@ from diffusers import DDPMScheduler
 from PIL import Image
 
 from denoiser import UNet
-from denoiser.app import ui as webapp
-from denoiser.explore import Explorer
+from denoiser.app import handlers, layout
+from denoiser.app.engine import Engine
 from denoiser.pipeline import WEIGHTS_DIR, save_pipeline
 from tests.conftest import ROOT, TINY
 
@@ -82,18 +82,18 @@ def weights(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(weights):
-    demo = webapp.build_app(Explorer(weights))
+    demo = layout.build_app(Engine(weights))
     port = _free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **webapp.LAUNCH)
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **layout.LAUNCH)
     yield f"http://127.0.0.1:{port}/"
     demo.close()
 
 
 def test_click_maps_through_display_scaling():
-    assert webapp.click_to_pixel((0, 0), 32) == (0, 0)
-    assert webapp.click_to_pixel((255, 255), 32) == (31, 31)
-    assert webapp.click_to_pixel((9, 200), 32, display=256) == (25, 1)  # (x, y) in, (y, x) out
-    assert webapp.click_to_pixel((300, 300), 16) == (15, 15)
+    assert handlers.click_to_pixel((0, 0), 32) == (0, 0)
+    assert handlers.click_to_pixel((255, 255), 32) == (31, 31)
+    assert handlers.click_to_pixel((9, 200), 32, display=256) == (25, 1)  # (x, y) in, (y, x) out
+    assert handlers.click_to_pixel((300, 300), 16) == (15, 15)
 
 
 def test_gradio_client_samples_then_shows_attention(server):
@@ -156,7 +156,7 @@ def test_cancel_stops_the_sampling_work(server):
 def test_uploads_are_bounded(server):
     import httpx
 
-    # 25 MB at most: a phone's JPEG fits, the editor's PNG of its small copy too (webapp.LAUNCH)
+    # 25 MB at most: a phone's JPEG fits, the editor's PNG of its small copy too (layout.LAUNCH)
     big = httpx.post(server + "gradio_api/upload", files={"files": ("big.bin", b"0" * (26 * 1024 * 1024))}, timeout=30)
     assert big.status_code in (400, 413) and "size" in big.text.lower()
     small = httpx.post(server + "gradio_api/upload", files={"files": ("small.bin", b"0" * 1024)}, timeout=30)

@@ -124,7 +124,8 @@ def test_channels_last_model_saves_and_reloads(tiny_unet, tmp_path):
 def test_sample_and_restore_take_the_guidance_flags(tmp_path, capsys):
     from denoiser import UNet
     from denoiser.guidance import Guidance
-    from denoiser.sample import make_sampler, sample, to_pil
+    from denoiser.image_io import to_pil
+    from denoiser.sample import make_sampler, sample
     from tests.conftest import TINY
 
     torch.manual_seed(0)

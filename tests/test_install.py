@@ -58,7 +58,7 @@ def run_installed(installed, *args: str, env: dict | None = None, script: bool =
 def test_wheel_holds_the_package_presets_and_kernel_sources_only(installed):
     wheel = installed[0]
     names = zipfile.ZipFile(wheel).namelist()
-    assert "denoiser/app/ui.py" in names and "denoiser/presets/cifar10.yaml" in names
+    assert "denoiser/app/layout.py" in names and "denoiser/presets/cifar10.yaml" in names
     assert "denoiser/fast/csrc/attention_small_head.cpp" in names
     assert not [n for n in names if n.startswith(("tests/", "weights/", "bench/")) or n.endswith(".safetensors")]
     assert wheel.stat().st_size < 1_000_000

@@ -1,7 +1,9 @@
-"""The README's code runs as written: the "UNet in your own diffusers pipeline" block, line for line."""
+"""The README's code runs as written: the "UNet in your own diffusers pipeline" block, line for line; and the
+commands and files it names exist."""
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import numpy as np
@@ -10,8 +12,6 @@ import torch
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow  # samples the shipped CIFAR-10 model and compiles it (~1 minute on 2 cores)
-
 
 def _python_block(heading: str) -> str:
     text = (ROOT / "README.md").read_text()
@@ -19,6 +19,7 @@ def _python_block(heading: str) -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.slow  # samples the shipped CIFAR-10 model and compiles it (~1 minute on 2 cores)
 def test_pipeline_export_compile_checkpointing_block_runs(monkeypatch, capsys):
     monkeypatch.chdir(ROOT)  # the block names weights/cifar10 relative to a clone
     code = _python_block("### The UNet in your own diffusers pipeline")
@@ -35,3 +36,47 @@ def test_pipeline_export_compile_checkpointing_block_runs(monkeypatch, capsys):
     unet = scope["unet"]
     assert unet.is_gradient_checkpointing and all(p.grad is not None for p in unet.parameters() if p.requires_grad)
     assert unet.conv_in.weight.dtype == torch.float8_e4m3fn  # layerwise casting: stored in fp8
+
+
+def _readme_commands(text: str) -> list[tuple[str, list[str], str]]:
+    """(subcommand, --flags, line) of every `denoiser SUB ...` and `-m denoiser.train ...` in the shell blocks."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = re.sub(r"(^|\s)#.*", "", line)  # shell comments may quote other tools' flags
+            for segment in line.split("&&"):
+                m = re.search(r"(?<![\w/.-])denoiser ([a-z][\w-]*)|-m denoiser\.(train)\b", segment)
+                if m:
+                    flags = re.findall(r"(?<![\w-])--[a-z][\w-]*", segment[m.end():])
+                    found.append((m.group(1) or m.group(2), flags, line))
+    return found
+
+
+def _package_table(text: str) -> str:
+    start = text.index("### The package")
+    return text[start:text.index("\n### ", start + 1)]
+
+
+def test_readme_names_real_subcommands_flags_and_modules():
+    from denoiser.cli import build_parser
+
+    text = (ROOT / "README.md").read_text()
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    commands = _readme_commands(text)
+    assert len(commands) >= 20, f"found only {len(commands)} denoiser commands in the README's ```bash blocks"
+    wrong = []
+    for sub, flags, line in commands:
+        if sub not in subparsers:
+            wrong.append(f"unknown subcommand {sub!r}: {line.strip()}")
+        elif sub != "app":  # `denoiser app` hands its arguments to the app's own parser (denoiser.app)
+            known = subparsers[sub]._option_string_actions
+            wrong += [f"{sub} has no {flag}: {line.strip()}" for flag in flags if flag not in known]
+    assert not wrong, "README commands the CLI refuses:\n" + "\n".join(wrong)
+    assert {sub for sub, _, _ in commands} == set(subparsers), "every subcommand appears in the README's shell blocks"
+
+    named = set(re.findall(r"`(denoiser/[^`\s]*)`", _package_table(text)))
+    missing = sorted(p for p in named if not ((ROOT / p).is_dir() if p.endswith("/") else (ROOT / p).is_file()))
+    assert not missing, f"the README's package table names paths that do not exist: {missing}"
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "denoiser").rglob("*.py")
+               if "__pycache__" not in p.parts and "presets" not in p.parts}
+    assert modules <= named, f"modules missing from the README's package table: {sorted(modules - named)}"

@@ -8,8 +8,9 @@ from PIL import Image
 
 from denoiser.cli import main
 from denoiser.data import make_synthetic
+from denoiser.diffusion import Diffusion
 from denoiser.pipeline import WEIGHTS_DIR, load_model
-from denoiser.restore import denoise, edit, estimate_sigma, inpaint, psnr, sigma_to_timestep
+from denoiser.restore import denoise, edit, estimate_sigma, inpaint, psnr
 from denoiser.sample import make_sampler, sample
 
 MODEL = WEIGHTS_DIR / "synthetic-shapes"
@@ -17,7 +18,8 @@ MODEL = WEIGHTS_DIR / "synthetic-shapes"
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model(MODEL)
+    unet, sched = load_model(MODEL)
+    return unet, sched, Diffusion(sched)
 
 
 @pytest.fixture(scope="module")
@@ -31,24 +33,24 @@ def _noisy(x: torch.Tensor, sigma: float, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("sigma", [0.05, 0.1, 0.2, 0.4])
 def test_mmse_denoising_lowers_the_error(model, clean, sigma):
-    unet, sched = model
+    unet, sched, diffusion = model
     noisy = _noisy(clean, sigma)
     target = clean / 2 + 0.5
     before = psnr((noisy / 2 + 0.5).clamp(0, 1), target).mean()
-    after = psnr(denoise(unet, sched.config, noisy, sigma=sigma).images, target).mean()
+    after = psnr(denoise(unet, diffusion, noisy, sigma=sigma).images, target).mean()
     assert after > before + 5  # dB; measured +8 to +14 on this model
-    sampled = psnr(denoise(unet, sched.config, noisy, sigma=sigma, method="sample", steps=10).images, target).mean()
+    sampled = psnr(denoise(unet, diffusion, noisy, sigma=sigma, method="sample", steps=10).images, target).mean()
     assert sampled > before
 
 
 def test_sigma_maps_to_the_matching_noise_level(model):
-    _, sched = model
+    _, sched, diffusion = model
     a = torch.tensor(sched.alphas_cumprod, dtype=torch.float64)
     for sigma in (0.01, 0.1, 0.5):
-        t = sigma_to_timestep(sigma, sched.config)
+        t = diffusion.sigma_to_timestep(sigma)
         assert ((1 - a[t]) / a[t]).sqrt() == pytest.approx(2 * sigma, rel=0.1)  # the nearest of T levels
     with pytest.raises(ValueError, match="sigma must be positive"):
-        sigma_to_timestep(0, sched.config)
+        diffusion.sigma_to_timestep(0)
 
 
 @pytest.mark.parametrize("sigma", [0.05, 0.1, 0.2])
@@ -60,33 +62,33 @@ def test_noise_estimate_within_20_percent(clean, sigma):
 
 
 def test_denoise_with_estimated_sigma(model, clean):
-    unet, sched = model
+    unet, sched, diffusion = model
     noisy = _noisy(clean, 0.1)
     target = clean / 2 + 0.5
-    auto = denoise(unet, sched.config, noisy).images
+    auto = denoise(unet, diffusion, noisy).images
     assert psnr(auto, target).mean() > psnr((noisy / 2 + 0.5).clamp(0, 1), target).mean() + 5
 
 
 def test_edit_strength_zero_keeps_and_one_samples(model, clean):
-    unet, sched = model
-    kept = edit(unet, sched.config, clean, strength=0.0).images
+    unet, sched, diffusion = model
+    kept = edit(unet, diffusion, clean, strength=0.0).images
     assert torch.equal(kept, (clean / 2 + 0.5).clamp(0, 1))
-    light = edit(unet, sched.config, clean, strength=0.2, steps=10).images
-    full = edit(unet, sched.config, clean, strength=1.0, steps=10).images
+    light = edit(unet, diffusion, clean, strength=0.2, steps=10).images
+    full = edit(unet, diffusion, clean, strength=1.0, steps=10).images
     err_light, err_full = ((light - kept).abs().mean()), ((full - kept).abs().mean())
     assert err_light < err_full and err_full > 0.1  # strength 1 forgets the input
     # strength 1 is ancestral sampling from pure noise (DDPM on the same 10 timesteps)
     ref = sample(unet, make_sampler("ddpm", sched.config), 8, timesteps=list(range(999, -1, -100))[:10], seed=1)
     assert abs(float(full.std()) - float(ref.images.std())) < 0.1
     with pytest.raises(ValueError, match="strength must be in"):
-        edit(unet, sched.config, clean, strength=1.5)
+        edit(unet, diffusion, clean, strength=1.5)
 
 
 def test_inpainting_keeps_known_pixels_and_fills_the_hole(model, clean):
-    unet, sched = model
+    unet, sched, diffusion = model
     mask = torch.zeros(1, 1, 16, 16)
     mask[..., 5:11, 5:11] = 1
-    out = inpaint(unet, sched.config, clean, mask, steps=20).images
+    out = inpaint(unet, diffusion, clean, mask, steps=20).images
     target = (clean / 2 + 0.5).clamp(0, 1)
     torch.testing.assert_close(out * (1 - mask), target * (1 - mask), rtol=0, atol=1e-6)
     hole_err = ((out - target).abs() * mask).sum() / (mask.sum() * 3 * 8)
@@ -95,7 +97,7 @@ def test_inpainting_keeps_known_pixels_and_fills_the_hole(model, clean):
     tv = (out[..., 1:, :] - out[..., :-1, :]).abs()[..., 5:10, 5:11].mean()  # vertical steps inside the hole
     assert tv < 0.1  # smooth fill, not noise (random pixels: ~0.33)
     with pytest.raises(ValueError, match="mask must be"):
-        inpaint(unet, sched.config, clean, torch.zeros(1, 1, 8, 8))
+        inpaint(unet, diffusion, clean, torch.zeros(1, 1, 8, 8))
 
 
 def test_cli_denoise_edit_inpaint(tmp_path, capsys):

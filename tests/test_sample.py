@@ -8,7 +8,8 @@ from diffusers import DDIMPipeline, DDPMPipeline, DDPMScheduler
 from PIL import Image
 
 from denoiser.guidance import Guidance
-from denoiser.sample import make_sampler, sample, save_grid, trajectory_strip
+from denoiser.image_io import save_grid
+from denoiser.sample import make_sampler, sample, trajectory_strip
 
 
 @pytest.mark.parametrize("name,pipeline_cls,kwargs", [

@@ -1,10 +1,13 @@
 """The denoiser web app: `denoiser app` or `python app.py [--host 127.0.0.1] [--port 7860] [--share]
 [--max-sessions 32] [--weights FOLDER]`.
 
-This module starts the process; the pages and handlers are in `denoiser.app.ui`. Gradio's served files
-go to a folder of the app's own (under GRADIO_TEMP_DIR when set), made before Gradio is imported
-(parts of Gradio read GRADIO_TEMP_DIR only then), swept every 5 minutes and removed on exit, on Ctrl-C
-and on SIGTERM.
+This module starts the process. The app's parts, each in its own file: `serve` (arguments, the server,
+stopping), `layout` (the page), `handlers` (what each event does), `streaming` (jobs in a worker thread,
+progress, errors for people), `engine` (models, sampling, restoring and attention, without the web).
+
+Gradio's served files go to a folder of the app's own (under GRADIO_TEMP_DIR when set), made before
+Gradio is imported (parts of Gradio read GRADIO_TEMP_DIR only then), swept every 5 minutes and removed
+on exit, on Ctrl-C and on SIGTERM.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 __all__ = ["main"]
 
-# an offline tool: no usage reports, no waiting on them (set before denoiser.app.ui imports Gradio)
+# an offline tool: no usage reports, no waiting on them (set before denoiser.app.serve imports Gradio)
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
@@ -40,6 +43,6 @@ def main(argv: list[str] | None = None) -> None:
     # the app's temp folder even while it starts
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     _own_temp_folder()
-    from denoiser.app.ui import run  # imports Gradio: after the temp folder is set
+    from denoiser.app.serve import run  # imports Gradio: after the temp folder is set
 
     run(argv)

@@ -1,4 +1,6 @@
-"""What the web app does, without the web: generate with previews, then open any pixel's attention.
+"""The web app's engine, without the web: models by name, generation with previews, your images restored,
+then any pixel's attention, the heads' statistics and layers switched off. Returns tensors, images and
+plain data; the words and Markdown a page shows are the handlers' (denoiser/app/handlers.py).
 
 Sampling runs the fused attention path and keeps only the model inputs x_t of every step (a few MB).
 Opening the attention view for a step re-runs that step's UNet call on the same batch under
@@ -20,19 +22,23 @@ from PIL import Image
 
 from denoiser.attention import AttentionRecord, capture_attention, identity_attention
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
+from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance, check_guide, read_sampling_defaults
-from denoiser.image_io import to_unit
+from denoiser.image_io import MAX_PIXELS, mask_to_model, to_unit
 from denoiser.pipeline import list_models, load_model, model_roots, read_classes, resolve_model_dir
-from denoiser.sample import make_sampler, sample, sampling_context
+from denoiser.restore import restore
+from denoiser.sample import SAMPLERS, make_sampler, sample, sampling_context
 from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
-__all__ = ["Explorer", "Generation", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
+__all__ = ["Engine", "Generation", "Restored", "Stages", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
 
-# what the Edit tab does to a user's image (denoiser.restore); "denoise" is the one-step MMSE estimate
-RESTORE_OPERATIONS = ("denoise", "denoise (sampled)", "edit", "inpaint")
+# what the Edit tab does to a user's image (denoiser.restore) -> (operation, method); "denoise" is the one-step
+# MMSE estimate, "denoise (sampled)" the reverse chain
+RESTORE_OPERATIONS = {"denoise": ("denoise", "mmse"), "denoise (sampled)": ("denoise", "sample"),
+                      "edit": ("edit", "mmse"), "inpaint": ("inpaint", "mmse")}
 
-# integer-timestep schedulers: the attention view re-runs a step's exact UNet call (Euler steps on fractional t)
-SCHEDULERS = ("ddim", "ddpm", "dpm++")
+# the samplers with integer timesteps: the attention view re-runs a step's exact UNet call
+SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
 
 # Work units: images × UNet calls × model_cost. The default admits the app's defaults on every shipped
 # model many times over (cifar10, 8 images DDIM-50: 2,700) and caps one request at about a minute of
@@ -50,6 +56,25 @@ LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "gu
           "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0)}
 
 
+class StepAttention:
+    """The exact attention of one denoising step of a generation, kept until another step is asked for: a
+    session's memory stays bounded however many steps it opens."""
+
+    def __init__(self) -> None:
+        self._step: int | None = None
+        self._records: list[AttentionRecord] = []
+
+    def get(self, step: int, capture: Callable[[], list[AttentionRecord]]) -> list[AttentionRecord]:
+        """Step `step`'s records, from `capture()` unless they are the ones kept."""
+        if step != self._step:
+            self._step, self._records = None, []  # the old step's records go before the new ones are made
+            self._records, self._step = capture(), step
+        return self._records
+
+    def __len__(self) -> int:
+        return 0 if self._step is None else 1
+
+
 @dataclass
 class Generation:
     """One sampling run of one session: final images and every step's model input."""
@@ -61,11 +86,38 @@ class Generation:
     labels: torch.Tensor | None
     guidance: Guidance = field(default_factory=Guidance)  # what the images were sampled with
     replay: dict | None = None  # generate()'s arguments, to sample the same seed again (None: an edit)
-    _records: dict[int, list[AttentionRecord]] = field(default_factory=dict, repr=False)
+    attention: StepAttention = field(default_factory=StepAttention, repr=False)  # the latest step's records
 
     @property
     def num_steps(self) -> int:
         return len(self.timesteps)
+
+
+@dataclass
+class Restored:
+    """What restoring a user's image did, for the page to say."""
+
+    operation: str
+    input_size: tuple[int, int]  # (width, height) of the user's image
+    size: int  # the model's sample size it was resized and cropped to
+    steps: int  # timesteps the chain visited
+    psnr: tuple[float, float] | None  # (noisy, result) in dB against the image, when noise was added first
+
+
+@dataclass
+class Stages:
+    """One pixel's attention in one layer and head, stage by stage, for the page to show."""
+
+    layer: str
+    head: int
+    query: tuple[int, int]  # (y, x) on the layer's grid
+    grid: tuple[int, int]  # (H, W) of the layer
+    head_dim: int
+    step: int
+    timestep: int
+    score_range: tuple[float, float]  # stage (2): min, max of q·kᵀ/√d
+    weight_sum: float  # stage (3): the softmax's weights sum to this (1)
+    top: list[tuple[tuple[int, int], float, float]]  # the most attended pixels: ((y, x), score, weight)
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:
@@ -79,7 +131,7 @@ def _check_int(name: str, value, lo: int, hi: int) -> int:
     return int(v)
 
 
-class Explorer:
+class Engine:
     """Models under folders of model folders, loaded once; generation and attention views."""
 
     def __init__(self, weights_dir: str | Path | Sequence[str | Path] | None = None) -> None:
@@ -129,12 +181,9 @@ class Explorer:
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         unet, train_sched = self.model(model)
-        n_cls = unet.config.num_class_embeds or 0
-        if class_label is not None:
-            if not n_cls:
-                raise ValueError(f"model {model!r} has no classes; leave the class empty")
-            class_label = _check_int("class", class_label, 0, n_cls - 1)
-        guidance = self.guidance(model, guidance, pag_scale, guide_scale, class_label)
+        if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes
+            class_label = _check_int("class", class_label, 0, 2**31 - 1)
+        guidance = self.guidance(model, guidance, pag_scale, guide_scale)
         self.check_work(unet, num_images, steps, guidance)
         inputs: list[torch.Tensor] = []
 
@@ -165,37 +214,24 @@ class Explorer:
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
         pag_scale: float = 0.0,
         guide_scale: float = 1.0,
-    ) -> tuple[Generation, Image.Image | None, str]:
-        """Denoise, edit or inpaint the user's image (denoiser.restore) as a Generation the attention view opens.
+    ) -> tuple[Generation, Image.Image | None, Restored]:
+        """Denoise, edit or inpaint the user's image (`denoiser.restore.restore`) as a Generation the attention
+        view opens.
 
-        amount: the noise σ of the image for "denoise" (0: estimated), the strength for "edit".
-        mask: for "inpaint", white (or painted, opaque) pixels are regenerated. Returns the generation
-        (its image, every step's model input), the noisy input when `add_noise` > 0, and a summary.
+        operation: one of RESTORE_OPERATIONS. amount: the noise σ of the image for denoising (0: estimated),
+        the strength for "edit". mask: for "inpaint", white (or painted, opaque) pixels are regenerated.
+        Returns the generation (its image, every step's model input), the noisy input when `add_noise` > 0,
+        and what was done.
         """
-        from denoiser.image_io import MAX_PIXELS, image_to_model, mask_to_model
-        from denoiser.restore import add_noise as noised
-        from denoiser.restore import denoise, edit, inpaint, psnr
-
-        if operation not in RESTORE_OPERATIONS:
-            raise ValueError(f"operation must be one of {', '.join(RESTORE_OPERATIONS)}, got {str(operation)[:40]!r}")
-        if image is None:
-            raise ValueError("upload an image first")
-        if image.width * image.height > MAX_PIXELS:
-            raise ValueError(f"the image is {image.width}x{image.height}: at most {MAX_PIXELS // 1_000_000} megapixels")
-        steps = _check_int("steps", steps, *LIMITS["steps"])
-        seed = _check_int("seed", seed, *LIMITS["seed"])
-        amount, add_noise = float(amount), float(add_noise)
-        if not 0 <= add_noise <= 1 or not 0 <= amount <= 1:
-            raise ValueError(f"noise and strength must be in 0..1, got {amount} and {add_noise}")
+        kind, method, steps, seed, amount, add_noise = _restore_request(operation, image, steps, seed, amount, add_noise)
         unet, train_sched = self.model(model)
-        guidance = self.guidance(model, guidance, pag_scale, guide_scale, class_label)
+        if kind == "inpaint" and mask is not None and not mask_to_model(mask, image.size, unet.config.sample_size).any():
+            raise ValueError("the mask is empty: paint the area to regenerate")  # the page's case: nothing painted
+        guidance = self.guidance(model, guidance, pag_scale, guide_scale)
         self.check_work(unet, 1, steps, guidance)
-        size = unet.config.sample_size
-        clean = image_to_model(image, size)  # (1, 3, S, S) in [-1, 1]
-        x = noised(clean, add_noise, seed) if add_noise > 0 else clean
         inputs, timesteps = [], []
-        # steps the chain will take (denoise.restore visits at most this many timesteps), for progress
-        expected = {"denoise": 1, "edit": max(1, round(steps * amount))}.get(operation, steps)
+        # steps the chain will take (denoiser.restore visits at most this many timesteps), for progress
+        expected = {"denoise": 1 if method == "mmse" else steps, "edit": max(1, round(steps * amount))}.get(kind, steps)
 
         def record(i, t, x_t, x0):
             inputs.append(x_t.detach().clone())
@@ -203,37 +239,21 @@ class Explorer:
             if on_step is not None:
                 on_step(i, max(expected, i + 1), to_unit(x0))
 
-        common = dict(seed=seed, class_label=class_label, guidance=guidance, callback=record)
-        if operation.startswith("denoise"):
-            sigma = amount if amount > 0 else None
-            method = "sample" if operation == "denoise (sampled)" else "mmse"
-            res = denoise(unet, train_sched.config, x, sigma=sigma, method=method, steps=steps, **common)
-        elif operation == "edit":
-            if amount == 0:
-                raise ValueError("edit strength 0 keeps the image as it is: choose a strength above 0")
-            res = edit(unet, train_sched.config, x, strength=amount, steps=steps, **common)
-        else:
-            if mask is None:
-                raise ValueError("inpaint needs a mask: paint the area to regenerate")
-            m = mask_to_model(mask, image.size, size)  # (1, 1, S, S), mapped onto the image's crop
-            if float((m > 0.5).sum()) == 0:
-                raise ValueError("the mask is empty: paint the area to regenerate")
-            res = inpaint(unet, train_sched.config, x, m, steps=steps, **common)
+        res = restore(
+            unet, Diffusion(train_sched), image, kind, mask=mask, sigma=amount if amount > 0 else None, method=method,
+            strength=amount, noise_first=add_noise if add_noise > 0 else None, steps=steps, seed=seed,
+            class_label=class_label, guidance=guidance, callback=record,
+        )
         labels = None if class_label is None else torch.full((1,), class_label, dtype=torch.long)
-        gen = Generation(model, res.images, inputs, timesteps, labels, guidance)
-        target = to_unit(clean)
-        text = f"**{operation}**: {image.width}x{image.height} input, resized and centre-cropped to {size}x{size}; {len(timesteps)} step(s)"
-        noisy = None
-        if add_noise > 0:
-            noisy_unit = to_unit(x)
-            noisy = _to_image(noisy_unit)
-            text += (f". PSNR against your image: noisy {float(psnr(noisy_unit, target)):.2f} dB, "
-                     f"result {float(psnr(res.images, target)):.2f} dB")
-        return gen, noisy, text + ". Open the **Attention** tab to see where the U-Net looked."
+        gen = Generation(model, res.result.images, inputs, timesteps, labels, guidance)
+        noisy = None if res.noisy is None else _to_image(to_unit(res.noisy))
+        done = Restored(operation, image.size, unet.config.sample_size, len(timesteps), res.psnr())
+        return gen, noisy, done
 
-    def guidance(self, model: str, scale, pag_scale, guide_scale, class_label: int | None) -> Guidance:
-        """The app's guidance values, checked: CFG needs a class; autoguidance the model's own guide; PAG perturbs
-        the layers the model's sampling.json names (else the default)."""
+    def guidance(self, model: str, scale, pag_scale, guide_scale) -> Guidance:
+        """The app's guidance values within the page's limits; autoguidance uses the model's own guide; PAG perturbs
+        the layers the model's sampling.json names (else the default). `Guidance` checks the rest (CFG needs a
+        class) when sampling starts."""
         values = {}
         for name, value in (("guidance", scale), ("pag_scale", pag_scale), ("guide_scale", guide_scale)):
             try:
@@ -244,8 +264,6 @@ class Explorer:
             if not lo <= values[name] <= hi:
                 label = name.replace("_", " ")
                 raise ValueError(f"{label} must be a number in {lo:g}..{hi:g}, got {value!r}")
-        if values["guidance"] != 1.0 and class_label is None:
-            raise ValueError("guidance needs a class: pick one, or set guidance to 1")
         guide = None
         if values["guide_scale"] != 1.0:
             guide = self.guide(model)
@@ -300,17 +318,17 @@ class Explorer:
     def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
         """Exact attention of step `step` for the whole batch (re-run under capture, cached per step)."""
         step = _check_int("step", step, 0, gen.num_steps - 1)
-        if step not in gen._records:
-            unet, _ = self.model(gen.model)
-            # the sampling pass's setup (packed weights): the same arithmetic, so the same q and k
-            x, labels, B = gen.inputs[step], gen.labels, gen.images.shape[0]
-            # the guided call as sampled: the images' own rows first, then "no class" and perturbed rows
-            with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
-                gen.guidance.main_pass(unet, x, gen.timesteps[step], labels)
-            gen._records.clear()  # keep one step's records: memory stays bounded
-            # the images' own half, copied: a slice would keep the whole qkv projection (and v) alive
-            gen._records[step] = [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone()) for r in recs]
-        return gen._records[step]
+        return gen.attention.get(step, lambda: self._capture(gen, step))
+
+    def _capture(self, gen: Generation, step: int) -> list[AttentionRecord]:
+        unet, _ = self.model(gen.model)
+        # the sampling pass's setup (packed weights): the same arithmetic, so the same q and k
+        x, labels, B = gen.inputs[step], gen.labels, gen.images.shape[0]
+        # the guided call as sampled: the images' own rows first, then "no class" and perturbed rows
+        with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
+            gen.guidance.main_pass(unet, x, gen.timesteps[step], labels)
+        # the images' own half, copied: a slice would keep the whole qkv projection (and v) alive
+        return [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone()) for r in recs]
 
     def attention_maps(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> Image.Image:
         """Every layer's attention of `pixel` (y, x in image coordinates) as overlays, labelled."""
@@ -358,8 +376,8 @@ class Explorer:
 
     def four_stages(
         self, gen: Generation, image: int, step: int, pixel: tuple[int, int], layer: int, head: int
-    ) -> tuple[Image.Image, str]:
-        """Scores before softmax and weights after, for one pixel, layer and head; and a text summary."""
+    ) -> tuple[Image.Image, Stages]:
+        """Scores before softmax and weights after, for one pixel, layer and head, as a picture and as numbers."""
         recs = self.records(gen, step)
         layer = _check_int("layer", layer, 0, len(recs) - 1)
         rec = recs[layer]
@@ -371,19 +389,31 @@ class Explorer:
         weights = rec.weights((yq, xq))[image, head]  # (H, W), stage (3)
         panel = stages_panel(gen.images[image], scores, weights, (pixel[0], pixel[1]))
         top = torch.topk(weights.flatten(), k=min(5, weights.numel()))
-        rows = "\n".join(
-            f"| ({int(i) // W}, {int(i) % W}) | {float(scores.flatten()[i]):.3f} | {float(w):.4f} |"
-            for w, i in zip(top.values, top.indices)
+        return panel, Stages(
+            layer=layer_label(rec), head=head, query=(yq, xq), grid=(H, W), head_dim=rec.q.shape[-1], step=step,
+            timestep=gen.timesteps[step], score_range=(float(scores.min()), float(scores.max())),
+            weight_sum=float(weights.sum()),
+            top=[((int(i) // W, int(i) % W), float(scores.flatten()[i]), float(w)) for w, i in zip(top.values, top.indices)],
         )
-        text = (
-            f"**{layer_label(rec)}, head {head}** — query pixel ({yq}, {xq}) of the {H}x{W} grid, "
-            f"d = {rec.q.shape[-1]}, step {step} (t = {gen.timesteps[step]})\n\n"
-            f"(1) q, k, v = projections of the {H * W} pixel tokens · (2) scores = q·kᵀ/√d: "
-            f"min {float(scores.min()):.3f}, max {float(scores.max()):.3f} · (3) softmax: weights sum to "
-            f"{float(weights.sum()):.6f} · (4) output = weights · v\n\n"
-            f"| attended pixel (y, x) | score | weight |\n|---|---|---|\n{rows}"
-        )
-        return panel, text
+
+
+def _restore_request(operation: str, image: Image.Image | None, steps, seed, amount, add_noise) -> tuple:
+    """The Edit tab's form, checked and as numbers: (operation, method, steps, seed, amount, add_noise)."""
+    if operation not in RESTORE_OPERATIONS:
+        raise ValueError(f"operation must be one of {', '.join(RESTORE_OPERATIONS)}, got {str(operation)[:40]!r}")
+    if image is None:
+        raise ValueError("upload an image first")
+    if image.width * image.height > MAX_PIXELS:
+        raise ValueError(f"the image is {image.width}x{image.height}: at most {MAX_PIXELS // 1_000_000} megapixels")
+    steps = _check_int("steps", steps, *LIMITS["steps"])
+    seed = _check_int("seed", seed, *LIMITS["seed"])
+    amount, add_noise = float(amount), float(add_noise)
+    if not 0 <= add_noise <= 1 or not 0 <= amount <= 1:
+        raise ValueError(f"noise and strength must be in 0..1, got {amount} and {add_noise}")
+    kind, method = RESTORE_OPERATIONS[operation]
+    if kind == "edit" and amount == 0:
+        raise ValueError("edit strength 0 keeps the image as it is: choose a strength above 0")
+    return kind, method, steps, seed, amount, add_noise
 
 
 def _to_image(x: torch.Tensor) -> Image.Image:

@@ -7,8 +7,9 @@ import torch
 from diffusers import DDPMScheduler
 
 from denoiser import UNet
+from denoiser.app.engine import Engine
+from denoiser.app.handlers import stages_text
 from denoiser.attention import identity_attention
-from denoiser.explore import Explorer
 from denoiser.guidance import Guidance
 from denoiser.pipeline import save_pipeline
 from denoiser.sample import make_sampler, sample
@@ -26,7 +27,7 @@ def weights(tmp_path_factory):
 
 
 def test_generate_matches_sampler_and_streams_previews(weights):
-    ex = Explorer(weights)
+    ex = Engine(weights)
     assert ex.models() == ["tiny", "tiny-classes"]
     previews = []
     gen = ex.generate("tiny", "ddim", steps=4, seed=3, num_images=2, on_step=lambda i, n, x0: previews.append((i, n, x0)))
@@ -38,7 +39,7 @@ def test_generate_matches_sampler_and_streams_previews(weights):
 
 
 def test_attention_is_exactly_that_of_the_sampling_pass(weights):
-    ex = Explorer(weights)
+    ex = Engine(weights)
     gen = ex.generate("tiny", "ddim", steps=3, seed=0, num_images=2)
     unet, sched = ex.model("tiny")
     during = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, capture_steps=[1]).attention[1]
@@ -52,7 +53,7 @@ def test_attention_is_exactly_that_of_the_sampling_pass(weights):
 
 
 def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
-    ex = Explorer(weights)
+    ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, guidance=2.5)
     unet, sched = ex.model("tiny-classes")
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=Guidance(scale=2.5),
@@ -69,9 +70,10 @@ def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
 
 
 def test_four_stages_scores_and_weights(weights):
-    ex = Explorer(weights)
+    ex = Engine(weights)
     gen = ex.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
-    img, text = ex.four_stages(gen, image=0, step=0, pixel=(4, 6), layer=1, head=1)
+    img, numbers = ex.four_stages(gen, image=0, step=0, pixel=(4, 6), layer=1, head=1)
+    text = stages_text(numbers)  # the page's words for them
     rec = ex.records(gen, 0)[1]
     w = rec.weights((2, 3))[0, 1]
     torch.testing.assert_close(w, torch.softmax(rec.scores((2, 3))[0, 1].flatten(), 0).reshape(8, 8))
@@ -80,7 +82,7 @@ def test_four_stages_scores_and_weights(weights):
 
 
 def test_classes_and_limits(weights):
-    ex = Explorer(weights)
+    ex = Engine(weights)
     assert ex.classes("tiny-classes") == ["red", "green", "blue"] and ex.classes("tiny") == []
     gen = ex.generate("tiny-classes", steps=2, num_images=1, class_label=2)
     assert gen.labels.tolist() == [2]
@@ -107,7 +109,7 @@ def test_memory_stays_bounded_over_100_generations(weights):
 
     import psutil
 
-    ex = Explorer(weights)
+    ex = Engine(weights)
     proc = psutil.Process()
     gen = None
     rss = []
@@ -118,13 +120,13 @@ def test_memory_stays_bounded_over_100_generations(weights):
             gc.collect()
             rss.append(proc.memory_info().rss)
     assert rss[1] - rss[0] < 30e6, f"RSS grew by {(rss[1] - rss[0]) / 1e6:.1f} MB over 80 generations"
-    assert len(gen._records) == 1  # one step's attention cached per generation
+    assert len(gen.attention) == 1  # one step's attention cached per generation
 
 
 def test_work_budget_refuses_oversized_requests_up_front(weights, monkeypatch):
-    from denoiser.explore import model_cost
+    from denoiser.app.engine import model_cost
 
-    ex = Explorer(weights)
+    ex = Engine(weights)
     unet, _ = ex.model("tiny")
     cost = model_cost(unet)
     monkeypatch.setenv("DENOISER_WORK_BUDGET", str(10 * 4 * cost))  # 10 images x 4 steps
@@ -145,7 +147,7 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     small = {**TINY, "base_channels": 8, "norm_num_groups": 4}
     save_pipeline(UNet(**small, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes" / "guide")
     (root / "tiny-classes" / "sampling.json").write_text(json.dumps({"guide_model": "guide", "guide_scale": 2.0}))
-    ex = Explorer(root)
+    ex = Engine(root)
     assert ex.models() == ["tiny", "tiny-classes"]  # the guide is no model of its own
     assert ex.sampling_defaults("tiny-classes") == ({"guide_model": "guide", "guide_scale": 2.0}, True)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, pag_scale=1.5, guide_scale=2.0)
@@ -166,7 +168,7 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
 
 
 def test_heads_view_mean_maps_and_switching_layers_off(weights):
-    ex = Explorer(weights)
+    ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=2)
     rows, chart = ex.head_table(gen, image=1, timesteps=(500, 50))
     assert {r.layer for r in rows} == {"down.1.attn.0", "mid_attn", "up.0.attn.0", "up.0.attn.1"} and chart.width > 600
@@ -187,7 +189,7 @@ def test_heads_view_mean_maps_and_switching_layers_off(weights):
 def test_inpaint_with_a_mask_of_another_size_changes_only_where_it_was_painted(weights):
     from PIL import Image
 
-    explorer = Explorer(weights)
+    explorer = Engine(weights)
     # the case: a 256x256 photo, a 300x100 mask layer with a rectangle over x 100-200 (a third of the width)
     rng = torch.Generator().manual_seed(0)
     photo = Image.fromarray((torch.rand(256, 256, 3, generator=rng) * 255).to(torch.uint8).numpy())

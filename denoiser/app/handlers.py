@@ -1,0 +1,294 @@
+"""The web app's event handlers: each turns what a page sends into the engine's call and its answer into
+what the page shows (images, galleries, sliders, Markdown). The layout that binds them to components is
+denoiser/app/layout.py; the work is the engine's (denoiser/app/engine.py); long jobs run through
+denoiser/app/streaming.py.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+
+import gradio as gr
+import torch
+from PIL import Image, ImageDraw
+
+from denoiser.app.engine import Engine, Restored, Stages
+from denoiser.app.streaming import friendly, relay, stream, user_error
+from denoiser.image_io import open_image, to_pil
+
+__all__ = ["Handlers", "click_to_pixel", "photo_preview", "stages_text", "restored_text", "HEAD_COLUMNS", "NO_CLASS"]
+
+log = logging.getLogger("denoiser.app")
+DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
+# the Edit tab paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the
+# editor holds as PNG on every run (a 2400x1800 JPEG of 600 KB became 8.4 MB), a copy this size stays ~1 MB
+EDIT_PREVIEW = 512
+CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
+NO_CLASS = "(any)"
+
+
+def _display(gen, image: int, pixel: tuple[int, int] | None) -> Image.Image:
+    img = to_pil(gen.images[image : image + 1], nrow=1, padding=0).resize((DISPLAY, DISPLAY), Image.Resampling.NEAREST)
+    if pixel is not None:
+        S = gen.images.shape[-1]
+        cell = DISPLAY / S
+        y, x = pixel
+        ImageDraw.Draw(img).rectangle([x * cell, y * cell, (x + 1) * cell - 1, (y + 1) * cell - 1], outline=(0, 255, 255), width=2)
+    return img
+
+
+def click_to_pixel(index: tuple[int, int], sample_size: int, display: int = DISPLAY) -> tuple[int, int]:
+    """Gradio reports clicks as (x, y) in the displayed image's own pixels: map them to (y, x) of the model grid."""
+    x, y = index
+    return min(sample_size - 1, int(y) * sample_size // display), min(sample_size - 1, int(x) * sample_size // display)
+
+
+def _enlarge(img: Image.Image, target: int = DISPLAY) -> Image.Image:
+    """Scale a small preview up by a whole factor, nearest-neighbour: pixels stay sharp squares."""
+    factor = max(1, target // max(img.width, img.height))
+    return img.resize((img.width * factor, img.height * factor), Image.Resampling.NEAREST) if factor > 1 else img
+
+
+def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
+    """The ImageEditor's uploaded image and the painted mask (opaque brush pixels: white), or None."""
+    if not value or value.get("background") is None:
+        return None, None
+    image = value["background"]
+    if all(band == (255, 255) for band in image.convert("RGB").getextrema()):  # the editor's blank white canvas
+        raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
+    painted = [layer for layer in value.get("layers") or [] if layer is not None]
+    if not painted:
+        return image, None
+    alpha = Image.new("L", painted[0].size, 0)
+    for layer in painted:
+        alpha = Image.composite(Image.new("L", layer.size, 255), alpha, layer.convert("RGBA").getchannel("A"))
+    return image, alpha
+
+
+def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
+    """An uploaded photo file -> (an RGB copy at most EDIT_PREVIEW pixels a side to paint on, a line saying so).
+    Decoded with bounded memory (denoiser.image_io); a file that is no image raises a sentence without a path."""
+    if path is None:
+        return None, ""
+    img = open_image(path, min_long_side=EDIT_PREVIEW, what="the upload")  # a JPEG decodes at a reduced scale
+    w, h = img.info["source_size"]
+    img.thumbnail((EDIT_PREVIEW, EDIT_PREVIEW), Image.Resampling.LANCZOS)
+    return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}; the model sees it at its own size. "
+                 "To inpaint, paint over what to regenerate.")
+
+
+def _index_slider(count: int, value: int) -> dict:
+    """An index slider over 0..count-1, shown only when there is something to choose (a single image or step
+    hides it: Gradio refuses minimum == maximum anyway, so it keeps maximum 1 at value 0)."""
+    return gr.update(maximum=max(1, count - 1), value=value, interactive=count > 1, visible=count > 1)
+
+
+HEAD_COLUMNS = ["layer", "head", "grid", "distance (px)", "entropy / log N", "self-weight", "output change"]
+
+
+def _head_rows(rows) -> list[list]:
+    """attention_stats rows -> one table row per (layer, head), averaged over the noise levels."""
+    groups: dict[tuple[str, int], list] = {}
+    for r in rows:
+        groups.setdefault((r.layer, r.head), []).append(r)
+    table = []
+    for (layer, head), rs in groups.items():
+        n = len(rs)
+        table.append([layer, head, f"{rs[0].resolution}x{rs[0].resolution}",
+                      round(sum(r.mean_distance for r in rs) / n, 2), round(sum(r.entropy / r.max_entropy for r in rs) / n, 3),
+                      round(sum(r.self_weight for r in rs) / n, 3), round(sum(r.output_change for r in rs) / n, 4)])
+    return table
+
+
+def _parse_heads(text) -> list[int] | None:
+    """'all' (or empty) -> None; '0, 2' -> [0, 2]."""
+    text = str(text or "").strip().lower()
+    if text in ("", "all"):
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"heads must be 'all' or comma-separated numbers such as 0,2; got {text[:40]!r}") from None
+
+
+def stages_text(s: Stages) -> str:
+    """The four stages of one pixel, layer and head in words, with its most attended pixels."""
+    (yq, xq), (H, W) = s.query, s.grid
+    rows = "\n".join(f"| ({y}, {x}) | {score:.3f} | {weight:.4f} |" for (y, x), score, weight in s.top)
+    return (
+        f"**{s.layer}, head {s.head}** — query pixel ({yq}, {xq}) of the {H}x{W} grid, "
+        f"d = {s.head_dim}, step {s.step} (t = {s.timestep})\n\n"
+        f"(1) q, k, v = projections of the {H * W} pixel tokens · (2) scores = q·kᵀ/√d: "
+        f"min {s.score_range[0]:.3f}, max {s.score_range[1]:.3f} · (3) softmax: weights sum to "
+        f"{s.weight_sum:.6f} · (4) output = weights · v\n\n"
+        f"| attended pixel (y, x) | score | weight |\n|---|---|---|\n{rows}"
+    )
+
+
+def restored_text(r: Restored) -> str:
+    """What the Edit tab did, in one paragraph, pointing to where to look next."""
+    w, h = r.input_size
+    text = f"**{r.operation}**: {w}x{h} input, resized and centre-cropped to {r.size}x{r.size}; {r.steps} step(s)"
+    if r.psnr is not None:
+        text += f". PSNR against your image: noisy {r.psnr[0]:.2f} dB, result {r.psnr[1]:.2f} dB"
+    return text + ". Open the **Attention** tab to see where the U-Net looked."
+
+
+class Handlers:
+    """Every event handler of the page, bound to one engine (and so to one set of models)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def class_choices(self, model):
+        try:
+            names = self.engine.classes(model) if model else []
+        except ValueError:
+            names = []
+        return gr.update(choices=[NO_CLASS] + names, value=NO_CLASS, visible=bool(names))
+
+    def generate(self, model, scheduler, steps, seed, num_images, class_name, guidance=1.0, pag_scale=0.0, guide_scale=1.0,
+                 progress=gr.Progress()):
+        try:
+            classes = self.engine.classes(model) if model else []
+            if class_name not in (None, "", NO_CLASS) and class_name not in classes:
+                raise ValueError(f"class {str(class_name)[:40]!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
+        except Exception as err:  # noqa: BLE001
+            raise user_error(err) from None
+        label = classes.index(class_name) if class_name in classes else None
+
+        def job(on_step):
+            return self.engine.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step, guidance=guidance,
+                                     pag_scale=pag_scale, guide_scale=guide_scale)
+
+        gen = yield from relay(stream(job, progress, "denoising"), 12, _enlarge, status=True)
+        gallery = [to_pil(gen.images[i : i + 1], nrow=1, padding=0) for i in range(gen.images.shape[0])]
+        layers = self.engine.layer_names(gen, gen.num_steps - 1)
+        yield (
+            _enlarge(to_pil(gen.images)), gallery, gen,
+            _index_slider(gen.images.shape[0], 0),
+            _index_slider(gen.num_steps, gen.num_steps - 1),
+            _display(gen, 0, None),
+            gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
+            *CLEARED_VIEWS,
+            f"done: {gen.images.shape[0]} image(s), {gen.num_steps} steps",
+        )
+
+    def run_edit(self, model, class_name, guidance, editor, operation, amount, add_noise, steps, seed, pag_scale=0.0,
+                 progress=gr.Progress()):
+        try:
+            classes = self.engine.classes(model) if model else []
+            label = classes.index(class_name) if class_name in classes else None
+            image, mask = _editor_layers(editor)
+        except Exception as err:  # noqa: BLE001
+            raise user_error(err) from None
+
+        def job(on_step):
+            return self.engine.restore(model, operation, image, mask, amount, add_noise, steps, seed, label, guidance,
+                                    on_step=on_step, pag_scale=pag_scale)
+
+        gen, noisy, done = yield from relay(stream(job, progress, operation), 12,
+                                             lambda preview: [(image, "your image"), (_enlarge(preview), "predicted x0")],
+                                             status=True)
+        text = restored_text(done)
+        shown = [(image, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
+        shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))
+        layers = self.engine.layer_names(gen, gen.num_steps - 1)
+        yield (
+            shown, text, gen, _index_slider(1, 0), _index_slider(gen.num_steps, gen.num_steps - 1),
+            _display(gen, 0, None), gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
+            *CLEARED_VIEWS, f"done: {operation} with {model}, {gen.num_steps} step(s)",
+        )
+
+    def load_photo(self, path):
+        """The photo into the editor; a file that cannot be used says why under the upload box (no path)."""
+        try:
+            image, text = photo_preview(path)
+        except (ValueError, FileNotFoundError) as err:
+            log.info("upload refused: %s", err)
+            return None, f"**This file cannot be used:** {html.escape(str(err), quote=False)}"
+        return ({"background": image, "layers": [], "composite": image} if image is not None else None), text
+
+    @friendly
+    def at_pixel(self, gen, image, step, y, x, layer, head, mean_steps=False):
+        if gen is None:
+            raise gr.Error("generate images first (Sample tab)")
+        pixel = (y, x)
+        try:
+            if mean_steps:
+                maps = self.engine.mean_attention_maps(gen, image, pixel)
+            else:
+                maps = self.engine.attention_maps(gen, image, step, pixel)
+            stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head or 0)
+        except ValueError as err:
+            raise user_error(err) from None
+        y, x = int(y), int(x)
+        return (y, x), y, x, _display(gen, int(image), (y, x)), maps, stages, stages_text(numbers)
+
+    @friendly
+    def click(self, gen, image, step, layer, head, mean_steps, evt: gr.SelectData):
+        if gen is None:
+            raise gr.Error("generate images first (Sample tab)")
+        y, x = click_to_pixel(evt.index, gen.images.shape[-1])
+        return self.at_pixel(gen, image, step, y, x, layer, head, mean_steps)
+
+    @friendly
+    def refresh(self, gen, image, step, pixel, layer, head, mean_steps=False):
+        """Every view at the current (image, step, pixel): the clickable image, the maps, the four stages."""
+        if gen is None:
+            return None, None, None, ""
+        if pixel is None:
+            return _display(gen, int(image), None), None, None, ""
+        return self.at_pixel(gen, image, step, pixel[0], pixel[1], layer, head, mean_steps)[3:]
+
+    def model_defaults(self, model):
+        """(its sampling.json, whether it ships a guide) of the chosen model; none for a broken folder."""
+        try:
+            return self.engine.sampling_defaults(model) if model else ({}, False)
+        except ValueError:
+            return {}, False
+
+    def guidance_defaults(self, model):
+        """The chosen model's own attention and autoguidance (its sampling.json); the autoguidance slider only
+        where it ships a guide. Classifier-free guidance follows the class (cfg_default)."""
+        d, has_guide = self.model_defaults(model)
+        return (gr.update(value=d.get("pag_scale", 0.0)),
+                gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))
+
+    def cfg_default(self, model, class_name):
+        """The model's classifier-free scale once a class is chosen; 1 (off) for "(any)", which it needs."""
+        return gr.update(value=self.model_defaults(model)[0].get("guidance_scale", 1.0) if class_name not in (None, "", NO_CLASS) else 1.0)
+
+    @friendly
+    def head_stats(self, gen, image):
+        if gen is None:
+            raise gr.Error("generate images first (Sample tab)")
+        rows, chart = self.engine.head_table(gen, image)
+        return chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows)))
+
+    def switch_off(self, gen, layers, heads, progress=gr.Progress()):
+        try:
+            if gen is None:
+                raise ValueError("generate images first (Sample tab)")
+            head_ids = _parse_heads(heads)
+        except Exception as err:  # noqa: BLE001
+            raise user_error(err) from None
+
+        def job(on_step):
+            return self.engine.ablate(gen, list(layers or []), head_ids, on_step=on_step)
+
+        off = yield from relay(stream(job, progress, "switched off"), 2, lambda preview: _enlarge(preview))
+        which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
+        yield (_enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
+               f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity attention "
+               f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}")
+
+    @friendly
+    def restage(self, gen, image, step, pixel, layer, head):
+        if gen is None or pixel is None:
+            return None, ""
+        try:
+            stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head or 0)
+        except ValueError as err:
+            raise user_error(err) from None

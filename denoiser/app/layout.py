@@ -1,0 +1,228 @@
+"""The web app's page: four tabs of components (Sample, Edit, Attention, Heads) and the events that bind them
+to the handlers (denoiser/app/handlers.py). Declarative: no logic beyond which handler serves which event.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+
+from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, SCHEDULERS, Engine
+from denoiser.app.handlers import HEAD_COLUMNS, NO_CLASS, Handlers
+
+__all__ = ["build_app", "LAUNCH"]
+
+# a model's images are 16-64 pixels: enlarged in the galleries, each pixel stays a sharp square
+CSS = "#gallery img, #edit-result img, #preview img { image-rendering: pixelated; }"
+# launch() settings every server of this app uses: uploads (a photo on the Edit tab) of at most 25 MB, what a
+# phone or camera writes; image_io then refuses more than 50 megapixels before decoding
+# show_error: Gradio's own input validation (e.g. a raw API call with steps: null) reaches the client as its
+# message instead of "the upstream app has raised an exception"; our handlers' errors are already short
+# and escaped (streaming.user_error), so no traceback or server path is shown either way
+# state_session_capacity: the sessions whose generations stay in memory (oldest dropped first; app.py's
+# --max-sessions); with the work budget, one generation holds at most ~200 MB of step inputs (the 16x16 model: 64 images x 1000 steps)
+LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32, "css": CSS}
+# pictures for the Edit tab's examples, drawn for this project (MIT, like the code); shipped in the package
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+SESSION_TTL_S = 1800  # a session's generation is dropped this long after its last update
+
+
+def build_app(engine: Engine) -> gr.Blocks:
+    h = Handlers(engine)
+    models = engine.models()
+    preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
+    default = preferred[0] if preferred else (models[0] if models else None)
+    with gr.Blocks(title="denoiser", delete_cache=(300, 900), analytics_enabled=False) as app:
+        c = SimpleNamespace(gen_state=gr.State(None, time_to_live=SESSION_TTL_S),
+                            pixel_state=gr.State(None, time_to_live=SESSION_TTL_S))
+        gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, or denoise, edit and inpaint "
+                    "your own photo on the **Edit** tab; then click any pixel on the **Attention** tab to see where each "
+                    "attention layer of the U-Net looks; the **Heads** tab measures what each layer and head does and "
+                    "switches them off.")
+        _sample_tab(c, models, default)
+        _edit_tab(c, models, default)
+        _attention_tab(c)
+        _heads_tab(c)
+        _wire(app, h, c)
+    return app
+
+
+def _keep(c: SimpleNamespace, scope: dict) -> None:
+    """A tab's components onto `c` under their variable names, for the wiring."""
+    for name, value in scope.items():
+        if isinstance(value, gr.blocks.Block):
+            setattr(c, name, value)
+
+
+def _run_controls(label: str, run_id: str, stop_id: str, status_id: str):
+    """A job's Run and Stop buttons side by side, and the line under them that says how far the job is."""
+    with gr.Row():
+        run = gr.Button(label, variant="primary", elem_id=run_id, scale=3)
+        stop = gr.Button("Stop", variant="stop", elem_id=stop_id, scale=1)
+    return run, stop, gr.Markdown(elem_id=status_id)
+
+
+def _sample_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
+    with gr.Tab("Sample"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                model = gr.Dropdown(models, value=default, label="model (folders under weights/)")
+                scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
+                steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps")
+                with gr.Row():
+                    seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
+                    randomise = gr.Button("🎲 randomise", size="sm")
+                num_images = gr.Slider(*LIMITS["num_images"], value=8, step=1, label="images")
+                # custom values allowed: choices follow the chosen model; generate() validates them
+                class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class", visible=False,
+                                         allow_custom_value=True)
+                guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)", elem_id="cfg",
+                                     info="classifier-free guidance: 2-3 makes the class clearer, 1 = off")
+                pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
+                                info="steer away from the U-Net with its low-resolution decoder attention switched to identity: "
+                                     "sharper structure, no class needed; 0 = off, one extra pass")
+                guide_w = gr.Slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
+                                    elem_id="autoguidance",
+                                    info="steer away from the model's small, less-trained guide model; 1 = off")
+                run, stop, status = _run_controls("Generate", "generate", "stop", "status")
+            with gr.Column(scale=2):
+                preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
+                                   elem_id="preview")
+                gallery = gr.Gallery(label="results (lossless PNG)", format="png", columns=8, elem_id="gallery",
+                                     buttons=["download", "download_all"])
+        if models:  # full width, under both columns: a click fills the settings, then Generate
+            first = sorted(models, key=lambda m: m != default)[:3]  # the default model first
+            gr.Examples([[m, "ddim", 25, k, 8] for k, m in enumerate(first)],
+                        [model, scheduler, steps, seed, num_images], label="try these")
+    _keep(c, locals())
+
+
+def _edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
+    with gr.Tab("Edit"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 50 megapixels and 25 MB",
+                                file_types=["image"], type="filepath", elem_id="photo", height=110)
+                photo_text = gr.Markdown(elem_id="photo-text")
+                # the editor gets a small copy of the photo (photo_preview): painting needs no more, and the
+                # browser sends the editor's content back as PNG on every run
+                editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
+                                        label="inpaint mask",  # short: the editor's toolbar covers long labels
+                                        brush=gr.Brush(colors=["#ff00ff"], color_mode="fixed"))
+                operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation")
+                # the Edit tab's own model, class and guidance: what runs is what this tab shows
+                edit_model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
+                edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
+                                         visible=False, allow_custom_value=True, elem_id="edit-class")
+                edit_guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)",
+                                          elem_id="edit-cfg", info="classifier-free guidance; 1 = off, needs a class")
+                amount = gr.Slider(0, 1, value=0.0, step=0.01, label="denoise: noise σ of your image (0 = estimate); "
+                                   "edit: strength (0 keeps, 1 samples anew)")
+                add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (σ, 0 = off): the round trip, with PSNR")
+                edit_steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps (sampled denoise, edit, inpaint)")
+                edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
+                edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)",
+                                     info="for sampled denoise, edit and inpaint; 0 = off")
+                edit_run, edit_stop, edit_status = _run_controls("Run", "edit-run", "edit-stop", "edit-status")
+                gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [photo], label="try a picture")
+            with gr.Column(scale=2):
+                edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
+                                         object_fit="contain", height="auto")
+                edit_text = gr.Markdown(elem_id="edit-text")
+    _keep(c, locals())
+
+
+def _attention_tab(c: SimpleNamespace) -> None:
+    with gr.Tab("Attention", elem_id="attention-tab"):
+        gr.Markdown("Click any pixel of the image to see where each attention layer looks from it. Nothing here "
+                    "yet? Generate on the **Sample** tab or run the **Edit** tab first.", elem_id="attention-hint")
+        with gr.Row():
+            with gr.Column(scale=1):
+                # shown once there is a generation (their ranges follow it)
+                image_idx = gr.Slider(0, 1, value=0, step=1, label="image", visible=False)
+                step = gr.Slider(0, 1, value=0, step=1, label="denoising step", visible=False)
+                clickable = gr.Image(label="click a pixel", format="png", type="pil", interactive=False,
+                                     elem_id="clickable")
+                with gr.Row():
+                    py = gr.Number(value=0, precision=0, minimum=0, label="pixel y")
+                    px = gr.Number(value=0, precision=0, minimum=0, label="pixel x")
+                    show_btn = gr.Button("show", size="sm")
+                layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
+                head = gr.Number(value=0, precision=0, minimum=0, label="head (four stages)")
+                mean_steps = gr.Checkbox(False, label="maps: averaged over every step of the chain (one U-Net call per step)")
+            with gr.Column(scale=2):
+                # titles above the images: a floating label would cover the first row's layer names
+                gr.Markdown("**Attention of the clicked pixel**: one row per layer, mean of heads, then each head")
+                maps = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="maps")
+                gr.Markdown("**The four stages** for one layer and head")
+                stages = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stages")
+                stage_text = gr.Markdown()
+
+    _keep(c, locals())
+
+
+def _heads_tab(c: SimpleNamespace) -> None:
+    with gr.Tab("Heads", elem_id="heads-tab"):
+        gr.Markdown("What each attention layer and head does for the chosen image (Attention tab's image slider), "
+                    "at four noise levels: how far it looks (mean distance in image pixels), how spread its weights "
+                    "are (entropy / log N: 1 = uniform), how much a pixel keeps of itself, and how much the U-Net's "
+                    "output changes when the layer or head is switched to identity attention.")
+        with gr.Row():
+            with gr.Column(scale=1):
+                stats_run = gr.Button("Compute statistics", variant="primary", elem_id="stats-run")
+                off_layers = gr.Dropdown([], multiselect=True, label="layers to switch off", elem_id="off-layers")
+                off_heads = gr.Textbox("all", label="heads to switch off (all, or e.g. 0,2)", elem_id="off-heads")
+                off_run = gr.Button("Switch off and regenerate (same seed)", elem_id="off-run")
+            with gr.Column(scale=2):
+                gr.Markdown("**Per layer** (heads averaged), over the noise level t (noisy on the left)")
+                stats_chart = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stats-chart")
+                stats_table = gr.Dataframe(headers=HEAD_COLUMNS, label="layers x heads (mean over the noise levels; "
+                                           "head -1 = the whole layer)", elem_id="stats-table", interactive=False)
+                gr.Markdown("**Switched off**: as generated (top row), the same seed without the chosen attention (bottom)")
+                off_image = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="off-image")
+                off_text = gr.Markdown()
+
+    _keep(c, locals())
+
+
+def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
+    """Which handler serves which event."""
+    app.load(h.class_choices, c.model, c.class_name, api_name=False)
+    c.model.change(h.class_choices, c.model, c.class_name, api_name=False)
+    app.load(h.guidance_defaults, c.model, [c.pag, c.guide_w], api_name=False)
+    c.model.change(h.guidance_defaults, c.model, [c.pag, c.guide_w], api_name=False)
+    c.class_name.change(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
+    app.load(h.class_choices, c.edit_model, c.edit_class, api_name=False)
+    c.edit_model.change(h.class_choices, c.edit_model, c.edit_class, api_name=False)
+    c.edit_class.change(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
+    c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers], concurrency_limit=1,
+                    concurrency_id="sampling", api_name="heads")
+    c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text], concurrency_limit=1,
+                  concurrency_id="sampling", api_name="switch_off")
+    c.randomise.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, api_name=False)
+    cleared = [c.pixel_state, c.maps, c.stages, c.stage_text]  # a new generation: no pixel, no maps of the old one
+    generating = c.run.click(h.generate, [c.model, c.scheduler, c.steps, c.seed, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w],
+                           [c.preview, c.gallery, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, *cleared, c.status],
+                           concurrency_limit=1, concurrency_id="sampling", api_name="generate")
+    c.photo.change(h.load_photo, c.photo, [c.editor, c.photo_text], api_name=False)  # an upload, an example, or cleared
+    editing = c.edit_run.click(h.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.amount, c.add_noise,
+                                        c.edit_steps, c.edit_seed, c.edit_pag],
+                             [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, *cleared, c.edit_status],
+                             concurrency_limit=1, concurrency_id="sampling", api_name="edit")
+    # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), streaming.stream then stops the
+    # worker after the UNet call in progress and frees the sampling slot
+    c.stop.click(None, None, None, cancels=[generating], api_name=False)
+    c.edit_stop.click(None, None, None, cancels=[editing], api_name=False)
+    pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]
+    views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head, c.mean_steps]
+    c.image_idx.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False)
+    c.step.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name="refresh")
+    c.mean_steps.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False)
+    c.clickable.select(h.click, [c.gen_state, c.image_idx, c.step, c.layer, c.head, c.mean_steps], pixel_outputs, api_name=False)
+    c.show_btn.click(h.at_pixel, [c.gen_state, c.image_idx, c.step, c.py, c.px, c.layer, c.head, c.mean_steps], pixel_outputs,
+                   api_name="attention")
+    for control in (c.layer, c.head):
+        control.change(h.restage, [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head], [c.stages, c.stage_text], api_name=False)
