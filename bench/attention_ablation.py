@@ -23,7 +23,7 @@ from denoiser.attention_stats import attention_stats, stats_chart, write_csv
 from denoiser.config import DataConfig
 from denoiser.data import load_datasets
 from denoiser.diffusion import Diffusion
-from denoiser.pipeline import load_model
+from denoiser.model_dir import load_model
 
 TIMESTEPS = (999, 800, 600, 400, 250, 100, 30, 5)
 DATA = {"cifar10": "../shared/data/cifar10-jpeg/train", "emoji": "../shared/data/emoji"}

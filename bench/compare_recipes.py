@@ -109,7 +109,7 @@ def cmd_score(args) -> None:
     from denoiser.diffusion import Diffusion
     from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images
     from denoiser.image_io import save_grid
-    from denoiser.pipeline import load_model
+    from denoiser.model_dir import load_model
 
     extractor = InceptionFeatures()
     ref = Statistics.load(REFERENCE)

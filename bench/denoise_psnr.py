@@ -29,7 +29,7 @@ from denoiser.config import load_config
 from denoiser.data import load_datasets
 from denoiser.diffusion import Diffusion
 from denoiser.image_io import save_grid
-from denoiser.pipeline import load_model
+from denoiser.model_dir import load_model
 from denoiser.restore import denoise, psnr
 
 SIGMAS = (0.05, 0.1, 0.2, 0.4)

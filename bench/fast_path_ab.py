@@ -39,7 +39,7 @@ from profiling import cpu_name
 
 from denoiser.fast import attention, conv, malloc
 from denoiser.groupnorm import GroupNorm
-from denoiser.pipeline import load_model
+from denoiser.model_dir import load_model
 
 NAMES = ["nchw", "channels-last", "+groupnorm", "+prepacked", "+post-ops", "+small-head"]
 

@@ -29,7 +29,7 @@ import torch
 from denoiser.attention import attention_layer_names, identity_attention
 from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images, spread_labels
 from denoiser.guidance import Guidance, check_guide
-from denoiser.pipeline import load_model
+from denoiser.model_dir import load_model
 from denoiser.sample import make_sampler, sample
 
 REFERENCES = {"cifar10": "bench/fid-reference/cifar10-val5000.safetensors", "emoji": "bench/fid-reference/emoji32-val500.safetensors"}

@@ -28,7 +28,7 @@ from diffusers import DDIMPipeline, DDPMPipeline, UNet2DModel
 from profiling import cpu_name
 
 from denoiser.fast import malloc
-from denoiser.pipeline import load_model
+from denoiser.model_dir import load_model
 from denoiser.sample import make_sampler, sample
 
 

@@ -21,7 +21,7 @@ def _class_index(model_dir: str, text: str) -> int:
     """--class-label as an index: a number, or a name from the model folder's classes.txt."""
     if text.lstrip("-").isdigit():
         return int(text)
-    from denoiser.pipeline import read_classes
+    from denoiser.model_dir import read_classes
 
     config = json.loads((Path(model_dir) / "unet" / "config.json").read_text())
     names = read_classes(model_dir, config.get("num_class_embeds"))
@@ -191,7 +191,7 @@ def cmd_train(args) -> None:
 
 def cmd_sample(args) -> None:
     from denoiser.image_io import save_grid
-    from denoiser.pipeline import load_model
+    from denoiser.model_dir import load_model
     from denoiser.sample import make_sampler, sample, trajectory_strip
 
     unet, train_sched = load_model(args.model)
@@ -215,7 +215,7 @@ def cmd_sample(args) -> None:
 
 def cmd_attention(args) -> None:
     from denoiser.image_io import save_png
-    from denoiser.pipeline import load_model
+    from denoiser.model_dir import load_model
     from denoiser.sample import make_sampler, sample
     from denoiser.visualize import attention_panel
 
@@ -245,7 +245,7 @@ def cmd_restore(args) -> None:
 
     from denoiser.diffusion import Diffusion
     from denoiser.image_io import save_grid, to_unit
-    from denoiser.pipeline import load_model
+    from denoiser.model_dir import load_model
     from denoiser.restore import restore
 
     unet, sched = load_model(args.model)
@@ -276,7 +276,7 @@ def cmd_attention_stats(args) -> None:
     from denoiser.attention_stats import attention_stats, stats_chart, write_csv
     from denoiser.fid import spread_labels
     from denoiser.image_io import image_to_model, save_png
-    from denoiser.pipeline import load_model
+    from denoiser.model_dir import load_model
     from denoiser.sample import make_sampler, sample
 
     try:
@@ -319,7 +319,7 @@ def cmd_fid(args) -> None:
     import torch
 
     from denoiser.fid import InceptionFeatures, fid_of_images, generate_images, reference_statistics
-    from denoiser.pipeline import load_model
+    from denoiser.model_dir import load_model
 
     if args.reference is None:
         raise ValueError("--fid needs --reference STATS.safetensors (with --data FOLDER to compute it the first time)")
@@ -355,7 +355,7 @@ def cmd_evaluate(args) -> None:
     from denoiser.config import DataConfig
     from denoiser.data import load_dataset, make_synthetic, split
     from denoiser.diffusion import Diffusion
-    from denoiser.pipeline import load_model
+    from denoiser.model_dir import load_model
 
     unet, sched = load_model(args.model)
     size = unet.config.sample_size
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     malloc.configure()  # freed activations stay in the heap for the next step (denoiser/malloc.py)
     try:
         if hasattr(args, "model"):  # a folder, or a name under $DENOISER_WEIGHTS / a clone's weights/
-            from denoiser.pipeline import find_model
+            from denoiser.model_dir import find_model
 
             args.model = str(find_model(args.model or DEFAULT_MODEL))
         if getattr(args, "class_label", None) is not None:

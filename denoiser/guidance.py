@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from denoiser.attention import attention_layer_names, identity_attention
+from denoiser.model_dir import load_model
 
 __all__ = ["Guidance", "guidance_for", "default_pag_layers", "check_guide", "read_sampling_defaults", "SAMPLING_FILE"]
 
@@ -203,7 +204,7 @@ def guidance_for(
 ) -> Guidance:
     """The guidance to sample `model_dir`'s model with: each argument given wins, the rest come from the
     folder's sampling.json (its measured best), else off. A guide folder in sampling.json is relative to
-    the model folder; `load_guide(folder) -> (unet, scheduler)` loads it (default: denoiser.pipeline.load_model).
+    the model folder; `load_guide(folder) -> (unet, scheduler)` loads it (default: denoiser.model_dir.load_model).
     has_class=False (no class asked for) leaves out a default classifier-free scale, which needs one.
     model_dir None: no folder (a model built in memory), so no defaults."""
     defaults = read_sampling_defaults(model_dir) if model_dir is not None else {}
@@ -218,9 +219,7 @@ def guidance_for(
     if guide_model is None and "guide_model" in defaults and guide_scale != 1.0:
         guide_model = Path(model_dir) / defaults["guide_model"]
     if guide_model is not None and guide_scale != 1.0:
-        if load_guide is None:
-            from denoiser.pipeline import load_model as load_guide
-        guide, guide_sched = load_guide(Path(guide_model))
+        guide, guide_sched = (load_guide or load_model)(Path(guide_model))
         check_guide(unet, scheduler_config, guide, guide_sched.config)
     return Guidance(
         scale=float(pick(guidance_scale, "guidance_scale", 1.0)),

@@ -24,7 +24,8 @@ from PIL import Image
 from denoiser import UNet
 from denoiser.app import handlers, layout
 from denoiser.app.engine import Engine
-from denoiser.pipeline import WEIGHTS_DIR, save_pipeline
+from denoiser.model_dir import WEIGHTS_DIR
+from denoiser.pipeline import save_pipeline
 from tests.conftest import ROOT, TINY
 
 CHROMIUM = "/usr/bin/chromium"

@@ -10,7 +10,8 @@ from diffusers import DDPMScheduler
 from PIL import Image
 
 from denoiser.cli import main
-from denoiser.pipeline import load_model, resolve_model_dir, save_pipeline
+from denoiser.model_dir import load_model, resolve_model_dir
+from denoiser.pipeline import save_pipeline
 from tests.conftest import cli
 
 
@@ -96,7 +97,7 @@ def test_model_names_cannot_leave_the_weights_folder(model_dir):
 def test_symlinks_out_of_the_weights_folder_are_neither_listed_nor_opened(model_dir, tmp_path):
     import shutil
 
-    from denoiser.pipeline import list_models
+    from denoiser.model_dir import list_models
 
     root = tmp_path / "weights"
     root.mkdir()

@@ -15,7 +15,8 @@ from diffusers import DDIMPipeline, DDIMScheduler, DDPMPipeline, DDPMScheduler, 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with diffusers)
 from denoiser import UNet
 from denoiser.guidance import Guidance
-from denoiser.pipeline import WEIGHTS_DIR, DenoiserPipeline, load_model, save_pipeline
+from denoiser.model_dir import WEIGHTS_DIR, load_model
+from denoiser.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sample import make_sampler, sample
 from tests.conftest import TINY
 

@@ -9,7 +9,7 @@ from PIL import Image
 from denoiser.cli import main
 from denoiser.data import make_synthetic
 from denoiser.diffusion import Diffusion
-from denoiser.pipeline import WEIGHTS_DIR, load_model
+from denoiser.model_dir import WEIGHTS_DIR, load_model
 from denoiser.restore import denoise, edit, estimate_sigma, inpaint, psnr
 from denoiser.sample import make_sampler, sample
 

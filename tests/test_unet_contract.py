@@ -14,7 +14,7 @@ import torch
 from diffusers.training_utils import EMAModel
 
 from denoiser import UNet
-from denoiser.pipeline import WEIGHTS_DIR, load_model
+from denoiser.model_dir import WEIGHTS_DIR, load_model
 from tests.conftest import TINY
 
 

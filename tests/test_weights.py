@@ -11,7 +11,7 @@ import yaml
 from diffusers import DDIMPipeline, DDIMScheduler, DiffusionPipeline
 
 import denoiser  # noqa: F401
-from denoiser.pipeline import WEIGHTS_DIR, list_models, load_model
+from denoiser.model_dir import WEIGHTS_DIR, list_models, load_model
 from denoiser.sample import make_sampler, sample
 
 SHIPPED = list_models(WEIGHTS_DIR)

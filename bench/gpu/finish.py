@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from denoiser.fid import generate_images
-from denoiser.pipeline import load_model, save_pipeline
+from denoiser.model_dir import load_model
+from denoiser.pipeline import save_pipeline
 
 
 def main(run: str, name: str, out: str, num_samples: str) -> None:

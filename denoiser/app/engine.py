@@ -25,7 +25,7 @@ from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance, check_guide, read_sampling_defaults
 from denoiser.image_io import MAX_PIXELS, mask_to_model, to_unit
-from denoiser.pipeline import list_models, load_model, model_roots, read_classes, resolve_model_dir
+from denoiser.model_dir import list_models, load_model, model_roots, read_classes, resolve_model_dir
 from denoiser.restore import restore
 from denoiser.sample import SAMPLERS, make_sampler, sample, sampling_context
 from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
@@ -136,7 +136,7 @@ class Engine:
 
     def __init__(self, weights_dir: str | Path | Sequence[str | Path] | None = None) -> None:
         """weights_dir: a folder of model folders or several (the first holding a name wins); default
-        `denoiser.pipeline.model_roots()`: $DENOISER_WEIGHTS, then the checkout's weights/."""
+        `denoiser.model_dir.model_roots()`: $DENOISER_WEIGHTS, then the checkout's weights/."""
         self.weights_dir = model_roots() if weights_dir is None else weights_dir
         self._models: dict[str, tuple] = {}
         self._lock = threading.Lock()
@@ -365,7 +365,7 @@ class Engine:
     def ablate(self, gen: Generation, layers: list[str], heads: list[int] | None = None, on_step=None) -> Generation:
         """The same seed and settings sampled again with `layers` (or their `heads`) switched to identity."""
         if gen.replay is None:
-            raise ValueError("switching layers off regenerates a sampled batch: use the Sample tab first")
+            raise ValueError("switching layers off samples the same seed again: generate images first (an edit has no seed to repeat)")
         if not layers:
             raise ValueError("choose at least one attention layer to switch off")
         unet, _ = self.model(gen.model)

@@ -25,7 +25,7 @@ from denoiser.app.layout import LAUNCH, build_app
 from denoiser.app.streaming import STOPPING, log
 from denoiser.fast import malloc
 from denoiser.fast.kernels import load_kernels
-from denoiser.pipeline import WEIGHTS_ENV, model_roots
+from denoiser.model_dir import WEIGHTS_ENV, model_roots
 
 __all__ = ["run"]
 

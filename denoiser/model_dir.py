@@ -1,0 +1,142 @@
+"""Model folders: reading one (safetensors only, never unpickled), its class names, and finding models by
+name under the folders of model folders ($DENOISER_WEIGHTS, then a clone's weights/) without ever leaving
+them. A model folder is what `denoiser.pipeline.save_pipeline` writes: `model_index.json`, `unet/`,
+`scheduler/`, plus `classes.txt` (class names) and `sampling.json` (measured default guidance).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from diffusers import DDPMScheduler, UNet2DModel
+
+from denoiser.unet import UNet
+
+__all__ = [
+    "load_model", "read_classes", "find_model", "model_roots", "resolve_model_dir", "list_models", "WEIGHTS_DIR",
+    "WEIGHTS_ENV", "CLASSES_FILE",
+]
+
+CLASSES_FILE = "classes.txt"  # one class name per line, in label order
+
+
+def read_classes(folder: str | Path | None, num_classes: int | None) -> list[str]:
+    """Class names of a model from its folder's classes.txt; indices as names where it has none (or the
+    wrong number)."""
+    n = num_classes or 0
+    path = Path(folder) / CLASSES_FILE if folder is not None else None
+    names = path.read_text().split("\n") if path is not None and path.is_file() else []
+    names = [c.strip() for c in names if c.strip()]
+    return names if len(names) == n else [str(i) for i in range(n)]
+
+WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"  # a clone's shipped models (not in the wheel)
+WEIGHTS_ENV = "DENOISER_WEIGHTS"  # folder(s) of model folders, searched by name before WEIGHTS_DIR
+
+
+def model_roots() -> list[Path]:
+    """Where models are found by name: each folder in $DENOISER_WEIGHTS (os.pathsep-separated), then the
+    checkout's weights/ when denoiser runs from a clone (an installed wheel has none)."""
+    roots = [Path(p).expanduser() for p in os.environ.get(WEIGHTS_ENV, "").split(os.pathsep) if p.strip()]
+    if WEIGHTS_DIR.is_dir() and (WEIGHTS_DIR.parent / "pyproject.toml").is_file():
+        roots.append(WEIGHTS_DIR)
+    return roots
+
+
+def find_model(name_or_folder: str | Path) -> Path:
+    """A model folder given by path, or by name under `model_roots()`; the error says where it looked."""
+    path = Path(name_or_folder).expanduser()
+    if (path / "unet" / "config.json").is_file():
+        return path
+    name = str(name_or_folder)
+    roots = model_roots()
+    if "/" not in name and "\\" not in name:
+        for root in roots:
+            if (root / name / "unet" / "config.json").is_file():
+                return root / name
+    looked = ", ".join(str(r) for r in roots) or f"nothing (${WEIGHTS_ENV} is not set and this is no checkout)"
+    raise FileNotFoundError(
+        f"no model {name[:200]!r}: it is not a model folder (no unet/config.json) and no model of that name is in: "
+        f"{looked}. Pass a folder written by `denoiser train` (run_dir/model), or set {WEIGHTS_ENV} to a folder of "
+        "model folders"
+    )
+
+
+def load_model(
+    model_dir: str | Path, device: str | torch.device = "cpu", channels_last: bool = True
+) -> tuple[UNet, DDPMScheduler]:
+    """(UNet in fp32, eval mode; training scheduler) from a pipeline folder. Safetensors only.
+
+    channels_last: store conv weights NHWC, which the CPU and GPU convolution kernels run faster;
+    outputs equal the default layout's up to float rounding.
+    """
+    folder = Path(model_dir)
+    if not (folder / "unet" / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{str(folder)!r} is not a model folder (no unet/config.json); pass a folder written by "
+            "`denoiser train` (run_dir/model) or one under weights/"
+        )
+    try:
+        config = json.loads((folder / "unet" / "config.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"model folder {folder.name!r}: unet/config.json is not valid JSON ({err}); re-export the model") from None
+    weights = list((folder / "unet").glob("*.safetensors"))
+    if not weights:
+        found = ", ".join(sorted(p.name for p in (folder / "unet").iterdir())) or "nothing"
+        raise ValueError(
+            f"model folder {folder.name!r} has no safetensors weights in unet/ (found: {found[:200]}); "
+            "denoiser never unpickles .bin files: re-save with save_pretrained(safe_serialization=True)"
+        )
+    cls = UNet
+    if config.get("_class_name") == "UNet2DModel":
+        cls = UNet2DModel  # a diffusers reference model (bench/reference_recipe.py), for evaluation
+    try:
+        unet = cls.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32)
+    except (TypeError, KeyError, OSError, RuntimeError) as err:  # wrong keys, shapes, arguments in config.json
+        raise ValueError(f"model folder {folder.name!r} does not load ({type(err).__name__}: {str(err)[:300]})") from None
+    scheduler = DDPMScheduler.from_pretrained(folder / "scheduler")
+    unet = unet.to(device).eval()
+    if channels_last:
+        unet = unet.to(memory_format=torch.channels_last)
+    return unet, scheduler
+
+
+def _contained(folder: Path, root: Path) -> bool:
+    """Whether `folder` is a model folder directly under `root` whose every file resolves inside it
+    (a symlink to a folder or a file elsewhere makes it no model of this root)."""
+    resolved = folder.resolve()
+    if resolved.parent != root or not (resolved / "unet" / "config.json").is_file():
+        return False
+    return all(f.resolve().is_relative_to(resolved) for f in resolved.rglob("*"))
+
+
+def _roots(roots: str | Path | Sequence[str | Path] | None) -> list[Path]:
+    if roots is None:
+        roots = model_roots()
+    elif isinstance(roots, (str, Path)):
+        roots = [roots]
+    return [Path(r).resolve() for r in roots]
+
+
+def list_models(roots: str | Path | Sequence[str | Path] | None = None) -> list[str]:
+    """Names of the model folders directly under `roots` (default: `model_roots()`; the first root holding a
+    name wins, the same rule `resolve_model_dir` applies)."""
+    names: set[str] = set()
+    for root in _roots(roots):
+        if root.is_dir():
+            names.update(p.name for p in root.iterdir() if _contained(p, root))
+    return sorted(names)
+
+
+def resolve_model_dir(name: str, roots: str | Path | Sequence[str | Path] | None = None) -> Path:
+    """The folder of model `name` under the first of `roots` that has it; refuses anything that would leave
+    its root, symlinks included."""
+    for root in _roots(roots):
+        candidate = root / name
+        if not ("/" in name or "\\" in name or name in ("", ".", "..")) and _contained(candidate, root):
+            return candidate.resolve()
+    available = ", ".join(list_models(roots)) or "none"
+    raise ValueError(f"unknown model {name[:80]!r}: choose one of the model folders ({available})")
