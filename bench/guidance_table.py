@@ -118,7 +118,7 @@ def table(args) -> None:
     """bench/guidance_<model>.md from the kept results, and docs/guidance-<model>.png: the same seeds per setting."""
     from PIL import Image, ImageDraw
 
-    from denoiser.sample import to_pil
+    from denoiser.image_io import to_pil
 
     name = Path(args.model).name
     results = [json.loads(f.read_text()) for f in sorted((Path("runs/guidance") / name).glob("*.json"))]

@@ -34,7 +34,6 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import ProjectConfiguration
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from denoiser import checkpoint as ckpt
@@ -44,6 +43,7 @@ from denoiser.diffusion import Diffusion
 from denoiser.fast import malloc
 from denoiser.fast.groupnorm import default_channels_last
 from denoiser.image_io import save_grid
+from denoiser.init_from import load_init_weights
 from denoiser.pipeline import save_pipeline
 from denoiser.run_dir import prepare_output_dir, read_losses, record_loss, truncate_losses, write_run_info
 from denoiser.sample import make_sampler, sample
@@ -143,7 +143,7 @@ def train(
     weights, as exported, with a fresh optimizer, LR warm-up and EMA. Continues a shipped model in a
     later session, or fine-tunes it on another folder. The architecture must match `model:` except for
     the number of classes (the saved class rows are kept, new classes start as the saved "no class" row,
-    see `_adapt_classes`); the objective (`diffusion:`) may change, e.g. ε- to v-prediction.
+    see `denoiser.init_from.adapt_classes`); the objective (`diffusion:`) may change, e.g. ε- to v-prediction.
     """
     return TrainLoop(cfg, Path(output_dir), resume, overwrite, init_from).run()
 
@@ -160,7 +160,7 @@ class TrainLoop:
     def __init__(self, cfg: RunConfig, out: Path, resume: str | None, overwrite: bool, init_from: str | None):
         if init_from is not None and resume is not None:
             raise ValueError("--init-from starts a new run and --resume continues one: pass only one of them")
-        init_weights = _init_weights(cfg, init_from) if init_from is not None else None
+        init_weights = load_init_weights(cfg, init_from) if init_from is not None else None
         self.cfg, self.t, self.out = cfg, cfg.train, out
         self.accelerator = Accelerator(
             mixed_precision=self.t.mixed_precision,
@@ -389,55 +389,6 @@ class TrainLoop:
             "train_seconds": round(time.monotonic() - self.started, 1),
             "images_per_s": round((step - self.first_step) * t.batch_size / max(time.monotonic() - self.started, 1e-9), 1),
         }
-
-
-def _init_weights(cfg: RunConfig, init_from: str) -> dict[str, torch.Tensor]:
-    """The fp32 state dict of a model folder, checked against the config's architecture before any work."""
-    folder = Path(init_from)
-    config_file, weights = folder / "unet" / "config.json", folder / "unet" / "diffusion_pytorch_model.safetensors"
-    if not config_file.is_file() or not weights.is_file():
-        raise FileNotFoundError(
-            f"--init-from {init_from!r} is not a model folder (needs unet/config.json and "
-            "unet/diffusion_pytorch_model.safetensors): pass weights/<name> or a run's model/ folder"
-        )
-    saved = {k: v for k, v in json.loads(config_file.read_text()).items() if not k.startswith("_")}
-    with torch.device("meta"):  # the full argument set, defaults included, without allocating weights
-        wanted = {k: v for k, v in UNet(**cfg.model).config.items() if not k.startswith("_")}
-    differ = sorted(k for k in wanted if k in saved and _norm(saved[k]) != _norm(wanted[k]) and k != "num_class_embeds")
-    if differ:
-        detail = ", ".join(f"{k}: {saved[k]!r} there, {wanted[k]!r} here" for k in differ)
-        raise ValueError(f"--init-from {init_from!r} has another architecture ({detail}); copy its model section into the config")
-    state = {k: v.float() for k, v in load_file(str(weights)).items()}
-    return _adapt_classes(state, wanted["num_class_embeds"])
-
-
-def _adapt_classes(state: dict[str, torch.Tensor], num_classes: int | None) -> dict[str, torch.Tensor]:
-    """A state dict for `num_classes` classes (None: unconditional) from one saved with another number:
-    fine-tuning on a folder with other classes.
-
-    K -> K' classes: class i < K keeps the saved row i (a condition the network already tells apart; which
-    old class becomes which new one is arbitrary), classes K..K'-1 start as the saved "no class" row, which
-    stays "no class" (rows that start equal barely separate, see the README). Unconditional -> K': rows of
-    zeros (nothing is added to the time embedding). K -> unconditional: the null row moves into the time
-    embedding's last bias, where it was always added.
-    """
-    table = state.pop("class_embed.weight", None)  # (K + 1, 4C): row K is "no class"
-    bias = state["time_embed.2.bias"]  # (4C,)
-    if not num_classes:
-        if table is not None:
-            state["time_embed.2.bias"] = bias + table[-1]
-        return state
-    null = table[-1] if table is not None else torch.zeros_like(bias)
-    rows = null.expand(num_classes + 1, -1).clone()  # (K' + 1, 4C)
-    if table is not None:
-        kept = min(num_classes, table.shape[0] - 1)
-        rows[:kept] = table[:kept]
-    state["class_embed.weight"] = rows
-    return state
-
-
-def _norm(value):
-    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def _step_batch(ds: ImageDataset, diffusion: Diffusion, cfg: RunConfig, step: int, conditional: bool):

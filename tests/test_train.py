@@ -11,7 +11,8 @@ from diffusers import DiffusionPipeline
 from safetensors.torch import load_file
 
 import denoiser  # noqa: F401
-from denoiser.train import _adapt_classes, batch_indices
+from denoiser.init_from import adapt_classes
+from denoiser.train import batch_indices
 from denoiser.unet import UNet
 from tests.conftest import cli, write_config
 
@@ -187,7 +188,7 @@ def test_init_from_another_class_count_keeps_old_classes_and_starts_new_ones_unc
     if before:  # a trained table: every row different
         torch.nn.init.normal_(old.class_embed.weight)
     new = UNet(**arch, num_class_embeds=after).eval()
-    new.load_state_dict(_adapt_classes({k: v.clone() for k, v in old.state_dict().items()}, after))
+    new.load_state_dict(adapt_classes({k: v.clone() for k, v in old.state_dict().items()}, after))
     x, t = torch.randn(2, 3, 8, 8), torch.tensor([10, 700])
 
     def out(model, label):
