@@ -159,8 +159,8 @@ class Handlers:
         label = classes.index(class_name) if class_name in classes else None
 
         def job(on_step):
-            return self.engine.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step, guidance=guidance,
-                                     pag_scale=pag_scale, guide_scale=guide_scale)
+            return self.engine.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step,
+                                        guidance=guidance, pag_scale=pag_scale, guide_scale=guide_scale)
 
         gen = yield from relay(stream(job, progress, "denoising"), 12, _enlarge, status=True)
         gallery = [to_pil(gen.images[i : i + 1], nrow=1, padding=0) for i in range(gen.images.shape[0])]
@@ -186,11 +186,11 @@ class Handlers:
 
         def job(on_step):
             return self.engine.restore(model, operation, image, mask, amount, add_noise, steps, seed, label, guidance,
-                                    on_step=on_step, pag_scale=pag_scale)
+                                       on_step=on_step, pag_scale=pag_scale)
 
         gen, noisy, done = yield from relay(stream(job, progress, operation), 12,
-                                             lambda preview: [(image, "your image"), (_enlarge(preview), "predicted x0")],
-                                             status=True)
+                                            lambda preview: [(image, "your image"), (_enlarge(preview), "predicted x0")],
+                                            status=True)
         text = restored_text(done)
         shown = [(image, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
         shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))

@@ -198,20 +198,22 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     app.load(h.class_choices, c.edit_model, c.edit_class, api_name=False)
     c.edit_model.change(h.class_choices, c.edit_model, c.edit_class, api_name=False)
     c.edit_class.change(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
-    c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers], concurrency_limit=1,
-                    concurrency_id="sampling", api_name="heads")
-    c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text], concurrency_limit=1,
-                  concurrency_id="sampling", api_name="switch_off")
+    c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers],
+                      concurrency_limit=1, concurrency_id="sampling", api_name="heads")
+    c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text],
+                    concurrency_limit=1, concurrency_id="sampling", api_name="switch_off")
     c.randomise.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, api_name=False)
     cleared = [c.pixel_state, c.maps, c.stages, c.stage_text]  # a new generation: no pixel, no maps of the old one
-    generating = c.run.click(h.generate, [c.model, c.scheduler, c.steps, c.seed, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w],
-                           [c.preview, c.gallery, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, *cleared, c.status],
-                           concurrency_limit=1, concurrency_id="sampling", api_name="generate")
+    generating = c.run.click(
+        h.generate, [c.model, c.scheduler, c.steps, c.seed, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w],
+        [c.preview, c.gallery, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, *cleared, c.status],
+        concurrency_limit=1, concurrency_id="sampling", api_name="generate")
     c.photo.change(h.load_photo, c.photo, [c.editor, c.photo_text], api_name=False)  # an upload, an example, or cleared
-    editing = c.edit_run.click(h.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.amount, c.add_noise,
-                                        c.edit_steps, c.edit_seed, c.edit_pag],
-                             [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, *cleared, c.edit_status],
-                             concurrency_limit=1, concurrency_id="sampling", api_name="edit")
+    editing = c.edit_run.click(
+        h.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.amount, c.add_noise, c.edit_steps,
+                     c.edit_seed, c.edit_pag],
+        [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, *cleared, c.edit_status],
+        concurrency_limit=1, concurrency_id="sampling", api_name="edit")
     # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), streaming.stream then stops the
     # worker after the UNet call in progress and frees the sampling slot
     c.stop.click(None, None, None, cancels=[generating], api_name=False)
@@ -222,7 +224,8 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.step.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name="refresh")
     c.mean_steps.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False)
     c.clickable.select(h.click, [c.gen_state, c.image_idx, c.step, c.layer, c.head, c.mean_steps], pixel_outputs, api_name=False)
-    c.show_btn.click(h.at_pixel, [c.gen_state, c.image_idx, c.step, c.py, c.px, c.layer, c.head, c.mean_steps], pixel_outputs,
-                   api_name="attention")
+    c.show_btn.click(h.at_pixel, [c.gen_state, c.image_idx, c.step, c.py, c.px, c.layer, c.head, c.mean_steps],
+                     pixel_outputs, api_name="attention")
     for control in (c.layer, c.head):
-        control.change(h.restage, [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head], [c.stages, c.stage_text], api_name=False)
+        control.change(h.restage, [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head],
+                       [c.stages, c.stage_text], api_name=False)
