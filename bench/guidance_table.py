@@ -6,7 +6,8 @@ autoguidance, with the cost per image, on this machine.
     .venv/bin/python bench/guidance_table.py table --model weights/cifar10          # bench/guidance_<model>.md
 
 A setting is NAME[-SCALE][:GUIDE][@LAYERS], joined with '+': `none`, `cfg-2`, `pag-1`, `pag-1@mid_attn,up.0.attn.0`,
-`ag-2:/path/to/guide`, `uncond+pag-1` (no class labels: the model's "no class" row), `cfg-2+pag-1`, and the
+`ag-2:/path/to/guide`, `uncond+pag-1` (no class labels: the model's "no class" row), `cfg-2+pag-1`, `cfg-4+int-70-550`
+(guidance only at timesteps 70..550), `cfg-3+spacing-trailing` (the sampler's timestep spacing), and the
 ablations `off@mid_attn` / `off@all` (those layers switched to identity attention for the whole run). Every
 setting samples the same N images (seed 0, DDIM-50, classes spread evenly as `denoiser evaluate --fid`
 does) and is scored against the validation split's Inception statistics. Each result is kept as JSON
@@ -42,9 +43,11 @@ def cpu_name() -> str:
     return f"{model} ({', '.join(has) or 'no AVX-512'})"
 
 
-def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[str, ...] | None]:
-    """(guidance, with class labels?, guide cost relative to the model, layers switched off) of a setting name."""
+def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[str, ...] | None, str | None]:
+    """(guidance, with class labels?, guide cost relative to the model, layers switched off, timestep spacing) of a
+    setting name."""
     scale, pag, layers, guide, guide_scale, labelled, off = 1.0, 0.0, None, None, 1.0, True, None
+    interval, spacing = None, None
     for part in text.split("+"):
         part, _, where = part.partition("@")
         part, _, guide_dir = part.partition(":")
@@ -57,6 +60,10 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             scale = float(value)
         elif kind == "pag":
             pag, layers = float(value), (tuple(where.split(",")) if where else None)
+        elif kind == "int":  # int-70-550: the guidance interval in timesteps
+            interval = tuple(value.split("-"))
+        elif kind == "spacing":  # spacing-trailing: the sampler's timestep spacing
+            spacing = value
         elif kind == "off":
             off = tuple(attention_layer_names(unet)) if where == "all" else tuple(where.split(","))
         elif kind == "ag":
@@ -64,9 +71,10 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             check_guide(unet, sched.config, guide, guide_sched.config)
             guide_scale = float(value)
         else:
-            raise ValueError(f"unknown setting part {part!r}; use none, uncond, cfg-W, pag-S[@layers], ag-W:GUIDE")
+            raise ValueError(f"unknown setting part {part!r}; use none, uncond, cfg-W, pag-S[@layers], ag-W:GUIDE, "
+                             "int-LO-HI, spacing-NAME")
     cost = 0.0 if guide is None else sum(p.numel() for p in guide.parameters()) / sum(p.numel() for p in unet.parameters())
-    return Guidance(scale, pag, layers, guide, guide_scale), labelled, cost, off
+    return Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, spacing
 
 
 def run(args) -> None:
@@ -82,10 +90,11 @@ def run(args) -> None:
         if out.exists():
             print(f"{setting}: done before ({out})")
             continue
-        guidance, labelled, guide_cost, off = parse_setting(setting, unet, sched)
+        guidance, labelled, guide_cost, off, spacing = parse_setting(setting, unet, sched)
+        config = dict(sched.config, **({"timestep_spacing": spacing} if spacing else {}))
         t0 = time.perf_counter()
         with identity_attention(unet, off) if off else contextlib.nullcontext():
-            images = generate_images(unet, sched.config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
+            images = generate_images(unet, config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
                                      guidance=guidance, with_classes=labelled)
         seconds = time.perf_counter() - t0
         torch.save(images[:100].clone(), out.with_suffix(".pt"))  # the first 100 images, for grids
