@@ -77,6 +77,15 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
     return Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, spacing
 
 
+def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, steps: int) -> float:
+    """UNet passes per step (the guide's relative to the model), averaged over the DDIM steps: outside a guidance
+    interval a step takes one pass."""
+    sched = make_sampler("ddim", scheduler_config)
+    sched.set_timesteps(steps)
+    guided = sum(guidance.applies_at(t) for t in sched.timesteps) / steps
+    return 1 + guided * (guidance.main_passes - 1 + (guide_cost if guidance.autoguidance else 0.0))
+
+
 def run(args) -> None:
     torch.manual_seed(0)
     unet, sched = load_model(args.model)
@@ -100,7 +109,7 @@ def run(args) -> None:
         torch.save(images[:100].clone(), out.with_suffix(".pt"))  # the first 100 images, for grids
         score = fid_of_images(images, reference, extractor)
         result = {"setting": setting, "describe": guidance.describe(), "fid": round(score, 2), "num_samples": args.num_samples,
-                  "steps": args.steps, "labels": labelled, "unet_passes_per_step": guidance.main_passes + guide_cost,
+                  "steps": args.steps, "labels": labelled, "unet_passes_per_step": round(passes_per_step(guidance, guide_cost, config, args.steps), 2),
                   "ms_per_image": round(1000 * seconds / args.num_samples, 1), "threads": torch.get_num_threads(),
                   "cpu": cpu_name(), "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                               text=True).stdout.strip()}
@@ -193,7 +202,7 @@ def cost(args) -> None:
     print("| setting | UNet passes per step | ms per image | x first |\n|---|---|---|---|")
     for name, guidance, _, guide_cost in settings:
         med = statistics.median(times[name])
-        print(f"| `{short(name)}` | {guidance.main_passes + guide_cost:.2f} | {med:.0f} | {med / base:.2f} |")
+        print(f"| `{short(name)}` | {passes_per_step(guidance, guide_cost, sched.config, 50):.2f} | {med:.0f} | {med / base:.2f} |")
 
 
 def main() -> None:

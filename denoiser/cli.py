@@ -50,13 +50,17 @@ def _add_guidance(p: argparse.ArgumentParser, what: str = "samples") -> None:
     g.add_argument("--guide-model", default=None, metavar="FOLDER",
                    help="autoguidance: a smaller or less-trained model of the same data and classes")
     g.add_argument("--guide-scale", type=float, default=None, help="autoguidance weight (1 = off)")
+    g.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="apply the guidance only at timesteps LO..HI (one plain UNet pass at the others); "
+                        "0 999 applies it at every step")
 
 
 def _guidance(args, unet, sched, class_given: bool = True):
     from denoiser.guidance import guidance_for
 
     return guidance_for(args.model, unet, sched.config, args.guidance, args.pag_scale, args.pag_layers,
-                        args.guide_model, args.guide_scale, has_class=class_given)
+                        args.guide_model, args.guide_scale, has_class=class_given,
+                        guidance_interval=args.guidance_interval)
 
 
 def build_parser() -> argparse.ArgumentParser:

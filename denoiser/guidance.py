@@ -193,7 +193,8 @@ def check_guide(unet: nn.Module, scheduler_config, guide: nn.Module, guide_sched
 def read_sampling_defaults(folder: str | Path) -> dict:
     """A model folder's `sampling.json` (its best measured guidance), or {} when it has none.
 
-    Keys: guidance_scale, pag_scale, pag_layers, guide_model (a folder relative to the model's), guide_scale.
+    Keys: guidance_scale, pag_scale, pag_layers, guide_model (a folder relative to the model's), guide_scale,
+    guidance_interval ([lo, hi] timesteps).
     """
     path = Path(folder) / SAMPLING_FILE
     if not path.is_file():
@@ -202,7 +203,7 @@ def read_sampling_defaults(folder: str | Path) -> dict:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is not valid JSON ({err}); fix or delete it") from None
-    allowed = {"guidance_scale", "pag_scale", "pag_layers", "guide_model", "guide_scale", "note"}
+    allowed = {"guidance_scale", "pag_scale", "pag_layers", "guide_model", "guide_scale", "guidance_interval", "note"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
@@ -220,11 +221,13 @@ def guidance_for(
     guide_scale: float | None = None,
     load_guide: Callable[[Path], tuple] | None = None,
     has_class: bool = True,
+    guidance_interval: Sequence[float] | None = None,
 ) -> Guidance:
     """The guidance to sample `model_dir`'s model with: each argument given wins, the rest come from the
     folder's sampling.json (its measured best), else off. A guide folder in sampling.json is relative to
     the model folder; `load_guide(folder) -> (unet, scheduler)` loads it (default: denoiser.model_dir.load_model).
     has_class=False (no class asked for) leaves out a default classifier-free scale, which needs one.
+    guidance_interval: [lo, hi] timesteps the terms apply at; [0, T-1] (or wider) applies them at every step.
     model_dir None: no folder (a model built in memory), so no defaults."""
     defaults = read_sampling_defaults(model_dir) if model_dir is not None else {}
     if not has_class:
@@ -246,6 +249,7 @@ def guidance_for(
         pag_layers=_as_layers(pick(pag_layers, "pag_layers", None)),
         guide=guide,
         guide_scale=guide_scale,
+        interval=pick(guidance_interval, "guidance_interval", None),
     )
 
 

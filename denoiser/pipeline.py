@@ -101,6 +101,7 @@ class DenoiserPipeline(DiffusionPipeline):
         pag_layers: str | Sequence[str] | None = None,
         guide_model: str | Path | None = None,
         guide_scale: float | None = None,
+        guidance_interval: Sequence[float] | None = None,
         num_inference_steps: int = 50,
         generator: torch.Generator | list[torch.Generator] | None = None,
         eta: float = 0.0,
@@ -113,7 +114,8 @@ class DenoiserPipeline(DiffusionPipeline):
 
         class_labels: an int, a class name (`pipe.classes`) or one per image; None samples the "no class" row.
         guidance_scale (classifier-free, needs a class), pag_scale/pag_layers (perturbed-attention),
-        guide_model/guide_scale (autoguidance, a folder): denoiser.guidance; None takes sampling.json's value.
+        guide_model/guide_scale (autoguidance, a folder), guidance_interval ([lo, hi] timesteps the guidance
+        applies at): denoiser.guidance; None takes sampling.json's value.
         output_type: "pil" (list of PIL images), "np" ((B, H, W, C) floats in [0, 1]) or "pt" ((B, C, H, W)).
         callback_on_step_end(pipe, i, t, {"latents": x}) runs after every step and may return new latents.
         """
@@ -125,8 +127,9 @@ class DenoiserPipeline(DiffusionPipeline):
         labels = self.labels(class_labels, batch_size)
         guidance = guidance_for(
             self.folder, self.unet, self.scheduler.config, guidance_scale, pag_scale, pag_layers, guide_model, guide_scale,
-            load_guide=self._load_guide, has_class=labels is not None,
+            load_guide=self._load_guide, has_class=labels is not None, guidance_interval=guidance_interval,
         )
+
         def after_step(i: int, x: torch.Tensor) -> torch.Tensor:
             if callback_on_step_end is not None:  # sample() has set the scheduler's timesteps by now
                 x = callback_on_step_end(self, i, self.scheduler.timesteps[i], {"latents": x}).get("latents", x)

@@ -8,7 +8,7 @@ from diffusers import DDPMScheduler
 
 from denoiser import UNet
 from denoiser.app.engine import Engine
-from denoiser.app.handlers import stages_text
+from denoiser.app.handlers import Handlers, stages_text
 from denoiser.attention import identity_attention
 from denoiser.guidance import Guidance
 from denoiser.pipeline import save_pipeline
@@ -146,13 +146,16 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     torch.manual_seed(3)
     small = {**TINY, "base_channels": 8, "norm_num_groups": 4}
     save_pipeline(UNet(**small, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes" / "guide")
-    (root / "tiny-classes" / "sampling.json").write_text(json.dumps({"guide_model": "guide", "guide_scale": 2.0}))
+    defaults = {"guide_model": "guide", "guide_scale": 2.0, "guidance_interval": [300, 700]}
+    (root / "tiny-classes" / "sampling.json").write_text(json.dumps(defaults))
     ex = Engine(root)
     assert ex.models() == ["tiny", "tiny-classes"]  # the guide is no model of its own
-    assert ex.sampling_defaults("tiny-classes") == ({"guide_model": "guide", "guide_scale": 2.0}, True)
+    assert ex.sampling_defaults("tiny-classes") == (defaults, True)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, pag_scale=1.5, guide_scale=2.0)
     unet, sched = ex.model("tiny-classes")
-    g = Guidance(pag_scale=1.5, guide=ex.guide("tiny-classes"), guide_scale=2.0)
+    # the folder's interval applies: DDIM-3 visits 666, 333, 0 and guides the first two
+    g = Guidance(pag_scale=1.5, guide=ex.guide("tiny-classes"), guide_scale=2.0, interval=(300, 700))
+    assert gen.guidance == g and "t = 300..700" in Handlers(ex).cfg_default("tiny-classes", "red")["info"]
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=g, capture_steps=[1])
     assert torch.equal(gen.images, res.images)
     for a, b in zip(ex.records(gen, 1), res.attention[1], strict=True):  # the images' own rows of the batched call

@@ -138,6 +138,12 @@ def test_sample_and_restore_take_the_guidance_flags(tmp_path, capsys):
     want = sample(loaded, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1,
                   guidance=Guidance(scale=2.0, pag_scale=1.5, pag_layers=("mid_attn",))).images
     assert Image.open(tmp_path / "pag.png").convert("RGB").tobytes() == to_pil(want).tobytes()
+    assert main(["sample", "--model", str(model), "--out", str(tmp_path / "int.png"), "--num-images", "2", "--steps", "3",
+                 "--scale", "1", "--class-label", "1", "--guidance", "2", "--guidance-interval", "200", "600"]) == 0
+    inside = sample(loaded, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1,
+                    guidance=Guidance(scale=2.0, interval=(200, 600))).images  # guides t = 333 of 666, 333, 0
+    assert Image.open(tmp_path / "int.png").convert("RGB").tobytes() == to_pil(inside).tobytes()
+    assert (inside - want).abs().max() > 1e-3
     assert main(["sample", "--model", str(model), "--out", str(tmp_path / "x.png"), "--pag-scale", "1",
                  "--pag-layers", "mid"]) == 2
     assert "unknown PAG layer(s) mid" in capsys.readouterr().err

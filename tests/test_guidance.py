@@ -98,14 +98,18 @@ def test_pag_scale_0_and_guide_weight_1_give_exactly_the_plain_images(class_unet
         assert torch.equal(got, plain)
 
 
-def _by_hand(unet, guide, labels, w, s, a, layers, steps=3, seed=1):
-    """The guided DDIM loop with one UNet call per term: out = ε_u + w(ε_c − ε_u) + s(ε_c − ε_p) + (a − 1)(ε_c − ε_g)."""
+def _by_hand(unet, guide, labels, w, s, a, layers, steps=3, seed=1, interval=(0, 999)):
+    """The guided DDIM loop with one UNet call per term: out = ε_u + w(ε_c − ε_u) + s(ε_c − ε_p) + (a − 1)(ε_c − ε_g)
+    at the timesteps inside `interval`, ε_c at the others."""
     sched = DDIMScheduler(num_train_timesteps=1000)
     sched.set_timesteps(steps)
     x = torch.randn((len(labels), 3, 16, 16), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         for t in sched.timesteps:
             cond = unet(x, t, class_labels=labels).sample
+            if not interval[0] <= int(t) <= interval[1]:
+                x = sched.step(cond, t, x).prev_sample
+                continue
             uncond = unet(x, t, class_labels=torch.full_like(labels, 3)).sample
             with identity_attention(unet, layers):
                 perturbed = unet(x, t, class_labels=labels).sample
@@ -127,6 +131,23 @@ def test_guidance_formulas_match_a_hand_written_loop(class_unet, guide_unet, w, 
     assert (plain - got).abs().max() > 1e-3
 
 
+def test_guidance_interval_guides_only_the_steps_inside_it(class_unet, guide_unet):
+    labels = torch.tensor([0, 2])
+    layers = ("mid_attn",)
+    run = lambda interval: sample(  # noqa: E731
+        class_unet, DDIMScheduler(num_train_timesteps=1000), 2, 4, seed=1, class_labels=labels,
+        guidance=Guidance(2.0, 1.0, layers, guide_unet, 1.5, interval=interval)).images
+    got = run((200, 600))  # DDIM-4 visits 750, 500, 250, 0: guided at 500 and 250 only
+    want = _by_hand(class_unet, guide_unet, labels, 2.0, 1.0, 1.5, layers, steps=4, interval=(200, 600))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    everywhere = sample(class_unet, DDIMScheduler(num_train_timesteps=1000), 2, 4, seed=1, class_labels=labels,
+                        guidance=Guidance(2.0, 1.0, layers, guide_unet, 1.5)).images
+    plain = sample(class_unet, DDIMScheduler(num_train_timesteps=1000), 2, 4, seed=1, class_labels=labels).images
+    assert torch.equal(run((0, 999)), everywhere) and torch.equal(run((800, 900)), plain)  # ends included, none inside
+    assert (got - everywhere).abs().max() > 1e-3 and (got - plain).abs().max() > 1e-3
+    assert Guidance(2.0, interval=[200, 600]).describe() == "CFG 2, at t in [200, 600]"
+
+
 def test_pag_needs_no_class_and_defaults_to_the_first_up_level(class_unet):
     g = Guidance(pag_scale=2.0)
     assert g.layers_for(class_unet) == ("up.0.attn.0", "up.0.attn.1") and g.main_passes == 2
@@ -141,6 +162,11 @@ def test_pag_needs_no_class_and_defaults_to_the_first_up_level(class_unet):
     (dict(pag_scale=-1.0), "PAG scale must be >= 0"),
     (dict(guide_scale=2.0), "needs a guide model"),
     (dict(scale=float("nan")), "finite number"),
+    (dict(interval=(600, 200)), "0 <= lo <= hi"),
+    (dict(interval=(-5, 200)), "0 <= lo <= hi"),
+    (dict(interval=(0, float("nan"))), "0 <= lo <= hi"),
+    (dict(interval=(100,)), "two timesteps"),
+    (dict(interval="late"), "two timesteps"),
 ])
 def test_bad_guidance_is_refused_with_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -170,9 +196,11 @@ def test_sampling_json_gives_the_defaults_and_arguments_win(tmp_path, class_unet
     main = save_pipeline(class_unet, sched, tmp_path / "m")
     save_pipeline(guide_unet, sched, main / "guide")
     (main / "sampling.json").write_text(json.dumps(
-        {"guidance_scale": 2.0, "pag_scale": 0.5, "pag_layers": ["mid_attn"], "guide_model": "guide", "guide_scale": 1.5}))
+        {"guidance_scale": 2.0, "pag_scale": 0.5, "pag_layers": ["mid_attn"], "guide_model": "guide", "guide_scale": 1.5,
+         "guidance_interval": [80, 580]}))
     g = guidance_for(main, class_unet, sched.config)
-    assert (g.scale, g.pag_scale, g.pag_layers, g.guide_scale) == (2.0, 0.5, ("mid_attn",), 1.5)
+    assert (g.scale, g.pag_scale, g.pag_layers, g.guide_scale, g.interval) == (2.0, 0.5, ("mid_attn",), 1.5, (80.0, 580.0))
+    assert guidance_for(main, class_unet, sched.config, guidance_interval=(0, 999)).interval == (0.0, 999.0)
     assert g.guide is not None and g.guide.config.base_channels == 8
     g = guidance_for(main, class_unet, sched.config, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0)
     assert (g.cfg, g.pag, g.autoguidance) == (False, False, False)

@@ -252,8 +252,8 @@ class Engine:
 
     def guidance(self, model: str, scale, pag_scale, guide_scale) -> Guidance:
         """The app's guidance values within the page's limits; autoguidance uses the model's own guide; PAG perturbs
-        the layers the model's sampling.json names (else the default). `Guidance` checks the rest (CFG needs a
-        class) when sampling starts."""
+        the layers the model's sampling.json names (else the default), and the guidance applies in the interval it
+        names (else at every step). `Guidance` checks the rest (CFG needs a class) when sampling starts."""
         values = {}
         for name, value in (("guidance", scale), ("pag_scale", pag_scale), ("guide_scale", guide_scale)):
             try:
@@ -269,8 +269,10 @@ class Engine:
             guide = self.guide(model)
             if guide is None:
                 raise ValueError(f"model {model!r} ships no guide model for autoguidance: set the autoguidance weight to 1")
-        layers = self.sampling_defaults(model)[0].get("pag_layers")  # the model's measured PAG layers, else the default
-        return Guidance(values["guidance"], values["pag_scale"], layers, guide=guide, guide_scale=values["guide_scale"])
+        # the model's measured PAG layers and guidance interval (sampling.json), else the default layers, every step
+        defaults = self.sampling_defaults(model)[0]
+        return Guidance(values["guidance"], values["pag_scale"], defaults.get("pag_layers"), guide=guide,
+                        guide_scale=values["guide_scale"], interval=defaults.get("guidance_interval"))
 
     def sampling_defaults(self, name: str) -> tuple[dict, bool]:
         """(the model folder's sampling.json, whether it names a guide for autoguidance)."""

@@ -28,6 +28,14 @@ CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after 
 NO_CLASS = "(any)"
 
 
+def guidance_info(interval=None) -> str:
+    """The classifier-free guidance slider's note; names the steps a model's sampling.json limits guidance to."""
+    text = "classifier-free guidance: 2-3 makes the class clearer, 1 = off, needs a class"
+    if interval:
+        text += f"; this model guides steps t = {interval[0]:g}..{interval[1]:g} only (its measured interval)"
+    return text
+
+
 def _display(gen, image: int, pixel: tuple[int, int] | None) -> Image.Image:
     img = to_pil(gen.images[image : image + 1], nrow=1, padding=0).resize((DISPLAY, DISPLAY), Image.Resampling.NEAREST)
     if pixel is not None:
@@ -257,8 +265,11 @@ class Handlers:
                 gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))
 
     def cfg_default(self, model, class_name):
-        """The model's classifier-free scale once a class is chosen; 1 (off) for "(any)", which it needs."""
-        return gr.update(value=self.model_defaults(model)[0].get("guidance_scale", 1.0) if class_name not in (None, "", NO_CLASS) else 1.0)
+        """The model's classifier-free scale once a class is chosen; 1 (off) for "(any)", which it needs. The
+        slider's note names the steps the model guides when its sampling.json limits them."""
+        d = self.model_defaults(model)[0]
+        scale = d.get("guidance_scale", 1.0) if class_name not in (None, "", NO_CLASS) else 1.0
+        return gr.update(value=scale, info=guidance_info(d.get("guidance_interval")))
 
     @friendly
     def head_stats(self, gen, image):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, SCHEDULERS, Engine
-from denoiser.app.handlers import HEAD_COLUMNS, NO_CLASS, Handlers
+from denoiser.app.handlers import HEAD_COLUMNS, NO_CLASS, Handlers, guidance_info
 
 __all__ = ["build_app", "LAUNCH"]
 
@@ -80,7 +80,7 @@ def _sample_tab(c: SimpleNamespace, models: list[str], default: str | None) -> N
                 class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class", visible=False,
                                          allow_custom_value=True)
                 guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)", elem_id="cfg",
-                                     info="classifier-free guidance: 2-3 makes the class clearer, 1 = off")
+                                     info=guidance_info())
                 pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
                                 info="steer away from the U-Net with its low-resolution decoder attention switched to identity: "
                                      "sharper structure, no class needed; 0 = off, one extra pass")
@@ -118,7 +118,7 @@ def _edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> Non
                 edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
                                          visible=False, allow_custom_value=True, elem_id="edit-class")
                 edit_guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)",
-                                          elem_id="edit-cfg", info="classifier-free guidance; 1 = off, needs a class")
+                                          elem_id="edit-cfg", info=guidance_info())
                 amount = gr.Slider(0, 1, value=0.0, step=0.01, label="denoise: noise σ of your image (0 = estimate); "
                                    "edit: strength (0 keeps, 1 samples anew)")
                 add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (σ, 0 = off): the round trip, with PSNR")
