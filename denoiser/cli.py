@@ -259,10 +259,10 @@ def cmd_restore(args) -> None:
     guidance = _guidance(args, unet, sched, args.class_label is not None)
     if img.size != (size, size):
         print(f"input resized and centre-cropped from {img.width}x{img.height} to {size}x{size} (the model's size)")
+    own = {k: getattr(args, k) for k in ("method", "strength") if hasattr(args, k)}  # this subcommand's flags only
     res = restore(
         unet, Diffusion(sched), img, args.command, mask=mask, sigma=args.add_noise if getattr(args, "sigma", None) is None else args.sigma,
-        method=getattr(args, "method", "mmse"), strength=getattr(args, "strength", 0.6), noise_first=args.add_noise,
-        steps=args.steps, seed=args.seed, class_label=args.class_label, guidance=guidance,
+        noise_first=args.add_noise, steps=args.steps, seed=args.seed, class_label=args.class_label, guidance=guidance, **own,
     )
     print(f"{args.command}: {save_grid(res.result.images, args.out)}")
     if args.compare:

@@ -59,6 +59,7 @@ def restore(
     unet, diffusion: Diffusion, image: Image.Image, operation: str, *, mask: Image.Image | None = None,
     sigma: float | None = None, method: str = "mmse", strength: float = 0.6, noise_first: float | None = None,
     steps: int = 50, seed: int = 0, class_label=None, guidance: Guidance | None = None, callback=None,
+    empty_mask_ok: bool = True,
 ) -> Restoration:
     """A user's picture through `operation` ("denoise", "edit" or "inpaint"), checked before any work.
 
@@ -66,6 +67,8 @@ def restore(
     of another size is stretched onto it (white or opaque painted pixels are regenerated). `noise_first`
     adds Gaussian noise of that σ (pixel scale) first, seeded (the round trip, scored by `Restoration.psnr`).
     sigma: the noise σ `denoise` removes (None: estimated); method: "mmse" or "sample" (denoise only).
+    empty_mask_ok=False refuses a mask that marks nothing on the model's grid (the app: nothing painted); the
+    default passes the image through, as a script asked.
     """
     if operation not in OPERATIONS:
         raise ValueError(f"operation must be one of {', '.join(OPERATIONS)}, got {str(operation)[:40]!r}")
@@ -76,6 +79,8 @@ def restore(
     size = unet.config.sample_size
     clean = image_to_model(image, size)  # (1, 3, S, S) in [-1, 1]
     m = mask_to_model(mask, image.size, size) if operation == "inpaint" else None  # (1, 1, S, S)
+    if m is not None and not empty_mask_ok and not m.any():
+        raise ValueError("the mask is empty: paint the area to regenerate")
     x = clean if noise_first is None else add_noise(clean, noise_first, seed)
     common = dict(steps=steps, seed=seed, class_label=class_label, guidance=guidance, callback=callback)
     if operation == "denoise":

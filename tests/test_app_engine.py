@@ -208,3 +208,5 @@ def test_inpaint_with_a_mask_of_another_size_changes_only_where_it_was_painted(w
     lo, hi = 100 / 300 * size, 200 / 300 * size  # where the rectangle lands on the model's grid
     assert changed.any(dim=1).all()  # every row: the rectangle spans the mask's full height
     assert cols and min(cols) >= int(lo) - 1 and max(cols) <= int(hi) + 1  # only its columns, not the whole width
+    with pytest.raises(ValueError, match="the mask is empty: paint the area"):  # the page: nothing painted
+        explorer.restore("tiny-classes", "inpaint", photo, Image.new("L", (300, 100), 0), steps=3, seed=0)

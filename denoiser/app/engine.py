@@ -24,7 +24,7 @@ from denoiser.attention import AttentionRecord, capture_attention, identity_atte
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance, check_guide, read_sampling_defaults
-from denoiser.image_io import MAX_PIXELS, mask_to_model, to_unit
+from denoiser.image_io import MAX_PIXELS, to_unit
 from denoiser.model_dir import list_models, load_model, model_roots, read_classes, resolve_model_dir
 from denoiser.restore import restore
 from denoiser.sample import SAMPLERS, make_sampler, sample, sampling_context
@@ -185,19 +185,14 @@ class Engine:
             class_label = _check_int("class", class_label, 0, 2**31 - 1)
         guidance = self.guidance(model, guidance, pag_scale, guide_scale)
         self.check_work(unet, num_images, steps, guidance)
-        inputs: list[torch.Tensor] = []
-
-        def record(i, t, x_t, x0):
-            inputs.append(x_t.detach().clone())
-            if on_step is not None:
-                on_step(i, steps, to_unit(x0))
-
+        inputs, timesteps = [], []
+        record = _recorder(inputs, timesteps, on_step, lambda i: steps)
         sched = make_sampler(scheduler, train_sched.config)
         res = sample(unet, sched, num_images, steps, seed=seed, eta=eta, class_labels=class_label, callback=record,
                      guidance=guidance)
         labels = None if class_label is None else torch.full((num_images,), class_label, dtype=torch.long)
         replay = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label, eta=eta)
-        return Generation(model, res.images, inputs, [int(t) for t in sched.timesteps], labels, guidance, replay)
+        return Generation(model, res.images, inputs, timesteps, labels, guidance, replay)
 
     def restore(
         self,
@@ -225,24 +220,16 @@ class Engine:
         """
         kind, method, steps, seed, amount, add_noise = _restore_request(operation, image, steps, seed, amount, add_noise)
         unet, train_sched = self.model(model)
-        if kind == "inpaint" and mask is not None and not mask_to_model(mask, image.size, unet.config.sample_size).any():
-            raise ValueError("the mask is empty: paint the area to regenerate")  # the page's case: nothing painted
         guidance = self.guidance(model, guidance, pag_scale, guide_scale)
         self.check_work(unet, 1, steps, guidance)
-        inputs, timesteps = [], []
         # steps the chain will take (denoiser.restore visits at most this many timesteps), for progress
         expected = {"denoise": 1 if method == "mmse" else steps, "edit": max(1, round(steps * amount))}.get(kind, steps)
-
-        def record(i, t, x_t, x0):
-            inputs.append(x_t.detach().clone())
-            timesteps.append(t)
-            if on_step is not None:
-                on_step(i, max(expected, i + 1), to_unit(x0))
-
-        res = restore(
+        inputs, timesteps = [], []
+        record = _recorder(inputs, timesteps, on_step, lambda i: max(expected, i + 1))
+        res = restore(  # the page's empty mask (nothing painted) is refused before any work
             unet, Diffusion(train_sched), image, kind, mask=mask, sigma=amount if amount > 0 else None, method=method,
             strength=amount, noise_first=add_noise if add_noise > 0 else None, steps=steps, seed=seed,
-            class_label=class_label, guidance=guidance, callback=record,
+            class_label=class_label, guidance=guidance, callback=record, empty_mask_ok=False,
         )
         labels = None if class_label is None else torch.full((1,), class_label, dtype=torch.long)
         gen = Generation(model, res.result.images, inputs, timesteps, labels, guidance)
@@ -416,6 +403,19 @@ def _restore_request(operation: str, image: Image.Image | None, steps, seed, amo
     if kind == "edit" and amount == 0:
         raise ValueError("edit strength 0 keeps the image as it is: choose a strength above 0")
     return kind, method, steps, seed, amount, add_noise
+
+
+def _recorder(inputs: list, timesteps: list, on_step, total: Callable[[int], int]):
+    """A sampling callback that keeps every step's model input and timestep (the attention view re-runs them)
+    and reports progress as on_step(i, total(i), x₀ preview in [0, 1])."""
+
+    def record(i: int, t: int, x_t: torch.Tensor, x0: torch.Tensor) -> None:
+        inputs.append(x_t.detach().clone())
+        timesteps.append(t)
+        if on_step is not None:
+            on_step(i, total(i), to_unit(x0))
+
+    return record
 
 
 def _to_image(x: torch.Tensor) -> Image.Image:
