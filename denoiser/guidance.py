@@ -136,7 +136,9 @@ class Guidance:
         return self.pag_layers if self.pag_layers is not None else default_pag_layers(unet)
 
     def main_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None) -> list[torch.Tensor]:
-        """The main model's outputs [ε_c, (ε_u), (ε_p)] from one batched call."""
+        """The main model's outputs [ε_c, (ε_u), (ε_p)] from one batched call; [ε_c] alone outside the interval."""
+        if not self.applies_at(t):
+            return [unet(x, t, class_labels=labels).sample]
         B = x.shape[0]
         n = self.main_passes
         batch_labels = labels
@@ -158,9 +160,9 @@ class Guidance:
         self.check(unet, labels)
 
         def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            if not self.applies_at(t):
-                return unet(x, t, class_labels=labels).sample  # outside the interval: ε_c alone, one pass
             parts = self.main_pass(unet, x, t, labels)
+            if not self.applies_at(t):
+                return parts[0]  # outside the interval: ε_c alone, one pass
             cond = parts[0]
             out = parts[1] + self.scale * (cond - parts[1]) if self.cfg else cond
             if self.pag:

@@ -156,10 +156,11 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     # the folder's interval applies: DDIM-3 visits 666, 333, 0 and guides the first two
     g = Guidance(pag_scale=1.5, guide=ex.guide("tiny-classes"), guide_scale=2.0, interval=(300, 700))
     assert gen.guidance == g and "t = 300..700" in Handlers(ex).cfg_default("tiny-classes", "red")["info"]
-    res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=g, capture_steps=[1])
+    res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=g, capture_steps=[1, 2])
     assert torch.equal(gen.images, res.images)
-    for a, b in zip(ex.records(gen, 1), res.attention[1], strict=True):  # the images' own rows of the batched call
-        assert torch.equal(a.q, b.q[:2]) and torch.equal(a.k, b.k[:2])
+    for step in (1, 2):  # t = 333 guided (the images' own rows of the batched call), t = 0 one plain pass
+        for a, b in zip(ex.records(gen, step), res.attention[step], strict=True):
+            assert torch.equal(a.q, b.q[:2]) and torch.equal(a.k, b.k[:2])
     with pytest.raises(ValueError, match="ships no guide model"):
         ex.generate("tiny", steps=2, num_images=1, guide_scale=2.0)
     monkeypatch.setenv("DENOISER_WORK_BUDGET", "3")
