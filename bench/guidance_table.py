@@ -86,6 +86,32 @@ def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, ste
     return 1 + guided * (guidance.main_passes - 1 + (guide_cost if guidance.autoguidance else 0.0))
 
 
+def shard_batches(shard: str | None, num_samples: int, batch_size: int) -> list[int] | None:
+    """Shard "K/N": the batch indices K, K+N, ... this process makes (None: all)."""
+    if not shard:
+        return None
+    k, n = (int(v) for v in shard.split("/"))
+    if not 0 <= k < n:
+        raise SystemExit(f"--shard K/N needs 0 <= K < N, got {shard}")
+    return list(range(k, -(-num_samples // batch_size), n))
+
+
+def gather_shards(out: Path, shard: str, batches: list[int], images: torch.Tensor, seconds: float, batch_size: int):
+    """Keep this shard's images by batch; once every shard of the run is kept, (all images in batch order, the
+    shards' summed seconds), else None."""
+    k, n = (int(v) for v in shard.split("/"))
+    part = lambda j: out.with_name(f"{out.stem}.shard{j}of{n}.pt")  # noqa: E731
+    mine = {i: images[j * batch_size : (j + 1) * batch_size].clone() for j, i in enumerate(batches)}
+    tmp = part(k).with_suffix(".tmp")
+    torch.save({"images": mine, "seconds": seconds}, tmp)
+    tmp.replace(part(k))
+    if not all(part(j).exists() for j in range(n)):
+        return None
+    kept = [torch.load(part(j), weights_only=True) for j in range(n)]
+    by_batch = {i: x for d in kept for i, x in d["images"].items()}
+    return torch.cat([by_batch[i] for i in sorted(by_batch)]), sum(d["seconds"] for d in kept)
+
+
 def run(args) -> None:
     torch.manual_seed(0)
     unet, sched = load_model(args.model)
@@ -101,11 +127,18 @@ def run(args) -> None:
             continue
         guidance, labelled, guide_cost, off, spacing = parse_setting(setting, unet, sched)
         config = dict(sched.config, **({"timestep_spacing": spacing} if spacing else {}))
+        batches = shard_batches(args.shard, args.num_samples, args.batch_size)
         t0 = time.perf_counter()
         with identity_attention(unet, off) if off else contextlib.nullcontext():
             images = generate_images(unet, config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
-                                     guidance=guidance, with_classes=labelled)
+                                     guidance=guidance, with_classes=labelled, batches=batches)
         seconds = time.perf_counter() - t0
+        if args.shard:
+            gathered = gather_shards(out, args.shard, batches, images, seconds, args.batch_size)
+            if gathered is None:
+                print(f"{setting}: shard {args.shard} done; the last shard to finish scores the run", flush=True)
+                continue
+            images, seconds = gathered
         torch.save(images[:100].clone(), out.with_suffix(".pt"))  # the first 100 images, for grids
         score = fid_of_images(images, reference, extractor)
         result = {"setting": setting, "describe": guidance.describe(), "fid": round(score, 2), "num_samples": args.num_samples,
@@ -215,6 +248,8 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=50)
     r.add_argument("--batch-size", type=int, default=64)
     r.add_argument("--reference", default=None)
+    r.add_argument("--shard", default=None, metavar="K/N",
+                   help="make batches K, K+N, ... only (N processes share one run; the last to finish scores it)")
     t = sub.add_parser("table")
     t.add_argument("--model", required=True)
     t.add_argument("--grid", nargs="*", help="settings drawn side by side (default: all)")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,13 +50,21 @@ def generate_images(
     progress: bool = True,
     guidance: Guidance | None = None,
     with_classes: bool = True,
+    batches: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """`num_images` samples as uint8 (N, 3, H, W); classes spread evenly (with_classes=False: the model's
-    "no class" row); batch i uses seed + i."""
+    "no class" row); batch i uses seed + i. batches: only these batch indices, in this order (processes
+    sharing one run each make some; concatenated in index order they are the whole run's images)."""
     labels = spread_labels(num_images, unet.config.num_class_embeds) if with_classes else None
+    count = math.ceil(num_images / batch_size)
+    batches = range(count) if batches is None else list(batches)
+    if any(not 0 <= i < count for i in batches):
+        raise ValueError(f"batch indices must be in 0..{count - 1} for {num_images} images in batches of {batch_size}")
     out = []
-    bar = tqdm(total=num_images, desc="sampling", unit="img", disable=not progress, dynamic_ncols=True)
-    for i, start in enumerate(range(0, num_images, batch_size)):
+    total = sum(min(batch_size, num_images - i * batch_size) for i in batches)
+    bar = tqdm(total=total, desc="sampling", unit="img", disable=not progress, dynamic_ncols=True)
+    for i in batches:
+        start = i * batch_size
         n = min(batch_size, num_images - start)
         batch_labels = None if labels is None else labels[start : start + n]
         sched = make_sampler(scheduler, train_scheduler_config)

@@ -97,6 +97,10 @@ def test_generate_images_spreads_classes_and_matches_sample(tiny_unet):
     assert spread_labels(5, 3).tolist() == [0, 1, 2, 0, 1]
     second = sample(unet, DDIMScheduler.from_config(DDPMScheduler().config), 2, 2, seed=8, class_labels=[0, 1]).images
     assert torch.equal(images[3:], second.mul(255).round().to(torch.uint8))  # batch 1 = seed 7 + 1, labels 0, 1
+    only_second = generate_images(unet, DDPMScheduler().config, 5, steps=2, seed=7, batch_size=3, progress=False, batches=[1])
+    assert torch.equal(only_second, images[3:])  # a shard of the run: the same seeds and labels as in the whole run
+    with pytest.raises(ValueError, match="batch indices must be in 0..1"):
+        generate_images(unet, DDPMScheduler().config, 5, steps=2, batch_size=3, progress=False, batches=[2])
 
 
 def test_cli_fid_caches_the_reference_and_scores_samples(tiny_unet, tmp_path, capsys, caplog):
