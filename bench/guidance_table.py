@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import platform
 import subprocess
@@ -177,8 +178,9 @@ def table(args) -> None:
         raise SystemExit(f"no results under runs/guidance/{name}: run first")
     lines = ["| setting | what | N | FID-N | UNet passes per step |", "|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (-r["num_samples"], r["fid"])):
-        lines.append(f"| `{short(r['setting'])}` "
-                     f"| {r['describe']}{'' if r['labels'] else ', no class labels'} | {r['num_samples']} | **{r['fid']:.2f}** "
+        spacing = next((p.split("-", 1)[1] for p in r["setting"].split("+") if p.startswith("spacing-")), None)
+        what = r["describe"] + ("" if r["labels"] else ", no class labels") + (f", {spacing} timesteps" if spacing else "")
+        lines.append(f"| `{short(r['setting'])}` | {what} | {r['num_samples']} | **{r['fid']:.2f}** "
                      f"| {r['unet_passes_per_step']:.2f} |")
     cpus = sorted({r["cpu"] for r in results})
     md = (f"## Guidance on `{name}`: FID-N of DDIM-50 samples\n\n"
@@ -191,11 +193,17 @@ def table(args) -> None:
     out.write_text(md + (f"\n{READING}{keep}" if keep else ""))
     print(md)
     order = args.grid or [r["setting"] for r in results]
-    shown = sorted((r for r in results if r["setting"] in order), key=lambda r: order.index(r["setting"]))
+    largest = {}  # one tile per setting (the same seeds at every N): its largest run's FID
+    for r in results:
+        if r["setting"] in order and r["num_samples"] > largest.get(r["setting"], {"num_samples": 0})["num_samples"]:
+            largest[r["setting"]] = r
+    shown = sorted(largest.values(), key=lambda r: order.index(r["setting"]))
     tiles = []
     for r in shown:
-        f = Path("runs/guidance") / name / f"{r['setting'].replace('/', '_').replace(':', '=')}-n{r['num_samples']}.pt"
-        if f.exists():
+        stem = r["setting"].replace("/", "_").replace(":", "=")
+        kept = sorted((Path("runs/guidance") / name).glob(f"{glob.escape(stem)}-n*.pt"))  # any N: the same first images
+        if kept:
+            f = kept[0]
             grid = to_pil(torch.load(f, weights_only=True)[: args.grid_images].float() / 255, nrow=10)
             tiles.append((f"{short(r['setting'])}: FID-{r['num_samples']} {r['fid']:.1f}", grid.resize((grid.width * 2, grid.height * 2), Image.Resampling.NEAREST)))
     if tiles:
