@@ -11,13 +11,15 @@
 - ε_g: a guide model, a smaller or less-trained model of the same data — autoguidance, weight a
   (Karras et al. 2024: D = D_g + a·(D − D_g), which is ε_c + (a − 1)·(ε_c − ε_g)).
 
-w = 1, s = 0 and a = 1 switch each term off and cost nothing. A guidance interval [t_lo, t_hi] (Kynkäänniemi
-et al. 2024, "Applying Guidance in a Limited Interval Improves Sample and Distribution Quality") applies the
-terms only at timesteps inside it; the other steps take the plain prediction ε_c in one pass. Guidance at the
-highest noise levels pulls every sample of a class towards the same layout (diversity lost, FID up), at the
-lowest it changes little: leaving both out lets a stronger scale sharpen the middle steps, for fewer passes. ε-, v- and x₀-predictions are affine in
+w = 1, s = 0 and a = 1 switch each term off and cost nothing. ε-, v- and x₀-predictions are affine in
 each other for a fixed x_t, so combining outputs equals combining denoised images D (Karras' form).
 The main model's passes (class, no class, perturbed) run as one batch; the guide runs its own call.
+
+A guidance interval [t_lo, t_hi] (Kynkäänniemi et al. 2024, "Applying Guidance in a Limited Interval Improves
+Sample and Distribution Quality") applies the terms only at timesteps inside it; the other steps take the plain
+prediction ε_c in one pass. Their finding: guidance at the highest noise levels pulls every sample of a class
+towards one layout (diversity lost), at the lowest it changes little. On weights/cifar10 CFG 3 on t = 80..580
+kept the FID of CFG 3 everywhere at 0.73x the time, without improving it (bench/guidance_cifar10.md).
 """
 
 from __future__ import annotations
@@ -260,7 +262,7 @@ def _as_interval(value) -> tuple[float, float]:
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):
-        raise ValueError(f"a guidance interval is two timesteps [lo, hi], e.g. [70, 550]; got {value!r}") from None
+        raise ValueError(f"a guidance interval is two timesteps [lo, hi], e.g. [80, 580]; got {value!r}") from None
     if not (math.isfinite(lo) and math.isfinite(hi) and 0 <= lo <= hi):
         raise ValueError(f"a guidance interval needs timesteps 0 <= lo <= hi, got [{lo:g}, {hi:g}]")
     return lo, hi
