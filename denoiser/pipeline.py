@@ -101,7 +101,6 @@ class DenoiserPipeline(DiffusionPipeline):
         pag_layers: str | Sequence[str] | None = None,
         guide_model: str | Path | None = None,
         guide_scale: float | None = None,
-        guidance_interval: Sequence[float] | None = None,
         num_inference_steps: int = 50,
         generator: torch.Generator | list[torch.Generator] | None = None,
         eta: float = 0.0,
@@ -109,6 +108,7 @@ class DenoiserPipeline(DiffusionPipeline):
         return_dict: bool = True,
         callback_on_step_end: Callable[[DiffusionPipeline, int, int, dict], dict] | None = None,
         callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",),
+        guidance_interval: Sequence[float] | None = None,  # last: the earlier arguments keep their positions
     ) -> ImagePipelineOutput | tuple:
         """Generate `batch_size` images.
 

@@ -76,6 +76,10 @@ def test_output_types_labels_and_explicit_guidance(shapes):
     assert np.array_equal(np.asarray(pil[1]), (np_[1] * 255).round().astype(np.uint8))
     img, = pipe(1, generator=torch.Generator().manual_seed(1), output_type="pt", return_dict=False, **kw)
     assert img.shape == (1, 3, 16, 16)  # no class: the "no class" row, and sampling.json's CFG left out
+    # sampling.json's CFG 2 + PAG 0.5 in an interval no step of 666, 333, 0 falls in: the plain images
+    outside = pipe(2, class_labels=[0, 3], num_inference_steps=3, guidance_interval=(900, 999),
+                   generator=torch.Generator().manual_seed(1), output_type="pt").images
+    assert torch.equal(outside, ref)
 
 
 def test_callback_on_step_end_sees_and_replaces_the_latents(shapes):
