@@ -79,12 +79,10 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
 
 
 def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, steps: int) -> float:
-    """UNet passes per step (the guide's relative to the model), averaged over the DDIM steps: outside a guidance
-    interval a step takes one pass."""
+    """UNet passes per step over DDIM's timesteps at `steps` (`Guidance.passes_per_step`)."""
     sched = make_sampler("ddim", scheduler_config)
     sched.set_timesteps(steps)
-    guided = sum(guidance.applies_at(t) for t in sched.timesteps) / steps
-    return 1 + guided * (guidance.main_passes - 1 + (guide_cost if guidance.autoguidance else 0.0))
+    return guidance.passes_per_step(sched.timesteps, guide_cost)
 
 
 def shard_batches(shard: str | None, num_samples: int, batch_size: int) -> list[int] | None:

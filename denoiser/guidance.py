@@ -137,10 +137,25 @@ class Guidance:
     def layers_for(self, unet: nn.Module) -> tuple[str, ...]:
         return self.pag_layers if self.pag_layers is not None else default_pag_layers(unet)
 
+    def passes_per_step(self, timesteps: Sequence | None = None, guide_cost: float = 1.0) -> float:
+        """UNet passes per image and step, averaged over the `timesteps` a sampler visits (None: every step
+        guided, an upper bound); the guide's call counts `guide_cost` (its cost relative to the main model's).
+        Outside the interval a step takes one pass."""
+        extra = self.main_passes - 1 + (guide_cost if self.autoguidance else 0.0)
+        if timesteps is None:
+            return 1.0 + extra
+        timesteps = list(timesteps)
+        guided = sum(self.applies_at(t) for t in timesteps) / max(len(timesteps), 1)
+        return 1.0 + guided * extra
+
     def main_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None) -> list[torch.Tensor]:
         """The main model's outputs [ε_c, (ε_u), (ε_p)] from one batched call; [ε_c] alone outside the interval."""
         if not self.applies_at(t):
             return [unet(x, t, class_labels=labels).sample]
+        return self._guided_pass(unet, x, t, labels)
+
+    def _guided_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None) -> list[torch.Tensor]:
+        """[ε_c, (ε_u), (ε_p)]: the rows each term needs, batched into one UNet call."""
         B = x.shape[0]
         n = self.main_passes
         batch_labels = labels
@@ -162,9 +177,9 @@ class Guidance:
         self.check(unet, labels)
 
         def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            parts = self.main_pass(unet, x, t, labels)
             if not self.applies_at(t):
-                return parts[0]  # outside the interval: ε_c alone, one pass
+                return unet(x, t, class_labels=labels).sample  # outside the interval: ε_c alone, one pass
+            parts = self._guided_pass(unet, x, t, labels)
             cond = parts[0]
             out = parts[1] + self.scale * (cond - parts[1]) if self.cfg else cond
             if self.pag:

@@ -164,11 +164,20 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     with pytest.raises(ValueError, match="ships no guide model"):
         ex.generate("tiny", steps=2, num_images=1, guide_scale=2.0)
     monkeypatch.setenv("DENOISER_WORK_BUDGET", "3")
-    cost = 16**2 / 32**2 * sum(p.numel() for p in unet.parameters()) / 1e6
+    tiny, _ = ex.model("tiny")  # no sampling.json: every step guided
+    cost = 16**2 / 32**2 * sum(p.numel() for p in tiny.parameters()) / 1e6
     steps = int(3 // (2 * cost))  # 2 passes: the plain one and the perturbed one
-    ex.generate("tiny-classes", steps=steps, num_images=1, pag_scale=1.0)
+    ex.generate("tiny", steps=steps, num_images=1, pag_scale=1.0)
     with pytest.raises(ValueError, match="PAG"):
-        ex.generate("tiny-classes", steps=steps + 1, num_images=1, pag_scale=1.0)
+        ex.generate("tiny", steps=steps + 1, num_images=1, pag_scale=1.0)
+    cost = 16**2 / 32**2 * sum(p.numel() for p in unet.parameters()) / 1e6
+    # with the interval only the guided steps count double: DDIM-3 guides 2 of its 3 steps (5/3 passes per step)
+    pag_interval = Guidance(pag_scale=1.0, interval=(300, 700))
+    fits = int(3 // (5 / 3 * cost))
+    assert fits > steps
+    ex.check_work(unet, 1, fits, pag_interval, [666, 333, 0])
+    with pytest.raises(ValueError, match="over the budget"):
+        ex.check_work(unet, 1, fits + 1, pag_interval, [666, 333, 0])
 
 
 def test_heads_view_mean_maps_and_switching_layers_off(weights):

@@ -146,6 +146,10 @@ def test_guidance_interval_guides_only_the_steps_inside_it(class_unet, guide_une
     assert torch.equal(run((0, 999)), everywhere) and torch.equal(run((800, 900)), plain)  # ends included, none inside
     assert (got - everywhere).abs().max() > 1e-3 and (got - plain).abs().max() > 1e-3
     assert Guidance(2.0, interval=[200, 600]).describe() == "CFG 2, at t in [200, 600]"
+    # passes per step: 2 of 4 steps guided with CFG + PAG (2 extra rows) + the guide (cost 0.5): 1 + 0.5 * 2.5
+    g = Guidance(2.0, 1.0, layers, guide_unet, 1.5, interval=(200, 600))
+    assert g.passes_per_step([750, 500, 250, 0], guide_cost=0.5) == 2.25
+    assert g.passes_per_step(None, guide_cost=0.5) == 3.5 and Guidance().passes_per_step([750, 0]) == 1.0
 
 
 def test_pag_needs_no_class_and_defaults_to_the_first_up_level(class_unet):

@@ -184,10 +184,11 @@ class Engine:
         if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes
             class_label = _check_int("class", class_label, 0, 2**31 - 1)
         guidance = self.guidance(model, guidance, pag_scale, guide_scale)
-        self.check_work(unet, num_images, steps, guidance)
+        sched = make_sampler(scheduler, train_sched.config)
+        sched.set_timesteps(steps)  # the timesteps it will visit: a guidance interval skips the extra passes elsewhere
+        self.check_work(unet, num_images, steps, guidance, sched.timesteps)
         inputs, timesteps = [], []
         record = _recorder(inputs, timesteps, on_step, lambda i: steps)
-        sched = make_sampler(scheduler, train_sched.config)
         res = sample(unet, sched, num_images, steps, seed=seed, eta=eta, class_labels=class_label, callback=record,
                      guidance=guidance)
         labels = None if class_label is None else torch.full((num_images,), class_label, dtype=torch.long)
@@ -285,15 +286,17 @@ class Engine:
                 self._models[key] = (guide, guide_sched)
             return self._models[key][0]
 
-    def check_work(self, unet, num_images: int, steps: int, guidance: Guidance | None = None) -> None:
+    def check_work(self, unet, num_images: int, steps: int, guidance: Guidance | None = None, timesteps=None) -> None:
         """Refuse, before any work, a request larger than the budget: images × steps × the cost of one step
-        (the main model's passes — two with classifier-free guidance, one more with PAG — each the model's
-        cost per image-call, its parameters × pixels relative to a 1M-parameter 32×32 model; plus the
-        guide's call with autoguidance), so one request cannot hold the only sampling slot for long.
-        DENOISER_WORK_BUDGET changes the budget."""
+        (the main model's passes — two with classifier-free guidance, one more with PAG, averaged over the
+        `timesteps` visited when a guidance interval leaves some steps plain; every step counted guided when
+        they are not known — each the model's cost per image-call, its parameters × pixels relative to a
+        1M-parameter 32×32 model; plus the guide's call with autoguidance), so one request cannot hold the
+        only sampling slot for long. DENOISER_WORK_BUDGET changes the budget."""
         guidance = guidance or Guidance()
         budget = float(os.environ.get("DENOISER_WORK_BUDGET", WORK_BUDGET))
-        per_step = guidance.main_passes * model_cost(unet) + (model_cost(guidance.guide) if guidance.autoguidance else 0.0)
+        guide_cost = model_cost(guidance.guide) / model_cost(unet) if guidance.autoguidance else 0.0
+        per_step = model_cost(unet) * guidance.passes_per_step(timesteps, guide_cost)
         work = num_images * steps * per_step
         if work > budget:
             max_steps = max(1, int(budget // (num_images * per_step)))
