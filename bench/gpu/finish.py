@@ -1,10 +1,13 @@
 """After a GPU run: the model in fp16, samples for FID, one tar to bring back.
 
-    python3 bench/gpu/finish.py RUN_DIR NAME OUT_DIR NUM_FID_SAMPLES
+    python3 bench/gpu/finish.py RUN_DIR NAME OUT_DIR NUM_FID_SAMPLES [DEFAULTS_DIR]
 
 Writes OUT_DIR/NAME.tar (the fp16 model folder, the run's config, loss log, summary and sample
-grids) and OUT_DIR/NAME-samples.npy (uint8 (N, H, W, 3), DDIM-50, seed 0, classes spread evenly),
-scored by FID on a CPU later (denoiser evaluate --fid --samples).
+grids) and the samples for FID, uint8 (N, H, W, 3), DDIM-50, classes spread evenly, batch i of 64
+seeded i (the seeds and classes of bench/guidance_table.py's CPU runs):
+OUT_DIR/NAME-samples.npy without guidance and, where DEFAULTS_DIR (the shipped model folder, e.g.
+weights/cifar10) has a sampling.json, OUT_DIR/NAME-samples-default.npy with its guidance (the setting
+the README's FID target is measured with). Scored on a CPU later: denoiser evaluate --fid --samples.
 """
 
 from __future__ import annotations
@@ -18,20 +21,28 @@ import numpy as np
 import torch
 
 from denoiser.fid import generate_images
+from denoiser.guidance import Guidance, guidance_for, read_sampling_defaults
 from denoiser.model_dir import load_model
 from denoiser.pipeline import save_pipeline
 
+BATCH = 64  # the CPU FID runs' batch: batch i uses seed i, so the GPU's samples are the same draws
 
-def main(run: str, name: str, out: str, num_samples: str) -> None:
+
+def main(run: str, name: str, out: str, num_samples: str, defaults_dir: str | None = None) -> None:
     run_dir, out_dir = Path(run), Path(out)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     unet, sched = load_model(run_dir / "model", device=device)
     save_pipeline(unet, sched, run_dir / "model-fp16", dtype=torch.float16)
-    tic = time.perf_counter()
-    images = generate_images(unet, sched.config, int(num_samples), steps=50, seed=0, batch_size=500)
-    dt = time.perf_counter() - tic
-    print(f"{name}: {len(images)} DDIM-50 samples in {dt:.1f} s ({len(images) / dt:.0f} img/s)")
-    np.save(out_dir / f"{name}-samples.npy", images.permute(0, 2, 3, 1).numpy())  # (N, C, H, W) -> (N, H, W, C)
+    runs = {"samples": Guidance()}
+    if defaults_dir and read_sampling_defaults(defaults_dir):
+        runs["samples-default"] = guidance_for(defaults_dir, unet, sched.config)
+    for suffix, guidance in runs.items():
+        tic = time.perf_counter()
+        images = generate_images(unet, sched.config, int(num_samples), steps=50, seed=0, batch_size=BATCH,
+                                 guidance=guidance, progress=False)
+        dt = time.perf_counter() - tic
+        print(f"{name}: {len(images)} DDIM-50 samples ({guidance.describe()}) in {dt:.1f} s ({len(images) / dt:.0f} img/s)")
+        np.save(out_dir / f"{name}-{suffix}.npy", images.permute(0, 2, 3, 1).numpy())  # (N, C, H, W) -> (N, H, W, C)
     with tarfile.open(out_dir / f"{name}.tar", "w") as tar:
         tar.add(run_dir / "model-fp16", arcname="model")
         for extra in ("config.yaml", "loss.csv", "train_summary.json", "loss.png", "run_info.json", "samples"):

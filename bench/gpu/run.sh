@@ -6,6 +6,10 @@
 #   bash bench/gpu/run.sh smoke                      # ~15 s of training each: checks every step end to end
 #   bash bench/gpu/run.sh full CIFAR_MIN CIFAR_STEPS CIFAR_N EMOJI_MIN EMOJI_STEPS EMOJI_N
 #
+# Each run continues the shipped weights (`--init-from weights/NAME`: a fresh optimizer and LR schedule)
+# with the config they were trained with (weights/emoji: configs/emoji32.yaml; CONFIG_NAME picks another);
+# INIT_cifar10=none (or INIT_emoji=none) trains that model from scratch instead. SET_NAME adds --set overrides.
+#
 # Needs .gpu/data/{cifar10,emoji}.safetensors (bench/gpu/pack_data.py) and, where diffusers is missing,
 # its wheel in .gpu/whl; the device command names .gpu in `carry`.
 set -uo pipefail
@@ -30,11 +34,15 @@ train() {  # name minutes max_steps num_fid_samples
   local name=$1 minutes=$2 steps=$3 n=$4 kv sets=()
   local extra="SET_$name"  # e.g. SET_cifar10="train.batch_size=512 train.lr=5e-4"
   for kv in ${!extra:-}; do sets+=(--set "$kv"); done
+  local init="INIT_$name" from=weights/$name conf="CONFIG_$name" config=configs/$name.yaml
+  [ "$name" = emoji ] && config=configs/emoji32.yaml  # the shipped emoji model is the 32x32 one
+  from=${!init:-$from} config=${!conf:-$config}
+  [ "$from" = none ] || sets+=(--init-from "$from")
   log "unpack $name"
   [ -d "/tmp/data/$name" ] || $PY bench/gpu/unpack_data.py ".gpu/data/$name.safetensors" "/tmp/data/$name" | tee -a "$OUT/log.txt"
-  log "train $name: time limit $minutes min, max_steps $steps ${sets[*]}"
+  log "train $name ($config): time limit $minutes min, max_steps $steps ${sets[*]}"
   $PY -m accelerate.commands.launch --num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no \
-    -m denoiser.train --config "configs/$name.yaml" --output-dir "/tmp/runs/$name" --overwrite \
+    -m denoiser.train --config "$config" --output-dir "/tmp/runs/$name" --overwrite \
     --set "data.path=/tmp/data/$name" --set data.val_size=0 --set "train.time_limit_minutes=$minutes" \
     --set "train.max_steps=$steps" --set train.checkpoint_every=100000 "${sets[@]}" > "/tmp/runs/$name.log" 2>&1
   local rc=$?
@@ -43,7 +51,7 @@ train() {  # name minutes max_steps num_fid_samples
   cat "/tmp/runs/$name/train_summary.json" | tr -d '\n' | head -c 600 | tee -a "$OUT/log.txt"; echo
   cp "/tmp/runs/$name.log" "/tmp/runs/$name/train.log"
   log "finish $name"
-  $PY bench/gpu/finish.py "/tmp/runs/$name" "$name" "$OUT" "$n" 2>&1 | tr '\r' '\n' | grep -v "sampling:" | tee -a "$OUT/log.txt"
+  $PY bench/gpu/finish.py "/tmp/runs/$name" "$name" "$OUT" "$n" "weights/$name" 2>&1 | tr '\r' '\n' | grep -v "sampling:" | tee -a "$OUT/log.txt"
 }
 mkdir -p /tmp/runs
 train cifar10 "$2" "$3" "$4"
