@@ -141,7 +141,8 @@ def run(args) -> None:
         torch.save(images[:100].clone(), out.with_suffix(".pt"))  # the first 100 images, for grids
         score = fid_of_images(images, reference, extractor)
         result = {"setting": setting, "describe": guidance.describe(), "fid": round(score, 2), "num_samples": args.num_samples,
-                  "steps": args.steps, "labels": labelled, "unet_passes_per_step": round(passes_per_step(guidance, guide_cost, config, args.steps), 2),
+                  "steps": args.steps, "timestep_spacing": config.get("timestep_spacing", "leading"), "labels": labelled,
+                  "unet_passes_per_step": round(passes_per_step(guidance, guide_cost, config, args.steps), 2),
                   "ms_per_image": round(1000 * seconds / args.num_samples, 1), "threads": torch.get_num_threads(),
                   "cpu": cpu_name(), "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                               text=True).stdout.strip()}
@@ -176,7 +177,8 @@ def table(args) -> None:
         raise SystemExit(f"no results under runs/guidance/{name}: run first")
     lines = ["| setting | what | N | FID-N | UNet passes per step |", "|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (-r["num_samples"], r["fid"])):
-        spacing = next((p.split("-", 1)[1] for p in r["setting"].split("+") if p.startswith("spacing-")), None)
+        spacing = r.get("timestep_spacing") or next(  # results before session 16 name it only in the setting
+            (p.split("-", 1)[1] for p in r["setting"].split("+") if p.startswith("spacing-")), None)
         what = r["describe"] + ("" if r["labels"] else ", no class labels") + (f", {spacing} timesteps" if spacing else "")
         lines.append(f"| `{short(r['setting'])}` | {what} | {r['num_samples']} | **{r['fid']:.2f}** "
                      f"| {r['unet_passes_per_step']:.2f} |")
