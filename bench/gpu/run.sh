@@ -34,9 +34,8 @@ train() {  # name minutes max_steps num_fid_samples
   local name=$1 minutes=$2 steps=$3 n=$4 kv sets=()
   local extra="SET_$name"  # e.g. SET_cifar10="train.batch_size=512 train.lr=5e-4"
   for kv in ${!extra:-}; do sets+=(--set "$kv"); done
-  local init="INIT_$name" from=weights/$name conf="CONFIG_$name" config=configs/$name.yaml
-  [ "$name" = emoji ] && config=configs/emoji32.yaml  # the shipped emoji model is the 32x32 one
-  from=${!init:-$from} config=${!conf:-$config}
+  local init="INIT_$name" conf="CONFIG_$name" from config
+  from=${!init:-weights/$name} config=${!conf:-configs/$name.yaml}
   [ "$from" = none ] || sets+=(--init-from "$from")
   log "unpack $name"
   [ -d "/tmp/data/$name" ] || $PY bench/gpu/unpack_data.py ".gpu/data/$name.safetensors" "/tmp/data/$name" | tee -a "$OUT/log.txt"
@@ -53,6 +52,7 @@ train() {  # name minutes max_steps num_fid_samples
   log "finish $name"
   $PY bench/gpu/finish.py "/tmp/runs/$name" "$name" "$OUT" "$n" "weights/$name" 2>&1 | tr '\r' '\n' | grep -v "sampling:" | tee -a "$OUT/log.txt"
 }
+CONFIG_emoji=${CONFIG_emoji:-configs/emoji32.yaml}  # the shipped emoji model is the 32x32 one
 mkdir -p /tmp/runs
 train cifar10 "$2" "$3" "$4"
 train emoji "$5" "$6" "$7"
