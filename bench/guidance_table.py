@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+from diffusers import DDIMScheduler
+from diffusers.schedulers.scheduling_ddim import DDIMSchedulerOutput
 
 from denoiser.attention import attention_layer_names, identity_attention
 from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images, spread_labels
@@ -44,11 +46,11 @@ def cpu_name() -> str:
     return f"{model} ({', '.join(has) or 'no AVX-512'})"
 
 
-def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[str, ...] | None, str | None]:
-    """(guidance, with class labels?, guide cost relative to the model, layers switched off, timestep spacing) of a
-    setting name."""
+def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[str, ...] | None, dict]:
+    """(guidance, with class labels?, guide cost relative to the model, layers switched off, scheduler config
+    overrides) of a setting name."""
     scale, pag, layers, guide, guide_scale, labelled, off = 1.0, 0.0, None, None, 1.0, True, None
-    interval, spacing = None, None
+    interval, overrides = None, {}
     for part in text.split("+"):
         part, _, where = part.partition("@")
         part, _, guide_dir = part.partition(":")
@@ -63,8 +65,15 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             pag, layers = float(value), (tuple(where.split(",")) if where else None)
         elif kind == "int":  # int-70-550: the guidance interval in timesteps
             interval = tuple(value.split("-"))
+        elif kind == "thresh":  # thresh-0.995-1.5: dynamic thresholding (ratio, max) of the scheduler's x0
+            ratio, top = (float(v) for v in value.split("-"))
+            overrides.update(thresholding=True, dynamic_thresholding_ratio=ratio, sample_max_value=top)
+        elif kind == "eta":  # eta-0.3: DDIM's stochasticity (0: deterministic)
+            overrides["_eta"] = float(value)
+        elif kind == "pow":  # pow-2: DDIM on timesteps floor((T-1)·(k/S)^2), k = S..1 (more steps at low noise)
+            overrides["_power"] = float(value)
         elif kind == "spacing":  # spacing-trailing: the sampler's timestep spacing
-            spacing = value
+            overrides["timestep_spacing"] = value
         elif kind == "off":
             off = tuple(attention_layer_names(unet)) if where == "all" else tuple(where.split(","))
         elif kind == "ag":
@@ -73,9 +82,29 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             guide_scale = float(value)
         else:
             raise ValueError(f"unknown setting part {part!r}; use none, uncond, cfg-W, pag-S[@layers], ag-W:GUIDE, "
-                             "int-LO-HI, spacing-NAME")
+                             "int-LO-HI, thresh-RATIO-MAX, pow-P, spacing-NAME")
     cost = 0.0 if guide is None else sum(p.numel() for p in guide.parameters()) / sum(p.numel() for p in unet.parameters())
-    return Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, spacing
+    return Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, overrides
+
+
+class PowerDDIM(DDIMScheduler):
+    """SCREEN ONLY: DDIM (eta 0) on timesteps floor((T-1)·(k/S)^p), k = S..1."""
+
+    power = 2.0
+
+    def set_timesteps(self, num_inference_steps, device=None):
+        T, S = self.config.num_train_timesteps, num_inference_steps
+        self.num_inference_steps = S
+        self.timesteps = torch.tensor([int((T - 1) * (k / S) ** self.power) for k in range(S, 0, -1)])
+        assert len(set(self.timesteps.tolist())) == S, self.timesteps
+
+    def step(self, eps, timestep, sample, generator=None, eta=0.0, **_):
+        ts = self.timesteps.tolist()
+        i = ts.index(int(timestep))
+        a_t = self.alphas_cumprod[int(timestep)]
+        a_p = self.alphas_cumprod[ts[i + 1]] if i + 1 < len(ts) else self.final_alpha_cumprod
+        x0 = ((sample - (1 - a_t).sqrt() * eps) / a_t.sqrt()).clamp(-1, 1)
+        return DDIMSchedulerOutput(prev_sample=a_p.sqrt() * x0 + (1 - a_p).sqrt() * eps, pred_original_sample=x0)
 
 
 def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, steps: int) -> float:
@@ -124,13 +153,15 @@ def run(args) -> None:
         if out.exists():
             print(f"{setting}: done before ({out})")
             continue
-        guidance, labelled, guide_cost, off, spacing = parse_setting(setting, unet, sched)
-        config = dict(sched.config, **({"timestep_spacing": spacing} if spacing else {}))
+        guidance, labelled, guide_cost, off, overrides = parse_setting(setting, unet, sched)
+        power, eta = overrides.pop("_power", None), overrides.pop("_eta", 0.0)
+        config = dict(sched.config, **overrides)
         batches = shard_batches(args.shard, args.num_samples, args.batch_size)
         t0 = time.perf_counter()
         with identity_attention(unet, off) if off else contextlib.nullcontext():
             images = generate_images(unet, config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
-                                     guidance=guidance, with_classes=labelled, batches=batches)
+                                     guidance=guidance, with_classes=labelled, batches=batches,
+                                     scheduler="ddim" if power is None else f"ddim-pow-{power}", eta=eta)
         seconds = time.perf_counter() - t0
         if args.shard:
             gathered = gather_shards(out, args.shard, batches, images, seconds, args.batch_size)

@@ -51,6 +51,7 @@ def generate_images(
     guidance: Guidance | None = None,
     with_classes: bool = True,
     batches: Sequence[int] | None = None,
+    eta: float = 0.0,
 ) -> torch.Tensor:
     """`num_images` samples as uint8 (N, 3, H, W); classes spread evenly (with_classes=False: the model's
     "no class" row); batch i uses seed + i. batches: only these batch indices, in this order (processes
@@ -67,8 +68,15 @@ def generate_images(
         start = i * batch_size
         n = min(batch_size, num_images - start)
         batch_labels = None if labels is None else labels[start : start + n]
-        sched = make_sampler(scheduler, train_scheduler_config)
-        images = sample(unet, sched, n, steps, seed=seed + i, class_labels=batch_labels, guidance=guidance).images
+        if scheduler.startswith("ddim-pow-"):  # SCREEN ONLY
+            import sys
+            cls = sys.modules["__main__"].PowerDDIM
+            cls.power = float(scheduler.rsplit("-", 1)[1])
+            sched = cls.from_config(train_scheduler_config)
+        else:
+            sched = make_sampler(scheduler, train_scheduler_config)
+        images = sample(unet, sched, n, steps, seed=seed + i, class_labels=batch_labels, guidance=guidance,
+                        eta=eta).images
         out.append(images.mul(255).round().to(torch.uint8))
         bar.update(n)
     bar.close()
