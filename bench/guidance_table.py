@@ -7,7 +7,8 @@ autoguidance, with the cost per image, on this machine.
 
 A setting is NAME[-SCALE][:GUIDE][@LAYERS], joined with '+': `none`, `cfg-2`, `pag-1`, `pag-1@mid_attn,up.0.attn.0`,
 `ag-2:/path/to/guide`, `uncond+pag-1` (no class labels: the model's "no class" row), `cfg-2+pag-1`, `cfg-4+int-70-550`
-(guidance only at timesteps 70..550), `cfg-3+spacing-trailing` (the sampler's timestep spacing), and the
+(guidance only at timesteps 70..550), `cfg-3+spacing-trailing` (the sampler's timestep spacing), `cfg-3+eta-0.3`
+(DDIM's stochasticity), `cfg-4+thresh-0.995-1.5` (diffusers' dynamic thresholding of x0: ratio, max), and the
 ablations `off@mid_attn` / `off@all` (those layers switched to identity attention for the whole run). Every
 setting samples the same N images (seed 0, DDIM-50, classes spread evenly as `denoiser evaluate --fid`
 does) and is scored against the validation split's Inception statistics. Each result is kept as JSON
@@ -27,8 +28,6 @@ import time
 from pathlib import Path
 
 import torch
-from diffusers import DDIMScheduler
-from diffusers.schedulers.scheduling_ddim import DDIMSchedulerOutput
 
 from denoiser.attention import attention_layer_names, identity_attention
 from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images, spread_labels
@@ -46,11 +45,11 @@ def cpu_name() -> str:
     return f"{model} ({', '.join(has) or 'no AVX-512'})"
 
 
-def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[str, ...] | None, dict]:
+def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[str, ...] | None, dict, float]:
     """(guidance, with class labels?, guide cost relative to the model, layers switched off, scheduler config
-    overrides) of a setting name."""
+    overrides, DDIM's eta) of a setting name."""
     scale, pag, layers, guide, guide_scale, labelled, off = 1.0, 0.0, None, None, 1.0, True, None
-    interval, overrides = None, {}
+    interval, overrides, eta = None, {}, 0.0
     for part in text.split("+"):
         part, _, where = part.partition("@")
         part, _, guide_dir = part.partition(":")
@@ -69,9 +68,7 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             ratio, top = (float(v) for v in value.split("-"))
             overrides.update(thresholding=True, dynamic_thresholding_ratio=ratio, sample_max_value=top)
         elif kind == "eta":  # eta-0.3: DDIM's stochasticity (0: deterministic)
-            overrides["_eta"] = float(value)
-        elif kind == "pow":  # pow-2: DDIM on timesteps floor((T-1)·(k/S)^2), k = S..1 (more steps at low noise)
-            overrides["_power"] = float(value)
+            eta = float(value)
         elif kind == "spacing":  # spacing-trailing: the sampler's timestep spacing
             overrides["timestep_spacing"] = value
         elif kind == "off":
@@ -82,29 +79,9 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             guide_scale = float(value)
         else:
             raise ValueError(f"unknown setting part {part!r}; use none, uncond, cfg-W, pag-S[@layers], ag-W:GUIDE, "
-                             "int-LO-HI, thresh-RATIO-MAX, pow-P, spacing-NAME")
+                             "int-LO-HI, eta-X, thresh-RATIO-MAX, spacing-NAME")
     cost = 0.0 if guide is None else sum(p.numel() for p in guide.parameters()) / sum(p.numel() for p in unet.parameters())
-    return Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, overrides
-
-
-class PowerDDIM(DDIMScheduler):
-    """SCREEN ONLY: DDIM (eta 0) on timesteps floor((T-1)·(k/S)^p), k = S..1."""
-
-    power = 2.0
-
-    def set_timesteps(self, num_inference_steps, device=None):
-        T, S = self.config.num_train_timesteps, num_inference_steps
-        self.num_inference_steps = S
-        self.timesteps = torch.tensor([int((T - 1) * (k / S) ** self.power) for k in range(S, 0, -1)])
-        assert len(set(self.timesteps.tolist())) == S, self.timesteps
-
-    def step(self, eps, timestep, sample, generator=None, eta=0.0, **_):
-        ts = self.timesteps.tolist()
-        i = ts.index(int(timestep))
-        a_t = self.alphas_cumprod[int(timestep)]
-        a_p = self.alphas_cumprod[ts[i + 1]] if i + 1 < len(ts) else self.final_alpha_cumprod
-        x0 = ((sample - (1 - a_t).sqrt() * eps) / a_t.sqrt()).clamp(-1, 1)
-        return DDIMSchedulerOutput(prev_sample=a_p.sqrt() * x0 + (1 - a_p).sqrt() * eps, pred_original_sample=x0)
+    return Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, overrides, eta
 
 
 def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, steps: int) -> float:
@@ -153,15 +130,13 @@ def run(args) -> None:
         if out.exists():
             print(f"{setting}: done before ({out})")
             continue
-        guidance, labelled, guide_cost, off, overrides = parse_setting(setting, unet, sched)
-        power, eta = overrides.pop("_power", None), overrides.pop("_eta", 0.0)
+        guidance, labelled, guide_cost, off, overrides, eta = parse_setting(setting, unet, sched)
         config = dict(sched.config, **overrides)
         batches = shard_batches(args.shard, args.num_samples, args.batch_size)
         t0 = time.perf_counter()
         with identity_attention(unet, off) if off else contextlib.nullcontext():
             images = generate_images(unet, config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
-                                     guidance=guidance, with_classes=labelled, batches=batches,
-                                     scheduler="ddim" if power is None else f"ddim-pow-{power}", eta=eta)
+                                     guidance=guidance, with_classes=labelled, batches=batches, eta=eta)
         seconds = time.perf_counter() - t0
         if args.shard:
             gathered = gather_shards(out, args.shard, batches, images, seconds, args.batch_size)
@@ -173,6 +148,8 @@ def run(args) -> None:
         score = fid_of_images(images, reference, extractor)
         result = {"setting": setting, "describe": guidance.describe(), "fid": round(score, 2), "num_samples": args.num_samples,
                   "steps": args.steps, "timestep_spacing": config.get("timestep_spacing", "leading"), "labels": labelled,
+                  "eta": eta, "thresholding": [config["dynamic_thresholding_ratio"], config["sample_max_value"]]
+                  if config.get("thresholding") else None,
                   "unet_passes_per_step": round(passes_per_step(guidance, guide_cost, config, args.steps), 2),
                   "ms_per_image": round(1000 * seconds / args.num_samples, 1), "threads": torch.get_num_threads(),
                   "cpu": cpu_name(), "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -211,6 +188,8 @@ def table(args) -> None:
         spacing = r.get("timestep_spacing") or next(  # results before session 16 name it only in the setting
             (p.split("-", 1)[1] for p in r["setting"].split("+") if p.startswith("spacing-")), None)
         what = r["describe"] + ("" if r["labels"] else ", no class labels") + (f", {spacing} timesteps" if spacing else "")
+        what += (f", DDIM eta {r['eta']:g}" if r.get("eta") else "") + (
+            ", dynamic thresholding (ratio {:g}, max {:g})".format(*r["thresholding"]) if r.get("thresholding") else "")
         lines.append(f"| `{short(r['setting'])}` | {what} | {r['num_samples']} | **{r['fid']:.2f}** "
                      f"| {r['unet_passes_per_step']:.2f} |")
     cpus = sorted({r["cpu"] for r in results})

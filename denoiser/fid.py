@@ -55,7 +55,8 @@ def generate_images(
 ) -> torch.Tensor:
     """`num_images` samples as uint8 (N, 3, H, W); classes spread evenly (with_classes=False: the model's
     "no class" row); batch i uses seed + i. batches: only these batch indices, in this order (processes
-    sharing one run each make some; concatenated in index order they are the whole run's images)."""
+    sharing one run each make some; concatenated in index order they are the whole run's images). eta: DDIM's
+    stochasticity (0: deterministic)."""
     labels = spread_labels(num_images, unet.config.num_class_embeds) if with_classes else None
     count = math.ceil(num_images / batch_size)
     batches = range(count) if batches is None else list(batches)
@@ -68,13 +69,7 @@ def generate_images(
         start = i * batch_size
         n = min(batch_size, num_images - start)
         batch_labels = None if labels is None else labels[start : start + n]
-        if scheduler.startswith("ddim-pow-"):  # SCREEN ONLY
-            import sys
-            cls = sys.modules["__main__"].PowerDDIM
-            cls.power = float(scheduler.rsplit("-", 1)[1])
-            sched = cls.from_config(train_scheduler_config)
-        else:
-            sched = make_sampler(scheduler, train_scheduler_config)
+        sched = make_sampler(scheduler, train_scheduler_config)
         images = sample(unet, sched, n, steps, seed=seed + i, class_labels=batch_labels, guidance=guidance,
                         eta=eta).images
         out.append(images.mul(255).round().to(torch.uint8))

@@ -101,6 +101,10 @@ def test_generate_images_spreads_classes_and_matches_sample(tiny_unet):
     assert torch.equal(only_second, images[3:])  # a shard of the run: the same seeds and labels as in the whole run
     with pytest.raises(ValueError, match="batch indices must be in 0..1"):
         generate_images(unet, DDPMScheduler().config, 5, steps=2, batch_size=3, progress=False, batches=[2])
+    # eta: DDIM's stochasticity, drawn from each batch's seed: sample()'s images with the same eta
+    noisy = generate_images(unet, DDPMScheduler().config, 5, steps=2, seed=7, batch_size=3, progress=False, eta=0.5)
+    second = sample(unet, DDIMScheduler.from_config(DDPMScheduler().config), 2, 2, seed=8, class_labels=[0, 1], eta=0.5).images
+    assert torch.equal(noisy[3:], second.mul(255).round().to(torch.uint8)) and not torch.equal(noisy, images)
 
 
 def test_cli_fid_caches_the_reference_and_scores_samples(tiny_unet, tmp_path, capsys, caplog):
