@@ -65,7 +65,10 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
         elif kind == "int":  # int-70-550: the guidance interval in timesteps
             interval = tuple(value.split("-"))
         elif kind == "thresh":  # thresh-0.995-1.5: dynamic thresholding (ratio, max) of the scheduler's x0
-            ratio, top = (float(v) for v in value.split("-"))
+            try:
+                ratio, top = (float(v) for v in value.split("-"))
+            except ValueError:
+                raise ValueError(f"{part!r}: thresholding is thresh-RATIO-MAX, e.g. thresh-0.995-1.5") from None
             overrides.update(thresholding=True, dynamic_thresholding_ratio=ratio, sample_max_value=top)
         elif kind == "eta":  # eta-0.3: DDIM's stochasticity (0: deterministic)
             eta = float(value)
