@@ -25,15 +25,18 @@ import json
 import platform
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from diffusers import DDIMScheduler
+from diffusers.schedulers.scheduling_ddim import DDIMSchedulerOutput
 
 from denoiser.attention import attention_layer_names, identity_attention
 from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images, spread_labels
 from denoiser.guidance import Guidance, check_guide
 from denoiser.model_dir import load_model
-from denoiser.sample import make_sampler, sample
+from denoiser.sample import SAMPLERS, Sampler, make_sampler, sample
 
 REFERENCES = {"cifar10": "bench/fid-reference/cifar10-val5000.safetensors", "emoji": "bench/fid-reference/emoji32-val500.safetensors"}
 
@@ -49,7 +52,7 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
     """(guidance, with class labels?, guide cost relative to the model, layers switched off, scheduler config
     overrides, DDIM's eta) of a setting name."""
     scale, pag, layers, guide, guide_scale, labelled, off = 1.0, 0.0, None, None, 1.0, True, None
-    interval, overrides, eta = None, {}, 0.0
+    interval, overrides, eta, screen = None, {}, 0.0, {}
     for part in text.split("+"):
         part, _, where = part.partition("@")
         part, _, guide_dir = part.partition(":")
@@ -74,6 +77,13 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             eta = float(value)
         elif kind == "spacing":  # spacing-trailing: the sampler's timestep spacing
             overrides["timestep_spacing"] = value
+        elif kind == "ramp":  # ramp-LO-HI: CFG scale LO at t = 0 rising linearly to HI at t = 999
+            screen["ramp"] = tuple(float(v) for v in value.split("-"))
+            scale = max(screen["ramp"])
+        elif kind == "apg":  # apg-ETA: APG projection of CFG in x0 space
+            screen["apg_eta"] = float(value)
+        elif kind == "pp":  # pp-uncond / pp-cond: CFG++ renoising
+            screen["renoise"] = value
         elif kind == "off":
             off = tuple(attention_layer_names(unet)) if where == "all" else tuple(where.split(","))
         elif kind == "ag":
@@ -84,7 +94,77 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             raise ValueError(f"unknown setting part {part!r}; use none, uncond, cfg-W, pag-S[@layers], ag-W:GUIDE, "
                              "int-LO-HI, eta-X, thresh-RATIO-MAX, spacing-NAME")
     cost = 0.0 if guide is None else sum(p.numel() for p in guide.parameters()) / sum(p.numel() for p in unet.parameters())
+    if screen:
+        abar = make_sampler("ddim", sched.config).alphas_cumprod
+        return (ScreenGuidance(scale, pag, layers, guide, guide_scale, interval, alphas_cumprod=abar, **screen), labelled,
+                cost, off, overrides, eta)
     return Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, overrides, eta
+
+
+# ---- session 18 screens: guidance that varies with t, works in x0 space, or renoises differently ----
+_RENOISE: dict[str, torch.Tensor] = {}  # the ε a RenoiseDDIM step renoises with, set by ScreenGuidance each step
+
+
+class RenoiseDDIM(DDIMScheduler):
+    """DDIM (eta 0) whose step takes x0 from the guided output but renoises with another ε (CFG++, Chung et al.
+    2024: x_{t-1} = sqrt(abar') x0(ε_guided) + sqrt(1 - abar') ε_u). Without a stored ε it is DDIM exactly."""
+
+    def step(self, model_output, timestep, sample, eta=0.0, generator=None, **kwargs):
+        eps = _RENOISE.pop("eps", None)
+        out = super().step(model_output, timestep, sample, eta=eta, generator=generator, **kwargs)
+        if eps is None:
+            return out
+        prev = int(timestep) - self.config.num_train_timesteps // self.num_inference_steps
+        a_prev = self.alphas_cumprod[prev] if prev >= 0 else self.final_alpha_cumprod
+        x_prev = a_prev.sqrt() * out.pred_original_sample + (1 - a_prev).sqrt() * eps
+        return DDIMSchedulerOutput(prev_sample=x_prev, pred_original_sample=out.pred_original_sample)
+
+
+SAMPLERS["ddim-renoise"] = Sampler(RenoiseDDIM)
+
+
+@dataclass(frozen=True)
+class ScreenGuidance(Guidance):
+    """CFG with a scale linear in t (ramp: w at t = 0, w at t = T - 1), or APG's x0-space projection (Sadat et al.
+    2024: the part of D_c - D_u parallel to D_c weighted by apg_eta, no momentum or norm threshold), or CFG++'s
+    renoising with ε_u ("uncond") or ε_c ("cond")."""
+
+    ramp: tuple[float, float] | None = None
+    apg_eta: float | None = None
+    renoise: str | None = None
+    alphas_cumprod: torch.Tensor | None = field(default=None, compare=False)
+
+    def predictor(self, unet, labels):
+        self.check(unet, labels)
+
+        def predict(x, t):
+            eps_c, eps_u = self._guided_pass(unet, x, t, labels)[:2]
+            w = self.scale
+            if self.ramp is not None:
+                w = self.ramp[0] + (self.ramp[1] - self.ramp[0]) * float(t) / 999
+            if self.renoise:
+                _RENOISE["eps"] = eps_u if self.renoise == "uncond" else eps_c
+            if self.apg_eta is None:
+                return eps_u + w * (eps_c - eps_u)
+            a = self.alphas_cumprod[int(t)].to(x.dtype)
+            x0_c = (x - (1 - a).sqrt() * eps_c) / a.sqrt()  # (B, C, H, W)
+            d = ((eps_u - eps_c) * ((1 - a).sqrt() / a.sqrt())).flatten(1)  # D_c - D_u, (B, C·H·W)
+            v = x0_c.flatten(1)
+            par = (d * v).sum(1, keepdim=True) / (v * v).sum(1, keepdim=True).clamp_min(1e-12) * v
+            x0 = x0_c + (w - 1) * (d - par + self.apg_eta * par).view_as(x)
+            return (x - a.sqrt() * x0) / (1 - a).sqrt()
+
+        return predict
+
+    def describe(self):
+        text = super().describe()
+        if self.ramp:
+            text = f"CFG from {self.ramp[0]:g} (t = 0) to {self.ramp[1]:g} (t = 999), linear in t"
+        if self.apg_eta is not None:
+            text += f", APG (parallel part x {self.apg_eta:g})"
+        if self.renoise:
+            text += f", CFG++ renoising with ε_{self.renoise[0]}"
+        return text
 
 
 def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, steps: int) -> float:
@@ -139,7 +219,8 @@ def run(args) -> None:
         t0 = time.perf_counter()
         with identity_attention(unet, off) if off else contextlib.nullcontext():
             images = generate_images(unet, config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
-                                     guidance=guidance, with_classes=labelled, batches=batches, eta=eta)
+                                     guidance=guidance, with_classes=labelled, batches=batches, eta=eta,
+                                     scheduler="ddim-renoise" if getattr(guidance, "renoise", None) else "ddim")
         seconds = time.perf_counter() - t0
         if args.shard:
             gathered = gather_shards(out, args.shard, batches, images, seconds, args.batch_size)
