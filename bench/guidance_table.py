@@ -82,8 +82,10 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             scale = max(screen["ramp"])
         elif kind == "apg":  # apg-ETA: APG projection of CFG in x0 space
             screen["apg_eta"] = float(value)
-        elif kind == "pp":  # pp-uncond / pp-cond: CFG++ renoising
-            screen["renoise"] = value
+        elif kind == "pp":  # pp-uncond-LAMBDA / pp-cond-LAMBDA: CFG++ renoising, x0 from ε_u + λ(ε_c - ε_u)
+            renoise, _, lam = value.partition("-")
+            screen.update(renoise=renoise, lam=float(lam))
+            scale = 2.0  # any scale != 1: the batch carries the no-class rows; the predictor uses λ
         elif kind == "off":
             off = tuple(attention_layer_names(unet)) if where == "all" else tuple(where.split(","))
         elif kind == "ag":
@@ -132,6 +134,7 @@ class ScreenGuidance(Guidance):
     ramp: tuple[float, float] | None = None
     apg_eta: float | None = None
     renoise: str | None = None
+    lam: float | None = None  # CFG++'s λ (may be < 1), in place of the scale
     alphas_cumprod: torch.Tensor | None = field(default=None, compare=False)
 
     def predictor(self, unet, labels):
@@ -139,7 +142,7 @@ class ScreenGuidance(Guidance):
 
         def predict(x, t):
             eps_c, eps_u = self._guided_pass(unet, x, t, labels)[:2]
-            w = self.scale
+            w = self.scale if self.lam is None else self.lam
             if self.ramp is not None:
                 w = self.ramp[0] + (self.ramp[1] - self.ramp[0]) * float(t) / 999
             if self.renoise:
@@ -163,7 +166,7 @@ class ScreenGuidance(Guidance):
         if self.apg_eta is not None:
             text += f", APG (parallel part x {self.apg_eta:g})"
         if self.renoise:
-            text += f", CFG++ renoising with ε_{self.renoise[0]}"
+            text = f"CFG++ λ {self.lam:g}, renoising with ε_{self.renoise[0]}"
         return text
 
 
