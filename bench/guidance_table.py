@@ -29,14 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from diffusers import DDIMScheduler
-from diffusers.schedulers.scheduling_ddim import DDIMSchedulerOutput
 
 from denoiser.attention import attention_layer_names, identity_attention
 from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images, spread_labels
 from denoiser.guidance import Guidance, check_guide
 from denoiser.model_dir import load_model
-from denoiser.sample import SAMPLERS, Sampler, make_sampler, sample
+from denoiser.sample import make_sampler, sample
 
 REFERENCES = {"cifar10": "bench/fid-reference/cifar10-val5000.safetensors", "emoji": "bench/fid-reference/emoji32-val500.safetensors"}
 
@@ -48,11 +46,22 @@ def cpu_name() -> str:
     return f"{model} ({', '.join(has) or 'no AVX-512'})"
 
 
-def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[str, ...] | None, dict, float]:
-    """(guidance, with class labels?, guide cost relative to the model, layers switched off, scheduler config
-    overrides, DDIM's eta) of a setting name."""
+@dataclass(frozen=True)
+class Setting:
+    """What a setting name asks for."""
+
+    guidance: Guidance
+    labelled: bool = True  # sampled with class labels (False: the model's "no class" row)
+    guide_cost: float = 0.0  # the guide's parameters relative to the model's (autoguidance)
+    off: tuple[str, ...] | None = None  # attention layers switched to the identity while sampling
+    overrides: dict = field(default_factory=dict)  # scheduler config keys (timestep spacing, thresholding)
+    eta: float = 0.0  # DDIM's stochasticity
+
+
+def parse_setting(text: str, unet, sched) -> Setting:
+    """The `Setting` of a setting name, e.g. cfg-3+spacing-trailing."""
     scale, pag, layers, guide, guide_scale, labelled, off = 1.0, 0.0, None, None, 1.0, True, None
-    interval, overrides, eta, screen = None, {}, 0.0, {}
+    interval, overrides, eta = None, {}, 0.0
     for part in text.split("+"):
         part, _, where = part.partition("@")
         part, _, guide_dir = part.partition(":")
@@ -77,15 +86,6 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             eta = float(value)
         elif kind == "spacing":  # spacing-trailing: the sampler's timestep spacing
             overrides["timestep_spacing"] = value
-        elif kind == "ramp":  # ramp-LO-HI: CFG scale LO at t = 0 rising linearly to HI at t = 999
-            screen["ramp"] = tuple(float(v) for v in value.split("-"))
-            scale = max(screen["ramp"])
-        elif kind == "apg":  # apg-ETA: APG projection of CFG in x0 space
-            screen["apg_eta"] = float(value)
-        elif kind == "pp":  # pp-uncond-LAMBDA / pp-cond-LAMBDA: CFG++ renoising, x0 from ε_u + λ(ε_c - ε_u)
-            renoise, _, lam = value.partition("-")
-            screen.update(renoise=renoise, lam=float(lam))
-            scale = 2.0  # any scale != 1: the batch carries the no-class rows; the predictor uses λ
         elif kind == "off":
             off = tuple(attention_layer_names(unet)) if where == "all" else tuple(where.split(","))
         elif kind == "ag":
@@ -96,78 +96,7 @@ def parse_setting(text: str, unet, sched) -> tuple[Guidance, bool, float, tuple[
             raise ValueError(f"unknown setting part {part!r}; use none, uncond, cfg-W, pag-S[@layers], ag-W:GUIDE, "
                              "int-LO-HI, eta-X, thresh-RATIO-MAX, spacing-NAME")
     cost = 0.0 if guide is None else sum(p.numel() for p in guide.parameters()) / sum(p.numel() for p in unet.parameters())
-    if screen:
-        abar = make_sampler("ddim", sched.config).alphas_cumprod
-        return (ScreenGuidance(scale, pag, layers, guide, guide_scale, interval, alphas_cumprod=abar, **screen), labelled,
-                cost, off, overrides, eta)
-    return Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, overrides, eta
-
-
-# ---- session 18 screens: guidance that varies with t, works in x0 space, or renoises differently ----
-_RENOISE: dict[str, torch.Tensor] = {}  # the ε a RenoiseDDIM step renoises with, set by ScreenGuidance each step
-
-
-class RenoiseDDIM(DDIMScheduler):
-    """DDIM (eta 0) whose step takes x0 from the guided output but renoises with another ε (CFG++, Chung et al.
-    2024: x_{t-1} = sqrt(abar') x0(ε_guided) + sqrt(1 - abar') ε_u). Without a stored ε it is DDIM exactly."""
-
-    def step(self, model_output, timestep, sample, eta=0.0, generator=None, **kwargs):
-        eps = _RENOISE.pop("eps", None)
-        out = super().step(model_output, timestep, sample, eta=eta, generator=generator, **kwargs)
-        if eps is None:
-            return out
-        prev = int(timestep) - self.config.num_train_timesteps // self.num_inference_steps
-        a_prev = self.alphas_cumprod[prev] if prev >= 0 else self.final_alpha_cumprod
-        x_prev = a_prev.sqrt() * out.pred_original_sample + (1 - a_prev).sqrt() * eps
-        return DDIMSchedulerOutput(prev_sample=x_prev, pred_original_sample=out.pred_original_sample)
-
-
-SAMPLERS["ddim-renoise"] = Sampler(RenoiseDDIM)
-
-
-@dataclass(frozen=True)
-class ScreenGuidance(Guidance):
-    """CFG with a scale linear in t (ramp: w at t = 0, w at t = T - 1), or APG's x0-space projection (Sadat et al.
-    2024: the part of D_c - D_u parallel to D_c weighted by apg_eta, no momentum or norm threshold), or CFG++'s
-    renoising with ε_u ("uncond") or ε_c ("cond")."""
-
-    ramp: tuple[float, float] | None = None
-    apg_eta: float | None = None
-    renoise: str | None = None
-    lam: float | None = None  # CFG++'s λ (may be < 1), in place of the scale
-    alphas_cumprod: torch.Tensor | None = field(default=None, compare=False)
-
-    def predictor(self, unet, labels):
-        self.check(unet, labels)
-
-        def predict(x, t):
-            eps_c, eps_u = self._guided_pass(unet, x, t, labels)[:2]
-            w = self.scale if self.lam is None else self.lam
-            if self.ramp is not None:
-                w = self.ramp[0] + (self.ramp[1] - self.ramp[0]) * float(t) / 999
-            if self.renoise:
-                _RENOISE["eps"] = eps_u if self.renoise == "uncond" else eps_c
-            if self.apg_eta is None:
-                return eps_u + w * (eps_c - eps_u)
-            a = self.alphas_cumprod[int(t)].to(x.dtype)
-            x0_c = (x - (1 - a).sqrt() * eps_c) / a.sqrt()  # (B, C, H, W)
-            d = ((eps_u - eps_c) * ((1 - a).sqrt() / a.sqrt())).flatten(1)  # D_c - D_u, (B, C·H·W)
-            v = x0_c.flatten(1)
-            par = (d * v).sum(1, keepdim=True) / (v * v).sum(1, keepdim=True).clamp_min(1e-12) * v
-            x0 = x0_c + (w - 1) * (d - par + self.apg_eta * par).view_as(x)
-            return (x - a.sqrt() * x0) / (1 - a).sqrt()
-
-        return predict
-
-    def describe(self):
-        text = super().describe()
-        if self.ramp:
-            text = f"CFG from {self.ramp[0]:g} (t = 0) to {self.ramp[1]:g} (t = 999), linear in t"
-        if self.apg_eta is not None:
-            text += f", APG (parallel part x {self.apg_eta:g})"
-        if self.renoise:
-            text = f"CFG++ λ {self.lam:g}, renoising with ε_{self.renoise[0]}"
-        return text
+    return Setting(Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, overrides, eta)
 
 
 def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, steps: int) -> float:
@@ -216,14 +145,14 @@ def run(args) -> None:
         if out.exists():
             print(f"{setting}: done before ({out})")
             continue
-        guidance, labelled, guide_cost, off, overrides, eta = parse_setting(setting, unet, sched)
-        config = dict(sched.config, **overrides)
+        parsed = parse_setting(setting, unet, sched)
+        guidance, labelled, off, eta = parsed.guidance, parsed.labelled, parsed.off, parsed.eta
+        config = dict(sched.config, **parsed.overrides)
         batches = shard_batches(args.shard, args.num_samples, args.batch_size)
         t0 = time.perf_counter()
         with identity_attention(unet, off) if off else contextlib.nullcontext():
             images = generate_images(unet, config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
-                                     guidance=guidance, with_classes=labelled, batches=batches, eta=eta,
-                                     scheduler="ddim-renoise" if getattr(guidance, "renoise", None) else "ddim")
+                                     guidance=guidance, with_classes=labelled, batches=batches, eta=eta)
         seconds = time.perf_counter() - t0
         if args.shard:
             gathered = gather_shards(out, args.shard, batches, images, seconds, args.batch_size)
@@ -237,7 +166,7 @@ def run(args) -> None:
                   "steps": args.steps, "timestep_spacing": config.get("timestep_spacing", "leading"), "labels": labelled,
                   "eta": eta, "thresholding": [config["dynamic_thresholding_ratio"], config["sample_max_value"]]
                   if config.get("thresholding") else None,
-                  "unet_passes_per_step": round(passes_per_step(guidance, guide_cost, config, args.steps), 2),
+                  "unet_passes_per_step": round(passes_per_step(guidance, parsed.guide_cost, config, args.steps), 2),
                   "ms_per_image": round(1000 * seconds / args.num_samples, 1), "threads": torch.get_num_threads(),
                   "cpu": cpu_name(), "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                               text=True).stdout.strip()}
@@ -324,23 +253,26 @@ def cost(args) -> None:
     import statistics
 
     unet, sched = load_model(args.model)
-    settings = [(s, *parse_setting(s, unet, sched)[:3]) for s in args.settings]
+    settings = {s: parse_setting(s, unet, sched) for s in args.settings}
     labels = spread_labels(args.batch_size, unet.config.num_class_embeds)
-    times: dict[str, list[float]] = {s: [] for s, *_ in settings}
+    times: dict[str, list[float]] = {s: [] for s in settings}
     for round_ in range(args.rounds + 1):  # round 0 warms up
-        for name, guidance, labelled, _ in settings:
+        for name, st in settings.items():
+            scheduler = make_sampler("ddim", dict(sched.config, **st.overrides))  # its spacing and thresholding too
             t0 = time.perf_counter()
-            sample(unet, make_sampler("ddim", sched.config), args.batch_size, args.steps, seed=0,
-                   class_labels=labels if labelled else None, guidance=guidance)
+            with identity_attention(unet, st.off) if st.off else contextlib.nullcontext():
+                sample(unet, scheduler, args.batch_size, args.steps, seed=0, eta=st.eta,
+                       class_labels=labels if st.labelled else None, guidance=st.guidance)
             if round_:
                 times[name].append(1000 * (time.perf_counter() - t0) / args.batch_size * 50 / args.steps)
-    base = statistics.median(times[settings[0][0]])
+    base = statistics.median(times[args.settings[0]])
     print(f"ms per image at 50 steps, batch {args.batch_size}, {torch.get_num_threads()} thread(s), median of {args.rounds} "
           f"interleaved rounds; {cpu_name()}")
     print("| setting | UNet passes per step | ms per image | x first |\n|---|---|---|---|")
-    for name, guidance, _, guide_cost in settings:
+    for name, st in settings.items():
         med = statistics.median(times[name])
-        print(f"| `{short(name)}` | {passes_per_step(guidance, guide_cost, sched.config, 50):.2f} | {med:.0f} | {med / base:.2f} |")
+        passes = passes_per_step(st.guidance, st.guide_cost, dict(sched.config, **st.overrides), 50)
+        print(f"| `{short(name)}` | {passes:.2f} | {med:.0f} | {med / base:.2f} |")
 
 
 def main() -> None:
