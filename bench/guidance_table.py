@@ -57,6 +57,14 @@ class Setting:
     overrides: dict = field(default_factory=dict)  # scheduler config keys (timestep spacing, thresholding)
     eta: float = 0.0  # DDIM's stochasticity
 
+    def scheduler_config(self, base) -> dict:
+        """The model's scheduler config with this setting's overrides."""
+        return dict(base, **self.overrides)
+
+    def switched_off(self, unet):
+        """The context the setting samples in: its `off` layers switched to the identity, if any."""
+        return identity_attention(unet, self.off) if self.off else contextlib.nullcontext()
+
 
 def parse_setting(text: str, unet, sched) -> Setting:
     """The `Setting` of a setting name, e.g. cfg-3+spacing-trailing."""
@@ -146,11 +154,11 @@ def run(args) -> None:
             print(f"{setting}: done before ({out})")
             continue
         parsed = parse_setting(setting, unet, sched)
-        guidance, labelled, off, eta = parsed.guidance, parsed.labelled, parsed.off, parsed.eta
-        config = dict(sched.config, **parsed.overrides)
+        guidance, labelled, eta = parsed.guidance, parsed.labelled, parsed.eta
+        config = parsed.scheduler_config(sched.config)
         batches = shard_batches(args.shard, args.num_samples, args.batch_size)
         t0 = time.perf_counter()
-        with identity_attention(unet, off) if off else contextlib.nullcontext():
+        with parsed.switched_off(unet):
             images = generate_images(unet, config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
                                      guidance=guidance, with_classes=labelled, batches=batches, eta=eta)
         seconds = time.perf_counter() - t0
@@ -258,9 +266,9 @@ def cost(args) -> None:
     times: dict[str, list[float]] = {s: [] for s in settings}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for name, st in settings.items():
-            scheduler = make_sampler("ddim", dict(sched.config, **st.overrides))  # its spacing and thresholding too
+            scheduler = make_sampler("ddim", st.scheduler_config(sched.config))  # its spacing and thresholding too
             t0 = time.perf_counter()
-            with identity_attention(unet, st.off) if st.off else contextlib.nullcontext():
+            with st.switched_off(unet):
                 sample(unet, scheduler, args.batch_size, args.steps, seed=0, eta=st.eta,
                        class_labels=labels if st.labelled else None, guidance=st.guidance)
             if round_:
@@ -271,7 +279,7 @@ def cost(args) -> None:
     print("| setting | UNet passes per step | ms per image | x first |\n|---|---|---|---|")
     for name, st in settings.items():
         med = statistics.median(times[name])
-        passes = passes_per_step(st.guidance, st.guide_cost, dict(sched.config, **st.overrides), 50)
+        passes = passes_per_step(st.guidance, st.guide_cost, st.scheduler_config(sched.config), 50)
         print(f"| `{short(name)}` | {passes:.2f} | {med:.0f} | {med / base:.2f} |")
 
 
