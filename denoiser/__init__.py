@@ -1,22 +1,63 @@
-"""denoiser: an attention U-Net diffusion model, its training loop, sampler and web app."""
+"""denoiser: an attention U-Net diffusion model, its training loop, sampler and web app.
 
-from denoiser.attention import (
-    AttentionHead,
-    MultiHeadSelfAttention,
-    SpatialSelfAttention,
-    capture_attention,
-    scaled_dot_product_attention,
-)
-from denoiser.pipeline import DenoiserPipeline  # also registers it with diffusers
-from denoiser.unet import UNet
+The names below load on first use (PEP 562), so `import denoiser` and the command line start without torch;
+`DenoiserPipeline` is registered with diffusers whenever diffusers is imported (denoiser.registry).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from denoiser.registry import register_with_diffusers
+
+if TYPE_CHECKING:
+    from denoiser.attention import (
+        AttentionHead,
+        MultiHeadSelfAttention,
+        SpatialSelfAttention,
+        capture_attention,
+        scaled_dot_product_attention,
+    )
+    from denoiser.pipeline import DenoiserPipeline
+    from denoiser.request import SampleRequest
+    from denoiser.unet import UNet
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "AttentionHead": "denoiser.attention",
+    "MultiHeadSelfAttention": "denoiser.attention",
+    "SpatialSelfAttention": "denoiser.attention",
+    "capture_attention": "denoiser.attention",
+    "scaled_dot_product_attention": "denoiser.attention",
+    "DenoiserPipeline": "denoiser.pipeline",
+    "SampleRequest": "denoiser.request",
+    "UNet": "denoiser.unet",
+}
 
 __all__ = [
     "AttentionHead",
     "DenoiserPipeline",
     "MultiHeadSelfAttention",
+    "SampleRequest",
     "SpatialSelfAttention",
     "UNet",
     "capture_attention",
     "scaled_dot_product_attention",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'denoiser' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+register_with_diffusers()

@@ -25,21 +25,16 @@ kept the FID of CFG 3 everywhere at 0.73x the time, without improving it (bench/
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from denoiser.attention import attention_layer_names, identity_attention
-from denoiser.model_dir import load_model
 
-__all__ = ["Guidance", "guidance_for", "default_pag_layers", "check_guide", "read_sampling_defaults", "SAMPLING_FILE"]
-
-SAMPLING_FILE = "sampling.json"  # a model folder's default guidance, read by the CLI, the app and the pipeline
+__all__ = ["Guidance", "default_pag_layers", "check_guide"]
 
 
 def default_pag_layers(unet: nn.Module) -> tuple[str, ...]:
@@ -61,7 +56,7 @@ class Guidance:
 
     scale: float = 1.0  # classifier-free guidance w (1 = off); needs a class-conditional model and a class
     pag_scale: float = 0.0  # perturbed-attention guidance s (0 = off)
-    pag_layers: tuple[str, ...] | None = None  # attention layers switched to identity; None: default_pag_layers
+    pag_layers: tuple[str, ...] | None = None  # attention layers switched to identity (or "a,b"); None: default_pag_layers
     guide: nn.Module | None = field(default=None, compare=False)  # autoguidance's guide model (check_guide)
     guide_scale: float = 1.0  # autoguidance weight a (1 = off)
     interval: tuple[float, float] | None = None  # timesteps [lo, hi] the terms apply at (both ends in); None: every step
@@ -78,8 +73,8 @@ class Guidance:
             raise ValueError(f"autoguidance weight must be >= 1 (1 = off), got {self.guide_scale}")
         if self.guide_scale != 1.0 and self.guide is None:
             raise ValueError("autoguidance (guide scale != 1) needs a guide model: pass --guide-model FOLDER")
-        if self.pag_layers is not None:
-            object.__setattr__(self, "pag_layers", tuple(self.pag_layers))
+        if self.pag_layers is not None:  # a comma-separated string (a command line's) or a list of names
+            object.__setattr__(self, "pag_layers", _as_layers(self.pag_layers))
         if self.interval is not None:
             lo, hi = _as_interval(self.interval)
             object.__setattr__(self, "interval", (lo, hi))
@@ -207,69 +202,6 @@ def check_guide(unet: nn.Module, scheduler_config, guide: nn.Module, guide_sched
                 f"the {name} model's scheduler has {key} = {guide_scheduler_config.get(key)!r} but the model's has "
                 f"{scheduler_config.get(key)!r}: both must predict the same quantity on the same noise schedule"
             )
-
-
-def read_sampling_defaults(folder: str | Path) -> dict:
-    """A model folder's `sampling.json` (its best measured guidance), or {} when it has none.
-
-    Keys: guidance_scale, pag_scale, pag_layers, guide_model (a folder relative to the model's), guide_scale,
-    guidance_interval ([lo, hi] timesteps).
-    """
-    path = Path(folder) / SAMPLING_FILE
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); fix or delete it") from None
-    allowed = {"guidance_scale", "pag_scale", "pag_layers", "guide_model", "guide_scale", "guidance_interval", "note"}
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    return data
-
-
-def guidance_for(
-    model_dir: str | Path | None,
-    unet: nn.Module,
-    scheduler_config,
-    guidance_scale: float | None = None,
-    pag_scale: float | None = None,
-    pag_layers: str | Sequence[str] | None = None,
-    guide_model: str | Path | None = None,
-    guide_scale: float | None = None,
-    load_guide: Callable[[Path], tuple] | None = None,
-    has_class: bool = True,
-    guidance_interval: Sequence[float] | None = None,
-) -> Guidance:
-    """The guidance to sample `model_dir`'s model with: each argument given wins, the rest come from the
-    folder's sampling.json (its measured best), else off. A guide folder in sampling.json is relative to
-    the model folder; `load_guide(folder) -> (unet, scheduler)` loads it (default: denoiser.model_dir.load_model).
-    has_class=False (no class asked for) leaves out a default classifier-free scale, which needs one.
-    guidance_interval: [lo, hi] timesteps the terms apply at; [0, T-1] (or wider) applies them at every step.
-    model_dir None: no folder (a model built in memory), so no defaults."""
-    defaults = read_sampling_defaults(model_dir) if model_dir is not None else {}
-    if not has_class:
-        defaults.pop("guidance_scale", None)
-
-    def pick(value, key, off):
-        return value if value is not None else defaults.get(key, off)
-
-    guide_scale = float(pick(guide_scale, "guide_scale", 1.0))
-    guide = None
-    if guide_model is None and "guide_model" in defaults and guide_scale != 1.0:
-        guide_model = Path(model_dir) / defaults["guide_model"]
-    if guide_model is not None and guide_scale != 1.0:
-        guide, guide_sched = (load_guide or load_model)(Path(guide_model))
-        check_guide(unet, scheduler_config, guide, guide_sched.config)
-    return Guidance(
-        scale=float(pick(guidance_scale, "guidance_scale", 1.0)),
-        pag_scale=float(pick(pag_scale, "pag_scale", 0.0)),
-        pag_layers=_as_layers(pick(pag_layers, "pag_layers", None)),
-        guide=guide,
-        guide_scale=guide_scale,
-        interval=pick(guidance_interval, "guidance_interval", None),
-    )
 
 
 def _as_interval(value) -> tuple[float, float]:

@@ -1,11 +1,13 @@
-"""Model folders: reading one (safetensors only, never unpickled), its class names, and finding models by
+"""Model folders: loading one (safetensors only, never unpickled) and finding models by
 name under the folders of model folders ($DENOISER_WEIGHTS, then a clone's weights/) without ever leaving
 them. A model folder is what `denoiser.pipeline.save_pipeline` writes: `model_index.json`, `unet/`,
-`scheduler/`, plus `classes.txt` (class names) and `sampling.json` (measured default guidance).
+`scheduler/` (the sampler it is best sampled with), plus `classes.txt` (class names) and `sampling.json` (its
+measured best guidance and steps), which `denoiser.sampling.read_defaults` reads.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Sequence
@@ -17,21 +19,12 @@ from diffusers import DDPMScheduler, UNet2DModel
 from denoiser.unet import UNet
 
 __all__ = [
-    "load_model", "read_classes", "find_model", "model_roots", "resolve_model_dir", "list_models", "WEIGHTS_DIR",
+    "load_model", "find_model", "model_roots", "resolve_model_dir", "list_models", "WEIGHTS_DIR",
     "WEIGHTS_ENV", "CLASSES_FILE",
 ]
 
 CLASSES_FILE = "classes.txt"  # one class name per line, in label order
 
-
-def read_classes(folder: str | Path | None, num_classes: int | None) -> list[str]:
-    """Class names of a model from its folder's classes.txt; indices as names where it has none (or the
-    wrong number)."""
-    n = num_classes or 0
-    path = Path(folder) / CLASSES_FILE if folder is not None else None
-    names = path.read_text().split("\n") if path is not None and path.is_file() else []
-    names = [c.strip() for c in names if c.strip()]
-    return names if len(names) == n else [str(i) for i in range(n)]
 
 WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"  # a clone's shipped models (not in the wheel)
 WEIGHTS_ENV = "DENOISER_WEIGHTS"  # folder(s) of model folders, searched by name before WEIGHTS_DIR
@@ -97,11 +90,17 @@ def load_model(
         unet = cls.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32)
     except (TypeError, KeyError, OSError, RuntimeError) as err:  # wrong keys, shapes, arguments in config.json
         raise ValueError(f"model folder {folder.name!r} does not load ({type(err).__name__}: {str(err)[:300]})") from None
-    scheduler = DDPMScheduler.from_pretrained(folder / "scheduler")
+    # the training scheduler (the noise schedule), whichever sampler the folder's scheduler/ names
+    scheduler = DDPMScheduler.from_config(_known_keys(DDPMScheduler, DDPMScheduler.load_config(folder / "scheduler")))
     unet = unet.to(device).eval()
     if channels_last:
         unet = unet.to(memory_format=torch.channels_last)
     return unet, scheduler
+
+
+def _known_keys(cls, config: dict) -> dict:
+    """The keys of a scheduler config that `cls` takes (a DDIM config holds set_alpha_to_one, which DDPM lacks)."""
+    return {k: v for k, v in config.items() if k in inspect.signature(cls.__init__).parameters}
 
 
 def _contained(folder: Path, root: Path) -> bool:

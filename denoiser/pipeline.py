@@ -2,9 +2,10 @@
 (`save_pipeline`); reading and finding them is denoiser/model_dir.py.
 
 A model folder is what `DenoiserPipeline.save_pretrained` writes (`model_index.json`, `unet/`,
-`scheduler/`) plus `classes.txt` (class names) and `sampling.json` (measured default guidance), so
-`DiffusionPipeline.from_pretrained(folder)` returns a `DenoiserPipeline` after `import denoiser`, and
-diffusers' own `DDPMPipeline`/`DDIMPipeline` still load it (without classes or guidance).
+`scheduler/`: DDIM on the model's noise schedule, its best measured sampler) plus `classes.txt` (class names)
+and `sampling.json` (measured default guidance and steps), so `DiffusionPipeline.from_pretrained(folder)`
+returns a `DenoiserPipeline` after `import denoiser` that samples as `denoiser sample` does, and diffusers'
+own `DDPMPipeline`/`DDIMPipeline` still load it (without classes or guidance).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from pathlib import Path
 
 import diffusers
 import torch
-from diffusers import DDPMScheduler, DiffusionPipeline, ImagePipelineOutput
+from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline, ImagePipelineOutput
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from denoiser.guidance import guidance_for, read_sampling_defaults
-from denoiser.model_dir import CLASSES_FILE, load_model, read_classes
-from denoiser.sample import sample
+from denoiser.model_dir import CLASSES_FILE, load_model
+from denoiser.request import SampleRequest
+from denoiser.sampling import ModelDefaults, read_defaults, resolve, run
 from denoiser.unet import UNet
 
 __all__ = ["DenoiserPipeline", "save_pipeline"]
@@ -32,13 +33,13 @@ class DenoiserPipeline(DiffusionPipeline):
     """Class-conditional, guided sampling of a denoiser UNet in diffusers' pipeline shape.
 
         pipe = DiffusionPipeline.from_pretrained("weights/cifar10")   # after `import denoiser`
-        images = pipe(4, class_labels="cat", guidance_scale=2.0, generator=torch.Generator().manual_seed(0)).images
+        images = pipe(4, class_labels="cat", generator=[torch.Generator().manual_seed(k) for k in range(4)]).images
 
-    The loop is denoiser's `sample()`, so a seed gives the images `denoiser sample` gives with the same
-    scheduler and settings. Any diffusers scheduler built from the training one may be swapped in
-    (`pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)`). Guidance arguments left out
-    come from the folder's sampling.json (`pipe.sampling_defaults`), class names from its classes.txt
-    (`pipe.classes`).
+    A call is a `denoiser.request.SampleRequest` run by `denoiser.sampling`, so it gives the images every other
+    front door gives: with one generator per image seeded S + k, those of `denoiser sample --seed S`. Arguments
+    left out come from the folder: its scheduler (DDIM with trailing timesteps for the shipped models; any
+    diffusers scheduler may be swapped in, `pipe.scheduler = DDPMScheduler.from_config(pipe.scheduler.config)`),
+    its sampling.json's guidance and step count (`pipe.sampling_defaults`) and its classes.txt (`pipe.classes`).
     """
 
     model_cpu_offload_seq = "unet"
@@ -47,7 +48,7 @@ class DenoiserPipeline(DiffusionPipeline):
     def __init__(self, unet: UNet, scheduler: SchedulerMixin):
         super().__init__()
         self.register_modules(unet=unet, scheduler=scheduler)
-        self._classes: list[str] | None = None
+        self._classes: tuple[str, ...] | None = None
         self._guides: dict[str, tuple] = {}
 
     @property
@@ -60,36 +61,25 @@ class DenoiserPipeline(DiffusionPipeline):
     def classes(self) -> list[str]:
         """Class names by label (classes.txt; indices where the folder has none); [] for an unconditional model."""
         if self._classes is None:
-            self._classes = read_classes(self.folder, self.unet.config.num_class_embeds)
-        return self._classes
+            self._classes = self.defaults.classes
+        return list(self._classes)
 
     @classes.setter
     def classes(self, names: Sequence[str]) -> None:
         n = self.unet.config.num_class_embeds or 0
         if len(names) != n:
             raise ValueError(f"this model has {n} classes, got {len(names)} names")
-        self._classes = [str(c) for c in names]
+        self._classes = tuple(str(c) for c in names)
+
+    @property
+    def defaults(self) -> ModelDefaults:
+        """What the folder says about sampling this model (denoiser.sampling.read_defaults)."""
+        return read_defaults(self.folder, self.unet.config.num_class_embeds)
 
     @property
     def sampling_defaults(self) -> dict:
-        """The folder's sampling.json: the guidance a call without guidance arguments uses."""
-        return read_sampling_defaults(self.folder) if self.folder is not None else {}
-
-    def labels(self, class_labels: int | str | Sequence[int | str] | None, batch_size: int) -> list[int] | None:
-        """Class labels (ints, class names or a mix; one for all images or one per image) -> label ints."""
-        if class_labels is None:
-            return None
-        given = [class_labels] if isinstance(class_labels, (int, str)) else list(class_labels)
-        if len(given) not in (1, batch_size):
-            raise ValueError(f"pass one class label or one per image ({batch_size}), got {len(given)}")
-        out = []
-        for c in given:
-            if isinstance(c, str) and not c.isdigit():
-                if c not in self.classes:
-                    raise ValueError(f"unknown class {c!r}; this model's classes: {', '.join(self.classes)}")
-                c = self.classes.index(c)
-            out.append(int(c))  # the UNet checks the range
-        return out * batch_size if len(out) == 1 else out
+        """The folder's sampling.json guidance: what a call without guidance arguments uses."""
+        return dict(self.defaults.guidance or {})
 
     @torch.no_grad()
     def __call__(
@@ -101,21 +91,25 @@ class DenoiserPipeline(DiffusionPipeline):
         pag_layers: str | Sequence[str] | None = None,
         guide_model: str | Path | None = None,
         guide_scale: float | None = None,
-        num_inference_steps: int = 50,
+        num_inference_steps: int | None = None,
         generator: torch.Generator | list[torch.Generator] | None = None,
         eta: float = 0.0,
         output_type: str = "pil",
         return_dict: bool = True,
         callback_on_step_end: Callable[[DiffusionPipeline, int, int, dict], dict] | None = None,
         callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",),
-        guidance_interval: Sequence[float] | None = None,  # last: the earlier arguments keep their positions
+        guidance_interval: Sequence[float] | None = None,  # from here on: new arguments, the earlier keep their positions
+        timestep_spacing: str | None = None,
     ) -> ImagePipelineOutput | tuple:
         """Generate `batch_size` images.
 
-        class_labels: an int, a class name (`pipe.classes`) or one per image; None samples the "no class" row.
+        class_labels: an int, a class name (`pipe.classes`), one per image, or "spread"; None samples "no class".
         guidance_scale (classifier-free, needs a class), pag_scale/pag_layers (perturbed-attention),
         guide_model/guide_scale (autoguidance, a folder), guidance_interval ([lo, hi] timesteps the guidance
-        applies at): denoiser.guidance; None takes sampling.json's value.
+        applies at): denoiser.guidance; None takes sampling.json's value. num_inference_steps None: sampling.json's,
+        else 50. timestep_spacing: "leading", "trailing" or "linspace" instead of the scheduler's.
+        generator: one per image (image k seeded S + k gives `denoiser sample --seed S`'s image k), one for the
+        whole batch, or None (a random seed).
         output_type: "pil" (list of PIL images), "np" ((B, H, W, C) floats in [0, 1]) or "pt" ((B, C, H, W)).
         callback_on_step_end(pipe, i, t, {"latents": x}) runs after every step and may return new latents.
         """
@@ -124,23 +118,24 @@ class DenoiserPipeline(DiffusionPipeline):
         unknown = set(callback_on_step_end_tensor_inputs) - set(self._callback_tensor_inputs)
         if unknown:
             raise ValueError(f"callback_on_step_end_tensor_inputs: only {self._callback_tensor_inputs} exist, got {sorted(unknown)}")
-        labels = self.labels(class_labels, batch_size)
-        guidance = guidance_for(
-            self.folder, self.unet, self.scheduler.config, guidance_scale, pag_scale, pag_layers, guide_model, guide_scale,
-            load_guide=self._load_guide, has_class=labels is not None, guidance_interval=guidance_interval,
+        request = SampleRequest(
+            num_images=batch_size, classes=class_labels, batch_size=batch_size, steps=num_inference_steps,
+            timestep_spacing=timestep_spacing, eta=eta, guidance_scale=guidance_scale, pag_scale=pag_scale,
+            pag_layers=pag_layers, guide_model=None if guide_model is None else str(guide_model), guide_scale=guide_scale,
+            guidance_interval=guidance_interval,
+            seed=int(torch.randint(0, 2**31 - 1, ())) if generator is None else 0,  # None: a random seed, as diffusers
         )
+        plan = resolve(request, self.folder, unet=self.unet, scheduler=self.scheduler, load=self._load_guide,
+                       class_names=self._classes)  # names set on this pipeline win over the folder's
 
         def after_step(i: int, x: torch.Tensor) -> torch.Tensor:
             if callback_on_step_end is not None:  # sample() has set the scheduler's timesteps by now
-                x = callback_on_step_end(self, i, self.scheduler.timesteps[i], {"latents": x}).get("latents", x)
+                x = callback_on_step_end(self, i, plan.scheduler.timesteps[i], {"latents": x}).get("latents", x)
             bar.update()
             return x
 
-        with self.progress_bar(total=num_inference_steps) as bar:
-            images = sample(
-                self.unet, self.scheduler, num_images=batch_size, num_inference_steps=num_inference_steps, eta=eta,
-                class_labels=labels, guidance=guidance, after_step=after_step, generator=generator,
-            ).images  # (B, C, H, W) in [0, 1]
+        with self.progress_bar(total=plan.steps) as bar:
+            images = run(plan, generator=generator, after_step=after_step).images  # (B, C, H, W) in [0, 1]
         self.maybe_free_model_hooks()
         if output_type != "pt":
             images = images.permute(0, 2, 3, 1).numpy()  # (B, H, W, C)
@@ -174,6 +169,8 @@ def save_pipeline(
 
     An existing folder is only replaced once the new one is complete; `dtype` (e.g. torch.float16)
     shrinks the shipped weights, and `load_model` upcasts them again; `classes` names the class labels.
+    The folder's scheduler is DDIM on the training scheduler's noise schedule (and its timestep spacing):
+    what every front door, diffusers' `from_pretrained` included, samples with unless told otherwise.
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -182,7 +179,7 @@ def save_pipeline(
     unet = copy.deepcopy(unet).to(memory_format=torch.contiguous_format)
     if dtype is not None:
         unet = unet.to(dtype=dtype)
-    pipe = DenoiserPipeline(unet=unet, scheduler=scheduler)
+    pipe = DenoiserPipeline(unet=unet, scheduler=DDIMScheduler.from_config(scheduler.config))
     if classes is not None:
         pipe.classes = classes
     pipe.save_pretrained(tmp, safe_serialization=True)

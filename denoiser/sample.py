@@ -21,10 +21,11 @@ from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
 from denoiser.image_io import to_unit
+from denoiser.request import SCHEDULERS, TIMESTEP_SPACINGS
 from denoiser.unet import UNet
 
 __all__ = [
-    "SAMPLERS", "SCHEDULERS", "Sampler", "make_sampler", "sample", "sampling_context", "SampleResult", "trajectory_strip",
+    "SAMPLERS", "Sampler", "make_sampler", "sampler_name", "sample", "sampling_context", "SampleResult", "trajectory_strip",
 ]
 
 
@@ -37,16 +38,20 @@ class Sampler:
     integer_timesteps: bool = True  # steps on whole timesteps: one step's UNet call can be re-run exactly (the app)
 
 
-# the one list of samplers: the CLI's choices, the app's (those with integer timesteps), make_sampler's names
+# the samplers by name (denoiser.request.SCHEDULERS: the CLI's choices; the app offers those with integer timesteps)
 SAMPLERS = {
     "ddim": Sampler(DDIMScheduler),
     "ddpm": Sampler(DDPMScheduler),
     "dpm++": Sampler(DPMSolverMultistepScheduler, (("algorithm_type", "dpmsolver++"),)),
     "euler": Sampler(EulerDiscreteScheduler, integer_timesteps=False),  # fractional timesteps
 }
-SCHEDULERS = tuple(SAMPLERS)
 _ALIASES = {"dpmsolver++": "dpm++", "dpm-solver++": "dpm++"}
-TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
+
+
+def sampler_name(scheduler_class: str) -> str:
+    """A scheduler class's name (e.g. "DDIMScheduler") as the sampler name it is offered under; other classes
+    (a scheduler a pipeline user swapped in) keep their own name."""
+    return next((name for name, s in SAMPLERS.items() if s.scheduler.__name__ == scheduler_class), scheduler_class)
 
 
 def make_sampler(name: str, train_scheduler_config, timestep_spacing: str | None = None):

@@ -1,0 +1,51 @@
+"""What a sampling run asks for, typed: `SampleRequest`, the one form every front door fills in.
+
+The CLI (`denoiser sample | attention | attention-stats | evaluate --fid`), the app's engine and
+`DenoiserPipeline.__call__` set the fields a user gave and leave the rest None; `denoiser.sampling.resolve`
+fills those from the model folder (its scheduler config, `sampling.json`, `classes.txt`) and from
+`BUILT_IN` below, the only place the built-in defaults are written. The module imports nothing heavy, so
+the command line can show its choices without loading torch.
+
+Seed rule (diffusers' list-of-generators convention): image k of a request with seed S is drawn from its
+own generator seeded S + k, its starting noise and every per-step noise (DDPM, DDIM with eta > 0) alike;
+so the batch size, the front door and the other images never change an image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["SampleRequest", "SCHEDULERS", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD"]
+
+# the samplers offered by name (denoiser.sample.SAMPLERS builds them) and diffusers' timestep spacings
+SCHEDULERS = ("ddim", "ddpm", "dpm++", "euler")
+TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
+SPREAD = "spread"  # classes 0, 1, ..., K-1, 0, 1, ... over the images (FID's even spread)
+
+# what a request gets when neither it nor the model folder says otherwise
+BUILT_IN = {
+    "scheduler": "ddim",  # a folder's scheduler/ names its own (DDIM with trailing timesteps for ours)
+    "steps": 50,  # a folder's sampling.json may name its measured best as num_inference_steps
+    "batch_size": 64,  # images per UNet batch: memory and speed only, never the images
+}
+
+
+@dataclass
+class SampleRequest:
+    """One sampling run. None: the model folder's default, else `BUILT_IN`, else off."""
+
+    num_images: int = 16
+    classes: int | str | Sequence[int | str] | None = None  # a label or name for all, one per image, "spread"; None: no class
+    seed: int = 0  # image k is drawn from a generator seeded seed + k
+    batch_size: int | None = None  # images per UNet batch (BUILT_IN)
+    scheduler: str | None = None  # one of SCHEDULERS; None: the folder's scheduler, else BUILT_IN
+    steps: int | None = None  # None: sampling.json's num_inference_steps, else BUILT_IN
+    timestep_spacing: str | None = None  # one of TIMESTEP_SPACINGS; None: the folder's scheduler config
+    eta: float = 0.0  # DDIM's stochasticity (0: deterministic); DDIM only
+    guidance_scale: float | None = None  # classifier-free guidance w (1 = off; sampling.json when a class is given)
+    pag_scale: float | None = None  # perturbed-attention guidance s (0 = off)
+    pag_layers: str | Sequence[str] | None = None  # comma-separated or a list of attention layer names
+    guide_model: str | None = None  # autoguidance's guide folder (sampling.json's is relative to the model folder)
+    guide_scale: float | None = None  # autoguidance weight a (1 = off)
+    guidance_interval: Sequence[float] | None = None  # [lo, hi] timesteps the guidance applies at

@@ -1,0 +1,281 @@
+"""One way to sample: a `SampleRequest` resolved against a model folder into a `Plan`, and `run(plan)`.
+
+    plan = resolve(SampleRequest(num_images=8, classes="cat", seed=0), "weights/cifar10")
+    images = run(plan).images  # (8, 3, 32, 32) in [0, 1]
+
+`resolve` is the only reader of what a model folder says about sampling it (`read_defaults`: the scheduler
+config, `sampling.json`, `classes.txt`) and the only loader of autoguidance's guide model; the request's
+fields win over the folder's, the folder's over `denoiser.request.BUILT_IN`. `run` owns batching, the seed
+rule (image k from a generator seeded seed + k) and the per-step callbacks; the loop itself is
+`denoiser.sample.sample`, the guidance maths `denoiser.guidance`. The CLI, `evaluate --fid`, the app's engine
+and `DenoiserPipeline.__call__` only fill the request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from denoiser.guidance import Guidance, check_guide
+from denoiser.model_dir import CLASSES_FILE, load_model
+from denoiser.request import BUILT_IN, SPREAD, SampleRequest
+from denoiser.sample import SampleResult, make_sampler, sample, sampler_name
+
+__all__ = ["Plan", "ModelDefaults", "read_defaults", "resolve", "run", "spread_labels", "SAMPLING_FILE"]
+
+SAMPLING_FILE = "sampling.json"  # a model folder's measured best: its guidance and step count
+SAMPLING_KEYS = {"guidance_scale", "pag_scale", "pag_layers", "guide_model", "guide_scale", "guidance_interval",
+                 "num_inference_steps", "note"}
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """What a model folder says about sampling it; `ModelDefaults()` is a model without a folder."""
+
+    classes: tuple[str, ...] = ()  # class names by label (classes.txt; indices where it has none)
+    scheduler: str = BUILT_IN["scheduler"]  # the sampler its scheduler/ config names
+    steps: int = BUILT_IN["steps"]  # sampling.json's num_inference_steps, else BUILT_IN
+    guidance: dict | None = None  # sampling.json's guidance keys (guidance_scale, pag_scale, ...)
+    note: str = ""  # sampling.json's note: how the defaults were measured
+
+
+def read_defaults(folder: str | Path | None, num_classes: int | None) -> ModelDefaults:
+    """A model folder's scheduler, step count, guidance and class names (None: no folder, built-in defaults)."""
+    if folder is None:
+        return ModelDefaults(classes=tuple(str(i) for i in range(num_classes or 0)))
+    folder = Path(folder)
+    data = _read_json(folder / SAMPLING_FILE) if (folder / SAMPLING_FILE).is_file() else {}
+    unknown = sorted(set(data) - SAMPLING_KEYS)
+    if unknown:
+        raise ValueError(f"{folder / SAMPLING_FILE}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SAMPLING_KEYS))}")
+    steps = data.pop("num_inference_steps", BUILT_IN["steps"])
+    note = data.pop("note", "")
+    config_file = folder / "scheduler" / "scheduler_config.json"
+    scheduler_class = _read_json(config_file).get("_class_name", "") if config_file.is_file() else ""
+    # a folder saved with the training DDPMScheduler (before folders named their sampler) samples with BUILT_IN's
+    scheduler = sampler_name(scheduler_class) if scheduler_class not in ("", "DDPMScheduler") else BUILT_IN["scheduler"]
+    return ModelDefaults(_read_classes(folder, num_classes), scheduler, int(steps), data, note)
+
+
+@dataclass
+class Plan:
+    """A request resolved for one model: everything `run` needs, nothing left to look up."""
+
+    unet: nn.Module
+    scheduler: object  # a diffusers scheduler built from the model's noise schedule; `sample` sets its timesteps
+    steps: int
+    eta: float
+    guidance: Guidance
+    labels: torch.Tensor | None  # (num_images,) class labels, or None: the model's "no class" row
+    seed: int
+    num_images: int
+    batch_size: int
+    classes: tuple[str, ...] = ()  # the model's class names by label
+
+    @property
+    def scheduler_name(self) -> str:
+        return sampler_name(type(self.scheduler).__name__)
+
+    def timesteps(self) -> list[int]:
+        """The timesteps the sampler will visit (what the app's work budget counts)."""
+        self.scheduler.set_timesteps(self.steps)
+        return [int(t) for t in self.scheduler.timesteps]
+
+    def class_name(self, k: int) -> str | None:
+        """Image k's class name, or None when it has no class."""
+        if self.labels is None:
+            return None
+        label = int(self.labels[k])
+        return self.classes[label] if label < len(self.classes) else str(label)
+
+    def describe(self) -> str:
+        spacing = self.scheduler.config.get("timestep_spacing", "leading")
+        return f"{self.scheduler_name}-{self.steps} ({spacing} timesteps), {self.guidance.describe()}, seed {self.seed}"
+
+
+def resolve(
+    request: SampleRequest,
+    folder: str | Path | None = None,
+    *,
+    unet: nn.Module | None = None,
+    scheduler=None,
+    load: Callable[[Path], tuple] = load_model,
+    class_names: Sequence[str] | None = None,
+) -> Plan:
+    """`request` for the model in `folder`, checked before any work; unset fields from the folder, else built in.
+
+    unet, scheduler: the model already loaded and the scheduler to sample with when the request names none (the
+    pipeline's own, which its user may have swapped); default: `load(folder)` and the folder's sampler.
+    load(folder) -> (unet, training scheduler): how models and guide models are loaded (the app's is cached).
+    class_names: the classes' names instead of the folder's classes.txt (a pipeline's own).
+    """
+    given = unet is not None
+    if not given:
+        if folder is None:
+            raise ValueError("resolve needs a model folder, or a loaded unet and its scheduler")
+        unet, scheduler = load(Path(folder))  # the training scheduler: the model's noise schedule
+    elif scheduler is None:
+        raise ValueError("resolve with a loaded unet needs its scheduler too (scheduler=...)")
+    defaults = read_defaults(folder, unet.config.num_class_embeds)
+    if class_names is not None:
+        defaults = dataclasses.replace(defaults, classes=tuple(class_names))
+    sched = _scheduler(request, defaults.scheduler, scheduler, given)
+    labels = _labels(request.classes, defaults.classes, request.num_images)
+    guidance = _guidance(request, defaults, folder, unet, sched.config, labels is not None, load)
+    steps = request.steps if request.steps is not None else defaults.steps
+    batch_size = request.batch_size if request.batch_size is not None else BUILT_IN["batch_size"]
+    for name, value in (("number of images", request.num_images), ("batch size", batch_size)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if not isinstance(steps, int) or not 1 <= steps <= sched.config.num_train_timesteps:
+        raise ValueError(f"steps must be a whole number in 1..{sched.config.num_train_timesteps}, got {steps!r}")
+    return Plan(unet, sched, steps, float(request.eta), guidance, labels, int(request.seed), request.num_images,
+                batch_size, defaults.classes)
+
+
+def run(
+    plan: Plan,
+    *,
+    indices: Sequence[int] | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    callback: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
+    after_step: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    capture_steps: Sequence[int] = (),
+    trajectory_every: int = 0,
+    progress: bool = False,
+) -> SampleResult:
+    """Sample the plan's images (or only `indices` of them, e.g. one shard of an FID run) in batches.
+
+    Image k comes from a CPU generator seeded plan.seed + k, whatever the batch it lands in. generator: the
+    caller's instead (diffusers' convention: one per image, or one for the whole request in a single batch).
+    callback(i, t, x_t, x0) and after_step(i, x) run at every step of every batch (denoiser.sample.sample);
+    the attention of `capture_steps` and the trajectory are kept for the first batch. progress: a tqdm bar.
+    """
+    indices = list(range(plan.num_images)) if indices is None else [int(k) for k in indices]
+    if any(not 0 <= k < plan.num_images for k in indices):
+        raise ValueError(f"image indices must be in 0..{plan.num_images - 1}")
+    if isinstance(generator, list) and len(generator) != plan.num_images:
+        raise ValueError(f"pass one generator per image ({plan.num_images}), got {len(generator)}")
+    batch_size = len(indices) if isinstance(generator, torch.Generator) else plan.batch_size
+    result = SampleResult(images=torch.empty(0))
+    chunks = []
+    bar = tqdm(total=len(indices), desc="sampling", unit="img", disable=not progress, dynamic_ncols=True)
+    for start in range(0, len(indices), batch_size):
+        batch = indices[start : start + batch_size]
+        if isinstance(generator, torch.Generator):
+            gens = generator
+        elif generator is not None:
+            gens = [generator[k] for k in batch]
+        else:
+            gens = [torch.Generator().manual_seed(plan.seed + k) for k in batch]
+        first = start == 0
+        res = sample(
+            plan.unet, plan.scheduler, len(batch), plan.steps, eta=plan.eta, generator=gens, guidance=plan.guidance,
+            class_labels=None if plan.labels is None else plan.labels[batch], callback=callback, after_step=after_step,
+            capture_steps=capture_steps if first else (), trajectory_every=trajectory_every if first else 0,
+        )
+        if first:
+            result = res
+        chunks.append(res.images)
+        bar.update(len(batch))
+    bar.close()
+    result.images = torch.cat(chunks)  # (len(indices), C, H, W) in [0, 1]
+    return result
+
+
+def spread_labels(n: int, num_classes: int | None) -> torch.Tensor | None:
+    """Class labels 0, 1, ..., K-1, 0, 1, ... for n images (None for unconditional models)."""
+    return torch.arange(n) % num_classes if num_classes else None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); fix or delete it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _read_classes(folder: Path, num_classes: int | None) -> tuple[str, ...]:
+    """classes.txt's names by label; indices as names where it has none (or the wrong number)."""
+    n = num_classes or 0
+    path = folder / CLASSES_FILE
+    names = [c.strip() for c in path.read_text().split("\n") if c.strip()] if path.is_file() else []
+    return tuple(names) if len(names) == n else tuple(str(i) for i in range(n))
+
+
+def _scheduler(request: SampleRequest, default: str, base, given: bool):
+    """The sampler: the request's by name, else the scheduler given as it is (the pipeline's, which its user may
+    have swapped), else the folder's; on `base`'s noise schedule, with the request's timestep spacing."""
+    if request.scheduler is None and given:
+        if request.timestep_spacing is None:
+            return base
+        return type(base).from_config(base.config, timestep_spacing=request.timestep_spacing)
+    return make_sampler(request.scheduler or default, base.config, request.timestep_spacing)
+
+
+def _labels(classes, names: tuple[str, ...], num_images: int) -> torch.Tensor | None:
+    """The request's classes as (num_images,) labels: names or numbers, one for all or one per image, "spread"."""
+    if classes is None:
+        return None
+    if isinstance(classes, str) and classes == SPREAD:
+        return spread_labels(num_images, len(names))
+    given = [classes] if isinstance(classes, (int, str)) else list(classes)
+    if len(given) not in (1, num_images):
+        raise ValueError(f"pass one class or one per image ({num_images}), got {len(given)}")
+    labels = []
+    for c in given:
+        if isinstance(c, str) and not c.strip().lstrip("-").isdigit():
+            if c not in names:
+                raise ValueError(f"unknown class {c!r}; this model's classes: {', '.join(names) or 'none (unconditional)'}")
+            c = names.index(c)
+        labels.append(int(c))  # denoiser.sample checks the range against the model
+    return torch.tensor(labels * num_images if len(labels) == 1 else labels, dtype=torch.long)
+
+
+def _guidance(request, defaults: ModelDefaults, folder, unet, scheduler_config, has_class: bool, load) -> Guidance:
+    """The request's guidance terms, the rest from sampling.json (its classifier-free scale only with a class),
+    else off; the guide model loaded only when autoguidance is on."""
+    folder_values = dict(defaults.guidance or {})
+    if not has_class:
+        folder_values.pop("guidance_scale", None)
+
+    def pick(key: str, off):
+        value = getattr(request, key)
+        return value if value is not None else folder_values.get(key, off)
+
+    guide_scale = float(pick("guide_scale", 1.0))
+    guide = None
+    if guide_scale != 1.0:
+        guide = _load_guide(request.guide_model, folder_values.get("guide_model"), folder, unet, scheduler_config, load)
+    return Guidance(
+        scale=float(pick("guidance_scale", 1.0)), pag_scale=float(pick("pag_scale", 0.0)),
+        pag_layers=pick("pag_layers", None), guide=guide, guide_scale=guide_scale,
+        interval=pick("guidance_interval", None),
+    )
+
+
+def _load_guide(asked, from_folder, folder, unet, scheduler_config, load) -> nn.Module:
+    """Autoguidance's guide: the request's folder, else the one sampling.json names (which must stay inside the
+    model folder); checked to model the same data."""
+    if asked is not None:
+        path = Path(asked)
+    elif from_folder is not None and folder is not None:
+        path = (Path(folder) / from_folder).resolve()
+        if not path.is_relative_to(Path(folder).resolve()):
+            raise ValueError(f"{SAMPLING_FILE}'s guide_model must be a folder inside the model folder, got {from_folder!r}")
+    else:
+        raise ValueError("autoguidance (guide scale != 1) needs a guide model: pass one (--guide-model FOLDER) or set "
+                         "the guide scale to 1; this model's folder names none")
+    guide, guide_scheduler = load(path)
+    check_guide(unet, scheduler_config, guide, guide_scheduler.config)
+    return guide
