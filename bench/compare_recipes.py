@@ -107,9 +107,12 @@ def cmd_score(args) -> None:
     from denoiser.config import DataConfig
     from denoiser.data import load_datasets
     from denoiser.diffusion import Diffusion
-    from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images
+    from denoiser.fid import InceptionFeatures, Statistics, fid_of_images
     from denoiser.image_io import save_grid
     from denoiser.model_dir import load_model
+    from denoiser.request import SPREAD, SampleRequest
+    from denoiser.sampling import resolve
+    from denoiser.sampling import run as run_plan
 
     extractor = InceptionFeatures()
     ref = Statistics.load(REFERENCE)
@@ -122,10 +125,12 @@ def cmd_score(args) -> None:
         if done.exists() or not (run / "model" / "model_index.json").exists() or (args.only and r.name not in args.only):
             continue
         unet, sched = load_model(run / "model")
-        images = generate_images(unet, sched.config, args.num_samples, steps=50, seed=0, batch_size=100)
+        cond = unet.config.get("num_class_embeds")
+        request = SampleRequest(num_images=args.num_samples, classes=SPREAD if cond else None, seed=0, batch_size=100,
+                                scheduler="ddim", steps=50, guidance_scale=1.0)  # no guidance: the recipe's own model
+        images = run_plan(resolve(request, unet=unet, scheduler=sched), progress=True).images.mul(255).round().to(torch.uint8)
         fid = fid_of_images(images, ref, extractor)
         grid = save_grid(images[:100], GRIDS / f"{r.name}.png", nrow=10, scale=2)
-        cond = unet.config.get("num_class_embeds")
         bound = Diffusion(sched).evaluate(unet, x, labels if cond else None, batch_size=100, num_timesteps=50)
         score = {"fid": round(fid, 2), "num_samples": args.num_samples, "bits_per_dim": round(bound.bits_per_dim, 3),
                  "bpd_images": args.num_images, "images_seen": images_seen(run), "grid": str(grid),

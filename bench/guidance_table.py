@@ -31,10 +31,12 @@ from pathlib import Path
 import torch
 
 from denoiser.attention import attention_layer_names, identity_attention
-from denoiser.fid import InceptionFeatures, Statistics, fid_of_images, generate_images, spread_labels
+from denoiser.fid import InceptionFeatures, Statistics, fid_of_images
 from denoiser.guidance import Guidance, check_guide
 from denoiser.model_dir import load_model
 from denoiser.sample import make_sampler, sample
+from denoiser.sampling import Plan, spread_labels
+from denoiser.sampling import run as run_plan
 
 REFERENCES = {"cifar10": "bench/fid-reference/cifar10-val5000.safetensors", "emoji": "bench/fid-reference/emoji32-val500.safetensors"}
 
@@ -114,6 +116,16 @@ def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, ste
     return guidance.passes_per_step(sched.timesteps, guide_cost)
 
 
+def generate(unet, setting: Setting, config: dict, num_images: int, steps: int, batch_size: int,
+             batches: list[int] | None) -> torch.Tensor:
+    """A setting's DDIM samples as uint8 (N, 3, H, W), classes spread evenly, image k seeded k (the seed rule of
+    denoiser.request); batches: only these batch indices (one shard of the run)."""
+    labels = spread_labels(num_images, unet.config.num_class_embeds) if setting.labelled else None
+    plan = Plan(unet, make_sampler("ddim", config), steps, setting.eta, setting.guidance, labels, 0, num_images, batch_size)
+    indices = None if batches is None else [k for i in batches for k in range(i * batch_size, min(num_images, (i + 1) * batch_size))]
+    return run_plan(plan, indices=indices, progress=True).images.mul(255).round().to(torch.uint8)
+
+
 def shard_batches(shard: str | None, num_samples: int, batch_size: int) -> list[int] | None:
     """Shard "K/N": the batch indices K, K+N, ... this process makes (None: all)."""
     if not shard:
@@ -159,8 +171,7 @@ def run(args) -> None:
         batches = shard_batches(args.shard, args.num_samples, args.batch_size)
         t0 = time.perf_counter()
         with parsed.switched_off(unet):
-            images = generate_images(unet, config, args.num_samples, args.steps, seed=0, batch_size=args.batch_size,
-                                     guidance=guidance, with_classes=labelled, batches=batches, eta=eta)
+            images = generate(unet, parsed, config, args.num_samples, args.steps, args.batch_size, batches)
         seconds = time.perf_counter() - t0
         if args.shard:
             gathered = gather_shards(out, args.shard, batches, images, seconds, args.batch_size)

@@ -1,6 +1,6 @@
 """Ship a trained run into weights/<name>: fp16 pipeline, held-out evaluation, sample grid, model card.
 
-    .venv/bin/python bench/ship_model.py --run runs/cifar10-cpu --name cifar10-small \
+    .venv/bin/python bench/ship_model.py --run runs/cifar10-cpu --name cifar10-cpu \
         --command "denoiser train --config configs/cifar10-cpu.yaml --output-dir runs/cifar10-cpu" \
         --num-images 500 --num-timesteps 100 [--extra-md bench/recipe_comparison.md]
 

@@ -29,7 +29,7 @@ from denoiser.atomic import atomic_path
 from denoiser.attention import AttentionRecord, attention_scores, capture_attention, identity_attention
 from denoiser.diffusion import Diffusion
 
-__all__ = ["LayerStats", "attention_stats", "head_statistics", "write_csv", "stats_chart", "DEFAULT_TIMESTEPS"]
+__all__ = ["LayerStats", "attention_stats", "head_statistics", "write_csv", "stats_chart", "axis_range", "DEFAULT_TIMESTEPS"]
 
 DEFAULT_TIMESTEPS = (999, 800, 600, 400, 250, 100, 30)
 
@@ -161,50 +161,57 @@ def _palette(i: int) -> tuple[int, int, int]:
     return hues[i % len(hues)]
 
 
-def stats_chart(rows: Sequence[LayerStats], panel_size: tuple[int, int] = (360, 240)) -> Image.Image:
-    """Four line charts (a line per layer, heads averaged; x = timestep, noisy on the left) with a legend."""
+def axis_range(values: Sequence[float]) -> tuple[float, float]:
+    """A chart's y range around its data (not from 0: lines close together stay apart), with 8 % margins."""
+    lo, hi = min(values), max(values)
+    pad = 0.08 * (hi - lo) if hi > lo else max(abs(hi) * 0.05, 0.01)
+    return lo - pad, hi + pad
+
+
+def stats_chart(rows: Sequence[LayerStats], panel_size: tuple[int, int] = (480, 250)) -> Image.Image:
+    """Four line charts one above the other (a line per layer, heads averaged; x = timestep, noisy on the left), each
+    scaled to its data, then a legend. One column 480 pixels wide with 14-16 px text: shown on a phone's ~350 px
+    the text stays ~11 px."""
     from denoiser.visualize import _font
 
     layer_rows = [r for r in rows if r.head == -1]
     layers = list(dict.fromkeys(r.layer for r in layer_rows))
     ts = sorted({r.timestep for r in layer_rows}, reverse=True)
     PW, PH = panel_size
-    legend_h = 18 * ((len(layers) + 3) // 4) + 8
-    img = Image.new("RGB", (2 * PW, 2 * PH + legend_h), "white")
+    legend_h = 22 * ((len(layers) + 1) // 2) + 10
+    img = Image.new("RGB", (PW, 4 * PH + legend_h), "white")
     draw = ImageDraw.Draw(img)
-    left, right, top, bottom = 48, 10, 22, 30
+    left, right, top, bottom = 64, 14, 28, 40
     for p, (key, title) in enumerate(PANELS):
-        ox, oy = (p % 2) * PW, (p // 2) * PH
+        oy = p * PH
 
         def value(r: LayerStats, key=key) -> float:
             return r.entropy / r.max_entropy if key == "entropy" else getattr(r, key)
 
-        values = [value(r) for r in layer_rows]
-        lo, hi = min(0.0, min(values)), max(values)
-        hi = hi if hi > lo else lo + 1
+        lo, hi = axis_range([value(r) for r in layer_rows])
 
-        def px(i: int, v: float, ox=ox, oy=oy, lo=lo, hi=hi) -> tuple[float, float]:
-            x = ox + left + (i / max(1, len(ts) - 1)) * (PW - left - right)
+        def px(i: int, v: float, oy=oy, lo=lo, hi=hi) -> tuple[float, float]:
+            x = left + (i / max(1, len(ts) - 1)) * (PW - left - right)
             return x, oy + top + (hi - v) / (hi - lo) * (PH - top - bottom)
 
-        draw.text((ox + left, oy + 4), title, fill="black", font=_font(12))
-        draw.rectangle([ox + left, oy + top, ox + PW - right, oy + PH - bottom], outline="black")
+        draw.text((left, oy + 4), title, fill="black", font=_font(16))
+        draw.rectangle([left, oy + top, PW - right, oy + PH - bottom], outline="black")
         for frac in (0.0, 0.5, 1.0):
             v = lo + frac * (hi - lo)
-            draw.text((ox + 2, px(0, v)[1] - 6), f"{v:.3g}", fill="black", font=_font(10))
+            draw.text((2, px(0, v)[1] - 8), f"{v:.3g}", fill="black", font=_font(14))
         for i, t in enumerate(ts):
             x, _ = px(i, lo)
-            draw.text((x - 8, oy + PH - bottom + 3), str(t), fill="black", font=_font(10))
-        draw.text((ox + PW // 2 - 20, oy + PH - 14), "timestep t", fill="gray", font=_font(10))
+            draw.text((x - 10, oy + PH - bottom + 3), str(t), fill="black", font=_font(14))
+        draw.text((PW // 2 - 30, oy + PH - 19), "timestep t", fill="gray", font=_font(14))
         for li, layer in enumerate(layers):
             by_t = {r.timestep: value(r) for r in layer_rows if r.layer == layer}
             pts = [px(i, by_t[t]) for i, t in enumerate(ts) if t in by_t]
             if len(pts) > 1:
                 draw.line(pts, fill=_palette(li), width=2)
             for x, y in pts:
-                draw.ellipse([x - 2, y - 2, x + 2, y + 2], fill=_palette(li))
+                draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=_palette(li))
     for li, layer in enumerate(layers):
-        x, y = 10 + (li % 4) * (2 * PW // 4), 2 * PH + 4 + 18 * (li // 4)
-        draw.rectangle([x, y + 4, x + 14, y + 12], fill=_palette(li))
-        draw.text((x + 20, y), layer, fill="black", font=_font(11))
+        x, y = 10 + (li % 2) * (PW // 2), 4 * PH + 6 + 22 * (li // 2)
+        draw.rectangle([x, y + 4, x + 16, y + 14], fill=_palette(li))
+        draw.text((x + 22, y), layer, fill="black", font=_font(15))
     return img

@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import load_file, save_file
 
 __all__ = ["checkpoint_dir", "find_checkpoint", "save_checkpoint", "load_checkpoint", "prune_checkpoints"]
@@ -104,12 +103,3 @@ def prune_checkpoints(output_dir: Path, keep: int) -> None:
     """Keep the newest `keep` complete checkpoints (main process only)."""
     for old in complete_checkpoints(output_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def load_shadow_to(model: torch.nn.Module, path: Path) -> None:
-    """Copy a checkpoint's EMA weights into `model` (used by tests and export from a checkpoint)."""
-    shadow = load_file(str(Path(path) / "ema.safetensors"))
-    params = [p for p in model.parameters()]
-    with torch.no_grad():
-        for i, p in enumerate(params):
-            p.copy_(shadow[f"{i}"])

@@ -17,17 +17,11 @@ __all__ = ["main", "build_parser"]
 DEFAULT_MODEL = "synthetic-shapes"  # found by name: $DENOISER_WEIGHTS, then a clone's weights/
 
 
-def _class_index(model_dir: str, text: str) -> int:
-    """--class-label as an index: a number, or a name from the model folder's classes.txt."""
-    if text.lstrip("-").isdigit():
-        return int(text)
-    from denoiser.model_dir import read_classes
-
-    config = json.loads((Path(model_dir) / "unet" / "config.json").read_text())
-    names = read_classes(model_dir, config.get("num_class_embeds"))
-    if text not in names:
-        raise ValueError(f"unknown class {text!r}; this model's classes: {', '.join(names) or 'none (unconditional)'}")
-    return names.index(text)
+def _classes(text: str | None):
+    """--class-label as the request's classes: a name or index for every image, "spread", or a comma-separated list."""
+    if text is None or "," not in text:
+        return text
+    return [c.strip() for c in text.split(",") if c.strip()]
 
 
 def _pixel(text: str) -> tuple[int, int]:
@@ -38,10 +32,31 @@ def _pixel(text: str) -> tuple[int, int]:
     return y, x
 
 
-def _add_guidance(p: argparse.ArgumentParser, what: str = "samples") -> None:
+def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: bool = True) -> None:
+    """The flags of a sampling request (denoiser.request.SampleRequest); unset ones come from the model folder
+    (its scheduler/, sampling.json), else the built-in defaults."""
+    from denoiser.request import SCHEDULERS, TIMESTEP_SPACINGS
+
+    s = p.add_argument_group("sampling", f"how the {what} are sampled; unset: the model folder's own, else built in")
+    if images:
+        s.add_argument("--num-images", type=int, default=16)
+        s.add_argument("--batch-size", type=int, default=None, help="images per UNet batch (memory only: never the images)")
+    s.add_argument("--seed", type=int, default=0, help="image k is drawn from a generator seeded SEED + k")
+    s.add_argument("--class-label", default=None,
+                   help="class of a class-conditional model: a name (classes.txt) or index, a comma-separated one per "
+                        "image, or 'spread' (0, 1, ..., K-1, 0, ...); unset: no class")
+    s.add_argument("--scheduler", default=None, choices=list(SCHEDULERS), help="default: the model folder's (ddim)")
+    s.add_argument("--steps", type=int, default=None, help="sampling steps; default: the folder's sampling.json, else 50")
+    s.add_argument("--timestep-spacing", default=None, choices=list(TIMESTEP_SPACINGS),
+                   help="which timesteps the sampler visits; default: the folder's (trailing suits few-step DDIM)")
+    s.add_argument("--eta", type=float, default=0.0, help="DDIM's stochasticity (0 = deterministic)")
+    _add_guidance(p, what)
+
+
+def _add_guidance(p: argparse.ArgumentParser, what: str) -> None:
     """The guidance flags (denoiser.guidance); unset ones come from the model folder's sampling.json, else off."""
     g = p.add_argument_group("guidance", f"how the {what} are guided; unset: the model folder's sampling.json, else off")
-    g.add_argument("--guidance", type=float, default=None,
+    g.add_argument("--guidance-scale", "--guidance", type=float, default=None, dest="guidance_scale",
                    help="classifier-free guidance scale (class-conditional models with a class; 1 = off, 2-3 = clearer classes)")
     g.add_argument("--pag-scale", type=float, default=None,
                    help="perturbed-attention guidance: steer away from the model with attention switched to identity (0 = off)")
@@ -55,127 +70,161 @@ def _add_guidance(p: argparse.ArgumentParser, what: str = "samples") -> None:
                         "0 999 applies it at every step")
 
 
-def _guidance(args, unet, sched, class_given: bool = True):
-    from denoiser.guidance import guidance_for
+def _request(args, **fields):
+    """The sampling request the flags of `_add_sampling` describe; `fields` set what the command fixes itself."""
+    from denoiser.request import SampleRequest
 
-    return guidance_for(args.model, unet, sched.config, args.guidance, args.pag_scale, args.pag_layers,
-                        args.guide_model, args.guide_scale, has_class=class_given,
-                        guidance_interval=args.guidance_interval)
+    asked = dict(
+        num_images=getattr(args, "num_images", 1), batch_size=getattr(args, "batch_size", None), seed=args.seed,
+        classes=_classes(args.class_label), scheduler=getattr(args, "scheduler", None), steps=getattr(args, "steps", None),
+        timestep_spacing=getattr(args, "timestep_spacing", None), eta=getattr(args, "eta", 0.0),
+        guidance_scale=args.guidance_scale,
+        pag_scale=args.pag_scale, pag_layers=args.pag_layers, guide_model=args.guide_model, guide_scale=args.guide_scale,
+        guidance_interval=args.guidance_interval,
+    )
+    return SampleRequest(**{**asked, **fields})
 
 
-def build_parser() -> argparse.ArgumentParser:
+# command -> (help, the function that adds its arguments): only the command being run gets its arguments (and
+# imports what they need), so `denoiser --help` loads nothing heavy
+def _commands() -> dict:
+    return {
+        "train": ("train a UNet (also: accelerate launch -m denoiser.train ...)", _add_train_args),
+        "sample": ("generate images into a PNG grid and/or one PNG per image", _add_sample_args),
+        "attention": ("attention maps of one pixel at every attention layer", _add_attention_args),
+        "denoise": ("remove Gaussian noise from your image", _add_restore_args),
+        "edit": ("SDEdit: re-imagine your image", _add_restore_args),
+        "inpaint": ("regenerate the masked pixels of your image", _add_restore_args),
+        "attention-stats": ("what each attention layer and head does over the noise levels: CSV + charts",
+                            _add_attention_stats_args),
+        "evaluate": ("held-out bits/dim and per-timestep MSE, or FID, as JSON", _add_evaluate_args),
+        "prepare-data": ("decode a config's training images once into the shared store (a run does it on first use)",
+                         _add_prepare_data_args),
+        "app": ("serve the web app on 127.0.0.1 (`denoiser app --help`: its options)", None),
+        "build-kernels": ("compile the optional C++ kernels for this torch and CPU (make venv runs it)", _add_kernel_args),
+    }
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; `command` (default: every one) gets its arguments, the others only their help line."""
     p = argparse.ArgumentParser(prog="denoiser", description="Attention U-Net diffusion: train, sample, inspect.")
     sub = p.add_subparsers(dest="command", required=True)
-    _add_train_args(sub)
-    _add_sample_args(sub)
-    _add_attention_args(sub)
-    _add_restore_args(sub)
-    _add_attention_stats_args(sub)
-    _add_evaluate_args(sub)
-    sub.add_parser("app", add_help=False, help="serve the web app on 127.0.0.1 (`denoiser app --help`: its options)")
-    k = sub.add_parser("build-kernels", help="compile the optional C++ kernels for this torch and CPU (make venv runs it)")
-    k.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    for name, (what, add_args) in _commands().items():
+        sp = sub.add_parser(name, help=what, add_help=name != "app")
+        if add_args is not None and command in (None, name):
+            add_args(sp)
     return p
 
 
-def _add_train_args(sub) -> None:
+def _add_train_args(p: argparse.ArgumentParser) -> None:
     from denoiser.train import add_train_arguments  # shared with `accelerate launch -m denoiser.train`
 
-    add_train_arguments(sub.add_parser("train", help="train a UNet (also: accelerate launch -m denoiser.train ...)"))
+    add_train_arguments(p)
 
 
-def _add_sample_args(sub) -> None:
-    from denoiser.sample import SCHEDULERS, TIMESTEP_SPACINGS
-
-    s = sub.add_parser("sample", help="generate images into a PNG grid")
-    s.add_argument("--model", default=None, help="model folder (diffusers pipeline format); default: the shipped synthetic-shapes")
-    s.add_argument("--out", required=True, help="output PNG")
-    s.add_argument("--num-images", type=int, default=16)
-    s.add_argument("--batch-size", type=int, default=64, help="images per forward pass")
-    s.add_argument("--scheduler", default="ddim", choices=list(SCHEDULERS))
-    s.add_argument("--timestep-spacing", default=None, choices=list(TIMESTEP_SPACINGS),
-                   help="which timesteps the sampler visits (default: the scheduler's); trailing suits few-step DDIM")
-    s.add_argument("--steps", type=int, default=50)
-    s.add_argument("--eta", type=float, default=0.0, help="DDIM eta (0 = deterministic)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--class-label", default=None, help="class of a class-conditional model: an index or a name (classes.txt)")
-    _add_guidance(s)
-    s.add_argument("--trajectory", default=None, help="also write the denoising trajectory (x_t over x0) PNG here")
-    s.add_argument("--trajectory-every", type=int, default=5)
-    s.add_argument("--scale", type=int, default=4, help="upscale the grid (nearest) for viewing")
+def _add_kernel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verbose", action="store_true", help="show the compiler's output")
 
 
-def _add_attention_args(sub) -> None:
-    a = sub.add_parser("attention", help="attention maps of one pixel at every attention layer")
-    a.add_argument("--model", default=None, help="model folder; default: the shipped synthetic-shapes")
-    a.add_argument("--pixel", type=_pixel, required=True, help="query pixel Y,X in image coordinates")
-    a.add_argument("--out", required=True, help="output PNG")
-    a.add_argument("--steps", type=int, default=50)
-    a.add_argument("--at-step", type=int, default=None, help="sampling step to inspect (default: the last)")
-    a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--class-label", default=None, help="class index or name")
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help=f"model folder, or a name in $DENOISER_WEIGHTS / weights/; default: {DEFAULT_MODEL}")
 
 
-def _add_restore_args(sub) -> None:
+def _add_sample_args(p: argparse.ArgumentParser) -> None:
+    _add_model(p)
+    p.add_argument("--out", default=None, help="the grid PNG")
+    p.add_argument("--out-dir", default=None, help="one PNG per image: 000000.png, 000001.png, ... (image k: seed + k)")
+    _add_sampling(p)
+    p.add_argument("--trajectory", default=None, help="also write the denoising trajectory (x_t over x0) PNG here")
+    p.add_argument("--trajectory-every", type=int, default=5)
+    p.add_argument("--scale", type=int, default=4, help="upscale the grid (nearest) for viewing")
+
+
+def _add_attention_args(p: argparse.ArgumentParser) -> None:
+    _add_model(p)
+    p.add_argument("--pixel", type=_pixel, required=True, help="query pixel Y,X in image coordinates")
+    p.add_argument("--out", required=True, help="output PNG")
+    p.add_argument("--at-step", type=int, default=None, help="sampling step to inspect (default: the last)")
+    _add_sampling(p, "image", images=False)
+
+
+def _add_restore_args(p: argparse.ArgumentParser) -> None:
     """denoise, edit and inpaint: one set of flags, and each operation's own."""
-    from denoiser.restore import METHODS
-
-    for name, what in (("denoise", "remove Gaussian noise from your image"), ("edit", "SDEdit: re-imagine your image"),
-                       ("inpaint", "regenerate the masked pixels of your image")):
-        r = sub.add_parser(name, help=what)
-        r.add_argument("--model", default=None, help="model folder; default: the shipped synthetic-shapes")
-        r.add_argument("--image", required=True, help="input image (any size or mode: converted to RGB, resized, centre-cropped)")
-        r.add_argument("--out", required=True, help="output PNG (the model's size)")
-        r.add_argument("--compare", default=None, help="also write input | result side by side (PNG)")
-        r.add_argument("--steps", type=int, default=50, help="reverse-chain steps")
-        r.add_argument("--seed", type=int, default=0)
-        r.add_argument("--class-label", default=None, help="class index or name")
-        _add_guidance(r, "restored images")
-        r.add_argument("--add-noise", type=float, default=None, metavar="SIGMA",
-                       help="add Gaussian noise of this std ([0, 1] pixel scale) first, to see the round trip (PSNR printed)")
-        if name == "denoise":
-            r.add_argument("--sigma", type=float, default=None, help="noise std of the input ([0, 1] scale); default: estimated")
-            r.add_argument("--method", default="mmse", choices=METHODS,
-                           help="mmse: one x0 prediction (smooth, best PSNR); sample: the reverse chain (sharper)")
-        if name == "edit":
-            r.add_argument("--strength", type=float, default=0.6, help="0 keeps the image, 1 samples anew")
-        if name == "inpaint":
-            r.add_argument("--mask", required=True, help="mask image of the input's size: white = regenerate, black = keep")
+    name = p.prog.split()[-1]
+    _add_model(p)
+    p.add_argument("--image", required=True, help="input image (any size or mode, converted to RGB; denoise keeps its size, "
+                   "edit and inpaint resize and centre-crop it to the model's)")
+    p.add_argument("--out", required=True, help="output PNG (denoise: the image's own size; edit, inpaint: the model's)")
+    p.add_argument("--compare", default=None, help="also write input | result side by side (PNG)")
+    p.add_argument("--steps", type=int, default=50, help="reverse-chain steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--class-label", default=None, help="class index or name")
+    _add_guidance(p, "restored images")
+    p.add_argument("--add-noise", type=float, default=None, metavar="SIGMA",
+                   help="add Gaussian noise of this std ([0, 1] pixel scale) first, to see the round trip (PSNR printed)")
+    if name == "denoise":
+        p.add_argument("--sigma", type=float, default=None, help="noise std of the input ([0, 1] scale); default: estimated")
+        p.add_argument("--method", default="mmse", choices=("mmse", "sample"),
+                       help="mmse: one x0 prediction (smooth, best PSNR); sample: the reverse chain (sharper)")
+    if name == "edit":
+        p.add_argument("--strength", type=float, default=0.6, help="0 keeps the image, 1 samples anew")
+    if name == "inpaint":
+        p.add_argument("--mask", required=True, help="mask image of the input's size: white = regenerate, black = keep")
 
 
-def _add_attention_stats_args(sub) -> None:
-    st = sub.add_parser("attention-stats", help="what each attention layer and head does over the noise levels: CSV + charts")
-    st.add_argument("--model", default=None, help="model folder; default: the shipped synthetic-shapes")
-    st.add_argument("--out-dir", required=True, help="folder for attention_stats.csv and attention_stats.png")
-    st.add_argument("--images", default=None, metavar="FOLDER",
-                    help="your images (a folder, searched recursively; resized and centre-cropped); default: generated ones")
-    st.add_argument("--num-images", type=int, default=8, help="images in the batch (generated: DDIM-25 from --seed)")
-    st.add_argument("--timesteps", default=",".join(map(str, (999, 800, 600, 400, 250, 100, 30))),
-                    help="comma-separated noise levels t")
-    st.add_argument("--no-heads", action="store_true", help="layers only (one ablation call per layer, not per head)")
-    st.add_argument("--class-label", default=None, help="class (index or name) of the generated images (default: spread evenly)")
-    st.add_argument("--seed", type=int, default=0)
+def _add_attention_stats_args(p: argparse.ArgumentParser) -> None:
+    _add_model(p)
+    p.add_argument("--out-dir", required=True, help="folder for attention_stats.csv and attention_stats.png")
+    p.add_argument("--images", default=None, metavar="FOLDER",
+                   help="your images (a folder, searched recursively; resized and centre-cropped); default: generated ones")
+    p.add_argument("--num-images", type=int, default=8, help="images in the batch (generated: DDIM-25 from --seed)")
+    p.add_argument("--timesteps", default=",".join(map(str, (999, 800, 600, 400, 250, 100, 30))),
+                   help="comma-separated noise levels t")
+    p.add_argument("--no-heads", action="store_true", help="layers only (one ablation call per layer, not per head)")
+    p.add_argument("--class-label", default="spread", help="class (index or name) of the generated images (default: spread evenly)")
+    p.add_argument("--seed", type=int, default=0)
 
 
-def _add_evaluate_args(sub) -> None:
-    e = sub.add_parser("evaluate", help="held-out bits/dim and per-timestep MSE, as JSON")
-    e.add_argument("--model", required=True)
-    e.add_argument("--data", default=None, help="image folder (ImageFolder layout); default: the model's synthetic set")
-    e.add_argument("--num-images", type=int, default=64, help="images evaluated (cost: T passes per image)")
-    e.add_argument("--num-timesteps", type=int, default=None, help="evaluate a strided subset of timesteps (estimate)")
-    e.add_argument("--val-size", type=int, default=None, help="use the validation split of this size (seeded) from --data")
-    e.add_argument("--val-seed", type=int, default=0)
-    e.add_argument("--batch-size", type=int, default=64)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--fid", action="store_true",
-                   help="FID of --num-samples generated images (DDIM, classes spread evenly) against --reference instead")
-    e.add_argument("--num-samples", type=int, default=1000, help="generated images for --fid (report FID-N with N)")
-    e.add_argument("--sample-steps", type=int, default=50, help="DDIM steps for --fid")
-    e.add_argument("--reference", default=None, metavar="STATS.safetensors",
+def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", default=None, help="image folder (ImageFolder layout); default: the model's synthetic set")
+    p.add_argument("--num-images", type=int, default=64, help="images evaluated (cost: T passes per image)")
+    p.add_argument("--num-timesteps", type=int, default=None, help="evaluate a strided subset of timesteps (estimate)")
+    p.add_argument("--val-size", type=int, default=None, help="use the validation split of this size (seeded) from --data")
+    p.add_argument("--val-seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=None, help="images per batch (default 64)")
+    p.add_argument("--fid", action="store_true",
+                   help="FID of --num-samples generated images against --reference instead: the images `denoiser sample` "
+                        "gives with the same flags (classes spread evenly unless --class-label says otherwise)")
+    p.add_argument("--num-samples", type=int, default=1000, help="generated images for --fid (report FID-N with N)")
+    p.add_argument("--reference", default=None, metavar="STATS.safetensors",
                    help="reference statistics for --fid; computed once from --data (its --val-size split) when missing")
-    e.add_argument("--samples", default=None, metavar="IMAGES.npy",
+    p.add_argument("--samples", default=None, metavar="IMAGES.npy",
                    help="score these uint8 (N, H, W, 3) images instead of sampling (e.g. from bench/gpu/run.sh)")
-    _add_guidance(e, "--fid samples")
+    _add_sampling(p, "--fid samples", images=False)
+    p.set_defaults(class_label="spread")
+
+
+def _add_prepare_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="a preset name or a YAML file: its data section, at its model's sample_size")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set data.path=photos (repeatable)")
+
+
+def cmd_prepare_data(args) -> None:
+    import torch
+
+    from denoiser.config import load_config
+    from denoiser.data import prepare
+    from denoiser.unet import UNet
+
+    cfg = load_config(args.config, args.overrides)
+    with torch.device("meta"):
+        size = UNet(**cfg.model).config.sample_size
+    info = prepare(cfg.data, size)
+    print(f"store: {info.path}\nimages: {info.num_images} at {size}x{size} (prepared in {info.prepared_seconds} s)")
+    if info.skipped:
+        print(f"skipped {info.skipped} of {info.num_items} files: see {info.skipped_file}")
 
 
 def cmd_build_kernels(args) -> None:
@@ -194,47 +243,43 @@ def cmd_train(args) -> None:
 
 
 def cmd_sample(args) -> None:
-    from denoiser.image_io import save_grid
-    from denoiser.model_dir import load_model
-    from denoiser.sample import make_sampler, sample, trajectory_strip
+    from denoiser.image_io import save_grid, save_png, to_pil
+    from denoiser.sample import trajectory_strip
+    from denoiser.sampling import resolve, run
 
-    unet, train_sched = load_model(args.model)
-    guidance = _guidance(args, unet, train_sched, args.class_label is not None)
-    sched = make_sampler(args.scheduler, train_sched.config, args.timestep_spacing)
-    chunks = []
-    for start in range(0, args.num_images, args.batch_size):
-        n = min(args.batch_size, args.num_images - start)
-        res = sample(unet, sched, n, args.steps, seed=args.seed + start, eta=args.eta, class_labels=args.class_label,
-                     guidance=guidance,
-                     trajectory_every=args.trajectory_every if (args.trajectory and start == 0) else 0)
-        chunks.append(res.images)
-        if args.trajectory and start == 0:
-            strip = trajectory_strip(res.trajectory)
-            save_grid(strip, args.trajectory, nrow=strip.shape[0] // 2, scale=args.scale)
-            print(f"trajectory: {args.trajectory} (top: x_t, bottom: predicted x0)")
-    import torch
-
-    print(f"samples: {save_grid(torch.cat(chunks), args.out, scale=args.scale)}")
+    if args.out is None and args.out_dir is None:
+        raise ValueError("say where the images go: --out GRID.png, --out-dir FOLDER (one PNG per image), or both")
+    plan = resolve(_request(args), args.model)
+    print(f"sampling {plan.num_images} image(s): {plan.describe()}")
+    res = run(plan, trajectory_every=args.trajectory_every if args.trajectory else 0, progress=True)
+    if args.trajectory:
+        strip = trajectory_strip(res.trajectory)
+        save_grid(strip, args.trajectory, nrow=strip.shape[0] // 2, scale=args.scale)
+        print(f"trajectory: {args.trajectory} (top: x_t, bottom: predicted x0)")
+    if args.out_dir:
+        for k, image in enumerate(res.images):
+            save_png(to_pil(image[None], padding=0), Path(args.out_dir) / f"{k:06d}.png")
+        print(f"images: {args.out_dir}/000000.png ... {len(res.images) - 1:06d}.png")
+    if args.out:
+        print(f"samples: {save_grid(res.images, args.out, scale=args.scale)}")
 
 
 def cmd_attention(args) -> None:
     from denoiser.image_io import save_png
-    from denoiser.model_dir import load_model
-    from denoiser.sample import make_sampler, sample
+    from denoiser.sampling import resolve, run
     from denoiser.visualize import attention_panel
 
-    unet, train_sched = load_model(args.model)
-    size = unet.config.sample_size
+    plan = resolve(_request(args, num_images=1), args.model)
+    size = plan.unet.config.sample_size
     y, x = args.pixel
     if not (0 <= y < size and 0 <= x < size):
         raise ValueError(f"--pixel {y},{x} is outside the {size}x{size} image; use 0..{size - 1}")
-    at = args.steps - 1 if args.at_step is None else args.at_step
-    if not 0 <= at < args.steps:
-        raise ValueError(f"--at-step must be in 0..{args.steps - 1}, got {at}")
-    res = sample(unet, make_sampler("ddim", train_sched.config), 1, args.steps, seed=args.seed,
-                 class_labels=args.class_label, capture_steps=[at])
+    at = plan.steps - 1 if args.at_step is None else args.at_step
+    if not 0 <= at < plan.steps:
+        raise ValueError(f"--at-step must be in 0..{plan.steps - 1}, got {at}")
+    res = run(plan, capture_steps=[at])
     panel = attention_panel(res.images[0], res.attention[at], (y, x))
-    print(f"attention: {save_png(panel, args.out)} ({len(res.attention[at])} layers, step {at} of {args.steps})")
+    print(f"attention: {save_png(panel, args.out)} ({len(res.attention[at])} layers, step {at} of {plan.steps})")
 
 
 def _read_image(path: str, what: str = "image", min_side: int | None = None):
@@ -251,18 +296,22 @@ def cmd_restore(args) -> None:
     from denoiser.image_io import save_grid, to_unit
     from denoiser.model_dir import load_model
     from denoiser.restore import restore
+    from denoiser.sampling import resolve
 
     unet, sched = load_model(args.model)
     size = unet.config.sample_size
+    if args.command == "denoise" and args.method == "mmse" and _image_size(args.image) != (size, size):
+        return _denoise_at_own_size(args, unet, sched)  # any size: overlapping tiles (denoiser.tiles)
     img = _read_image(args.image, min_side=size)
     mask = _read_image(args.mask, "mask") if args.command == "inpaint" else None
-    guidance = _guidance(args, unet, sched, args.class_label is not None)
+    # the guidance and class as for sampling (the folder's sampling.json fills what is unset)
+    plan = resolve(_request(args, num_images=1, steps=None), args.model, unet=unet, scheduler=sched)
     if img.size != (size, size):
         print(f"input resized and centre-cropped from {img.width}x{img.height} to {size}x{size} (the model's size)")
     own = {k: getattr(args, k) for k in ("method", "strength") if hasattr(args, k)}  # this subcommand's flags only
     res = restore(
         unet, Diffusion(sched), img, args.command, mask=mask, sigma=args.add_noise if getattr(args, "sigma", None) is None else args.sigma,
-        noise_first=args.add_noise, steps=args.steps, seed=args.seed, class_label=args.class_label, guidance=guidance, **own,
+        noise_first=args.add_noise, steps=args.steps, seed=args.seed, class_label=plan.labels, guidance=plan.guidance, **own,
     )
     print(f"{args.command}: {save_grid(res.result.images, args.out)}")
     if args.compare:
@@ -274,14 +323,62 @@ def cmd_restore(args) -> None:
         print(f"PSNR vs the clean input: noisy {noisy_db:.2f} dB, result {result_db:.2f} dB")
 
 
+def _image_size(path: str) -> tuple[int, int]:
+    """(width, height) of an image file, upright (a JPEG decoded at 1/8 scale to find it; errors name the file)."""
+    return _read_image(path, min_side=1).info["source_size"]
+
+
+def _denoise_at_own_size(args, unet, sched) -> None:
+    """`denoise` (one-step MMSE) of a photo of any size: overlapping tiles at the model's size, blended
+    (denoiser.tiles); the result at the photo's own size."""
+    import torch
+    from torchvision.transforms.functional import pil_to_tensor
+    from tqdm.auto import tqdm
+
+    from denoiser.diffusion import Diffusion
+    from denoiser.image_io import save_png
+    from denoiser.restore import psnr
+    from denoiser.tiles import denoise_tiles
+
+    photo = pil_to_tensor(_read_image(args.image))  # (3, H, W) uint8, the photo's own size
+    noisy = photo
+    if args.add_noise is not None:  # the round trip: seeded noise, quantised as a camera would write it
+        noise = torch.randn(photo.shape, generator=torch.Generator().manual_seed(args.seed + 12_345))
+        noisy = (photo / 255 + args.add_noise * noise).clamp(0, 1).mul(255).round().to(torch.uint8)
+    sigma = args.sigma if args.sigma is not None else args.add_noise
+    with tqdm(desc="denoise", unit="tile", dynamic_ncols=True) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        result = denoise_tiles(unet, Diffusion(sched), noisy, sigma, progress=progress, class_label=args.class_label)
+    print(f"denoise: {photo.shape[2]}x{photo.shape[1]} at its own size, in tiles of "
+          f"{unet.config.sample_size}x{unet.config.sample_size}: {save_png(_hwc(result), args.out)}")
+    if args.compare:
+        shown = [photo] + ([noisy] if args.add_noise is not None else []) + [result]
+        save_png(_hwc(torch.cat(shown, dim=2)), args.compare)  # side by side, (3, H, k·W)
+        print(f"compare: {args.compare} (input{', noisy' if args.add_noise is not None else ''}, result)")
+    if args.add_noise is not None:
+        noisy_db, result_db = (float(psnr(x[None] / 255, photo[None] / 255)) for x in (noisy, result))
+        print(f"PSNR vs the clean input: noisy {noisy_db:.2f} dB, result {result_db:.2f} dB")
+
+
+def _hwc(image):
+    """(3, H, W) uint8 tensor -> PIL image."""
+    from PIL import Image
+
+    return Image.fromarray(image.permute(1, 2, 0).numpy())  # (3, H, W) -> (H, W, 3)
+
+
 def cmd_attention_stats(args) -> None:
     import torch
 
     from denoiser.attention_stats import attention_stats, stats_chart, write_csv
-    from denoiser.fid import spread_labels
     from denoiser.image_io import image_to_model, save_png
     from denoiser.model_dir import load_model
-    from denoiser.sample import make_sampler, sample
+    from denoiser.request import SampleRequest
+    from denoiser.sampling import resolve, run
 
     try:
         timesteps = [int(t) for t in args.timesteps.split(",") if t.strip()]
@@ -291,9 +388,11 @@ def cmd_attention_stats(args) -> None:
         raise ValueError(f"--num-images must be in 1..256, got {args.num_images}")
     unet, sched = load_model(args.model)
     n_cls = unet.config.num_class_embeds
-    labels = None
-    if n_cls:
-        labels = spread_labels(args.num_images, n_cls) if args.class_label is None else torch.full((args.num_images,), args.class_label)
+    # the generated images: a fixed recipe (DDIM-25, no guidance), the classes asked for
+    request = SampleRequest(num_images=args.num_images, classes=_classes(args.class_label) if n_cls else None,
+                            seed=args.seed, scheduler="ddim", steps=25, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0)
+    plan = resolve(request, args.model, unet=unet, scheduler=sched)
+    labels = plan.labels
     if args.images:
         files = sorted(p for p in Path(args.images).rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
         if not files:
@@ -303,9 +402,8 @@ def cmd_attention_stats(args) -> None:
         labels = None if labels is None else labels[: len(images)].fill_(n_cls)  # the user's images: "no class"
         how = f"{len(images)} images from {args.images}"
     else:
-        images = sample(unet, make_sampler("ddim", sched.config), args.num_images, 25, seed=args.seed, class_labels=labels).images
-        images = images * 2 - 1
-        how = f"{args.num_images} generated images (DDIM-25, seed {args.seed})"
+        images = run(plan).images * 2 - 1
+        how = f"{args.num_images} generated images ({plan.describe()})"
     rows = attention_stats(unet, sched, images, labels, timesteps, heads=not args.no_heads, seed=args.seed)
     out = Path(args.out_dir)
     csv_path = write_csv(rows, out / "attention_stats.csv")
@@ -322,8 +420,9 @@ def cmd_fid(args) -> None:
     import numpy as np
     import torch
 
-    from denoiser.fid import InceptionFeatures, fid_of_images, generate_images, reference_statistics
+    from denoiser.fid import InceptionFeatures, fid_of_images, reference_statistics
     from denoiser.model_dir import load_model
+    from denoiser.sampling import resolve, run
 
     if args.reference is None:
         raise ValueError("--fid needs --reference STATS.safetensors (with --data FOLDER to compute it the first time)")
@@ -335,11 +434,10 @@ def cmd_fid(args) -> None:
     if args.samples:
         images = torch.from_numpy(np.load(args.samples)).permute(0, 3, 1, 2)[: args.num_samples]  # (N, H, W, 3) -> (N, 3, H, W)
         how = f"images from {args.samples}"
-    else:  # the guide (if any) loads only when there is sampling to do
-        guidance = _guidance(args, unet, sched, bool(unet.config.num_class_embeds))
-        images = generate_images(unet, sched.config, args.num_samples, steps=args.sample_steps, seed=args.seed,
-                                 batch_size=args.batch_size, guidance=guidance)
-        how = f"ddim-{args.sample_steps}, {guidance.describe()}, seed {args.seed}, classes spread evenly"
+    else:  # the images `denoiser sample` gives with the same flags; the guide (if any) loads only to sample
+        plan = resolve(_request(args, num_images=args.num_samples), args.model)
+        images = run(plan, progress=True).images.mul(255).round().to(torch.uint8)
+        how = f"{plan.describe()}, classes {args.class_label}"
     size = images.shape[-1]
     if ref.image_size is not None and ref.image_size != size:
         logger.warning("the reference statistics are of %dx%d images and these are %dx%d: the FID also measures the "
@@ -373,7 +471,7 @@ def cmd_evaluate(args) -> None:
     x, labels = ds.batch(torch.arange(n))
     if not unet.config.num_class_embeds:
         labels = None
-    res = Diffusion(sched).evaluate(unet, x, labels, batch_size=args.batch_size, num_timesteps=args.num_timesteps,
+    res = Diffusion(sched).evaluate(unet, x, labels, batch_size=args.batch_size or 64, num_timesteps=args.num_timesteps,
                                     seed=args.seed)
     print(json.dumps(res.to_dict(), indent=1))
 
@@ -386,20 +484,18 @@ def main(argv: list[str] | None = None) -> int:
 
         app_main(argv[1:])
         return 0
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     handler = {"train": cmd_train, "sample": cmd_sample, "attention": cmd_attention, "evaluate": cmd_evaluate,
                "denoise": cmd_restore, "edit": cmd_restore, "inpaint": cmd_restore, "build-kernels": cmd_build_kernels,
-               "attention-stats": cmd_attention_stats}
+               "attention-stats": cmd_attention_stats, "prepare-data": cmd_prepare_data}
     from denoiser.fast import malloc
 
-    malloc.configure()  # freed activations stay in the heap for the next step (denoiser/malloc.py)
+    malloc.configure()  # freed activations stay in the heap for the next step (denoiser/fast/malloc.py)
     try:
         if hasattr(args, "model"):  # a folder, or a name under $DENOISER_WEIGHTS / a clone's weights/
             from denoiser.model_dir import find_model
 
             args.model = str(find_model(args.model or DEFAULT_MODEL))
-        if getattr(args, "class_label", None) is not None:
-            args.class_label = _class_index(args.model, args.class_label)
         handler[args.command](args)
     except (ValueError, FileNotFoundError) as err:
         print(f"denoiser {args.command}: error: {err}", file=sys.stderr)

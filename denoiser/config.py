@@ -23,13 +23,17 @@ __all__ = ["DataConfig", "DiffusionConfig", "TrainConfig", "RunConfig", "load_co
 
 @dataclass
 class DataConfig:
-    dataset: str = "synthetic"  # "synthetic" (built-in shapes), "folder" (ImageFolder layout) or "cifar10" (python format)
-    path: str | None = None  # folder for "folder" / "cifar10"; unused for "synthetic"
+    dataset: str = "synthetic"  # "synthetic" (built-in shapes), "folder" (image folder), "hf" (Hugging Face datasets), "webdataset" (tar shards), "cifar10" (python format)
+    path: str | None = None  # image folder / dataset folder or cached name / shard pattern (shards/{00000..00099}.tar) / CIFAR-10 folder
     num_images: int = 20000  # size of the synthetic set (images are made on the fly, deterministic by seed)
     synthetic_seed: int = 0  # seed of the synthetic set
     val_size: int = 256  # images held out for validation (a deterministic split)
     val_seed: int = 0  # seed of the validation split
     random_flip: bool = True  # random horizontal flips during training
+    image_column: str = "image"  # "hf": the column holding the images
+    label_column: str | None = "label"  # "hf", "webdataset" (extension; also .cls) and metadata.csv/jsonl: the class column; absent or null = unconditional
+    split: str = "train"  # "hf": the split of a DatasetDict or of a cached dataset name
+    num_workers: int | None = None  # processes decoding images while the store is prepared (None = every core)
 
 
 @dataclass
@@ -68,6 +72,7 @@ class TrainConfig:
     num_sample_images: int = 16  # images in each sample grid
     sample_steps: int = 50  # DDIM steps for sample grids
     log_every: int = 10  # steps between tracker logs
+    report_to: str | None = "tensorboard"  # Accelerate trackers (log_with): "tensorboard", "wandb", "mlflow", "all", ...; null = none
     fid_every: int = 0  # steps between FID evaluations of the EMA weights (0 = off); logged to fid.csv and tensorboard
     fid_samples: int = 1000  # generated images per FID evaluation (DDIM, sample_steps, classes spread): FID-N
     fid_reference: str | None = None  # reference statistics file; when missing, computed from the validation split
@@ -76,13 +81,12 @@ class TrainConfig:
     # denoiser's NHWC GroupNorm kernel does not apply (fp16, or no C++ compiler with bf16): torch's own
     # NHWC GroupNorm is several times slower there.
     channels_last: bool | None = None
-    compile: bool = False  # torch.compile the UNet (optional; bench/compile.md says where it pays)
+    compile: bool = False  # torch.compile the UNet (optional; bench/compile_and_memory.md says where it pays)
     gradient_checkpointing: bool = False  # recompute each block in the backward pass: less memory, ~1/3 more time
 
 
+DATASETS = ("synthetic", "folder", "hf", "webdataset", "cifar10")
 SECTIONS = {"data": DataConfig, "diffusion": DiffusionConfig, "train": TrainConfig}
-# Keys that no longer do anything; a config.yaml written before their removal still loads.
-REMOVED = {"data": {"num_workers"}}
 
 
 @dataclass
@@ -159,7 +163,6 @@ def _build(raw: dict[str, Any], source: str) -> RunConfig:
         if not isinstance(values, dict):
             errors.append(f"section {name}: must be a mapping, got {values!r}")
             continue
-        values = {k: v for k, v in values.items() if k not in REMOVED.get(name, ())}  # older run folders name them
         hints = typing.get_type_hints(cls)
         values = {k: _coerce(v, hints[k]) if k in hints else v for k, v in values.items()}
         for key, value in values.items():
@@ -193,14 +196,15 @@ def _check_values(cfg: RunConfig, source: str) -> None:
         (not t.keep_best or t.fid_every > 0, "train.keep_best needs train.fid_every > 0 (best by FID)"),
         (not t.fid_every or t.fid_reference or d.val_size >= 2,
          "train.fid_every needs train.fid_reference or a validation split (data.val_size >= 2) to compute it from"),
-        (d.dataset in ("synthetic", "folder", "cifar10"), f"data.dataset must be synthetic, folder or cifar10, got {d.dataset!r}"),
+        (d.dataset in DATASETS, f"data.dataset must be one of {', '.join(DATASETS)}, got {d.dataset!r}"),
         (d.dataset == "synthetic" or d.path, f"data.path is required for dataset {d.dataset!r}: set data.path to the image folder"),
+        (d.num_workers is None or d.num_workers >= 1, f"data.num_workers must be >= 1 (or null: every core), got {d.num_workers}"),
         (d.val_size >= 0, f"data.val_size must be >= 0, got {d.val_size}"),
         (diff.beta_schedule in ("linear", "cosine"), f"diffusion.beta_schedule must be linear or cosine, got {diff.beta_schedule!r}"),
         (diff.prediction_type in ("epsilon", "v_prediction"), f"diffusion.prediction_type must be epsilon or v_prediction, got {diff.prediction_type!r}"),
     ]
     errors = [msg for ok, msg in checks if not ok]
-    if d.dataset != "synthetic" and d.path and not Path(d.path).exists():
+    if d.dataset in ("folder", "cifar10") and d.path and not Path(d.path).exists():
         errors.append(f"data.path {d.path!r} does not exist: point it at an image folder (class sub-folders)")
     if errors:
         raise ValueError(f"{source}: invalid config:\n  " + "\n  ".join(errors))

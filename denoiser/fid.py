@@ -1,4 +1,5 @@
-"""Fréchet Inception Distance, offline: samples for it, Inception features, statistics and the distance.
+"""Fréchet Inception Distance, offline: Inception features, statistics and the distance (the samples come from
+`denoiser.sampling.run`, the images `denoiser sample` gives).
 
     FID = ‖μ₁ − μ₂‖² + tr(Σ₁ + Σ₂ − 2 (Σ₁ Σ₂)^½)
 
@@ -12,9 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import math
 import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,57 +24,11 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from denoiser.atomic import atomic_path
-from denoiser.guidance import Guidance
-from denoiser.sample import make_sampler, sample
 
 __all__ = [
-    "generate_images", "spread_labels", "InceptionFeatures", "features", "Statistics", "frechet_distance", "inception_path",
+    "InceptionFeatures", "features", "Statistics", "frechet_distance", "inception_path",
     "reference_statistics", "fid_of_images",
 ]
-
-
-def spread_labels(n: int, num_classes: int | None) -> torch.Tensor | None:
-    """Class labels 0, 1, ..., K-1, 0, 1, ... for n images (None for unconditional models)."""
-    return torch.arange(n) % num_classes if num_classes else None
-
-
-def generate_images(
-    unet: torch.nn.Module,
-    train_scheduler_config,
-    num_images: int,
-    steps: int = 50,
-    seed: int = 0,
-    batch_size: int = 250,
-    scheduler: str = "ddim",
-    progress: bool = True,
-    guidance: Guidance | None = None,
-    with_classes: bool = True,
-    batches: Sequence[int] | None = None,
-    eta: float = 0.0,
-) -> torch.Tensor:
-    """`num_images` samples as uint8 (N, 3, H, W); classes spread evenly (with_classes=False: the model's
-    "no class" row); batch i uses seed + i. batches: only these batch indices, in this order (processes
-    sharing one run each make some; concatenated in index order they are the whole run's images). eta: DDIM's
-    stochasticity (0: deterministic)."""
-    labels = spread_labels(num_images, unet.config.num_class_embeds) if with_classes else None
-    count = math.ceil(num_images / batch_size)
-    batches = range(count) if batches is None else list(batches)
-    if any(not 0 <= i < count for i in batches):
-        raise ValueError(f"batch indices must be in 0..{count - 1} for {num_images} images in batches of {batch_size}")
-    out = []
-    total = sum(min(batch_size, num_images - i * batch_size) for i in batches)
-    bar = tqdm(total=total, desc="sampling", unit="img", disable=not progress, dynamic_ncols=True)
-    for i in batches:
-        start = i * batch_size
-        n = min(batch_size, num_images - start)
-        batch_labels = None if labels is None else labels[start : start + n]
-        sched = make_sampler(scheduler, train_scheduler_config)
-        images = sample(unet, sched, n, steps, seed=seed + i, class_labels=batch_labels, guidance=guidance,
-                        eta=eta).images
-        out.append(images.mul(255).round().to(torch.uint8))
-        bar.update(n)
-    bar.close()
-    return torch.cat(out)
 
 
 # --------------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class Guidance:
             object.__setattr__(self, "interval", (lo, hi))
 
     @property
-    def cfg(self) -> bool:
+    def classifier_free(self) -> bool:
         return self.scale != 1.0
 
     @property
@@ -94,10 +94,10 @@ class Guidance:
     @property
     def main_passes(self) -> int:
         """Batch rows of the main model per image and step: class, + no class (CFG), + perturbed (PAG)."""
-        return 1 + self.cfg + self.pag
+        return 1 + self.classifier_free + self.pag
 
     def describe(self) -> str:
-        parts = [f"CFG {self.scale:g}"] if self.cfg else []
+        parts = [f"CFG {self.scale:g}"] if self.classifier_free else []
         if self.pag:
             parts.append(f"PAG {self.pag_scale:g} on {', '.join(self.pag_layers or ('default',))}")
         if self.autoguidance:
@@ -115,7 +115,7 @@ class Guidance:
 
     def check(self, unet: nn.Module, labels: torch.Tensor | None) -> None:
         """Before any work: the model can give what each term needs."""
-        if self.cfg and labels is None:
+        if self.classifier_free and labels is None:
             raise ValueError(
                 "guidance needs a class: classifier-free guidance (guidance_scale != 1) needs a class-conditional model "
                 "and a class label; pick a class or set guidance to 1 (perturbed-attention guidance and autoguidance "
@@ -154,7 +154,7 @@ class Guidance:
         B = x.shape[0]
         n = self.main_passes
         batch_labels = labels
-        if self.cfg:
+        if self.classifier_free:
             null = torch.full_like(labels, unet.config.num_class_embeds)  # the "no class" embedding row
             batch_labels = torch.cat([labels, null] + ([labels] if self.pag else []))  # (n·B,)
         elif self.pag and labels is not None:
@@ -176,7 +176,7 @@ class Guidance:
                 return unet(x, t, class_labels=labels).sample  # outside the interval: ε_c alone, one pass
             parts = self._guided_pass(unet, x, t, labels)
             cond = parts[0]
-            out = parts[1] + self.scale * (cond - parts[1]) if self.cfg else cond
+            out = parts[1] + self.scale * (cond - parts[1]) if self.classifier_free else cond
             if self.pag:
                 out = out + self.pag_scale * (cond - parts[-1])
             if self.autoguidance:
@@ -205,7 +205,9 @@ def check_guide(unet: nn.Module, scheduler_config, guide: nn.Module, guide_sched
 
 
 def _as_interval(value) -> tuple[float, float]:
-    """[lo, hi] timesteps, checked: two finite numbers, 0 <= lo <= hi."""
+    """[lo, hi] timesteps, checked: two finite numbers, 0 <= lo <= hi ("lo, hi" as text too: the app's field)."""
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
     try:
         lo, hi = (float(v) for v in value)
     except (TypeError, ValueError):

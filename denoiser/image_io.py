@@ -22,7 +22,8 @@ from torchvision.utils import make_grid
 from denoiser.atomic import atomic_path
 from denoiser.data import fit_to_size, flatten_to_rgb
 
-__all__ = ["MAX_PIXELS", "open_image", "image_to_model", "mask_to_model", "to_unit", "to_pil", "save_grid", "save_png"]
+__all__ = ["MAX_PIXELS", "open_image", "image_to_model", "mask_to_model", "to_unit", "to_pil", "save_grid", "save_png",
+           "settings_name", "save_with_settings", "read_settings"]
 
 MAX_PIXELS = 50_000_000  # a 50-megapixel camera's photo; more is refused before decoding
 
@@ -40,6 +41,8 @@ def open_image(
     """
     if isinstance(source, bytes):
         source = io.BytesIO(source)
+    if _is_empty(source):
+        raise ValueError(f"{what} is empty (0 bytes): choose the file again, or another one")
     try:
         with warnings.catch_warnings():  # Pillow warns of decompression bombs; the pixel cap below refuses them
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -72,6 +75,18 @@ def open_image(
         rgb = flatten_to_rgb(upright)
         rgb.info["source_size"] = (w, h) if (rgb.width >= rgb.height) == (w >= h) else (h, w)
         return rgb
+
+
+def _is_empty(source) -> bool:
+    """Whether a path or a seekable file holds 0 bytes (a missing path is left to the opening, which says so)."""
+    if isinstance(source, (str, Path)):
+        return Path(source).is_file() and Path(source).stat().st_size == 0
+    if hasattr(source, "seek") and hasattr(source, "tell"):
+        here = source.tell()
+        empty = source.seek(0, io.SEEK_END) == here == 0
+        source.seek(here)
+        return empty
+    return False
 
 
 def image_to_model(image: Image.Image, size: int) -> torch.Tensor:
@@ -122,3 +137,45 @@ def save_png(img: Image.Image, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
         img.save(tmp, format="PNG")
     return path
+
+
+SETTINGS_KEY = "denoiser"  # the PNG text chunk that holds how an image was made (JSON)
+
+
+def settings_name(settings: dict) -> str:
+    """A file name that says how an image was made: 'cifar10-seed3-cat-ddim25-cfg3-2of8.png'."""
+    parts = [str(settings.get(k, "")) for k in ("model",)] + [f"seed{settings.get('seed')}"]
+    if settings.get("class") not in (None, ""):
+        parts.append(str(settings["class"]))
+    parts.append(f"{settings.get('scheduler')}{settings.get('steps')}")
+    for key, short, off in (("guidance_scale", "cfg", 1.0), ("pag_scale", "pag", 0.0), ("guide_scale", "auto", 1.0)):
+        if settings.get(key) is not None and float(settings[key]) != off:
+            parts.append(f"{short}{float(settings[key]):g}")
+    if "index" in settings:
+        parts.append(f"{settings['index'] + 1}of{settings['count']}")
+    return "-".join("".join(c if c.isalnum() or c in "._-" else "_" for c in p) for p in parts) + ".png"
+
+
+def save_with_settings(img: Image.Image, folder: str | Path, settings: dict) -> Path:
+    """A PNG named after `settings` (settings_name) that carries them as JSON in its text chunk (read_settings)."""
+    import json
+
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text(SETTINGS_KEY, json.dumps(settings, sort_keys=True))
+    path = Path(folder) / settings_name(settings)
+    with atomic_path(path) as tmp:
+        img.save(tmp, format="PNG", pnginfo=info)
+    return path
+
+
+def read_settings(path: str | Path) -> dict:
+    """The settings a PNG written by save_with_settings carries ({} for any other file)."""
+    import json
+
+    try:
+        with Image.open(path) as img:
+            return json.loads(img.text.get(SETTINGS_KEY, "{}"))
+    except (OSError, ValueError, AttributeError):
+        return {}

@@ -122,8 +122,8 @@ def _labels(images: torch.Tensor, class_label) -> torch.Tensor | None:
 
 
 def _check(unet, images: torch.Tensor) -> None:
-    cfg = unet.config
-    want = (cfg.in_channels, cfg.sample_size, cfg.sample_size)
+    config = unet.config
+    want = (config.in_channels, config.sample_size, config.sample_size)
     if images.ndim != 4 or tuple(images.shape[1:]) != want:
         raise ValueError(f"images must be (B, {want[0]}, {want[1]}, {want[2]}) for this model, got {tuple(images.shape)}")
 

@@ -3,6 +3,7 @@
     run_dir/config.yaml        the resolved config (every field, defaults included)
     run_dir/run_info.json      package versions, git commit, processes, start time
     run_dir/loss.csv           step,loss for every optimizer step (drives loss.png)
+    (the training images live in a shared store, see denoiser/data/store.py; its path is in the log)
     run_dir/checkpoints/       see checkpoint.py
     run_dir/samples/           fixed-seed sample grids; run_dir/loss.png; run_dir/logs/ (tensorboard)
     run_dir/model/             the exported diffusers pipeline
@@ -28,15 +29,19 @@ __all__ = ["prepare_output_dir", "write_run_info", "record_loss", "read_losses",
 RESUMABLE_CHANGES = {
     "train.max_steps", "train.checkpoint_every", "train.keep_checkpoints", "train.sample_every",
     "train.log_every", "train.time_limit_minutes", "train.num_sample_images", "train.sample_steps", "train.compile", "train.fid_every", "train.fid_samples",
-    "data.num_workers",  # removed (images are decoded once and kept in memory); older run folders still name it
+    "data.num_workers",  # processes preparing the store: the store, and so the run, is the same
+    "train.report_to",
 }
 
 
 def _diff(old: dict, new: dict) -> list[str]:
+    """Keys whose values differ; a key the old config lacks (added to the package since) counts as its default."""
+    defaults = RunConfig().to_dict()
     keys = []
     for section in sorted(set(old) | set(new)):
         a, b = old.get(section) or {}, new.get(section) or {}
-        keys += [f"{section}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        keys += [f"{section}.{k}" for k in sorted(set(a) | set(b))
+                 if a.get(k, (defaults.get(section) or {}).get(k)) != b.get(k)]
     return keys
 
 

@@ -96,7 +96,7 @@ def sample(
     after_step: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
 ) -> SampleResult:
-    """Generate `num_images` images; same seed and settings as a diffusers pipeline -> same images.
+    """Generate `num_images` images; the same generators and settings as a diffusers pipeline -> the same images.
 
     callback(i, t, x_t, x0_pred) runs after every step (tensors in [-1, 1]); `trajectory_every=k`
     keeps x_t and x₀ every k steps; `capture_steps` lists step indices whose attention is recorded.
@@ -108,18 +108,20 @@ def sample(
     ones (schedulers that take custom timesteps: DDPM, DPM-Solver++); `x_init` is x at `timesteps[0]`
     (in the model's input scale); `after_step(i, x)` may replace the x each step produces.
 
-    generator: draws the noise instead of a CPU generator seeded with `seed` (diffusers' pipelines take
-    one; `torch.Generator().manual_seed(s)` gives the images of seed s).
+    seed: image k's noise (its start and every step's) comes from a CPU generator seeded seed + k, so neither
+    the batch size nor the other images change it. generator: draws the noise instead (diffusers' pipelines
+    take one for the batch or one per image; `[torch.Generator().manual_seed(s + k) for k in range(n)]` gives
+    the images of seed s).
     """
     _set_timesteps(scheduler, num_inference_steps, timesteps, num_images, eta)
-    cfg = unet.config
+    config = unet.config
     device, dtype = unet.device, unet.dtype
-    labels = None if class_labels is None else _class_labels(cfg, class_labels, num_images, device)
+    labels = None if class_labels is None else _class_labels(config, class_labels, num_images, device)
     guidance = guidance or Guidance()
     predict = guidance.predictor(unet, labels)
-    if generator is None:
-        generator = torch.Generator(device="cpu").manual_seed(seed)
-    shape = (num_images, cfg.in_channels, cfg.sample_size, cfg.sample_size)
+    if generator is None:  # the seed rule (denoiser.request): image k from its own generator, seeded seed + k
+        generator = [torch.Generator(device="cpu").manual_seed(seed + k) for k in range(num_images)]
+    shape = (num_images, config.in_channels, config.sample_size, config.sample_size)
     # as diffusers' pipelines: the first latent scaled by init_noise_sigma, each model input through
     # scale_model_input (both identities for DDPM / DDIM / DPM-Solver, not for Euler-type schedulers)
     if x_init is not None:
@@ -133,10 +135,10 @@ def sample(
                               callback, after_step)
 
 
-def _class_labels(cfg, class_labels, num_images: int, device) -> torch.Tensor:
+def _class_labels(config, class_labels, num_images: int, device) -> torch.Tensor:
     """A user's class label(s) as a (num_images,) tensor, checked: the one check of them, for the CLI, the app
     and the pipeline alike (which pass them through). The UNet itself also takes the "no class" row."""
-    n = cfg.num_class_embeds
+    n = config.num_class_embeds
     if not n:
         raise ValueError("this model is unconditional (it has no classes): leave the class label out")
     labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(num_images)  # (B,)

@@ -97,7 +97,7 @@ class Plan:
 
     def describe(self) -> str:
         spacing = self.scheduler.config.get("timestep_spacing", "leading")
-        return f"{self.scheduler_name}-{self.steps} ({spacing} timesteps), {self.guidance.describe()}, seed {self.seed}"
+        return f"{self.scheduler_name}-{self.steps}, {self.guidance.describe()}, {spacing} timesteps, seed {self.seed}"
 
 
 def resolve(
@@ -171,10 +171,8 @@ def run(
         batch = indices[start : start + batch_size]
         if isinstance(generator, torch.Generator):
             gens = generator
-        elif generator is not None:
-            gens = [generator[k] for k in batch]
-        else:
-            gens = [torch.Generator().manual_seed(plan.seed + k) for k in batch]
+        else:  # the seed rule: image k from its own generator, seeded seed + k (or the caller's k-th)
+            gens = [generator[k] if generator is not None else torch.Generator().manual_seed(plan.seed + k) for k in batch]
         first = start == 0
         res = sample(
             plan.unet, plan.scheduler, len(batch), plan.steps, eta=plan.eta, generator=gens, guidance=plan.guidance,
@@ -274,8 +272,8 @@ def _load_guide(asked, from_folder, folder, unet, scheduler_config, load) -> nn.
         if not path.is_relative_to(Path(folder).resolve()):
             raise ValueError(f"{SAMPLING_FILE}'s guide_model must be a folder inside the model folder, got {from_folder!r}")
     else:
-        raise ValueError("autoguidance (guide scale != 1) needs a guide model: pass one (--guide-model FOLDER) or set "
-                         "the guide scale to 1; this model's folder names none")
+        raise ValueError("autoguidance (guide scale != 1) needs a guide model, and this model ships no guide model (its "
+                         "sampling.json names none): pass one (--guide-model FOLDER) or set the guide scale to 1")
     guide, guide_scheduler = load(path)
     check_guide(unet, scheduler_config, guide, guide_scheduler.config)
     return guide

@@ -11,6 +11,10 @@ with batch B computes, and a resumed run continues the very same stream. One exc
 masks come from each process's torch seed, set from (seed, step, rank), so with model.dropout > 0
 runs on different process counts agree in distribution only.
 
+The images come memory-mapped from the data's store (denoiser/data/store.py): prepared once, by the first
+process that asks for it, and shared by every process and later run on the machine; each step's batch is
+made one step ahead on a thread (denoiser/data/prefetch.py).
+
 `train.batch_size` is the global batch per optimizer step; the LR schedule and EMA count optimizer
 steps only, so both are right under accumulation and any number of processes.
 """
@@ -38,7 +42,8 @@ from tqdm.auto import tqdm
 
 from denoiser import checkpoint as ckpt
 from denoiser.config import RunConfig, load_config
-from denoiser.data import ImageDataset, load_datasets
+from denoiser.data import ImageDataset, open_store, prepare, split
+from denoiser.data.prefetch import Prefetcher
 from denoiser.diffusion import Diffusion
 from denoiser.fast import malloc
 from denoiser.fast.groupnorm import default_channels_last
@@ -85,16 +90,16 @@ class _Stop:
 
 
 def _check_setup(cfg: RunConfig, world: int, train_ds: ImageDataset) -> int:
-    t = cfg.train
-    per_step = world * t.gradient_accumulation_steps
-    if t.batch_size % per_step:
+    train_cfg = cfg.train
+    per_step = world * train_cfg.gradient_accumulation_steps
+    if train_cfg.batch_size % per_step:
         raise ValueError(
-            f"train.batch_size={t.batch_size} must be divisible by processes x gradient_accumulation_steps "
-            f"= {world} x {t.gradient_accumulation_steps}; pick a multiple of {per_step}"
+            f"train.batch_size={train_cfg.batch_size} must be divisible by processes x gradient_accumulation_steps "
+            f"= {world} x {train_cfg.gradient_accumulation_steps}; pick a multiple of {per_step}"
         )
-    micro = t.batch_size // per_step
-    if len(train_ds) < t.batch_size:
-        raise ValueError(f"the training set has {len(train_ds)} images, fewer than one batch ({t.batch_size}); lower train.batch_size")
+    micro = train_cfg.batch_size // per_step
+    if len(train_ds) < train_cfg.batch_size:
+        raise ValueError(f"the training set has {len(train_ds)} images, fewer than one batch ({train_cfg.batch_size}); lower train.batch_size")
     n_cls = cfg.model.get("num_class_embeds")
     if n_cls and len(train_ds.classes) > n_cls:
         raise ValueError(
@@ -161,10 +166,10 @@ class TrainLoop:
         if init_from is not None and resume is not None:
             raise ValueError("--init-from starts a new run and --resume continues one: pass only one of them")
         init_weights = load_init_weights(cfg, init_from) if init_from is not None else None
-        self.cfg, self.t, self.out = cfg, cfg.train, out
+        self.cfg, self.train_cfg, self.out = cfg, cfg.train, out
         self.accelerator = Accelerator(
-            mixed_precision=self.t.mixed_precision,
-            log_with="tensorboard",
+            mixed_precision=self.train_cfg.mixed_precision,
+            log_with=self.train_cfg.report_to,
             project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         )
         acc = self.accelerator
@@ -184,44 +189,55 @@ class TrainLoop:
 
     def _build_model(self, init_weights: dict[str, torch.Tensor] | None, init_from: str | None) -> UNet:
         """The seeded (or initialised) UNet in its training layout, and the data it is checked against."""
-        t = self.t
-        torch.manual_seed(t.seed)
+        train_cfg = self.train_cfg
+        torch.manual_seed(train_cfg.seed)
         unet = UNet(**self.cfg.model)
         if init_weights is not None:
             unet.load_state_dict(init_weights)
             if self.is_main:
                 logger.warning("initialised from %s", init_from)
-        self.train_ds, self.val_ds = load_datasets(self.cfg.data, unet.config.sample_size)
+        self.train_ds, self.val_ds = self._load_data(unet.config.sample_size)
         self.micro = _check_setup(self.cfg, self.world, self.train_ds)  # images per process and accumulation step
         self.conditional = bool(unet.config.num_class_embeds)
-        self.channels_last = t.channels_last
+        self.channels_last = train_cfg.channels_last
         if self.channels_last is None:
-            self.channels_last = default_channels_last(self.accelerator.device, t.mixed_precision)
+            self.channels_last = default_channels_last(self.accelerator.device, train_cfg.mixed_precision)
         if self.channels_last:
             unet = unet.to(memory_format=torch.channels_last)
-        if t.gradient_checkpointing:
+        if train_cfg.gradient_checkpointing:
             unet.enable_gradient_checkpointing()
         return unet
 
+    def _load_data(self, sample_size: int) -> tuple[ImageDataset, ImageDataset]:
+        """(train, validation), memory-mapped from the data's store. Every process asks for the store: the
+        first on this machine (or shared filesystem) prepares it, the others wait for it; then all map it."""
+        d = self.cfg.data
+        info = prepare(d, sample_size)  # the process that prepares shows the progress
+        if self.is_main:
+            logger.info("data: %d images from %s", info.num_images, info.path)
+            if info.skipped:
+                logger.warning("skipped %d of %d files: see %s", info.skipped, info.num_items, info.skipped_file)
+        return split(open_store(info.path), d.val_size, d.val_seed)
+
     def _build_optimizer(self, unet: UNet) -> None:
         """Objective, AdamW, LR schedule and EMA; the model and optimizer prepared by Accelerate."""
-        t, acc = self.t, self.accelerator
+        train_cfg, acc = self.train_cfg, self.accelerator
         self.diffusion = Diffusion.from_config(self.cfg.diffusion)
         optimizer = torch.optim.AdamW(
-            unet.parameters(), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay,
+            unet.parameters(), lr=train_cfg.lr, betas=(train_cfg.adam_beta1, train_cfg.adam_beta2), weight_decay=train_cfg.weight_decay,
             fused=acc.device.type in ("cpu", "cuda"),  # one kernel for all parameters: same update, 4x faster on CPU
         )
         # Stepped by us once per optimizer step (not prepared: Accelerate would step it once per process).
         self.lr_scheduler = get_scheduler(
-            t.lr_scheduler, optimizer, num_warmup_steps=t.lr_warmup_steps, num_training_steps=t.max_steps
+            train_cfg.lr_scheduler, optimizer, num_warmup_steps=train_cfg.lr_warmup_steps, num_training_steps=train_cfg.max_steps
         )
         self.ema = None
-        if t.ema:
+        if train_cfg.ema:
             self.ema = EMAModel(
-                unet.parameters(), decay=t.ema_max_decay, use_ema_warmup=True, inv_gamma=t.ema_inv_gamma,
-                power=t.ema_power, model_cls=UNet, model_config=unet.config,
+                unet.parameters(), decay=train_cfg.ema_max_decay, use_ema_warmup=True, inv_gamma=train_cfg.ema_inv_gamma,
+                power=train_cfg.ema_power, model_cls=UNet, model_config=unet.config,
             )
-        model_fwd = torch.compile(unet) if t.compile else unet
+        model_fwd = torch.compile(unet) if train_cfg.compile else unet
         self.model, self.optimizer = acc.prepare(model_fwd, optimizer)
         if self.ema is not None:
             self.ema.to(acc.device)
@@ -247,12 +263,14 @@ class TrainLoop:
         """Steps to train.max_steps (or the time limit), then `finish`; a signal saves a checkpoint and exits."""
         stop = _Stop()
         stop.install()
-        self.bar = tqdm(total=self.t.max_steps, initial=self.step, disable=not self.is_main, desc="train", dynamic_ncols=True)
+        self.bar = tqdm(total=self.train_cfg.max_steps, initial=self.step, disable=not self.is_main, desc="train", dynamic_ncols=True)
         self.seen = torch.zeros(2, dtype=torch.float64)  # images seen by this rank, checksum of their indices
         self.tic, self.tic_step = time.perf_counter(), self.step
+        self.waited = 0.0  # seconds this rank waited for its input (images, noise) in this sitting
+        self.batches = Prefetcher(self._batch)  # step k+1's batch is made while step k computes
         self.started, self.first_step = time.monotonic(), self.step
         try:
-            while self.step < self.t.max_steps:
+            while self.step < self.train_cfg.max_steps:
                 loss_mean, grad_norm = self.run_step()
                 self.log(loss_mean, grad_norm)
                 if self.periodic_work(stop.signum):
@@ -262,22 +280,25 @@ class TrainLoop:
             raise
         finally:
             self.bar.close()
+            self.batches.close()
             stop.restore()
         return self.finish()
 
     def run_step(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One optimizer step on the global batch: this process's slices, accumulated. Returns the loss
         (mean over processes) and the gradient norm before clipping (None without clipping)."""
-        t, acc, A = self.t, self.accelerator, self.t.gradient_accumulation_steps
-        torch.manual_seed(t.seed * 1_000_003 + self.step * 97 + self.rank)  # dropout stream: a function of (step, rank)
-        batch = _step_batch(self.train_ds, self.diffusion, self.cfg, self.step, self.conditional)  # the whole global batch
+        train_cfg, acc, A = self.train_cfg, self.accelerator, self.train_cfg.gradient_accumulation_steps
+        torch.manual_seed(train_cfg.seed * 1_000_003 + self.step * 97 + self.rank)  # dropout stream: a function of (step, rank)
+        tic = time.perf_counter()
+        batch = self.batches.get(self.step)  # the whole global batch
+        self.waited += time.perf_counter() - tic
         self.model.train()
         loss_sum = torch.zeros((), device=acc.device)
         for a in range(A):
             loss_sum += self._micro_step(batch, a) / A
         grad_norm = None
-        if t.max_grad_norm is not None:
-            grad_norm = acc.clip_grad_norm_(self.model.parameters(), t.max_grad_norm)
+        if train_cfg.max_grad_norm is not None:
+            grad_norm = acc.clip_grad_norm_(self.model.parameters(), train_cfg.max_grad_norm)
         loss_mean = acc.reduce(loss_sum, "mean")
         if not torch.isfinite(loss_mean):
             raise TrainingError(
@@ -293,19 +314,25 @@ class TrainLoop:
         self.step += 1
         return loss_mean, grad_norm
 
+    def _batch(self, step: int) -> tuple[torch.Tensor, ...]:
+        """Step `step`'s global batch (on the prefetch thread); in pinned memory for an asynchronous copy to a GPU."""
+        batch = _step_batch(self.train_ds, self.diffusion, self.cfg, step, self.conditional)
+        return tuple(v.pin_memory() for v in batch) if self.accelerator.device.type == "cuda" else batch
+
     def _micro_step(self, batch: tuple[torch.Tensor, ...], a: int) -> torch.Tensor:
         """Forward and backward on this process's slice of accumulation step `a`; gradients sync on the last."""
-        acc, A, micro = self.accelerator, self.t.gradient_accumulation_steps, self.micro
+        acc, A, micro = self.accelerator, self.train_cfg.gradient_accumulation_steps, self.micro
         first = (a * self.world + self.rank) * micro  # order: [accum][rank][micro]
         idx, x0, labels, noise, timesteps = (v[first : first + micro] for v in batch)
         self.seen += torch.tensor([micro, float(idx.double().mul(self.step + 1).sum())], dtype=torch.float64)
-        x0 = x0.to(acc.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
-        labels = labels.to(acc.device)
+        x0 = x0.to(acc.device, non_blocking=True, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
+        labels = labels.to(acc.device, non_blocking=True)
         ctx = acc.no_sync(self.model) if a < A - 1 else contextlib.nullcontext()
         with ctx:
             loss = self.diffusion.training_loss(
-                self.model, x0, labels if self.conditional else None, noise=noise.to(x0), timesteps=timesteps.to(x0.device),
-                snr_gamma=self.t.snr_gamma,
+                self.model, x0, labels if self.conditional else None, noise=noise.to(x0, non_blocking=True),
+                timesteps=timesteps.to(x0.device, non_blocking=True),
+                snr_gamma=self.train_cfg.snr_gamma,
             )
             acc.backward(loss / A)
         return loss.detach()
@@ -314,14 +341,15 @@ class TrainLoop:
         """Progress bar and loss.csv every step, tensorboard every train.log_every steps: main process only."""
         if not self.is_main:
             return
-        t, step = self.t, self.step
+        train_cfg, step = self.train_cfg, self.step
         self.bar.update(1)
         elapsed = time.perf_counter() - self.tic
-        ips = (step - self.tic_step) * t.batch_size / max(elapsed, 1e-9)
-        self.bar.set_postfix(loss=f"{float(loss_mean):.4f}", img_s=f"{ips:.1f}", refresh=False)
+        ips = (step - self.tic_step) * train_cfg.batch_size / max(elapsed, 1e-9)
+        wait = self.waited / max(elapsed, 1e-9)  # fraction of the step time spent waiting for data
+        self.bar.set_postfix(loss=f"{float(loss_mean):.4f}", img_s=f"{ips:.1f}", data=f"{wait:.0%}", refresh=False)
         record_loss(self.out, step, float(loss_mean))
-        if step % t.log_every == 0 or step == t.max_steps:
-            logs = {"loss": float(loss_mean), "lr": self.lr_scheduler.get_last_lr()[0], "img_per_s": ips}
+        if step % train_cfg.log_every == 0 or step == train_cfg.max_steps:
+            logs = {"loss": float(loss_mean), "lr": self.lr_scheduler.get_last_lr()[0], "img_per_s": ips, "data_wait": wait}
             if grad_norm is not None:
                 logs["grad_norm"] = float(grad_norm)
             self.accelerator.log(logs, step=step)
@@ -332,26 +360,26 @@ class TrainLoop:
         signum_here: the signal this process caught, if any. Every rank must agree on stopping: (signal,
         out of time) are reduced with max, so a signal to one process saves a checkpoint on all and
         exits them all."""
-        t, acc, step = self.t, self.accelerator, self.step
-        flags = torch.tensor([float(signum_here or 0), float(_out_of_time(t, self.started))], device=acc.device)
+        train_cfg, acc, step = self.train_cfg, self.accelerator, self.step
+        flags = torch.tensor([float(signum_here or 0), float(_out_of_time(train_cfg, self.started))], device=acc.device)
         signum, out_of_time = (int(v) for v in acc.reduce(flags, "max"))
-        last = step == t.max_steps or out_of_time
-        if t.sample_every and (step % t.sample_every == 0 or last):
+        last = step == train_cfg.max_steps or out_of_time
+        if train_cfg.sample_every and (step % train_cfg.sample_every == 0 or last):
             if self.is_main:
                 _sample_grid(acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.out, step)
             acc.wait_for_everyone()
-        if t.fid_every and (step % t.fid_every == 0 or last):
+        if train_cfg.fid_every and (step % train_cfg.fid_every == 0 or last):
             if self.is_main:
                 _evaluate_fid(acc, acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.val_ds, self.out, step)
             acc.wait_for_everyone()
-        if step % t.checkpoint_every == 0 or last or signum:
+        if step % train_cfg.checkpoint_every == 0 or last or signum:
             self.save()
         if signum:
             if self.is_main:
                 logger.warning("stopped by signal %d at step %d; checkpoint saved. Continue with --resume latest", signum, step)
             raise SystemExit(128 + signum)
         if out_of_time:
-            logger.warning("train.time_limit_minutes=%s reached at step %d; exporting", t.time_limit_minutes, step)
+            logger.warning("train.time_limit_minutes=%s reached at step %d; exporting", train_cfg.time_limit_minutes, step)
         return bool(out_of_time)
 
     def save(self) -> None:
@@ -359,7 +387,7 @@ class TrainLoop:
         state = {"step": self.step, "lr_scheduler": self.lr_scheduler.state_dict(), "world_size": self.world}
         ckpt.save_checkpoint(self.accelerator, self.out, self.step, state, self.ema)
         if self.is_main:
-            ckpt.prune_checkpoints(self.out, self.t.keep_checkpoints)
+            ckpt.prune_checkpoints(self.out, self.train_cfg.keep_checkpoints)
 
     def finish(self) -> Path:
         """The (EMA) weights exported as a pipeline to out/model, and train_summary.json; returns out/model."""
@@ -378,16 +406,17 @@ class TrainLoop:
 
     def _summary(self, all_seen: torch.Tensor) -> dict:
         """train_summary.json: images seen (per rank, with a checksum of their indices), LR, this sitting's speed."""
-        t, step = self.t, self.step
+        train_cfg, step = self.train_cfg, self.step
         return {
             "step": step,
             "images_seen": int(all_seen[:, 0].sum()),
             "per_rank": [{"rank": r, "images": int(n), "index_checksum": float(c)} for r, (n, c) in enumerate(all_seen.tolist())],
             "lr": self.lr_scheduler.get_last_lr()[0],
             "validation_images": len(self.val_ds),
+            "data_wait": round(self.waited / max(time.perf_counter() - self.tic, 1e-9), 4),  # main process, this sitting
             # this sitting only (a resumed run adds sittings): wall-clock of the loop and its throughput
             "train_seconds": round(time.monotonic() - self.started, 1),
-            "images_per_s": round((step - self.first_step) * t.batch_size / max(time.monotonic() - self.started, 1e-9), 1),
+            "images_per_s": round((step - self.first_step) * train_cfg.batch_size / max(time.monotonic() - self.started, 1e-9), 1),
         }
 
 
@@ -397,15 +426,15 @@ def _step_batch(ds: ImageDataset, diffusion: Diffusion, cfg: RunConfig, step: in
     A pure function of (seed, step): any split over processes and accumulation steps slices the
     same numbers, and a resumed run draws exactly what the uninterrupted one drew.
     """
-    t = cfg.train
-    B = t.batch_size
-    gen = torch.Generator().manual_seed(t.seed * 7_919 + step)
-    idx = batch_indices(len(ds), B, step, t.seed)
+    train_cfg = cfg.train
+    B = train_cfg.batch_size
+    gen = torch.Generator().manual_seed(train_cfg.seed * 7_919 + step)
+    idx = batch_indices(len(ds), B, step, train_cfg.seed)
     x0, labels = ds.batch(idx)
     noise = torch.randn(x0.shape, generator=gen)
     timesteps = diffusion.sample_timesteps(B, gen)
     flip = torch.rand(B, generator=gen) < 0.5
-    drop = torch.rand(B, generator=gen) < t.class_dropout
+    drop = torch.rand(B, generator=gen) < train_cfg.class_dropout
     if cfg.data.random_flip:
         x0 = torch.where(flip[:, None, None, None], x0.flip(-1), x0)
     if conditional:
@@ -413,8 +442,8 @@ def _step_batch(ds: ImageDataset, diffusion: Diffusion, cfg: RunConfig, step: in
     return idx, x0, labels, noise, timesteps
 
 
-def _out_of_time(t, started: float) -> bool:
-    return t.time_limit_minutes is not None and time.monotonic() - started > 60 * t.time_limit_minutes
+def _out_of_time(train_cfg, started: float) -> bool:
+    return train_cfg.time_limit_minutes is not None and time.monotonic() - started > 60 * train_cfg.time_limit_minutes
 
 
 def _last(out: Path) -> str:
@@ -436,11 +465,11 @@ def _sample_grid(unet: UNet, ema: EMAModel | None, diffusion: Diffusion, cfg: Ru
     """A fixed-seed DDIM grid from the (EMA) weights, and the loss curve so far."""
     final = _export_unet(unet, ema).to(unet.device)
     scheduler = make_sampler("ddim", diffusion.scheduler.config)
-    t = cfg.train
+    train_cfg = cfg.train
     labels = None
     if final.config.num_class_embeds:  # one row per class, as far as the grid has room
-        labels = torch.arange(t.num_sample_images) % final.config.num_class_embeds
-    result = sample(final, scheduler, t.num_sample_images, t.sample_steps, seed=0, class_labels=labels)
+        labels = torch.arange(train_cfg.num_sample_images) % final.config.num_class_embeds
+    result = sample(final, scheduler, train_cfg.num_sample_images, train_cfg.sample_steps, seed=0, class_labels=labels)
     save_grid(result.images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
     steps, losses = read_losses(out)
     loss_curve(steps, losses).save(out / "loss.png")
@@ -456,12 +485,14 @@ def _inception(device: str):
 
 def _evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, val_ds, out: Path, step: int) -> None:
     """FID-N of the (EMA) weights against the reference; fid.csv, tensorboard, and best-model/ with keep_best."""
-    from denoiser.fid import fid_of_images, generate_images, reference_statistics
+    from denoiser.fid import fid_of_images, reference_statistics
+    from denoiser.request import SampleRequest
+    from denoiser.sampling import resolve, run
 
-    t = cfg.train
+    train_cfg = cfg.train
     final = _export_unet(unet, ema).to(unet.device)
     extractor = _inception(str(unet.device))
-    reference = Path(t.fid_reference) if t.fid_reference else out / "fid-reference.safetensors"
+    reference = Path(train_cfg.fid_reference) if train_cfg.fid_reference else out / "fid-reference.safetensors"
     if reference.is_file():
         ref = reference_statistics(reference)
     else:  # the run's own validation split, computed once
@@ -469,8 +500,8 @@ def _evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, 
 
         ref = Statistics.of(features(val_ds.images, extractor, desc="fid reference"))
         ref.save(reference, source=f"validation split of {cfg.data.path or cfg.data.dataset}")
-    images = generate_images(final, diffusion.scheduler.config, t.fid_samples, steps=t.sample_steps, seed=0,
-                             progress=False)
+    request = SampleRequest(num_images=train_cfg.fid_samples, classes="spread", seed=0, scheduler="ddim", steps=train_cfg.sample_steps)
+    images = run(resolve(request, unet=final, scheduler=diffusion.scheduler)).images.mul(255).round().to(torch.uint8)
     score = fid_of_images(images, ref, extractor)
     accelerator.log({"fid": score}, step=step)
     history = out / "fid.csv"
@@ -478,11 +509,11 @@ def _evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, 
     if not history.is_file():
         history.write_text("step,fid,num_samples\n")
     with open(history, "a") as f:
-        f.write(f"{step},{score:.4f},{t.fid_samples}\n")
-    logger.warning("step %d: FID-%d %.2f", step, t.fid_samples, score)
-    if t.keep_best and (not previous or score < min(previous)):
+        f.write(f"{step},{score:.4f},{train_cfg.fid_samples}\n")
+    logger.warning("step %d: FID-%d %.2f", step, train_cfg.fid_samples, score)
+    if train_cfg.keep_best and (not previous or score < min(previous)):
         save_pipeline(final.cpu(), diffusion.scheduler, out / "best-model")
-        (out / "best-model" / "fid.json").write_text(json.dumps({"step": step, "fid": score, "num_samples": t.fid_samples}))
+        (out / "best-model" / "fid.json").write_text(json.dumps({"step": step, "fid": score, "num_samples": train_cfg.fid_samples}))
 
 
 def _flat_hparams(cfg: RunConfig) -> dict:

@@ -53,14 +53,10 @@ def overlay(image: torch.Tensor, heat: torch.Tensor, query: tuple[int, int] | No
 
 
 def layer_label(record: AttentionRecord) -> str:
-    """'down.1.attn.0' at 16x16 -> 'down 16x16 #1'; 'mid_attn' -> 'mid 8x8'."""
-    parts = record.name.split(".")
+    """'down.1.attn.0 (16x16)': the layer's module name (what `--pag-layers`, `attention-stats` and the Heads tab
+    call it) and its grid."""
     size = f"{record.size[0]}x{record.size[1]}" if record.size else f"{record.q.shape[2]} tokens"
-    if parts[0].startswith("mid"):
-        return f"mid {size}"
-    if len(parts) >= 4 and parts[2] == "attn":
-        return f"{parts[0]} {size} #{int(parts[3]) + 1}"
-    return f"{record.name} {size}"
+    return f"{record.name} ({size})"
 
 
 def _font(size: int = 12):

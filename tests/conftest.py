@@ -3,10 +3,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# training-data stores (denoiser/data/store.py) of this session's tmp folders: never in the user's cache
+os.environ["DENOISER_CACHE"] = tempfile.mkdtemp(prefix="denoiser-test-cache-")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -30,12 +33,40 @@ _KERNELS_LOADED, _KERNEL_ERROR = _kernels_here()
 needs_kernels = pytest.mark.skipif(not _KERNELS_LOADED, reason=f"denoiser's C++ kernels are not loaded here: {_KERNEL_ERROR}")
 
 
+def generators(seed: int, n: int) -> list[torch.Generator]:
+    """The seed rule (denoiser.request): image k of a request with seed S has its own generator, seeded S + k."""
+    return [torch.Generator().manual_seed(seed + k) for k in range(n)]
+
+
+def seeded_noise(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """(B, ...) starting noise as the seed rule draws it: image k from generators(seed, B)[k]."""
+    return torch.cat([torch.randn((1, *shape[1:]), generator=g) for g in generators(seed, shape[0])])
+
+
 @pytest.fixture
 def tiny_unet():
     torch.manual_seed(0)
     from denoiser import UNet
 
     return UNet(**TINY).eval()
+
+
+@pytest.fixture
+def class_unet():
+    """A tiny class-conditional UNet (3 classes): guidance and sampling tests."""
+    torch.manual_seed(0)
+    from denoiser import UNet
+
+    return UNet(**TINY, num_class_embeds=3).eval()
+
+
+@pytest.fixture
+def guide_unet():
+    """A smaller model of the same data as class_unet: autoguidance's guide."""
+    torch.manual_seed(1)
+    from denoiser import UNet
+
+    return UNet(**{**TINY, "base_channels": 8, "norm_num_groups": 4}, num_class_embeds=3).eval()
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -49,12 +49,14 @@ def test_attention_is_exactly_that_of_the_sampling_pass(weights):
         assert torch.equal(a.q, b.q) and torch.equal(a.k, b.k)  # bit-identical to the sampling pass
     panel = ex.attention_maps(gen, image=1, step=1, pixel=(5, 9))
     assert panel.width > 100 and panel.height > 100
-    assert ex.layer_names(gen, 1) == ["down 8x8 #1", "mid 8x8", "up 8x8 #1", "up 8x8 #2"]
+    # one name per layer everywhere (issue 35 item 13): the module name --pag-layers takes, and the grid
+    assert ex.layer_names(gen, 1) == [f"{r.name} (8x8)" for r in recs]
+    assert ex.layer_names(gen, 1)[1] == "mid_attn (8x8)"
 
 
 def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
     ex = Engine(weights)
-    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, guidance=2.5)
+    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, guidance_scale=2.5)
     unet, sched = ex.model("tiny-classes")
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=Guidance(scale=2.5),
                  capture_steps=[1])
@@ -64,9 +66,9 @@ def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
         assert b.q.shape[0] == 4 and a.q.shape[0] == 2  # sampling ran class + no-class in one batch
         assert torch.equal(a.q, b.q[:2]) and torch.equal(a.k, b.k[:2])
     with pytest.raises(ValueError, match="guidance needs a class"):
-        ex.generate("tiny-classes", steps=2, num_images=1, guidance=2)
+        ex.generate("tiny-classes", steps=2, num_images=1, guidance_scale=2)
     with pytest.raises(ValueError, match="guidance must be a number in 1..10"):
-        ex.generate("tiny-classes", steps=2, num_images=1, class_label=0, guidance="abc")
+        ex.generate("tiny-classes", steps=2, num_images=1, class_label=0, guidance_scale="abc")
 
 
 def test_four_stages_scores_and_weights(weights):
@@ -77,7 +79,7 @@ def test_four_stages_scores_and_weights(weights):
     rec = ex.records(gen, 0)[1]
     w = rec.weights((2, 3))[0, 1]
     torch.testing.assert_close(w, torch.softmax(rec.scores((2, 3))[0, 1].flatten(), 0).reshape(8, 8))
-    assert "mid 8x8, head 1" in text and "sum to 1.000000" in text
+    assert "mid_attn (8x8), head 1" in text and "sum to 1.000000" in text
     assert img.width > 100
 
 
@@ -134,7 +136,7 @@ def test_work_budget_refuses_oversized_requests_up_front(weights, monkeypatch):
     with pytest.raises(ValueError, match=r"use at most 2 steps with 20 images, or 10 images with 4 steps"):
         ex.generate("tiny", steps=4, num_images=20)
     with pytest.raises(ValueError, match="over the budget"):
-        ex.generate("tiny-classes", steps=4, num_images=10, class_label=0, guidance=2)  # guidance doubles the calls
+        ex.generate("tiny-classes", steps=4, num_images=10, class_label=0, guidance_scale=2)  # guidance doubles the calls
 
 
 def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights, tmp_path, monkeypatch):
@@ -184,7 +186,7 @@ def test_heads_view_mean_maps_and_switching_layers_off(weights):
     ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=2)
     rows, chart = ex.head_table(gen, image=1, timesteps=(500, 50))
-    assert {r.layer for r in rows} == {"down.1.attn.0", "mid_attn", "up.0.attn.0", "up.0.attn.1"} and chart.width > 600
+    assert {r.layer for r in rows} == {"down.1.attn.0", "mid_attn", "up.0.attn.0", "up.0.attn.1"} and chart.width == 480  # one column (phones)
     mean = ex.mean_attention_maps(gen, image=1, pixel=(4, 5))
     last = ex.attention_maps(gen, image=1, step=2, pixel=(4, 5))
     assert mean.size == last.size and mean.tobytes() != last.tobytes()
@@ -220,3 +222,52 @@ def test_inpaint_with_a_mask_of_another_size_changes_only_where_it_was_painted(w
     assert cols and min(cols) >= int(lo) - 1 and max(cols) <= int(hi) + 1  # only its columns, not the whole width
     with pytest.raises(ValueError, match="the mask is empty: paint the area"):  # the page: nothing painted
         explorer.restore("tiny-classes", "inpaint", photo, Image.new("L", (300, 100), 0), steps=3, seed=0)
+
+
+def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_path):
+    """Issue 34 item 3: the app's folded-away options (spacing, eta, guidance interval, PAG layers) give the images
+    the sampling core gives for the same request; left empty, the model's own; bad values refused up front."""
+    from denoiser.image_io import read_settings
+    from denoiser.request import SampleRequest
+    from denoiser.sampling import resolve, run
+
+    ex = Engine(weights)
+    common = dict(steps=3, seed=1, num_images=2, class_label=2, guidance_scale=2.0, pag_scale=1.0)
+    advanced = dict(timestep_spacing="trailing", eta=0.5, guidance_interval="0, 600", pag_layers="mid_attn")
+    gen = ex.generate("tiny-classes", "ddim", **common, **advanced)
+    request = SampleRequest(num_images=2, classes=2, seed=1, scheduler="ddim", steps=3, timestep_spacing="trailing",
+                            eta=0.5, guidance_scale=2.0, pag_scale=1.0, guidance_interval=(0, 600), pag_layers=["mid_attn"])
+    assert torch.equal(gen.images, run(resolve(request, weights / "tiny-classes")).images)
+    assert gen.guidance.interval == (0.0, 600.0) and gen.guidance.pag_layers == ("mid_attn",)
+    plain = ex.generate("tiny-classes", "ddim", **common)
+    assert not torch.allclose(gen.images, plain.images)
+    for bad, match in ((dict(timestep_spacing="even"), "timestep spacing must be one of"), (dict(eta=2.0), "eta must be"),
+                       (dict(guidance_interval="600"), "guidance interval"), (dict(pag_layers="nope"), "unknown PAG layer")):
+        with pytest.raises(ValueError, match=match):
+            ex.generate("tiny-classes", "ddim", **common, **bad)
+    # the form through the handler: a result's PNG carries the changed advanced settings, "use these settings" reads
+    # them back (the ones left at the model's own come back as such)
+    h = Handlers(ex)
+    *_, last = h.generate("tiny-classes", "ddim", 3, 1, 2, "blue", 2.0, 1.0, 1.0, "trailing", 0.5, "0, 600", "")
+    files = last[1]
+    assert read_settings(files[0])["timestep_spacing"] == "trailing" and "pag_layers" not in read_settings(files[0])
+    updates = h.use_settings(files, 0)
+    values = [u["value"] for u in updates[:-1]]
+    assert values == ["tiny-classes", "ddim", 3, 1, 2, "blue", 2.0, 1.0, 1.0, "trailing", 0.5, "0, 600", ""]
+
+
+def test_denoise_sigma_and_edit_strength_are_separate_checked_settings(weights):
+    """The Edit tab's two amounts (issue 34 item 6): the noise σ only denoise reads, the strength only edit reads."""
+    from PIL import Image
+
+    ex = Engine(weights)
+    photo = Image.new("RGB", (16, 16), (200, 40, 40))
+    weak, *_ = ex.restore("tiny", "edit", photo, strength=0.2, steps=10, seed=0)
+    strong, *_ = ex.restore("tiny", "edit", photo, strength=0.9, steps=10, seed=0)
+    assert weak.num_steps == 2 and strong.num_steps == 9  # the strength sets how much of the chain runs
+    same, *_ = ex.restore("tiny", "edit", photo, sigma=0.5, strength=0.2, steps=10, seed=0)
+    assert torch.equal(same.images, weak.images)  # edit ignores the denoise σ
+    for bad, match in ((dict(operation="edit", strength=0.0), "edit strength 0"), (dict(operation="denoise", sigma=1.5),
+                       "noise σ must be a number in 0..1"), (dict(operation="edit", strength=float("nan")), "strength must")):
+        with pytest.raises(ValueError, match=match):
+            ex.restore("tiny", image=photo, steps=10, seed=0, **bad)

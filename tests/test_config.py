@@ -12,7 +12,7 @@ from denoiser.config import apply_overrides, config_from_dict, load_config
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
-@pytest.mark.parametrize("name", ["tiny", "cifar10-small", "cifar10-cpu", "ddpm-cifar10"])
+@pytest.mark.parametrize("name", ["tiny", "cifar10-small", "cifar10-cpu", "ddpm-cifar10", "photos64", "photos128"])
 def test_presets_load(name, monkeypatch):
     monkeypatch.chdir(CONFIGS.parent)  # presets point at ../shared/data relative to the repo
     raw = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
@@ -34,7 +34,8 @@ BAD = [
     ({"model": {"base_channels": 20}}, "norm_num_groups=32 must divide"),
     ({"data": {"dataset": "folder", "path": "/does/not/exist"}}, "does not exist"),
     ({"data": {"dataset": "folder"}}, "data.path is required"),
-    ({"data": {"dataset": "imagenet"}}, "data.dataset must be synthetic, folder or cifar10"),
+    ({"data": {"dataset": "imagenet"}}, "data.dataset must be one of synthetic, folder, hf, webdataset, cifar10"),
+    ({"data": {"num_workers": 0}}, "data.num_workers must be >= 1"),
     ({"diffusion": {"beta_schedule": "quadratic"}}, "beta_schedule must be linear or cosine"),
     ({"diffusion": {"prediction_type": "sample"}}, "prediction_type must be epsilon or v_prediction"),
     ({"train": {"class_dropout": 1.5}}, "class_dropout must be in"),
@@ -72,9 +73,10 @@ def test_presets_load_by_name_or_path(name):
     assert cfg.model == yaml.safe_load((CONFIGS / "tiny.yaml").read_text())["model"]
 
 
-def test_removed_keys_of_older_run_folders_still_load(tmp_path):
+def test_older_run_folders_still_load(tmp_path):
     from denoiser.config import load_config
 
     path = tmp_path / "config.yaml"
-    path.write_text("data:\n  num_workers: 4\n  val_size: 10\n")
-    assert load_config(path).data.val_size == 10
+    path.write_text("data:\n  num_workers: 4\n  val_size: 10\n")  # num_workers: removed once, back for preparation
+    cfg = load_config(path)
+    assert cfg.data.val_size == 10 and cfg.data.num_workers == 4 and cfg.data.image_column == "image"

@@ -1,4 +1,4 @@
-"""FID: statistics and the Fréchet distance against float64 references, Inception features, samples, the CLI."""
+"""FID: statistics and the Fréchet distance against float64 references, Inception features, the CLI."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler
+from diffusers import DDPMScheduler
 from PIL import Image
 
 from denoiser.cli import main
@@ -15,13 +15,10 @@ from denoiser.fid import (
     InceptionFeatures,
     Statistics,
     frechet_distance,
-    generate_images,
     inception_path,
     reference_statistics,
-    spread_labels,
 )
 from denoiser.pipeline import save_pipeline
-from denoiser.sample import sample
 from denoiser.unet import UNet
 from tests.conftest import TINY
 
@@ -89,24 +86,6 @@ def test_inception_features_equal_the_plain_torchscript_module(extractor):
         extractor(images.float())
 
 
-def test_generate_images_spreads_classes_and_matches_sample(tiny_unet):
-    torch.manual_seed(0)
-    unet = UNet(**TINY, num_class_embeds=3).eval()
-    images = generate_images(unet, DDPMScheduler().config, 5, steps=2, seed=7, batch_size=3, progress=False)
-    assert images.shape == (5, 3, 16, 16) and images.dtype == torch.uint8
-    assert spread_labels(5, 3).tolist() == [0, 1, 2, 0, 1]
-    second = sample(unet, DDIMScheduler.from_config(DDPMScheduler().config), 2, 2, seed=8, class_labels=[0, 1]).images
-    assert torch.equal(images[3:], second.mul(255).round().to(torch.uint8))  # batch 1 = seed 7 + 1, labels 0, 1
-    only_second = generate_images(unet, DDPMScheduler().config, 5, steps=2, seed=7, batch_size=3, progress=False, batches=[1])
-    assert torch.equal(only_second, images[3:])  # a shard of the run: the same seeds and labels as in the whole run
-    with pytest.raises(ValueError, match="batch indices must be in 0..1"):
-        generate_images(unet, DDPMScheduler().config, 5, steps=2, batch_size=3, progress=False, batches=[2])
-    # eta: DDIM's stochasticity, drawn from each batch's seed: sample()'s images with the same eta
-    noisy = generate_images(unet, DDPMScheduler().config, 5, steps=2, seed=7, batch_size=3, progress=False, eta=0.5)
-    second = sample(unet, DDIMScheduler.from_config(DDPMScheduler().config), 2, 2, seed=8, class_labels=[0, 1], eta=0.5).images
-    assert torch.equal(noisy[3:], second.mul(255).round().to(torch.uint8)) and not torch.equal(noisy, images)
-
-
 def test_cli_fid_caches_the_reference_and_scores_samples(tiny_unet, tmp_path, capsys, caplog):
     model = save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "model")
     data = tmp_path / "data" / "only"
@@ -115,7 +94,7 @@ def test_cli_fid_caches_the_reference_and_scores_samples(tiny_unet, tmp_path, ca
     for i in range(6):
         Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(data / f"{i}.png")
     ref = tmp_path / "ref.safetensors"
-    args = ["evaluate", "--model", str(model), "--fid", "--num-samples", "4", "--sample-steps", "2", "--reference", str(ref)]
+    args = ["evaluate", "--model", str(model), "--fid", "--num-samples", "4", "--steps", "2", "--reference", str(ref)]
     assert main(args) == 2 and "--data FOLDER" in capsys.readouterr().err  # no statistics yet, no data
     assert main([*args, "--data", str(tmp_path / "data"), "--val-size", "4"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -146,7 +125,7 @@ def test_cli_fid_samples_with_pag_and_autoguidance(tmp_path, capsys):
     data.mkdir(parents=True)
     for i in range(6):
         Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(data / f"{i}.png")
-    args = ["evaluate", "--model", str(model), "--fid", "--num-samples", "4", "--sample-steps", "2",
+    args = ["evaluate", "--model", str(model), "--fid", "--num-samples", "4", "--steps", "2",
             "--reference", str(tmp_path / "ref.safetensors"), "--data", str(tmp_path / "data"), "--val-size", "4"]
     assert main(args) == 0
     plain = json.loads(capsys.readouterr().out)

@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
 from denoiser import UNet
 from denoiser.attention import SpatialSelfAttention, attention_layer_names, identity_attention, to_tokens
-from denoiser.guidance import Guidance, check_guide, guidance_for
-from denoiser.pipeline import save_pipeline
+from denoiser.guidance import Guidance, check_guide
 from denoiser.sample import sample
-from tests.conftest import TINY
-
-
-@pytest.fixture
-def class_unet():
-    torch.manual_seed(0)
-    return UNet(**TINY, num_class_embeds=3).eval()
-
-
-@pytest.fixture
-def guide_unet():
-    torch.manual_seed(1)
-    small = {**TINY, "base_channels": 8, "norm_num_groups": 4}
-    return UNet(**small, num_class_embeds=3).eval()
+from tests.conftest import TINY, seeded_noise
 
 
 def test_identity_attention_output_is_the_value_path_by_hand():
@@ -103,7 +87,7 @@ def _by_hand(unet, guide, labels, w, s, a, layers, steps=3, seed=1, interval=(0,
     at the timesteps inside `interval`, ε_c at the others."""
     sched = DDIMScheduler(num_train_timesteps=1000)
     sched.set_timesteps(steps)
-    x = torch.randn((len(labels), 3, 16, 16), generator=torch.Generator().manual_seed(seed))
+    x = seeded_noise((len(labels), 3, 16, 16), seed)
     with torch.no_grad():
         for t in sched.timesteps:
             cond = unet(x, t, class_labels=labels).sample
@@ -193,22 +177,3 @@ def test_guide_of_another_task_is_refused(class_unet):
     v_sched = DDPMScheduler(num_train_timesteps=1000, prediction_type="v_prediction")
     with pytest.raises(ValueError, match="prediction_type"):
         check_guide(class_unet, sched.config, UNet(**TINY, num_class_embeds=3), v_sched.config)
-
-
-def test_sampling_json_gives_the_defaults_and_arguments_win(tmp_path, class_unet, guide_unet):
-    sched = DDPMScheduler(num_train_timesteps=1000)
-    main = save_pipeline(class_unet, sched, tmp_path / "m")
-    save_pipeline(guide_unet, sched, main / "guide")
-    (main / "sampling.json").write_text(json.dumps(
-        {"guidance_scale": 2.0, "pag_scale": 0.5, "pag_layers": ["mid_attn"], "guide_model": "guide", "guide_scale": 1.5,
-         "guidance_interval": [80, 580]}))
-    g = guidance_for(main, class_unet, sched.config)
-    assert (g.scale, g.pag_scale, g.pag_layers, g.guide_scale, g.interval) == (2.0, 0.5, ("mid_attn",), 1.5, (80.0, 580.0))
-    assert guidance_for(main, class_unet, sched.config, guidance_interval=(0, 999)).interval == (0.0, 999.0)
-    assert g.guide is not None and g.guide.config.base_channels == 8
-    g = guidance_for(main, class_unet, sched.config, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0)
-    assert (g.cfg, g.pag, g.autoguidance) == (False, False, False)
-    assert guidance_for(main, class_unet, sched.config, has_class=False).scale == 1.0  # CFG needs a class
-    (main / "sampling.json").write_text(json.dumps({"guidance": 2}))
-    with pytest.raises(ValueError, match="unknown key"):
-        guidance_for(main, class_unet, sched.config)

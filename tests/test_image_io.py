@@ -43,6 +43,7 @@ def test_a_phone_photo_decodes_small_and_upright():
 @pytest.mark.parametrize("content, message", [
     (b"this is text, renamed to .png", "not an image denoiser can read"),
     (_photo(256, 256)[:20_000], "damaged or truncated"),
+    (b"", "is empty \\(0 bytes\\)"),  # issue 35 item 9: not "not an image"
 ])
 def test_unreadable_files_are_named_without_a_path(tmp_path, content, message):
     path = tmp_path / "secret-folder" / "upload.png"
@@ -51,6 +52,22 @@ def test_unreadable_files_are_named_without_a_path(tmp_path, content, message):
     with pytest.raises(ValueError, match=message) as err:
         open_image(path)
     assert "secret-folder" not in str(err.value) and "upload.png" not in str(err.value)
+
+
+def test_an_empty_file_says_so_from_bytes_too():
+    with pytest.raises(ValueError, match="the upload is empty"):
+        open_image(b"", what="the upload")
+
+
+@pytest.mark.parametrize("bits, value, expected", [(16, 32768, 128), (16, 65535, 255), (16, 1000, 3)])
+def test_16_bit_greyscale_is_scaled_not_clipped(tmp_path, bits, value, expected):
+    """Issue 35 item 6: a 16-bit greyscale PNG read as white before (Pillow's own conversion clips at 255)."""
+    path = tmp_path / "grey16.png"
+    Image.fromarray(np.full((6, 5), value, dtype=np.uint16)).save(path)
+    assert Image.open(path).mode.startswith("I")
+    img = open_image(path)
+    assert img.mode == "RGB" and img.size == (5, 6)
+    assert img.getextrema() == ((expected, expected),) * 3
 
 
 def test_huge_images_are_refused_from_the_header_with_bounded_memory(tmp_path):
@@ -97,3 +114,16 @@ def test_a_mask_of_any_size_lands_where_it_was_painted(image_size, mask_size, bo
         -torch.nn.functional.max_pool2d(-red[None, None].float(), 3, 1, 1)[0, 0])
     assert (differ * (1 - rim)).sum() == 0  # away from the rectangle's rim they agree exactly
     assert abs(float(m.sum() - red.float().sum())) <= 0.25 * float(red.float().sum()) + 2
+
+
+def test_a_result_png_is_named_after_and_carries_its_settings(tmp_path):
+    """Issue 35 item 14: downloads say how they were made, and the app reads the settings back."""
+    from denoiser.image_io import read_settings, save_with_settings
+
+    settings = {"model": "cifar10", "seed": 3, "class": "cat", "scheduler": "ddim", "steps": 25, "guidance_scale": 3.0,
+                "pag_scale": 0.0, "guide_scale": 1.0, "index": 1, "count": 8}
+    path = save_with_settings(Image.new("RGB", (4, 4), "red"), tmp_path, settings)
+    assert path.name == "cifar10-seed3-cat-ddim25-cfg3-2of8.png"
+    assert read_settings(path) == settings and Image.open(path).getpixel((0, 0)) == (255, 0, 0)
+    Image.new("RGB", (4, 4)).save(tmp_path / "plain.png")
+    assert read_settings(tmp_path / "plain.png") == {}

@@ -65,6 +65,15 @@ def test_wheel_holds_the_package_presets_and_kernel_sources_only(installed):
     assert wheel.name.startswith("attention_denoiser-")  # our own distribution name; the import name is denoiser
 
 
+def test_gradio_is_the_app_extra_and_nothing_else_needs_it(installed):
+    """pip install attention-denoiser gives the UNet, the pipeline, training and the CLI; [app] adds Gradio."""
+    meta = next(zipfile.ZipFile(installed[0]).read(n).decode() for n in zipfile.ZipFile(installed[0]).namelist()
+                if n.endswith(".dist-info/METADATA"))
+    requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist: gradio")]
+    assert requires and all("extra == \"app\"" in line or "extra == \"dev\"" in line for line in requires), requires
+    assert "Provides-Extra: app" in meta
+
+
 def test_imports_come_from_the_install_not_the_checkout(installed):
     res = run_installed(installed, "import denoiser, json, sys; print(denoiser.__file__); print(json.dumps(sys.path))",
                         script=False)

@@ -18,7 +18,7 @@ from denoiser.guidance import Guidance
 from denoiser.model_dir import WEIGHTS_DIR, load_model
 from denoiser.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sample import make_sampler, sample
-from tests.conftest import TINY
+from tests.conftest import TINY, generators
 
 SHAPES = WEIGHTS_DIR / "synthetic-shapes"  # 4 classes: circle, square, triangle, cross
 
@@ -53,7 +53,7 @@ def test_images_equal_sample_with_the_same_seed_scheduler_and_guidance(shapes, s
     # no guidance arguments: sampling.json's CFG 2 + PAG 0.5 apply (a class is given)
     pipe = _quiet(DiffusionPipeline.from_pretrained(shapes))
     pipe.scheduler = make_sampler(scheduler, pipe.scheduler.config)
-    out = pipe(3, class_labels="triangle", num_inference_steps=4, generator=torch.Generator().manual_seed(5),
+    out = pipe(3, class_labels="triangle", num_inference_steps=4, generator=generators(5, 3),
                output_type="pt").images
     unet, sched = load_model(shapes, channels_last=False)  # the pipeline keeps diffusers' NCHW layout
     ref = sample(unet, make_sampler(scheduler, sched.config), 3, 4, seed=5, class_labels=2,
@@ -65,20 +65,20 @@ def test_output_types_labels_and_explicit_guidance(shapes):
     pipe = _quiet(DiffusionPipeline.from_pretrained(shapes))
     pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
     kw = dict(num_inference_steps=3, guidance_scale=1.0, pag_scale=0.0)  # explicit arguments beat sampling.json
-    pt = pipe(2, class_labels=["circle", 3], generator=torch.Generator().manual_seed(1), output_type="pt", **kw).images
-    np_ = pipe(2, class_labels=[0, "cross"], generator=torch.Generator().manual_seed(1), output_type="np", **kw).images
-    pil = pipe(2, class_labels=[0, 3], generator=torch.Generator().manual_seed(1), **kw).images
+    pt = pipe(2, class_labels=["circle", 3], generator=generators(1, 2), output_type="pt", **kw).images
+    np_ = pipe(2, class_labels=[0, "cross"], generator=generators(1, 2), output_type="np", **kw).images
+    pil = pipe(2, class_labels=[0, 3], generator=generators(1, 2), **kw).images
     unet, sched = load_model(shapes, channels_last=False)
     ref = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=1, class_labels=[0, 3]).images
     assert torch.equal(pt, ref)
     assert isinstance(np_, np.ndarray) and np_.shape == (2, 16, 16, 3) and np.array_equal(np_, ref.permute(0, 2, 3, 1).numpy())
     assert len(pil) == 2 and pil[0].size == (16, 16)
     assert np.array_equal(np.asarray(pil[1]), (np_[1] * 255).round().astype(np.uint8))
-    img, = pipe(1, generator=torch.Generator().manual_seed(1), output_type="pt", return_dict=False, **kw)
+    img, = pipe(1, generator=generators(1, 1), output_type="pt", return_dict=False, **kw)
     assert img.shape == (1, 3, 16, 16)  # no class: the "no class" row, and sampling.json's CFG left out
     # sampling.json's CFG 2 + PAG 0.5 in an interval no step of 666, 333, 0 falls in: the plain images
     outside = pipe(2, class_labels=[0, 3], num_inference_steps=3, guidance_interval=(900, 999),
-                   generator=torch.Generator().manual_seed(1), output_type="pt").images
+                   generator=generators(1, 2), output_type="pt").images
     assert torch.equal(outside, ref)
 
 
@@ -146,8 +146,8 @@ def test_loads_in_bfloat16_and_shows_a_progress_bar(shapes, capsys):
         pipe = DiffusionPipeline.from_pretrained(shapes, dtype=torch.bfloat16)
     assert pipe.unet.dtype == torch.bfloat16
     out = pipe(2, class_labels="circle", num_inference_steps=3, guidance_scale=1.0, pag_scale=0.0,
-               generator=torch.Generator().manual_seed(0), output_type="pt").images
+               generator=generators(0, 2), output_type="pt").images
     assert "3/3" in capsys.readouterr().err  # diffusers' progress bar, one tick per step
     unet, sched = load_model(shapes, channels_last=False)
-    ref = sample(unet, make_sampler("ddpm", sched.config), 2, 3, seed=0, class_labels=0).images
+    ref = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=0).images  # the folder's DDIM
     assert out.dtype == torch.float32 and (out - ref).abs().mean() < 0.05  # bf16 rounding, the same images

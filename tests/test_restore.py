@@ -116,8 +116,8 @@ def test_cli_denoise_edit_inpaint(tmp_path, capsys):
     args = ["denoise", "--model", str(MODEL), "--image", str(img), "--add-noise", "0.1", "--out", str(out)]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "resized and centre-cropped from 40x30 to 16x16" in text and "PSNR" in text
-    assert Image.open(out).size == (16, 16)
+    assert "40x30 at its own size, in tiles of 16x16" in text and "PSNR" in text  # denoise keeps the size (tests/test_tiles.py)
+    assert Image.open(out).size == (40, 30)
     mask = tmp_path / "mask.png"
     Image.new("L", (40, 30), 0).save(mask)
     assert main(["inpaint", "--model", str(MODEL), "--image", str(img), "--mask", str(mask), "--steps", "3",

@@ -10,6 +10,7 @@ from PIL import Image
 from denoiser.guidance import Guidance
 from denoiser.image_io import save_grid
 from denoiser.sample import make_sampler, sample, trajectory_strip
+from tests.conftest import generators, seeded_noise
 
 
 @pytest.mark.parametrize("name,pipeline_cls,kwargs", [
@@ -24,7 +25,7 @@ def test_same_seed_same_images_as_diffusers(tiny_unet, name, pipeline_cls, kwarg
     ours = sample(tiny_unet, make_sampler(name, train.config), num_images=2, num_inference_steps=5, seed=7, **kwargs)
     pipe = pipeline_cls(unet=tiny_unet, scheduler=make_sampler(name, train.config))
     pipe.set_progress_bar_config(disable=True)
-    theirs = pipe(batch_size=2, num_inference_steps=5, generator=torch.Generator().manual_seed(7), output_type="pt",
+    theirs = pipe(batch_size=2, num_inference_steps=5, generator=generators(7, 2), output_type="pt",
                   **kwargs).images
     assert torch.equal(ours.images, theirs.permute(0, 3, 1, 2) if theirs.shape[-1] == 3 else theirs)
 
@@ -40,7 +41,7 @@ def test_channels_last_sampling_matches_the_pipeline(tiny_unet):
     ours = sample(unet, sched, num_images=3, num_inference_steps=4, seed=3).images
     pipe = DDIMPipeline(unet=tiny_unet, scheduler=make_sampler("ddim", DDPMScheduler().config))
     pipe.set_progress_bar_config(disable=True)
-    theirs = pipe(batch_size=3, num_inference_steps=4, generator=torch.Generator().manual_seed(3), output_type="pt").images
+    theirs = pipe(batch_size=3, num_inference_steps=4, generator=generators(3, 3), output_type="pt").images
     # Both are fp32 but round differently (oneDNN's blocked convolutions and our GroupNorm vs NCHW torch):
     # ~1e-6 per UNet call, which DDIM's x0 = (x - sqrt(1-a)·eps) / sqrt(a) multiplies by up to
     # 1/sqrt(a_T) ~ 160 in the first step; a wrong layer or a missing add differs by ~0.1.
@@ -62,7 +63,7 @@ def test_dpm_solver_and_determinism(tiny_unet):
 
     dpm = DPMSolverMultistepScheduler.from_config(DDPMScheduler().config, algorithm_type="dpmsolver++")
     pipe = DDPMPipeline(unet=tiny_unet, scheduler=dpm)
-    ref = pipe(batch_size=2, num_inference_steps=4, generator=torch.Generator().manual_seed(1), output_type="np").images
+    ref = pipe(batch_size=2, num_inference_steps=4, generator=generators(1, 2), output_type="np").images
     torch.testing.assert_close(a, torch.from_numpy(ref).permute(0, 3, 1, 2), rtol=0, atol=1e-5)
 
 
@@ -115,7 +116,7 @@ def test_classifier_free_guidance_combines_the_two_predictions():
     # the same loop by hand: two separate UNet calls per step, combined as ε_u + w (ε_c − ε_u)
     sched = DDIMScheduler(num_train_timesteps=1000)
     sched.set_timesteps(3)
-    x = torch.randn((2, 3, 16, 16), generator=torch.Generator().manual_seed(1))
+    x = seeded_noise((2, 3, 16, 16), 1)
     with torch.no_grad():
         for t in sched.timesteps:
             cond = unet(x, t, class_labels=labels).sample
@@ -137,7 +138,7 @@ def test_euler_follows_diffusers_conventions_and_eta_is_ddim_only(tiny_unet):
     # diffusers' pipeline convention by hand: latents × init_noise_sigma, scale_model_input before each call
     ref = EulerDiscreteScheduler.from_config(DDPMScheduler().config)
     ref.set_timesteps(4)
-    x = torch.randn((2, 3, 16, 16), generator=torch.Generator().manual_seed(3)) * ref.init_noise_sigma
+    x = seeded_noise((2, 3, 16, 16), 3) * ref.init_noise_sigma
     with torch.no_grad():
         for t in ref.timesteps:
             x = ref.step(tiny_unet(ref.scale_model_input(x, t), t).sample, t, x).prev_sample

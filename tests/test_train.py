@@ -242,3 +242,48 @@ def test_gradient_checkpointing_trains_the_same_weights(tmp_path):
     a, b = weights(plain), weights(ckpt)
     assert all(torch.equal(a[k], b[k]) for k in a)  # recomputed activations are the same numbers
     assert yaml.safe_load((ckpt / "config.yaml").read_text())["train"]["gradient_checkpointing"] is True
+
+
+def test_a_run_folder_from_before_new_config_keys_still_resumes(tmp_path):
+    """A config.yaml written before data.image_column etc. existed: the missing keys count as their defaults."""
+    from denoiser.config import config_from_dict
+    from denoiser.run_dir import prepare_output_dir
+
+    cfg = config_from_dict(yaml.safe_load(write_config(tmp_path / "c.yaml").read_text()))
+    old = cfg.to_dict()
+    for key in ("image_column", "label_column", "split", "num_workers"):
+        del old["data"][key]
+    del old["train"]["report_to"]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(old))
+    prepare_output_dir(tmp_path / "run", cfg, resuming=True, overwrite=False)  # no "different config" error
+    cfg.data.image_column = "picture"
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(old))
+    with pytest.raises(ValueError, match="differs in: data.image_column"):
+        prepare_output_dir(tmp_path / "run", cfg, resuming=True, overwrite=False)
+
+
+def test_a_flat_photo_folder_with_a_broken_file_trains_unconditionally(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(20):
+        Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(photos / f"{i:02d}.jpg")
+    (photos / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    model = {k: v for k, v in yaml.safe_load(write_config(tmp_path / "c0.yaml").read_text())["model"].items()
+             if k != "num_class_embeds"}
+    cfg = tmp_path / "c.yaml"
+    raw = yaml.safe_load(write_config(tmp_path / "c1.yaml", data={"dataset": "folder", "path": str(photos), "val_size": 4},
+                                      train={"max_steps": 2, "checkpoint_every": 2}).read_text())
+    raw["model"] = model
+    cfg.write_text(yaml.safe_dump(raw))
+    res = cli("train", "--config", str(cfg), "--output-dir", str(tmp_path / "run"), env={"DENOISER_CACHE": str(tmp_path / "cache")})
+    line = next(x for x in res.stderr.splitlines() if "skipped" in x)
+    assert "skipped 1 of 21 files: see" in line and line.endswith("skipped.txt")
+    listed = (tmp_path / "cache").glob("data/*/skipped.txt")
+    assert "broken.jpg" in next(listed).read_text()
+    assert (tmp_path / "run" / "model" / "model_index.json").is_file()
+    assert not (tmp_path / "run" / "model" / "classes.txt").exists()  # a flat folder: unconditional

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -129,3 +131,51 @@ def test_launch_warning_reads_the_launcher_command_line():
     assert launch_warning(2, ["/bin/python", "accelerate", "launch", "--multi_gpu", "--num_processes", "2"]) is None
     assert "check the devices" in launch_warning(1, ["/bin/python", "accelerate", "launch", "--num_processes", "2"])
     assert launch_warning(1, ["/bin/bash", "run.sh", "--num_processes", "2"]) is None  # not an accelerate launch
+
+
+def _photo_folder(root, n=24):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        arr = (rng.random((12, 16, 3)) * 80 + np.array([9 * i, 220 - 8 * i, 60])).clip(0, 255).astype(np.uint8)
+        path = root / ("a" if i % 2 else "b") / f"{i:03d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(arr).save(path)
+    return root
+
+
+@pytest.mark.slow
+def test_two_machines_match_one_process(tmp_path):
+    """`accelerate launch --num_machines 2`, two "machines" of one CPU process each on this host: they race to
+    prepare the same store (one prepares, the other waits), train, and give one process's weights."""
+    data = _photo_folder(tmp_path / "photos")
+    cfg = write_config(tmp_path / "c.yaml", data={"dataset": "folder", "path": str(data)}, model={"num_class_embeds": 2},
+                       train={"lr_scheduler": "cosine", "lr_warmup_steps": 2, "checkpoint_every": 3})
+    one, two = tmp_path / "one", tmp_path / "two"
+    cli("train", "--config", str(cfg), "--output-dir", str(one), env={"DENOISER_CACHE": str(tmp_path / "cache1")})
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true", "DENOISER_CACHE": str(tmp_path / "cache2")}
+    procs = []
+    for rank in (0, 1):
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+               "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+               "--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "-m", "denoiser.train", "--config", str(cfg), "--output-dir", str(two)]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for _, e in outs]
+    stores = list((tmp_path / "cache2" / "data").iterdir())
+    assert len([s for s in stores if not s.name.startswith(".")]) == 1  # prepared once, shared by both machines
+    summary = json.loads((two / "train_summary.json").read_text())
+    assert [r["rank"] for r in summary["per_rank"]] == [0, 1] and summary["images_seen"] == 48
+    assert [int(x.split(",")[0]) for x in (two / "loss.csv").read_text().splitlines()] == list(range(1, 7))  # logged once
+    assert (two / "model" / "model_index.json").is_file()
+    assert (two / "model" / "classes.txt").read_text().split() == ["a", "b"]
+    a, b = _final(one), _final(two)
+    for k in a:
+        if k.endswith("qkv.bias"):  # see test_two_processes_match_one_with_the_same_global_batch
+            C = a[k].shape[0] // 3
+            a[k], b[k] = torch.cat([a[k][:C], a[k][2 * C :]]), torch.cat([b[k][:C], b[k][2 * C :]])
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)

@@ -23,3 +23,13 @@ def test_heatmap_panels_end_with_the_colour_scale():
         width = min(panel.width - 8, 256)
         want = (heat_colormap(torch.linspace(0, 1, width)[None]).permute(1, 2, 0)[0] * 255).round().numpy()
         assert np.abs(row[:width].astype(float) - want).max() <= 1  # the bar runs through the colormap, low to high
+
+
+def test_chart_axes_are_scaled_to_their_data():
+    """Issue 35 item 13: eleven lines between 0.90 and 0.95 are spread over the chart, not squeezed at its top."""
+    from denoiser.attention_stats import axis_range
+
+    lo, hi = axis_range([0.90, 0.93, 0.95])
+    assert 0.88 < lo < 0.90 and 0.95 < hi < 0.96
+    lo, hi = axis_range([2.0, 2.0])  # one value: a small band around it
+    assert lo < 2.0 < hi and hi - lo < 0.5

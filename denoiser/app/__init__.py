@@ -13,6 +13,7 @@ on exit, on Ctrl-C and on SIGTERM.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import shutil
 import signal
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     """Serve the app until Ctrl-C or SIGTERM (argv: the app's arguments, default sys.argv[1:])."""
     # SIGTERM (kill, systemd, docker stop) ends the app as Ctrl-C does, so that Python unwinds and removes
     # the app's temp folder even while it starts
+    if importlib.util.find_spec("gradio") is None:  # found, not imported: Gradio reads GRADIO_TEMP_DIR at import
+        raise SystemExit("denoiser app: the web app needs Gradio, an optional extra: pip install "
+                         "'attention-denoiser[app]' (in a clone, `make app` installs it)")
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     _own_temp_folder()
     from denoiser.app.serve import run  # imports Gradio: after the temp folder is set

@@ -23,11 +23,13 @@ from PIL import Image
 from denoiser.attention import AttentionRecord, capture_attention, identity_attention
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.diffusion import Diffusion
-from denoiser.guidance import Guidance, check_guide, read_sampling_defaults
+from denoiser.guidance import Guidance
 from denoiser.image_io import MAX_PIXELS, to_unit
-from denoiser.model_dir import list_models, load_model, model_roots, read_classes, resolve_model_dir
+from denoiser.model_dir import list_models, load_model, model_roots, resolve_model_dir
+from denoiser.request import TIMESTEP_SPACINGS, SampleRequest
 from denoiser.restore import restore
-from denoiser.sample import SAMPLERS, make_sampler, sample, sampling_context
+from denoiser.sample import SAMPLERS, sampling_context
+from denoiser.sampling import ModelDefaults, Plan, read_defaults, resolve, run
 from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
 __all__ = ["Engine", "Generation", "Restored", "Stages", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
@@ -46,13 +48,18 @@ SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
 WORK_BUDGET = 30_000
 
 
+def work_budget() -> float:
+    """The work units one request may use: DENOISER_WORK_BUDGET, else WORK_BUDGET."""
+    return float(os.environ.get("DENOISER_WORK_BUDGET", WORK_BUDGET))
+
+
 def model_cost(unet) -> float:
     """Relative cost of one image through one UNet call: parameters (millions) × pixels / 32²."""
     params = sum(p.numel() for p in unet.parameters()) / 1e6
     return params * unet.config.sample_size**2 / 32**2
 
 
-LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance": (1.0, 10.0),
+LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance_scale": (1.0, 10.0),
           "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0)}
 
 
@@ -146,16 +153,29 @@ class Engine:
 
     def model(self, name: str):
         """(unet, training scheduler) of a model folder under weights/, cached; refuses other paths."""
-        folder = resolve_model_dir(str(name), self.weights_dir)
+        return self._load(resolve_model_dir(str(name), self.weights_dir))
+
+    def _load(self, folder: Path) -> tuple:
+        """A model folder (a served model or the guide its sampling.json names), loaded once."""
+        key = str(Path(folder).resolve())
         with self._lock:
-            if name not in self._models:
-                self._models[name] = load_model(folder)
-            return self._models[name]
+            if key not in self._models:
+                self._models[key] = load_model(folder)
+            return self._models[key]
+
+    def defaults(self, name: str) -> ModelDefaults:
+        """What a model's folder says about sampling it (scheduler, steps, guidance, class names)."""
+        unet, _ = self.model(name)
+        return read_defaults(resolve_model_dir(str(name), self.weights_dir), unet.config.num_class_embeds)
 
     def classes(self, name: str) -> list[str]:
         """Class names of a class-conditional model (from its card's classes.txt, else indices)."""
-        unet, _ = self.model(name)
-        return read_classes(resolve_model_dir(name, self.weights_dir), unet.config.num_class_embeds)
+        return list(self.defaults(name).classes)
+
+    def plan(self, model: str, request: SampleRequest) -> Plan:
+        """The page's request for `model`, resolved against its folder (its sampling.json fills what the page
+        leaves unset: PAG layers, the guidance interval, the guide model)."""
+        return resolve(request, resolve_model_dir(str(model), self.weights_dir), load=self._load)
 
     def generate(
         self,
@@ -167,33 +187,41 @@ class Engine:
         class_label: int | None = None,
         eta: float = 0.0,
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
-        guidance: float = 1.0,
+        guidance_scale: float = 1.0,
         pag_scale: float = 0.0,
         guide_scale: float = 1.0,
+        timestep_spacing: str | None = None,
+        guidance_interval: str | tuple[float, float] | None = None,
+        pag_layers: str | tuple[str, ...] | None = None,
     ) -> Generation:
         """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step.
 
-        guidance, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
-        (denoiser.guidance); autoguidance uses the guide named in the model folder's sampling.json."""
+        guidance_scale, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
+        (denoiser.guidance); autoguidance uses the guide named in the model folder's sampling.json.
+        timestep_spacing, guidance_interval ("lo, hi" timesteps), pag_layers ("a,b"): None or empty, the model's."""
         steps = _check_int("steps", steps, *LIMITS["steps"])
         num_images = _check_int("number of images", num_images, *LIMITS["num_images"])
         seed = _check_int("seed", seed, *LIMITS["seed"])
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
-        unet, train_sched = self.model(model)
         if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes
             class_label = _check_int("class", class_label, 0, 2**31 - 1)
-        guidance = self.guidance(model, guidance, pag_scale, guide_scale)
-        sched = make_sampler(scheduler, train_sched.config)
-        sched.set_timesteps(steps)  # the timesteps it will visit: a guidance interval skips the extra passes elsewhere
-        self.check_work(unet, num_images, steps, guidance, sched.timesteps)
+        scales = _check_scales(guidance_scale, pag_scale, guide_scale)
+        if timestep_spacing is not None and timestep_spacing not in TIMESTEP_SPACINGS:
+            raise ValueError(f"timestep spacing must be one of {', '.join(TIMESTEP_SPACINGS)}, got {timestep_spacing!r}")
+        if not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
+            raise ValueError(f"eta must be a number in 0..1, got {eta!r}")
+        request = SampleRequest(num_images=num_images, classes=class_label, seed=seed, batch_size=num_images,
+                                scheduler=scheduler, steps=steps, timestep_spacing=timestep_spacing, eta=float(eta),
+                                guidance_interval=guidance_interval or None, pag_layers=pag_layers or None, **scales)
+        plan = self.plan(model, request)
+        self.check_work(plan.unet, num_images, steps, plan.guidance, plan.timesteps())
         inputs, timesteps = [], []
         record = _recorder(inputs, timesteps, on_step, lambda i: steps)
-        res = sample(unet, sched, num_images, steps, seed=seed, eta=eta, class_labels=class_label, callback=record,
-                     guidance=guidance)
-        labels = None if class_label is None else torch.full((num_images,), class_label, dtype=torch.long)
-        replay = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label, eta=eta)
-        return Generation(model, res.images, inputs, timesteps, labels, guidance, replay)
+        res = run(plan, callback=record)
+        replay = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label, eta=eta,
+                      timestep_spacing=timestep_spacing)
+        return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay)
 
     def restore(
         self,
@@ -201,12 +229,13 @@ class Engine:
         operation: str,
         image: Image.Image,
         mask: Image.Image | None = None,
-        amount: float = 0.0,
+        sigma: float = 0.0,
+        strength: float = 0.3,
         add_noise: float = 0.0,
         steps: int = 50,
         seed: int = 0,
         class_label: int | None = None,
-        guidance: float = 1.0,
+        guidance_scale: float = 1.0,
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
         pag_scale: float = 0.0,
         guide_scale: float = 1.0,
@@ -214,77 +243,42 @@ class Engine:
         """Denoise, edit or inpaint the user's image (`denoiser.restore.restore`) as a Generation the attention
         view opens.
 
-        operation: one of RESTORE_OPERATIONS. amount: the noise σ of the image for denoising (0: estimated),
-        the strength for "edit". mask: for "inpaint", white (or painted, opaque) pixels are regenerated.
+        operation: one of RESTORE_OPERATIONS. sigma: the noise σ of the image for denoising (0: estimated).
+        strength: how far "edit" noises the image before redrawing it (0..1). mask: for "inpaint", white (or painted, opaque) pixels are regenerated.
         Returns the generation (its image, every step's model input), the noisy input when `add_noise` > 0,
         and what was done.
         """
-        kind, method, steps, seed, amount, add_noise = _restore_request(operation, image, steps, seed, amount, add_noise)
+        kind, method, steps, seed = _restore_request(operation, image, steps, seed, sigma, strength, add_noise)
+        if class_label is not None:
+            class_label = _check_int("class", class_label, 0, 2**31 - 1)
+        # the guidance and class as for sampling; the chain itself is the restore operation's
+        plan = self.plan(model, SampleRequest(num_images=1, classes=class_label, **_check_scales(guidance_scale, pag_scale, guide_scale)))
         unet, train_sched = self.model(model)
-        guidance = self.guidance(model, guidance, pag_scale, guide_scale)
-        self.check_work(unet, 1, steps, guidance)
+        self.check_work(unet, 1, steps, plan.guidance)
         # steps the chain will take (denoiser.restore visits at most this many timesteps), for progress
-        expected = {"denoise": 1 if method == "mmse" else steps, "edit": max(1, round(steps * amount))}.get(kind, steps)
+        expected = {"denoise": 1 if method == "mmse" else steps, "edit": max(1, round(steps * strength))}.get(kind, steps)
         inputs, timesteps = [], []
         record = _recorder(inputs, timesteps, on_step, lambda i: max(expected, i + 1))
         res = restore(  # the page's empty mask (nothing painted) is refused before any work
-            unet, Diffusion(train_sched), image, kind, mask=mask, sigma=amount if amount > 0 else None, method=method,
-            strength=amount, noise_first=add_noise if add_noise > 0 else None, steps=steps, seed=seed,
-            class_label=class_label, guidance=guidance, callback=record, empty_mask_ok=False,
+            unet, Diffusion(train_sched), image, kind, mask=mask, sigma=sigma if sigma > 0 else None, method=method,
+            strength=strength, noise_first=add_noise if add_noise > 0 else None, steps=steps, seed=seed,
+            class_label=plan.labels, guidance=plan.guidance, callback=record, empty_mask_ok=False,
         )
-        labels = None if class_label is None else torch.full((1,), class_label, dtype=torch.long)
-        gen = Generation(model, res.result.images, inputs, timesteps, labels, guidance)
+        gen = Generation(model, res.result.images, inputs, timesteps, plan.labels, plan.guidance)
         noisy = None if res.noisy is None else _to_image(to_unit(res.noisy))
         done = Restored(operation, image.size, unet.config.sample_size, len(timesteps), res.psnr())
         return gen, noisy, done
 
-    def guidance(self, model: str, scale, pag_scale, guide_scale) -> Guidance:
-        """The app's guidance values within the page's limits; autoguidance uses the model's own guide; PAG perturbs
-        the layers the model's sampling.json names (else the default), and the guidance applies in the interval it
-        names (else at every step). `Guidance` checks the rest (CFG needs a class) when sampling starts."""
-        values = {}
-        for name, value in (("guidance", scale), ("pag_scale", pag_scale), ("guide_scale", guide_scale)):
-            try:
-                values[name] = float(value)
-            except (TypeError, ValueError):
-                values[name] = float("nan")
-            lo, hi = LIMITS[name]
-            if not lo <= values[name] <= hi:
-                label = name.replace("_", " ")
-                raise ValueError(f"{label} must be a number in {lo:g}..{hi:g}, got {value!r}")
-        guide = None
-        if values["guide_scale"] != 1.0:
-            guide = self.guide(model)
-            if guide is None:
-                raise ValueError(f"model {model!r} ships no guide model for autoguidance: set the autoguidance weight to 1")
-        # the model's measured PAG layers and guidance interval (sampling.json), else the default layers, every step
-        defaults = self.sampling_defaults(model)[0]
-        return Guidance(values["guidance"], values["pag_scale"], defaults.get("pag_layers"), guide=guide,
-                        guide_scale=values["guide_scale"], interval=defaults.get("guidance_interval"))
-
     def sampling_defaults(self, name: str) -> tuple[dict, bool]:
-        """(the model folder's sampling.json, whether it names a guide for autoguidance)."""
-        folder = resolve_model_dir(str(name), self.weights_dir)
-        defaults = read_sampling_defaults(folder)
-        return defaults, "guide_model" in defaults
+        """(the model folder's sampling.json guidance, whether it names a guide for autoguidance)."""
+        guidance = dict(self.defaults(name).guidance or {})
+        return guidance, "guide_model" in guidance
 
     def guide(self, name: str):
         """The autoguidance guide a model folder names in its sampling.json (loaded once), or None."""
-        folder = resolve_model_dir(str(name), self.weights_dir)
-        rel = read_sampling_defaults(folder).get("guide_model")
-        if rel is None:
+        if not self.sampling_defaults(name)[1]:
             return None
-        path = (folder / rel).resolve()
-        if not path.is_relative_to(folder):
-            raise ValueError(f"model {name!r}: sampling.json's guide_model must be a folder inside the model folder")
-        key = f"{name}/guide"
-        with self._lock:
-            if key not in self._models:
-                unet, sched = self._models.get(name) or load_model(folder)
-                guide, guide_sched = load_model(path)
-                check_guide(unet, sched.config, guide, guide_sched.config)
-                self._models[key] = (guide, guide_sched)
-            return self._models[key][0]
+        return self.plan(name, SampleRequest(num_images=1, guide_scale=2.0)).guidance.guide
 
     def check_work(self, unet, num_images: int, steps: int, guidance: Guidance | None = None, timesteps=None) -> None:
         """Refuse, before any work, a request larger than the budget: images × steps × the cost of one step
@@ -294,7 +288,7 @@ class Engine:
         1M-parameter 32×32 model; plus the guide's call with autoguidance), so one request cannot hold the
         only sampling slot for long. DENOISER_WORK_BUDGET changes the budget."""
         guidance = guidance or Guidance()
-        budget = float(os.environ.get("DENOISER_WORK_BUDGET", WORK_BUDGET))
+        budget = work_budget()
         guide_cost = model_cost(guidance.guide) / model_cost(unet) if guidance.autoguidance else 0.0
         per_step = model_cost(unet) * guidance.passes_per_step(timesteps, guide_cost)
         work = num_images * steps * per_step
@@ -306,6 +300,25 @@ class Engine:
                 f"over the budget of {budget:,.0f}: use at most {max_steps} steps with {num_images} images, or {images} "
                 f"images with {steps} steps (each guidance adds UNet calls; the server's DENOISER_WORK_BUDGET sets the budget)"
             )
+
+    def denoise_tiles(self, model: str, image: Image.Image, sigma: float | None = None,
+                      on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> Image.Image:
+        """A picture of any size denoised at its own size: overlapping tiles at the model's size, blended
+        (denoiser.tiles); sigma None: estimated. on_step(i, total, the input in [0, 1]) after each batch of tiles."""
+        from torchvision.transforms.functional import pil_to_tensor
+
+        from denoiser.tiles import TileOptions, denoise_tiles, tile_starts
+
+        unet, train_sched = self.model(model)
+        photo = pil_to_tensor(image.convert("RGB"))  # (3, H, W) uint8
+        opts = TileOptions()
+        tile = unet.config.sample_size
+        tiles = len(tile_starts(photo.shape[1], tile, tile - opts.overlap)) * len(tile_starts(photo.shape[2], tile, tile - opts.overlap))
+        self.check_work(unet, tiles, 1)  # one UNet call per tile
+        shown = photo[None] / 255  # (1, 3, H, W): what the progress shows
+        progress = None if on_step is None else (lambda done, total: on_step(done - 1, total, shown))
+        out = denoise_tiles(unet, Diffusion(train_sched), photo, sigma, opts, progress=progress)
+        return Image.fromarray(out.permute(1, 2, 0).numpy())  # (3, H, W) -> (H, W, 3)
 
     def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
         """Exact attention of step `step` for the whole batch (re-run under capture, cached per step)."""
@@ -363,7 +376,7 @@ class Engine:
         unet, _ = self.model(gen.model)
         g = gen.guidance
         with identity_attention(unet, layers, heads):
-            return self.generate(gen.model, **gen.replay, on_step=on_step, guidance=g.scale, pag_scale=g.pag_scale,
+            return self.generate(gen.model, **gen.replay, on_step=on_step, guidance_scale=g.scale, pag_scale=g.pag_scale,
                                  guide_scale=g.guide_scale)
 
     def four_stages(
@@ -389,8 +402,23 @@ class Engine:
         )
 
 
-def _restore_request(operation: str, image: Image.Image | None, steps, seed, amount, add_noise) -> tuple:
-    """The Edit tab's form, checked and as numbers: (operation, method, steps, seed, amount, add_noise)."""
+def _check_scales(guidance_scale, pag_scale, guide_scale) -> dict:
+    """The page's guidance sliders as SampleRequest fields, each within the page's limits."""
+    values = {}
+    for name, value in (("guidance_scale", guidance_scale), ("pag_scale", pag_scale), ("guide_scale", guide_scale)):
+        try:
+            values[name] = float(value)
+        except (TypeError, ValueError):
+            values[name] = float("nan")
+        lo, hi = LIMITS[name]
+        if not lo <= values[name] <= hi:  # NaN fails too
+            label = {"guidance_scale": "guidance"}.get(name, name.replace("_", " "))  # as the page's sliders say
+            raise ValueError(f"{label} must be a number in {lo:g}..{hi:g}, got {value!r}")
+    return values
+
+
+def _restore_request(operation: str, image: Image.Image | None, steps, seed, sigma, strength, add_noise) -> tuple:
+    """The Edit tab's form, checked before any work: (operation kind, method, steps, seed)."""
     if operation not in RESTORE_OPERATIONS:
         raise ValueError(f"operation must be one of {', '.join(RESTORE_OPERATIONS)}, got {str(operation)[:40]!r}")
     if image is None:
@@ -399,13 +427,13 @@ def _restore_request(operation: str, image: Image.Image | None, steps, seed, amo
         raise ValueError(f"the image is {image.width}x{image.height}: at most {MAX_PIXELS // 1_000_000} megapixels")
     steps = _check_int("steps", steps, *LIMITS["steps"])
     seed = _check_int("seed", seed, *LIMITS["seed"])
-    amount, add_noise = float(amount), float(add_noise)
-    if not 0 <= add_noise <= 1 or not 0 <= amount <= 1:
-        raise ValueError(f"noise and strength must be in 0..1, got {amount} and {add_noise}")
+    for name, value in (("noise σ", sigma), ("strength", strength), ("added noise σ", add_noise)):
+        if not isinstance(value, (int, float)) or not 0 <= value <= 1:  # NaN fails too
+            raise ValueError(f"{name} must be a number in 0..1, got {value!r}")
     kind, method = RESTORE_OPERATIONS[operation]
-    if kind == "edit" and amount == 0:
+    if kind == "edit" and strength == 0:
         raise ValueError("edit strength 0 keeps the image as it is: choose a strength above 0")
-    return kind, method, steps, seed, amount, add_noise
+    return kind, method, steps, seed
 
 
 def _recorder(inputs: list, timesteps: list, on_step, total: Callable[[int], int]):

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import html
 import logging
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
 
 import gradio as gr
 import torch
 from PIL import Image, ImageDraw
 
-from denoiser.app.engine import Engine, Restored, Stages
+from denoiser.app.engine import RESTORE_OPERATIONS, Engine, Restored, Stages, model_cost, work_budget
 from denoiser.app.streaming import friendly, relay, stream, user_error
-from denoiser.image_io import open_image, to_pil
+from denoiser.image_io import open_image, read_settings, save_with_settings, to_pil
 
 __all__ = ["Handlers", "click_to_pixel", "photo_preview", "stages_text", "restored_text", "HEAD_COLUMNS", "NO_CLASS"]
 
@@ -26,6 +31,15 @@ DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the mo
 EDIT_PREVIEW = 512
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
 NO_CLASS = "(any)"
+MODELS_OWN = "(the model's)"  # an advanced setting left to the model folder (its scheduler config, sampling.json)
+# the Sample tab's form as a result's PNG carries it (layout._wire orders the form's controls the same way), and the
+# values of settings a result written before them lacks
+SETTINGS_FORM = {"model": None, "scheduler": None, "steps": None, "seed": None, "num_images": None, "class": None,
+                 "guidance_scale": None, "pag_scale": None, "guide_scale": None, "timestep_spacing": MODELS_OWN,
+                 "eta": 0.0, "guidance_interval": "", "pag_layers": ""}
+STOP_SETTLE_S = 0.5  # after Stop, the status line is written this long after the cancel
+FEW_STEPS = 10  # sampling with fewer steps than this leaves visible noise (DDIM on the shipped models)
+RUNNING = ("denoising", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 
 
 def guidance_info(interval=None) -> str:
@@ -34,6 +48,25 @@ def guidance_info(interval=None) -> str:
     if interval:
         text += f"; this model guides steps t = {interval[0]:g}..{interval[1]:g} only (its measured interval)"
     return text
+
+
+def _result_files(images: torch.Tensor, settings: dict) -> list[str]:
+    """Each image as a PNG named after and carrying its settings (denoiser.image_io.save_with_settings), in a folder
+    of its own under the app's temp folder: downloads say how they were made, "use these settings" reads them back."""
+    folder = tempfile.mkdtemp(prefix="results-", dir=os.environ.get("GRADIO_TEMP_DIR"))
+    files = []
+    for i in range(images.shape[0]):
+        path = save_with_settings(to_pil(images[i : i + 1], nrow=1, padding=0), folder,
+                                  {**settings, "index": i, "count": images.shape[0]})
+        files.append(str(path))  # no caption over the picture: the file's name says it on download
+    return files
+
+
+def few_steps_note(steps: int) -> str:
+    """A warning for settings that give noise rather than pictures."""
+    if steps >= FEW_STEPS:
+        return ""
+    return f" · **only {steps} step(s): the images are still mostly noise; use 25 or more**"
 
 
 def _display(gen, image: int, pixel: tuple[int, int] | None) -> Image.Image:
@@ -74,6 +107,26 @@ def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
     return image, alpha
 
 
+def _edit_input(editor, photo: str | None, shown: str | None, operation: str):
+    """(image, mask) to process: the uploaded file's picture (as the editor shows it, `photo_preview`) and the mask
+    painted on it; without an upload (an API call), the editor's own picture."""
+    if not photo:
+        return _editor_layers(editor)
+    image, _ = photo_preview(photo)
+    if shown != photo:  # the editor still holds the previous upload: its paint belongs to that one
+        if operation == "inpaint":
+            raise ValueError("the new photo is still loading into the editor: paint the area to regenerate on it, then Run")
+        return image, None
+    return image, _editor_layers(editor)[1]
+
+
+def _centre_square(image: Image.Image) -> Image.Image:
+    """The centre square of a picture: the part the model's size keeps (denoiser.image_io.image_to_model)."""
+    side = min(image.size)
+    left, top = (image.width - side) // 2, (image.height - side) // 2
+    return image.crop((left, top, left + side, top + side))
+
+
 def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
     """An uploaded photo file -> (an RGB copy at most EDIT_PREVIEW pixels a side to paint on, a line saying so).
     Decoded with bounded memory (denoiser.image_io); a file that is no image raises a sentence without a path."""
@@ -82,8 +135,8 @@ def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
     img = open_image(path, min_long_side=EDIT_PREVIEW, what="the upload")  # a JPEG decodes at a reduced scale
     w, h = img.info["source_size"]
     img.thumbnail((EDIT_PREVIEW, EDIT_PREVIEW), Image.Resampling.LANCZOS)
-    return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}; the model sees it at its own size. "
-                 "To inpaint, paint over what to regenerate.")
+    return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}. Denoise works on this copy at its size; "
+                 "the other operations on its centre square at the model's size. To inpaint, paint over what to regenerate.")
 
 
 def _index_slider(count: int, value: int) -> dict:
@@ -149,15 +202,46 @@ class Handlers:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def class_choices(self, model):
+    def loads(self, model: str) -> bool:
+        """Whether a model folder loads (the page offers broken folders in the model list, which says why)."""
         try:
-            names = self.engine.classes(model) if model else []
-        except ValueError:
-            names = []
-        return gr.update(choices=[NO_CLASS] + names, value=NO_CLASS, visible=bool(names))
+            self.engine.model(model)
+        except (ValueError, OSError):
+            return False
+        return True
 
-    def generate(self, model, scheduler, steps, seed, num_images, class_name, guidance=1.0, pag_scale=0.0, guide_scale=1.0,
-                 progress=gr.Progress()):
+    def _class_names(self, model) -> list[str]:
+        try:
+            return self.engine.classes(model) if model else []
+        except ValueError:
+            return []
+
+    def class_choices(self, model, current=None):
+        """The Edit tab's class selector for `model`: the class shown stays when the model has it, else "(any)"."""
+        names = self._class_names(model)
+        value = current if current in names else NO_CLASS
+        return gr.update(choices=[NO_CLASS] + names, value=value, visible=bool(names))
+
+    def sample_class_choices(self, model, current=None):
+        """The Sample tab's class selector for `model`: the class shown stays when the model has it, else its first
+        class (a class-conditional model samples best with one, and guidance needs one)."""
+        names = self._class_names(model)
+        value = current if current in names else (names[0] if names else NO_CLASS)
+        return gr.update(choices=[NO_CLASS] + names, value=value, visible=bool(names))
+
+    def example_row(self, model: str, seed: int) -> list:
+        """A "try these" row for `model`: everything the Sample tab sets, at the model's best (a class, its
+        sampling.json's guidance)."""
+        names = self._class_names(model)
+        d, has_guide = self.model_defaults(model)
+        class_name = names[seed % len(names)] if names else NO_CLASS
+        guidance_scale = d.get("guidance_scale", 1.0) if names else 1.0
+        return [model, "ddim", 25, seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0), d.get("guide_scale", 1.0) if has_guide else 1.0]
+
+    def generate(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0,
+                 timestep_spacing=MODELS_OWN, eta=0.0, guidance_interval="", pag_layers="", progress=gr.Progress()):
+        """The Sample tab's Generate. The advanced settings (timestep spacing, eta, guidance interval "lo, hi",
+        PAG layers "a,b") left at MODELS_OWN or empty take the model's own (its scheduler config, sampling.json)."""
         try:
             classes = self.engine.classes(model) if model else []
             if class_name not in (None, "", NO_CLASS) and class_name not in classes:
@@ -165,58 +249,128 @@ class Handlers:
         except Exception as err:  # noqa: BLE001
             raise user_error(err) from None
         label = classes.index(class_name) if class_name in classes else None
+        spacing = None if timestep_spacing in (None, "", MODELS_OWN) else timestep_spacing
 
         def job(on_step):
-            return self.engine.generate(model, scheduler, steps, seed, num_images, label, on_step=on_step,
-                                        guidance=guidance, pag_scale=pag_scale, guide_scale=guide_scale)
+            return self.engine.generate(model, scheduler, steps, seed, num_images, label, eta=float(eta or 0),
+                                        on_step=on_step, guidance_scale=guidance_scale, pag_scale=pag_scale,
+                                        guide_scale=guide_scale, timestep_spacing=spacing,
+                                        guidance_interval=guidance_interval, pag_layers=pag_layers)
 
-        gen = yield from relay(stream(job, progress, "denoising"), 12, _enlarge, status=True)
-        gallery = [to_pil(gen.images[i : i + 1], nrow=1, padding=0) for i in range(gen.images.shape[0])]
-        layers = self.engine.layer_names(gen, gen.num_steps - 1)
+        gen = yield from relay(stream(job, progress, "denoising"), 13, _enlarge, status=True)
+        settings = dict(model=model, seed=int(seed), scheduler=scheduler, steps=int(steps), num_images=int(num_images),
+                        guidance_scale=float(guidance_scale), pag_scale=float(pag_scale), guide_scale=float(guide_scale),
+                        **{"class": None if label is None else class_name})
+        advanced = dict(timestep_spacing=timestep_spacing or MODELS_OWN, eta=float(eta or 0),
+                        guidance_interval=guidance_interval or "", pag_layers=pag_layers or "")
+        settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
+        gallery = _result_files(gen.images, settings)
         yield (
             _enlarge(to_pil(gen.images)), gallery, gen,
             _index_slider(gen.images.shape[0], 0),
             _index_slider(gen.num_steps, gen.num_steps - 1),
             _display(gen, 0, None),
-            gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
+            *self._layer_choices(gen),
             *CLEARED_VIEWS,
-            f"done: {gen.images.shape[0]} image(s), {gen.num_steps} steps",
+            f"done: {gen.images.shape[0]} image(s), {gen.num_steps} steps" + few_steps_note(gen.num_steps),
         )
 
-    def run_edit(self, model, class_name, guidance, editor, operation, amount, add_noise, steps, seed, pag_scale=0.0,
-                 progress=gr.Progress()):
+    def run_edit(self, model, class_name, guidance_scale, editor, operation, sigma, strength, add_noise, steps, seed,
+                 pag_scale=0.0, photo=None, shown=None, progress=gr.Progress()):
+        """photo: the uploaded file; shown: the upload the editor holds (it may still hold the previous one while
+        a new upload loads): the pixels processed and "your image" both come from the upload."""
         try:
             classes = self.engine.classes(model) if model else []
             label = classes.index(class_name) if class_name in classes else None
-            image, mask = _editor_layers(editor)
+            image, mask = _edit_input(editor, photo, shown, operation)
         except Exception as err:  # noqa: BLE001
             raise user_error(err) from None
+        if operation == "denoise" and not float(add_noise or 0):  # at the picture's own size, in tiles
+            return (yield from self._denoise_in_tiles(model, image, sigma, progress))
 
         def job(on_step):
-            return self.engine.restore(model, operation, image, mask, amount, add_noise, steps, seed, label, guidance,
-                                       on_step=on_step, pag_scale=pag_scale)
+            return self.engine.restore(model, operation, image, mask, float(sigma or 0), float(strength or 0),
+                                       float(add_noise or 0), steps, seed, label, guidance_scale, on_step=on_step,
+                                       pag_scale=pag_scale)
 
-        gen, noisy, done = yield from relay(stream(job, progress, operation), 12,
-                                            lambda preview: [(image, "your image"), (_enlarge(preview), "predicted x0")],
+        square = _centre_square(image)  # what the model sees: "your image" in the result's framing
+        gen, noisy, done = yield from relay(stream(job, progress, operation), 13,
+                                            lambda preview: [(square, "your image"), (_enlarge(preview), "predicted x0")],
                                             status=True)
         text = restored_text(done)
-        shown = [(image, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
+        shown = [(square, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
         shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))
-        layers = self.engine.layer_names(gen, gen.num_steps - 1)
         yield (
             shown, text, gen, _index_slider(1, 0), _index_slider(gen.num_steps, gen.num_steps - 1),
-            _display(gen, 0, None), gr.update(choices=[(name, i) for i, name in enumerate(layers)], value=0),
-            *CLEARED_VIEWS, f"done: {operation} with {model}, {gen.num_steps} step(s)",
+            _display(gen, 0, None), *self._layer_choices(gen), *CLEARED_VIEWS, f"done: {operation} with {model}, {gen.num_steps} step(s)",
         )
 
+    def _denoise_in_tiles(self, model, image: Image.Image, sigma, progress):
+        """One-step denoise of the picture at its own size (overlapping tiles at the model's size): before and after
+        in the same framing. The attention views keep the previous generation (tiles are no generation)."""
+
+        def job(on_step):
+            return self.engine.denoise_tiles(model, image, float(sigma or 0) or None, on_step=on_step)
+
+        result = yield from relay(stream(job, progress, "denoise (tiles)"), 13, lambda _: [(image, "your image")], status=True)
+        size = self.engine.model(model)[0].config.sample_size
+        text = (f"**denoise**: {image.width}x{image.height} input, denoised at its own size in overlapping {size}x{size} "
+                "tiles (the model's size). The Attention tab opens runs at the model's size: denoise (sampled), edit, "
+                "inpaint, or noise added first.")
+        yield ([(image, "your image"), (result, "result")], text, *(gr.skip(),) * 10,
+               f"done: denoise with {model}, at {image.width}x{image.height}")
+
+    @staticmethod
+    def select_result(evt: gr.SelectData) -> int:
+        return int(evt.index)
+
+    @staticmethod
+    def use_settings(gallery, selected) -> tuple:
+        """The Sample tab's form refilled from the selected result's PNG (its settings; the first result when none
+        is selected): SETTINGS_FORM's fields (the advanced ones too), and a line saying so."""
+        items = list(gallery or [])
+        if not items:
+            return (*(gr.skip(),) * len(SETTINGS_FORM), "generate first: the settings are read from a result")
+        item = items[min(int(selected or 0), len(items) - 1)]
+        s = read_settings(item[0] if isinstance(item, (list, tuple)) else item)
+        if not s:
+            return (*(gr.skip(),) * len(SETTINGS_FORM), "this result carries no settings")
+        values = {k: s.get(k, default) for k, default in SETTINGS_FORM.items()}  # older results lack the advanced ones
+        values["class"] = values["class"] or NO_CLASS
+        return (*(gr.update(value=v) for v in values.values()), f"settings of {Path(str(item[0])).name} restored: press Generate")
+
+    @staticmethod
+    def stopped(status: str | None) -> str:
+        time.sleep(STOP_SETTLE_S)  # the cancel reaches the page first: this line comes after its state
+        return Handlers._stopped_text(status)
+
+    @staticmethod
+    def _stopped_text(status: str | None) -> str:
+        """The status line after Stop: where the job stopped, and that the pictures shown are not its result."""
+        match = re.search(r"step (\d+) / (\d+)", status or "")
+        if match is None or not str(status).startswith(tuple(RUNNING)):
+            return status or ""  # nothing was running
+        k, n = match.groups()
+        return (f"**stopped at step {k} / {n}**: the preview is that step's predicted x0, not a result; the results "
+                "shown are from the run before")
+
+    def _layer_choices(self, gen) -> tuple[dict, dict]:
+        """A new generation's layer selector (its last step's layers, the first chosen) and head selector (the
+        first layer's heads)."""
+        records = self.engine.records(gen, gen.num_steps - 1)
+        names = self.engine.layer_names(gen, gen.num_steps - 1)
+        return (gr.update(choices=[(name, i) for i, name in enumerate(names)], value=0),
+                gr.update(choices=list(range(records[0].num_heads)), value=0))
+
     def load_photo(self, path):
-        """The photo into the editor; a file that cannot be used says why under the upload box (no path)."""
+        """The photo into the editor, and which upload it shows; a file that cannot be used says why under the
+        upload box (no path)."""
         try:
             image, text = photo_preview(path)
         except (ValueError, FileNotFoundError) as err:
             log.info("upload refused: %s", err)
-            return None, f"**This file cannot be used:** {html.escape(str(err), quote=False)}"
-        return ({"background": image, "layers": [], "composite": image} if image is not None else None), text
+            return None, f"**This file cannot be used:** {html.escape(str(err), quote=False)}", path
+        return ({"background": image, "layers": [], "composite": image} if image is not None else None), text, path
 
     @friendly
     def at_pixel(self, gen, image, step, y, x, layer, head, mean_steps=False):
@@ -256,6 +410,24 @@ class Handlers:
             return self.engine.sampling_defaults(model) if model else ({}, False)
         except ValueError:
             return {}, False
+
+    def budget_note(self, model, steps, num_images, class_name, guidance_scale, pag_scale, guide_scale) -> str:
+        """The request's work against the server's budget, shown under the sliders before Generate: each guidance
+        adds a UNet pass per step (an estimate: a guidance interval of the model's makes it cheaper)."""
+        try:
+            unet = self.engine.model(model)[0]
+            steps, num_images = int(steps), int(num_images)
+            guided = class_name not in (None, "", NO_CLASS) and float(guidance_scale) > 1
+            passes = 1 + guided + (float(pag_scale) > 0) + (float(guide_scale) != 1)
+        except (ValueError, TypeError, OSError):
+            return ""
+        per_step = model_cost(unet) * passes
+        work, budget = num_images * steps * per_step, work_budget()
+        if work <= budget:
+            return f"work: {work:,.0f} of {budget:,.0f} units"
+        return (f"**over the work budget** ({work:,.0f} of {budget:,.0f} units): at most "
+                f"{max(1, int(budget // (num_images * per_step)))} steps with {num_images} images, or "
+                f"{max(1, int(budget // (steps * per_step)))} images with {steps} steps")
 
     def guidance_defaults(self, model):
         """The chosen model's own attention and autoguidance (its sampling.json); the autoguidance slider only
@@ -297,9 +469,18 @@ class Handlers:
 
     @friendly
     def restage(self, gen, image, step, pixel, layer, head):
-        if gen is None or pixel is None:
-            return None, ""
-        try:
-            stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head or 0)
-        except ValueError as err:
-            raise user_error(err) from None
+        """The four stages at the chosen layer and head; the head selector offers the chosen layer's heads (a
+        head the layer lacks becomes head 0)."""
+        if gen is None:
+            return None, "", gr.skip()
+        heads = self.engine.records(gen, step)[int(layer or 0)].num_heads
+        head = int(head) if head is not None and 0 <= int(head) < heads else 0
+        choices = gr.update(choices=list(range(heads)), value=head)
+        if pixel is None:
+            return None, "", choices
+        stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head)
+        return stages, stages_text(numbers), choices
+
+    def restage_head(self, gen, image, step, pixel, layer, head):
+        """The four stages at another head of the chosen layer."""
+        return self.restage(gen, image, step, pixel, layer, head)[:2]

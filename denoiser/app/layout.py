@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import gradio as gr
 
 from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, SCHEDULERS, Engine
-from denoiser.app.handlers import HEAD_COLUMNS, NO_CLASS, Handlers, guidance_info
+from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, Handlers, guidance_info
+from denoiser.request import TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
 
@@ -35,14 +36,18 @@ def build_app(engine: Engine) -> gr.Blocks:
     models = engine.models()
     preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
     default = preferred[0] if preferred else (models[0] if models else None)
+    # the example pictures are served from the package, never copied into the cache the sweep below empties
+    gr.set_static_paths([EXAMPLES])
     with gr.Blocks(title="denoiser", delete_cache=(300, 900), analytics_enabled=False) as app:
         c = SimpleNamespace(gen_state=gr.State(None, time_to_live=SESSION_TTL_S),
-                            pixel_state=gr.State(None, time_to_live=SESSION_TTL_S))
+                            pixel_state=gr.State(None, time_to_live=SESSION_TTL_S),
+                            photo_shown=gr.State(None),  # the upload the Edit tab's editor holds
+                            selected=gr.State(0))  # the result selected in the Sample tab's gallery
         gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, or denoise, edit and inpaint "
                     "your own photo on the **Edit** tab; then click any pixel on the **Attention** tab to see where each "
                     "attention layer of the U-Net looks; the **Heads** tab measures what each layer and head does and "
                     "switches them off.")
-        _sample_tab(c, models, default)
+        _sample_tab(c, h, models, default)
         _edit_tab(c, models, default)
         _attention_tab(c)
         _heads_tab(c)
@@ -65,21 +70,36 @@ def _run_controls(label: str, run_id: str, stop_id: str, status_id: str):
     return run, stop, gr.Markdown(elem_id=status_id)
 
 
-def _sample_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
+def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str | None) -> None:
+    first = [m for m in sorted(models, key=lambda m: m != default) if h.loads(m)][:3]  # the default model first
+    rows = [h.example_row(m, k) for k, m in enumerate(first)]  # "try these": everything set, a class included
     with gr.Tab("Sample"):
         with gr.Row():
+            # first (left; on a phone, on top): Generate, Stop, the progress and the live preview stay together
+            with gr.Column(scale=2):
+                run, stop, status = _run_controls("Generate", "generate", "stop", "status")
+                preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
+                                   elem_id="preview", height=280)
+                gallery = gr.Gallery(label="results (lossless PNG, named after and carrying their settings)", format="png",
+                                     columns=4, elem_id="gallery", buttons=["download", "download_all"], height="auto",
+                                     object_fit="contain", type="filepath", interactive=False)
+                use_settings = gr.Button("use these settings (the selected result's)", size="sm", elem_id="use-settings")
             with gr.Column(scale=1):
                 model = gr.Dropdown(models, value=default, label="model (folders under weights/)")
                 scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
-                steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps")
+                steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps",
+                                  info="25-50 are good; fewer than 10 leave noise")
                 with gr.Row():
                     seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
                     randomise = gr.Button("🎲 randomise", size="sm")
-                num_images = gr.Slider(*LIMITS["num_images"], value=8, step=1, label="images")
+                num_images = gr.Slider(*LIMITS["num_images"], value=8, step=1, label="images", elem_id="num-images")
+                budget = gr.Markdown(elem_id="budget")  # this request's work against the server's budget
                 # custom values allowed: choices follow the chosen model; generate() validates them
-                class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class", visible=False,
+                # the rows' classes among the first choices, so that the "try these" table shows them
+                class_name = gr.Dropdown(list(dict.fromkeys([NO_CLASS] + [r[5] for r in rows])), value=NO_CLASS,
+                                         label="class", visible=False, elem_id="class",
                                          allow_custom_value=True)
-                guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)", elem_id="cfg",
+                guidance = gr.Slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)", elem_id="cfg",
                                      info=guidance_info())
                 pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
                                 info="steer away from the U-Net with its low-resolution decoder attention switched to identity: "
@@ -87,16 +107,22 @@ def _sample_tab(c: SimpleNamespace, models: list[str], default: str | None) -> N
                 guide_w = gr.Slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
                                     elem_id="autoguidance",
                                     info="steer away from the model's small, less-trained guide model; 1 = off")
-                run, stop, status = _run_controls("Generate", "generate", "stop", "status")
-            with gr.Column(scale=2):
-                preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
-                                   elem_id="preview")
-                gallery = gr.Gallery(label="results (lossless PNG)", format="png", columns=8, elem_id="gallery",
-                                     buttons=["download", "download_all"])
-        if models:  # full width, under both columns: a click fills the settings, then Generate
-            first = sorted(models, key=lambda m: m != default)[:3]  # the default model first
-            gr.Examples([[m, "ddim", 25, k, 8] for k, m in enumerate(first)],
-                        [model, scheduler, steps, seed, num_images], label="try these")
+                # folded away: the model folder's own values unless changed (denoiser.sampling.resolve)
+                with gr.Accordion("advanced", open=False, elem_id="advanced"):
+                    spacing = gr.Dropdown([MODELS_OWN, *TIMESTEP_SPACINGS], value=MODELS_OWN, label="timestep spacing",
+                                          elem_id="spacing", info="which timesteps the steps visit; trailing starts at "
+                                                                  "pure noise (what few-step DDIM needs)")
+                    eta = gr.Slider(0, 1, value=0.0, step=0.05, label="eta (DDIM)", elem_id="eta",
+                                    info="fresh noise at each DDIM step; 0 = deterministic")
+                    interval = gr.Textbox("", label="guidance interval: timesteps lo, hi", elem_id="interval",
+                                          placeholder="e.g. 70, 550; empty: the model's (or every step)")
+                    pag_layers = gr.Textbox("", label="PAG layers", elem_id="pag-layers",
+                                            placeholder="comma-separated, as the Attention tab names them; empty: "
+                                                        "the low-resolution decoder attention")
+        # full width, under both columns: a click sets everything (a class included) and generates (_wire)
+        c.sample_examples = gr.Examples(
+            rows, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w], label="try these",
+        ) if rows else None
     _keep(c, locals())
 
 
@@ -104,6 +130,8 @@ def _edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> Non
     with gr.Tab("Edit"):
         with gr.Row():
             with gr.Column(scale=1):
+                gr.Markdown("Denoise keeps your photo's size (a copy at most 512 pixels a side); denoise (sampled), edit "
+                            "and inpaint work on its centre square at the model's size.", elem_id="edit-sizes")
                 photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 50 megapixels and 25 MB",
                                 file_types=["image"], type="filepath", elem_id="photo", height=110)
                 photo_text = gr.Markdown(elem_id="photo-text")
@@ -112,26 +140,32 @@ def _edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> Non
                 editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
                                         label="inpaint mask",  # short: the editor's toolbar covers long labels
                                         brush=gr.Brush(colors=["#ff00ff"], color_mode="fixed"))
+                gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [photo], label="try a picture")
+            # Run, Stop, the progress and the results together, beside the photo (on a phone: under it)
+            with gr.Column(scale=1):
+                edit_run, edit_stop, edit_status = _run_controls("Run", "edit-run", "edit-stop", "edit-status")
+                edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
+                                         object_fit="contain", height="auto")
+                edit_text = gr.Markdown(elem_id="edit-text")
+            with gr.Column(scale=1):
                 operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation")
                 # the Edit tab's own model, class and guidance: what runs is what this tab shows
                 edit_model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
                 edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
                                          visible=False, allow_custom_value=True, elem_id="edit-class")
-                edit_guidance = gr.Slider(*LIMITS["guidance"], value=1.0, step=0.5, label="guidance (with a class)",
+                edit_guidance = gr.Slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
                                           elem_id="edit-cfg", info=guidance_info())
-                amount = gr.Slider(0, 1, value=0.0, step=0.01, label="denoise: noise σ of your image (0 = estimate); "
-                                   "edit: strength (0 keeps, 1 samples anew)")
+                # one slider per meaning, the one the operation uses shown
+                sigma = gr.Slider(0, 1, value=0.0, step=0.01, label="noise σ of your image (0 = estimate)",
+                                  elem_id="sigma", info="denoise: how noisy your picture is, on the 0..1 pixel scale")
+                strength = gr.Slider(0.01, 1, value=0.3, step=0.01, label="edit strength", elem_id="strength", visible=False,
+                                     info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
+                                          "replaces it with a picture of its own")
                 add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (σ, 0 = off): the round trip, with PSNR")
                 edit_steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps (sampled denoise, edit, inpaint)")
                 edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
                 edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)",
                                      info="for sampled denoise, edit and inpaint; 0 = off")
-                edit_run, edit_stop, edit_status = _run_controls("Run", "edit-run", "edit-stop", "edit-status")
-                gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [photo], label="try a picture")
-            with gr.Column(scale=2):
-                edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
-                                         object_fit="contain", height="auto")
-                edit_text = gr.Markdown(elem_id="edit-text")
     _keep(c, locals())
 
 
@@ -151,7 +185,7 @@ def _attention_tab(c: SimpleNamespace) -> None:
                     px = gr.Number(value=0, precision=0, minimum=0, label="pixel x")
                     show_btn = gr.Button("show", size="sm")
                 layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
-                head = gr.Number(value=0, precision=0, minimum=0, label="head (four stages)")
+                head = gr.Dropdown([0], value=0, label="head (four stages)", elem_id="head")  # the layer's heads
                 mean_steps = gr.Checkbox(False, label="maps: averaged over every step of the chain (one U-Net call per step)")
             with gr.Column(scale=2):
                 # titles above the images: a floating label would cover the first row's layer names
@@ -159,7 +193,7 @@ def _attention_tab(c: SimpleNamespace) -> None:
                 maps = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="maps")
                 gr.Markdown("**The four stages** for one layer and head")
                 stages = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stages")
-                stage_text = gr.Markdown()
+                stage_text = gr.Markdown(elem_id="stage-text")
 
     _keep(c, locals())
 
@@ -190,34 +224,57 @@ def _heads_tab(c: SimpleNamespace) -> None:
 
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
-    app.load(h.class_choices, c.model, c.class_name, api_name=False)
-    c.model.change(h.class_choices, c.model, c.class_name, api_name=False)
+    app.load(h.sample_class_choices, [c.model, c.class_name], c.class_name, api_name=False)
+    c.model.change(h.sample_class_choices, [c.model, c.class_name], c.class_name, api_name=False)
     app.load(h.guidance_defaults, c.model, [c.pag, c.guide_w], api_name=False)
     c.model.change(h.guidance_defaults, c.model, [c.pag, c.guide_w], api_name=False)
     c.class_name.change(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
-    app.load(h.class_choices, c.edit_model, c.edit_class, api_name=False)
-    c.edit_model.change(h.class_choices, c.edit_model, c.edit_class, api_name=False)
+    app.load(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
+    c.edit_model.change(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
     c.edit_class.change(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
     c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers],
                       concurrency_limit=1, concurrency_id="sampling", api_name="heads")
     c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text],
                     concurrency_limit=1, concurrency_id="sampling", api_name="switch_off")
+    work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w]
+    app.load(h.budget_note, work, c.budget, api_name=False)
+    for control in work:
+        control.change(h.budget_note, work, c.budget, api_name=False, show_progress="hidden")
+    c.gallery.select(h.select_result, None, c.selected, api_name=False)
+    # the Sample tab's form, in SETTINGS_FORM's order: Generate reads it, "use these settings" fills it
+    form = [c.model, c.scheduler, c.steps, c.seed, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.spacing,
+            c.eta, c.interval, c.pag_layers]
+    c.use_settings.click(h.use_settings, [c.gallery, c.selected], [*form, c.status], api_name=False)
     c.randomise.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, api_name=False)
     cleared = [c.pixel_state, c.maps, c.stages, c.stage_text]  # a new generation: no pixel, no maps of the old one
-    generating = c.run.click(
-        h.generate, [c.model, c.scheduler, c.steps, c.seed, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w],
-        [c.preview, c.gallery, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, *cleared, c.status],
-        concurrency_limit=1, concurrency_id="sampling", api_name="generate")
-    c.photo.change(h.load_photo, c.photo, [c.editor, c.photo_text], api_name=False)  # an upload, an example, or cleared
+    sample_inputs = form
+    sample_outputs = [c.preview, c.gallery, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared, c.status]
+    # progress and errors show on the status line only: a failed or stopped run leaves the pictures shown without
+    # "Error" badges over them (the error's message stays until closed: streaming.user_error)
+    sampling = dict(concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.status])
+    generating = c.run.click(h.generate, sample_inputs, sample_outputs, api_name="generate", **sampling)
+    runs = [generating]
+    if c.sample_examples is not None:  # a "try these" row fills the form, then generates as Generate does
+        runs.append(c.sample_examples.load_input_event.then(h.generate, sample_inputs, sample_outputs, api_name=False,
+                                                            **sampling))
+    # an upload, an example, or cleared; photo_shown: which upload the editor holds
+    # unqueued: the photo (or why it cannot be used) shows at once, not after a running job's queue turn
+    c.photo.change(h.load_photo, c.photo, [c.editor, c.photo_text, c.photo_shown], api_name=False, queue=False)
     editing = c.edit_run.click(
-        h.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.amount, c.add_noise, c.edit_steps,
-                     c.edit_seed, c.edit_pag],
-        [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, *cleared, c.edit_status],
-        concurrency_limit=1, concurrency_id="sampling", api_name="edit")
+        h.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.sigma, c.strength, c.add_noise,
+                     c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown],
+        [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared, c.edit_status],
+        concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit")
+    # each operation shows its own amount: the noise σ for denoise, the strength for edit
+    c.operation.change(lambda op: (gr.update(visible=op.startswith("denoise")), gr.update(visible=op == "edit")),
+                       c.operation, [c.sigma, c.strength], api_name=False, queue=False, show_progress="hidden")
     # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), streaming.stream then stops the
     # worker after the UNet call in progress and frees the sampling slot
-    c.stop.click(None, None, None, cancels=[generating], api_name=False)
-    c.edit_stop.click(None, None, None, cancels=[editing], api_name=False)
+    # the status line then says where it stopped and what the pictures shown are
+    # (after the cancel has landed: that update also clears the cancelled run's error state from the status line)
+    for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [editing])):
+        button.click(None, None, None, cancels=jobs, api_name=False).then(
+            h.stopped, line, line, api_name=False, show_progress="hidden")
     pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]
     views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head, c.mean_steps]
     c.image_idx.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False)
@@ -226,6 +283,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.clickable.select(h.click, [c.gen_state, c.image_idx, c.step, c.layer, c.head, c.mean_steps], pixel_outputs, api_name=False)
     c.show_btn.click(h.at_pixel, [c.gen_state, c.image_idx, c.step, c.py, c.px, c.layer, c.head, c.mean_steps],
                      pixel_outputs, api_name="attention")
-    for control in (c.layer, c.head):
-        control.change(h.restage, [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head],
-                       [c.stages, c.stage_text], api_name=False)
+    stage_inputs = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
+    # another layer: its stages, and the head selector offers its heads; another head: its stages
+    c.layer.change(h.restage, stage_inputs, [c.stages, c.stage_text, c.head], api_name=False)
+    c.head.change(h.restage_head, stage_inputs, [c.stages, c.stage_text], api_name=False)

@@ -56,7 +56,7 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _serve(args: argparse.Namespace) -> None:
     """Serve until Ctrl-C or SIGTERM."""
     # before any handler thread allocates: Gradio runs handlers on a pool of threads, and glibc would give
-    # each its own arena, whose free memory no other thread reuses (denoiser/malloc.py)
+    # each its own arena, whose free memory no other thread reuses (denoiser/fast/malloc.py)
     malloc.configure(arena_max=2)
     load_kernels()  # the C++ kernels built at install (`denoiser build-kernels`); loading never compiles
     app = build_app(Engine(args.weights))  # None: $DENOISER_WEIGHTS, then a clone's weights/

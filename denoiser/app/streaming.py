@@ -132,7 +132,8 @@ def user_error(err: BaseException) -> gr.Error:
         log.info("user error: %s", text)
     else:
         log.error("failed: %s", text, exc_info=err)
-    return gr.Error(html.escape(text, quote=False), print_exception=False)
+    # duration None: the message stays until closed, not 10 s (the pictures it is about stay shown too)
+    return gr.Error(html.escape(text, quote=False), duration=None, print_exception=False)
 
 
 def friendly(handler):

@@ -1,0 +1,125 @@
+"""WebDataset tar shards as a source: `data.path` a local brace pattern such as `shards/{00000..00099}.tar`.
+
+A sample is the tar members sharing a key (the member name up to the first dot of its file name): its image is
+the member with an image extension (jpg, png, webp, ...), its label the integer or name in the member whose
+extension is `data.label_column` (`label`, also `cls` by default). The shards are indexed once when the store
+is prepared (tar headers and label members only), then images are read by offset, in parallel, like files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from denoiser.data.decode import decode_image, is_image_name
+from denoiser.data.sources import Chunk, Source, _gather, _labels_from
+
+__all__ = ["WebDatasetSource", "expand_braces"]
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """`a/{000..002}.tar` -> a/000.tar, a/001.tar, a/002.tar (zero padding kept); `{x,y}` lists; nested left to right."""
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    head, tail, body = pattern[: m.start()], pattern[m.end() :], m.group(1)
+    rng = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if rng:
+        lo, hi = rng.groups()
+        options = [str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1)]
+    else:
+        options = body.split(",")
+    return [p for opt in options for p in expand_braces(head + opt + tail)]
+
+
+@dataclass
+class _Sample:
+    shard: int
+    key: str
+    offset: int | None  # of the image member's data in the tar file; None: the sample has no image
+    size: int = 0
+    label: object = None
+
+
+@dataclass
+class WebDatasetSource(Source):
+    pattern: str
+    label_column: str | None = "label"
+    name: str = "webdataset"
+    _samples: list[_Sample] | None = field(default=None, repr=False)
+    _labels: list[int] = field(default_factory=list, repr=False)
+    _classes: list[str] = field(default_factory=list, repr=False)
+
+    def __post_init__(self):
+        self.shards = [Path(p).expanduser() for p in expand_braces(self.pattern)]
+        missing = [p for p in self.shards if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{len(missing)} of the {len(self.shards)} shards of data.path {self.pattern!r} do not "
+                                    f"exist (e.g. {missing[0]}); check the pattern, e.g. shards/{{00000..00099}}.tar")
+        self.name = "wds-" + "".join(c if c.isalnum() else "-" for c in self.shards[0].parent.name)[:40]
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256(f"{self.label_column}\n".encode())
+        for p in self.shards:
+            st = p.stat()
+            h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return h.hexdigest()
+
+    def _index(self) -> list[_Sample]:
+        """Every sample of every shard, in shard and member order (headers and label members read, no images)."""
+        if self._samples is None:
+            label_exts = {self.label_column, "cls"} if self.label_column == "label" else {self.label_column}
+            samples: dict[tuple[int, str], _Sample] = {}
+            for i, shard in enumerate(self.shards):
+                with tarfile.open(shard) as tar:
+                    for m in tar:
+                        if not m.isfile():
+                            continue
+                        folder, _, base = m.name.rpartition("/")
+                        stem, _, ext = base.partition(".")
+                        s = samples.setdefault((i, f"{folder}/{stem}" if folder else stem), _Sample(i, stem, None))
+                        if s.offset is None and is_image_name(base):
+                            s.offset, s.size = m.offset_data, m.size
+                        elif ext in label_exts:
+                            s.label = tar.extractfile(m).read().decode().strip()
+            self._samples = list(samples.values())
+            labelled = [s.label for s in self._samples if s.label is not None]
+            if labelled:
+                indices, self._classes = _labels_from(labelled, self.label_column, self.pattern)
+                it = iter(indices)
+                self._labels = [next(it) if s.label is not None else 0 for s in self._samples]
+            else:
+                self._labels = [0] * len(self._samples)
+        return self._samples
+
+    @property
+    def classes(self) -> list[str]:
+        self._index()
+        return self._classes
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+    def read(self, start: int, stop: int, size: int) -> Chunk:
+        samples = self._index()[start:stop]
+        handles: dict[int, object] = {}
+
+        def decode(item: str) -> np.ndarray:
+            s = samples[int(item.split(":", 1)[0]) - start]
+            if s.offset is None:
+                raise ValueError("the sample has no image member")
+            f = handles.setdefault(s.shard, open(self.shards[s.shard], "rb"))  # noqa: SIM115 - closed below
+            f.seek(s.offset)
+            return decode_image(f.read(s.size), size)
+
+        names = [f"{start + j}:{self.shards[s.shard].name}/{s.key}" for j, s in enumerate(samples)]
+        try:
+            return _gather(list(zip(names, self._labels[start:stop])), size, decode)
+        finally:
+            for f in handles.values():
+                f.close()

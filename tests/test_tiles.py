@@ -1,0 +1,127 @@
+"""Denoising a photo of any size in overlapping tiles (denoiser.tiles), against restore.denoise on one tile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers import DDPMScheduler
+from PIL import Image
+
+from denoiser.diffusion import Diffusion
+from denoiser.restore import denoise
+from denoiser.tiles import StopTiling, TileOptions, blend_window, denoise_tiles, tile_starts
+
+
+@pytest.fixture
+def diffusion():
+    return Diffusion(DDPMScheduler(clip_sample=True))
+
+
+def _photo(h: int, w: int, seed: int = 0) -> torch.Tensor:
+    """A smooth (3, H, W) uint8 picture with noise on it."""
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.rand((1, 3, h // 8 + 1, w // 8 + 1), generator=g)
+    smooth = torch.nn.functional.interpolate(coarse, size=(h, w), mode="bilinear", align_corners=False)[0]
+    noisy = smooth + 0.1 * torch.randn(smooth.shape, generator=g)
+    return (noisy.clamp(0, 1) * 255).round().to(torch.uint8)
+
+
+def _reference(unet, diffusion, crop: torch.Tensor, sigma: float) -> torch.Tensor:
+    """restore.denoise (one-step MMSE through the sampling loop) of one model-size crop, as uint8-scale floats."""
+    return denoise(unet, diffusion, crop[None].float() / 127.5 - 1, sigma=sigma).images[0] * 255
+
+
+def test_tiles_cover_the_length_and_end_on_it():
+    assert tile_starts(16, 16, 12) == [0]
+    assert tile_starts(40, 16, 12) == [0, 12, 24]
+    assert tile_starts(41, 16, 12) == [0, 12, 24, 25]
+    for length in (16, 17, 50, 113):
+        starts = tile_starts(length, 16, 10)
+        assert starts[-1] + 16 == length and all(b - a <= 10 for a, b in zip(starts, starts[1:]))
+
+
+def test_windows_fade_towards_the_edges_and_never_reach_zero():
+    for kind in ("cosine", "linear"):
+        w = blend_window(16, 4, kind)
+        assert w.shape == (16, 16) and float(w.min()) > 0 and float(w[4:12, 4:12].min()) == 1.0
+        assert torch.equal(w, w.flip(0)) and torch.equal(w, w.T)
+        assert float(w[0, 8]) < float(w[1, 8]) < float(w[3, 8]) < 1.0
+    assert torch.equal(blend_window(16, 4, "flat"), torch.ones(16, 16))
+    with pytest.raises(ValueError, match="window must be one of"):
+        blend_window(16, 4, "hann")
+
+
+def test_one_tile_is_the_one_step_denoise(tiny_unet, diffusion):
+    photo = _photo(16, 16)
+    out = denoise_tiles(tiny_unet, diffusion, photo, sigma=0.1)
+    assert out.dtype == torch.uint8 and out.shape == (3, 16, 16)
+    assert float((out.float() - _reference(tiny_unet, diffusion, photo, 0.1)).abs().max()) <= 0.5 + 1e-3  # rounding
+
+
+def test_a_larger_photo_keeps_its_size_and_each_tile_its_own_inside(tiny_unet, diffusion):
+    """Where only one tile covers a pixel (window 1), the result is that tile's own denoise; the overlaps blend."""
+    photo = _photo(37, 53, seed=1)  # awkward sizes: the last tiles overlap more
+    out = denoise_tiles(tiny_unet, diffusion, photo, sigma=0.1, options=TileOptions(overlap=4, batch_size=5))
+    assert out.shape == photo.shape
+    first = _reference(tiny_unet, diffusion, photo[:, :16, :16], 0.1)
+    assert float((out[:, 4:12, 4:12].float() - first[:, 4:12, 4:12]).abs().max()) <= 0.5 + 1e-3
+    # the batch size changes nothing; no tiling at all is another result at the tile borders
+    same = denoise_tiles(tiny_unet, diffusion, photo, sigma=0.1, options=TileOptions(overlap=4, batch_size=64))
+    assert torch.equal(out, same)
+
+
+def test_blending_leaves_no_seam_on_a_flat_photo(tiny_unet, diffusion):
+    """A flat grey photo: the blended result across a tile border changes no more than inside a tile."""
+    photo = torch.full((3, 16, 40), 128, dtype=torch.uint8)
+    out = denoise_tiles(tiny_unet, diffusion, photo, sigma=0.05, options=TileOptions(overlap=8)).float()
+    steps = (out[:, :, 1:] - out[:, :, :-1]).abs().amax(dim=(0, 1))  # (W - 1,) largest jump between columns
+    one_tile = _reference(tiny_unet, diffusion, photo[:, :, :16], 0.05)
+    inside = (one_tile[:, :, 1:] - one_tile[:, :, :-1]).abs().amax(dim=(0, 1))
+    assert float(steps.max()) <= float(inside.max()) + 1.0
+
+
+def test_a_photo_smaller_than_a_tile_is_padded_and_cropped_back(tiny_unet, diffusion):
+    photo = _photo(9, 30)
+    out = denoise_tiles(tiny_unet, diffusion, photo, sigma=0.1)
+    assert out.shape == (3, 9, 30)
+
+
+def test_progress_counts_every_tile_and_stop_ends_the_work(tiny_unet, diffusion):
+    photo = _photo(40, 40)
+    seen = []
+    denoise_tiles(tiny_unet, diffusion, photo, sigma=0.1, options=TileOptions(overlap=4, batch_size=4),
+                  progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (9, 9) and [d for d, _ in seen] == [4, 8, 9]
+    calls = []
+    with pytest.raises(StopTiling, match="stopped after 4 of 9 tiles"):
+        denoise_tiles(tiny_unet, diffusion, photo, sigma=0.1, options=TileOptions(overlap=4, batch_size=4),
+                      should_stop=lambda: calls.append(1) or len(calls) > 1)
+
+
+@pytest.mark.parametrize("options, message", [
+    (TileOptions(overlap=9), "overlap must be in 0..8"),
+    (TileOptions(tile=15), "tile must be a positive multiple of 2"),
+    (TileOptions(window="box"), "window must be one of"),
+    (TileOptions(batch_size=0), "batch_size must be at least 1"),
+])
+def test_bad_options_are_refused_before_any_work(tiny_unet, diffusion, options, message):
+    with pytest.raises(ValueError, match=message):
+        denoise_tiles(tiny_unet, diffusion, _photo(16, 16), sigma=0.1, options=options)
+    with pytest.raises(ValueError, match="uint8 tensor"):
+        denoise_tiles(tiny_unet, diffusion, _photo(16, 16).float(), sigma=0.1)
+
+
+def test_cli_denoise_returns_the_photo_at_its_own_size(tmp_path, tiny_unet, capsys):
+    """Issue 35 item 15: `denoiser denoise --image photo.png --sigma S --out out.png` keeps the photo's size."""
+    from denoiser.cli import main
+    from denoiser.pipeline import save_pipeline
+
+    save_pipeline(tiny_unet, DDPMScheduler(clip_sample=True), tmp_path / "model")
+    photo = tmp_path / "photo.png"
+    Image.fromarray(_photo(45, 70).permute(1, 2, 0).numpy()).save(photo)
+    out, compare = tmp_path / "out.png", tmp_path / "compare.png"
+    assert main(["denoise", "--model", str(tmp_path / "model"), "--image", str(photo), "--sigma", "0.1", "--out", str(out),
+                 "--add-noise", "0.1", "--compare", str(compare)]) == 0
+    text = capsys.readouterr().out
+    assert Image.open(out).size == (70, 45) and Image.open(compare).size == (3 * 70, 45)
+    assert "70x45 at its own size" in text and "PSNR vs the clean input" in text
