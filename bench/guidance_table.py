@@ -38,6 +38,7 @@ from denoiser.sample import make_sampler, sample
 from denoiser.sampling import Plan, spread_labels
 from denoiser.sampling import run as run_plan
 
+SEED_RULE = "image k seeded k"  # denoiser.request's rule; results without it drew batch i of 64 from seed i
 REFERENCES = {"cifar10": "bench/fid-reference/cifar10-val5000.safetensors", "emoji": "bench/fid-reference/emoji32-val500.safetensors"}
 
 
@@ -182,6 +183,7 @@ def run(args) -> None:
         torch.save(images[:100].clone(), out.with_suffix(".pt"))  # the first 100 images, for grids
         score = fid_of_images(images, reference, extractor)
         result = {"setting": setting, "describe": guidance.describe(), "fid": round(score, 2), "num_samples": args.num_samples,
+                  "seed_rule": SEED_RULE,
                   "steps": args.steps, "timestep_spacing": config.get("timestep_spacing", "leading"), "labels": labelled,
                   "eta": eta, "thresholding": [config["dynamic_thresholding_ratio"], config["sample_max_value"]]
                   if config.get("thresholding") else None,
@@ -225,11 +227,13 @@ def table(args) -> None:
         what = r["describe"] + ("" if r["labels"] else ", no class labels") + (f", {spacing} timesteps" if spacing else "")
         what += (f", DDIM eta {r['eta']:g}" if r.get("eta") else "") + (
             ", dynamic thresholding (ratio {:g}, max {:g})".format(*r["thresholding"]) if r.get("thresholding") else "")
+        what += "" if r.get("seed_rule") == SEED_RULE else " (†)"
         lines.append(f"| `{short(r['setting'])}` | {what} | {r['num_samples']} | **{r['fid']:.2f}** "
                      f"| {r['unet_passes_per_step']:.2f} |")
     cpus = sorted({r["cpu"] for r in results})
     md = (f"## Guidance on `{name}`: FID-N of DDIM-50 samples\n\n"
-          f"Same seeds for every setting (batch i of 64 uses seed i), classes spread evenly (0, 1, ..., K-1, 0, ...), "
+          f"Same seeds for every setting (image k seeded k; † rows were sampled before that rule, batch i of 64 seeded "
+          f"i: the same settings, other draws), classes spread evenly (0, 1, ..., K-1, 0, ...), "
           f"against {REFERENCES.get(name, 'the validation split')}. Sampled on one thread: {'; '.join(cpus)}; "
           f"the cost of each setting: `guidance_table.py cost` (interleaved, median; bench/guidance_cifar10.md). Reproduce: `OMP_NUM_THREADS=1 python bench/guidance_table.py run --model weights/{name} "
           f"--num-samples N --settings SETTING ...`, then `table`.\n\n" + "\n".join(lines) + "\n")

@@ -77,8 +77,8 @@ def main() -> None:
         sched = make_sampler(name, train_sched.config)
 
         def run_pipe(pipe, steps=steps):
-            return pipe(batch_size=args.batch, num_inference_steps=steps, generator=torch.Generator().manual_seed(0),
-                        output_type="pt").images
+            seeds = [torch.Generator().manual_seed(k) for k in range(args.batch)]  # image k seeded k: sample(seed=0)'s rule
+            return pipe(batch_size=args.batch, num_inference_steps=steps, generator=seeds, output_type="pt").images
 
         sides = [lambda pipe=pipe: run_pipe(pipe) for pipe in pipes]
         sides.append(lambda sched=sched, steps=steps: sample(ours_unet, sched, args.batch, steps, seed=0).images)

@@ -157,8 +157,9 @@ on the synthetic model this estimate was within 0.002 bits/dim of the full 1000-
 
 
 def class_grid(unet, ddim, per_class: int, steps: int, guidance: float, path: Path, scale: int) -> None:
-    """One row per class, `per_class` images each, seed = class: the same rows at every guidance."""
-    rows = [sample(unet, ddim, per_class, steps, seed=c, class_labels=c, guidance=Guidance(scale=guidance)).images
+    """One row per class, `per_class` images each, row c seeded c * per_class (image j of it: c * per_class + j, the
+    seed rule): the same rows at every guidance, no seed shared between rows."""
+    rows = [sample(unet, ddim, per_class, steps, seed=c * per_class, class_labels=c, guidance=Guidance(scale=guidance)).images
             for c in range(unet.config.num_class_embeds)]
     save_grid(torch.cat(rows), path, nrow=per_class, scale=scale)
 

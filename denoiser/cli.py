@@ -300,12 +300,12 @@ def cmd_restore(args) -> None:
 
     unet, sched = load_model(args.model)
     size = unet.config.sample_size
+    # the guidance and class as for sampling (the folder's sampling.json fills what is unset), checked before any work
+    plan = resolve(_request(args, num_images=1, steps=None), args.model, unet=unet, scheduler=sched)
     if args.command == "denoise" and args.method == "mmse" and _image_size(args.image) != (size, size):
-        return _denoise_at_own_size(args, unet, sched)  # any size: overlapping tiles (denoiser.tiles)
+        return _denoise_at_own_size(args, plan, sched)  # any size: overlapping tiles (denoiser.tiles)
     img = _read_image(args.image, min_side=size)
     mask = _read_image(args.mask, "mask") if args.command == "inpaint" else None
-    # the guidance and class as for sampling (the folder's sampling.json fills what is unset)
-    plan = resolve(_request(args, num_images=1, steps=None), args.model, unet=unet, scheduler=sched)
     if img.size != (size, size):
         print(f"input resized and centre-cropped from {img.width}x{img.height} to {size}x{size} (the model's size)")
     own = {k: getattr(args, k) for k in ("method", "strength") if hasattr(args, k)}  # this subcommand's flags only
@@ -328,9 +328,9 @@ def _image_size(path: str) -> tuple[int, int]:
     return _read_image(path, min_side=1).info["source_size"]
 
 
-def _denoise_at_own_size(args, unet, sched) -> None:
+def _denoise_at_own_size(args, plan, sched) -> None:
     """`denoise` (one-step MMSE) of a photo of any size: overlapping tiles at the model's size, blended
-    (denoiser.tiles); the result at the photo's own size."""
+    (denoiser.tiles), with the plan's class and guidance; the result at the photo's own size."""
     import torch
     from torchvision.transforms.functional import pil_to_tensor
     from tqdm.auto import tqdm
@@ -340,6 +340,7 @@ def _denoise_at_own_size(args, unet, sched) -> None:
     from denoiser.restore import psnr
     from denoiser.tiles import denoise_tiles
 
+    unet = plan.unet
     photo = pil_to_tensor(_read_image(args.image))  # (3, H, W) uint8, the photo's own size
     noisy = photo
     if args.add_noise is not None:  # the round trip: seeded noise, quantised as a camera would write it
@@ -352,7 +353,9 @@ def _denoise_at_own_size(args, unet, sched) -> None:
             bar.total = total
             bar.update(done - bar.n)
 
-        result = denoise_tiles(unet, Diffusion(sched), noisy, sigma, progress=progress, class_label=args.class_label)
+        label = None if plan.labels is None else int(plan.labels[0])
+        result = denoise_tiles(unet, Diffusion(sched), noisy, sigma, progress=progress, class_label=label,
+                               guidance=plan.guidance)
     print(f"denoise: {photo.shape[2]}x{photo.shape[1]} at its own size, in tiles of "
           f"{unet.config.sample_size}x{unet.config.sample_size}: {save_png(_hwc(result), args.out)}")
     if args.compare:
@@ -435,7 +438,10 @@ def cmd_fid(args) -> None:
         images = torch.from_numpy(np.load(args.samples)).permute(0, 3, 1, 2)[: args.num_samples]  # (N, H, W, 3) -> (N, 3, H, W)
         how = f"images from {args.samples}"
     else:  # the images `denoiser sample` gives with the same flags; the guide (if any) loads only to sample
-        plan = resolve(_request(args, num_images=args.num_samples), args.model)
+        own = (unet, sched)  # loaded above; a guide model (if any) loads from its own folder
+        load = lambda path: own if Path(path).resolve() == Path(args.model).resolve() else load_model(path)  # noqa: E731
+        classes = _classes(args.class_label) if unet.config.num_class_embeds else None  # "spread" needs classes
+        plan = resolve(_request(args, num_images=args.num_samples, classes=classes), args.model, load=load)
         images = run(plan, progress=True).images.mul(255).round().to(torch.uint8)
         how = f"{plan.describe()}, classes {args.class_label}"
     size = images.shape[-1]

@@ -39,7 +39,8 @@ class DenoiserPipeline(DiffusionPipeline):
     front door gives: with one generator per image seeded S + k, those of `denoiser sample --seed S`. Arguments
     left out come from the folder: its scheduler (DDIM with trailing timesteps for the shipped models; any
     diffusers scheduler may be swapped in, `pipe.scheduler = DDPMScheduler.from_config(pipe.scheduler.config)`),
-    its sampling.json's guidance and step count (`pipe.sampling_defaults`) and its classes.txt (`pipe.classes`).
+    its sampling.json's guidance (`pipe.sampling_defaults`) and step count (`pipe.defaults.steps`) and its classes.txt
+    (`pipe.classes`).
     """
 
     model_cpu_offload_seq = "unet"

@@ -171,11 +171,12 @@ def edit(
     if strength == 0.0:
         return SampleResult(images=to_unit(images))
     t = round(strength * (diffusion.T - 1))
-    generator = torch.Generator().manual_seed(seed)
-    noise = torch.randn(images.shape, generator=generator, dtype=torch.float32)
+    # the seed rule: image k's noise, first q(x_t | x₀)'s then the chain's, from one generator seeded seed + k
+    generators = [torch.Generator().manual_seed(seed + k) for k in range(images.shape[0])]
+    noise = torch.stack([torch.randn(images.shape[1:], generator=g, dtype=torch.float32) for g in generators])
     x_t = diffusion.add_noise(images.float().cpu(), noise, torch.tensor([t]))  # q(x_t | x₀)
     return sample(
-        unet, _ancestral(diffusion), images.shape[0], seed=seed + 1,
+        unet, _ancestral(diffusion), images.shape[0], generator=generators,
         timesteps=_chain(t, max(1, round(steps * strength))), x_init=x_t.to(images),
         class_labels=_labels(images, class_label), guidance=guidance, callback=callback,
     )

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from denoiser.guidance import Guidance, check_guide
 from denoiser.model_dir import CLASSES_FILE, load_model
-from denoiser.request import BUILT_IN, SPREAD, SampleRequest
+from denoiser.request import BUILT_IN, SPREAD, TIMESTEP_SPACINGS, SampleRequest
 from denoiser.sample import SampleResult, make_sampler, sample, sampler_name
 
 __all__ = ["Plan", "ModelDefaults", "read_defaults", "resolve", "run", "spread_labels", "SAMPLING_FILE"]
@@ -214,6 +214,8 @@ def _read_classes(folder: Path, num_classes: int | None) -> tuple[str, ...]:
 def _scheduler(request: SampleRequest, default: str, base, given: bool):
     """The sampler: the request's by name, else the scheduler given as it is (the pipeline's, which its user may
     have swapped), else the folder's; on `base`'s noise schedule, with the request's timestep spacing."""
+    if request.timestep_spacing is not None and request.timestep_spacing not in TIMESTEP_SPACINGS:
+        raise ValueError(f"timestep spacing must be one of {', '.join(TIMESTEP_SPACINGS)}, got {request.timestep_spacing!r}")
     if request.scheduler is None and given:
         if request.timestep_spacing is None:
             return base
@@ -226,6 +228,9 @@ def _labels(classes, names: tuple[str, ...], num_images: int) -> torch.Tensor | 
     if classes is None:
         return None
     if isinstance(classes, str) and classes == SPREAD:
+        if not names:
+            raise ValueError(f"classes {SPREAD!r} needs a class-conditional model; this one is unconditional: leave the "
+                             "class out")
         return spread_labels(num_images, len(names))
     given = [classes] if isinstance(classes, (int, str)) else list(classes)
     if len(given) not in (1, num_images):

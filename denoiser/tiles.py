@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from denoiser.diffusion import Diffusion
+from denoiser.guidance import Guidance
 from denoiser.restore import estimate_sigma
 from denoiser.sample import sampling_context
 
@@ -66,9 +67,13 @@ def blend_window(tile: int, overlap: int, kind: str = "cosine") -> torch.Tensor:
     return torch.outer(ramp, ramp).float()  # (tile, tile)
 
 
-def _check(unet, image: torch.Tensor, opts: TileOptions) -> int:
+def _check(unet, image: torch.Tensor, opts: TileOptions, class_label: int | None = None) -> int:
     """The tile side, once everything is checked (before any work)."""
     config = unet.config
+    classes = config.num_class_embeds or 0
+    if class_label is not None and not 0 <= int(class_label) < classes:
+        raise ValueError(f"class {class_label} is out of range: this model has {classes or 'no'} classes"
+                         + (f" (0..{classes - 1})" if classes else "; leave the class out"))
     if image.ndim != 3 or image.shape[0] != config.in_channels or image.dtype != torch.uint8:
         raise ValueError(f"image must be a ({config.in_channels}, H, W) uint8 tensor, got {tuple(image.shape)} {image.dtype}")
     tile = opts.tile or config.sample_size
@@ -126,21 +131,25 @@ class _Bands:
 def denoise_tiles(
     unet, diffusion: Diffusion, image: torch.Tensor, sigma: float | None = None, options: TileOptions | None = None,
     progress: Callable[[int, int], None] | None = None, should_stop: Callable[[], bool] | None = None,
-    class_label: int | None = None,
+    class_label: int | None = None, guidance: Guidance | None = None,
 ) -> torch.Tensor:
     """Remove Gaussian noise of std `sigma` ([0, 1] pixel scale; None: estimated) from a photo of any size.
+
+    class_label, guidance: as for sampling (denoiser.guidance), applied to each tile's one x₀ prediction.
 
     image: (3, H, W) uint8. Returns the denoised (3, H, W) uint8. progress(done, total) after each batch of
     tiles; should_stop() before each: True raises StopTiling. A photo smaller than a tile is padded
     (replicated edges) and cropped back.
     """
     opts = options or TileOptions()
-    tile = _check(unet, image, opts)
+    tile = _check(unet, image, opts, class_label)
+    guidance = guidance or Guidance()
+    guidance.check(unet, None if class_label is None else torch.tensor([class_label]))
     H, W = image.shape[-2:]
     if H < tile or W < tile:  # pad up to one tile (replicated edges), denoise, crop back
         sigma = photo_sigma(image) if sigma is None else sigma
         padded = F.pad(image[None].float(), (0, max(0, tile - W), 0, max(0, tile - H)), mode="replicate")[0].to(torch.uint8)
-        return denoise_tiles(unet, diffusion, padded, sigma, opts, progress, should_stop, class_label)[:, :H, :W]
+        return denoise_tiles(unet, diffusion, padded, sigma, opts, progress, should_stop, class_label, guidance)[:, :H, :W]
     sigma = photo_sigma(image) if sigma is None else float(sigma)
     t = diffusion.sigma_to_timestep(max(sigma, 1e-4))
     ys, xs = tile_starts(H, tile, tile - opts.overlap), tile_starts(W, tile, tile - opts.overlap)
@@ -154,7 +163,7 @@ def denoise_tiles(
             batch = places[first : first + opts.batch_size]
             bands.move_to(batch[0][0], batch[-1][0] + tile)
             crops = torch.stack([image[:, y : y + tile, x : x + tile] for y, x in batch])  # (B, 3, T, T) uint8
-            for (y, x), denoised in zip(batch, _x0(unet, diffusion, crops, t, class_label)):
+            for (y, x), denoised in zip(batch, _x0(unet, diffusion, crops, t, class_label, guidance)):
                 bands.add(y, x, denoised, window)
             if progress is not None:
                 progress(first + len(batch), len(places))
@@ -162,7 +171,7 @@ def denoise_tiles(
     return out
 
 
-def _x0(unet, diffusion: Diffusion, crops: torch.Tensor, t: int, class_label: int | None) -> torch.Tensor:
+def _x0(unet, diffusion: Diffusion, crops: torch.Tensor, t: int, class_label: int | None, guidance: Guidance) -> torch.Tensor:
     """(B, 3, T, T) uint8 noisy tiles -> the model's x₀ estimates (B, 3, T, T) in [0, 1], on the CPU: the tiles
     scaled by √ᾱ_t are x_t (denoiser.restore's module docstring)."""
     device, dtype, B = unet.device, unet.dtype, crops.shape[0]
@@ -171,5 +180,5 @@ def _x0(unet, diffusion: Diffusion, crops: torch.Tensor, t: int, class_label: in
     timestep = torch.full((B,), t, dtype=torch.long)
     labels = None if class_label is None else torch.full((B,), int(class_label), dtype=torch.long, device=device)
     model_in = x_t.to(device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
-    out = unet(model_in, timestep.to(device), class_labels=labels).sample.float().cpu()
+    out = guidance.predictor(unet, labels)(model_in, timestep.to(device)).float().cpu()
     return diffusion.predict_x0(x_t, out, timestep).clamp(-1, 1) / 2 + 0.5

@@ -271,3 +271,25 @@ def test_denoise_sigma_and_edit_strength_are_separate_checked_settings(weights):
                        "noise σ must be a number in 0..1"), (dict(operation="edit", strength=float("nan")), "strength must")):
         with pytest.raises(ValueError, match=match):
             ex.restore("tiny", image=photo, steps=10, seed=0, **bad)
+
+
+def test_the_page_starts_at_the_folders_sampler_steps_and_guidance(tmp_path):
+    """A model folder's measured best reaches the app (issue 34): its sampling.json's step count and guidance fill
+    the Sample tab when the model is chosen, and a request that leaves them unset gets them."""
+    import json
+
+    torch.manual_seed(0)
+    save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), tmp_path / "m", classes=["a", "b", "c"])
+    (tmp_path / "m" / "sampling.json").write_text(json.dumps({"num_inference_steps": 7, "guidance_scale": 2.5}))
+    ex = Engine(tmp_path)
+    class_update, guidance, scheduler, steps, pag, guide = Handlers(ex).model_form("m")
+    assert class_update["value"] == "a" and guidance["value"] == 2.5 and pag["value"] == 0.0
+    assert scheduler["value"] == "ddim" and steps["value"] == 7 and guide["visible"] is False
+    gen = ex.generate("m", seed=0, num_images=1, class_label=0, guidance_scale=2.5)
+    assert gen.num_steps == 7 and gen.replay["steps"] == 7
+    # switching a layer off samples the same request again: the same guidance, interval and PAG layers
+    gen = ex.generate("m", steps=3, num_images=1, class_label=0, guidance_scale=2.5, pag_scale=1.0,
+                      pag_layers="mid_attn", guidance_interval="0, 600")
+    off = ex.ablate(gen, ["mid_attn"])
+    assert off.guidance == gen.guidance and off.guidance.interval == (0.0, 600.0) and off.num_steps == 3
+    assert not torch.equal(off.images, gen.images)

@@ -84,6 +84,16 @@ def test_edit_strength_zero_keeps_and_one_samples(model, clean):
         edit(unet, diffusion, clean, strength=1.5)
 
 
+def test_edit_follows_the_seed_rule(model, clean):
+    """Image k of an edited batch is the edit of that image alone with seed + k: the batch never changes it."""
+    unet, _, diffusion = model
+    batch = edit(unet, diffusion, clean[:3], strength=0.5, steps=4, seed=7).images
+    for k in range(3):
+        alone = edit(unet, diffusion, clean[k : k + 1], strength=0.5, steps=4, seed=7 + k).images
+        torch.testing.assert_close(batch[k : k + 1], alone, rtol=0, atol=1e-5)
+    assert not torch.allclose(batch[0], edit(unet, diffusion, clean[:1], strength=0.5, steps=4, seed=8).images[0])
+
+
 def test_inpainting_keeps_known_pixels_and_fills_the_hole(model, clean):
     unet, sched, diffusion = model
     mask = torch.zeros(1, 1, 16, 16)

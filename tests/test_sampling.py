@@ -139,6 +139,15 @@ def test_classes_by_name_index_list_and_spread(folder):
         labels([0, 1])
 
 
+def test_spread_and_spacing_are_checked_for_loaded_models_too(tmp_path, tiny_unet, class_unet):
+    """A loaded model (the pipeline's path) gets the same checks: "spread" needs classes, spacings are named."""
+    scheduler = DDPMScheduler()
+    with pytest.raises(ValueError, match="'spread' needs a class-conditional model"):
+        resolve(SampleRequest(classes="spread"), unet=tiny_unet, scheduler=scheduler)
+    with pytest.raises(ValueError, match="timestep spacing must be one of leading, trailing, linspace"):
+        resolve(SampleRequest(timestep_spacing="sideways"), unet=class_unet, scheduler=scheduler)
+
+
 def test_bad_requests_fail_before_any_work(folder):
     for fields, match in (({"steps": 0}, "steps must be"), ({"num_images": 0}, "number of images"),
                           ({"scheduler": "heun"}, "unknown scheduler"), ({"timestep_spacing": "sideways"}, "spacing"),

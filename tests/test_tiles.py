@@ -125,3 +125,31 @@ def test_cli_denoise_returns_the_photo_at_its_own_size(tmp_path, tiny_unet, caps
     text = capsys.readouterr().out
     assert Image.open(out).size == (70, 45) and Image.open(compare).size == (3 * 70, 45)
     assert "70x45 at its own size" in text and "PSNR vs the clean input" in text
+
+
+def test_one_tile_with_a_class_and_guidance_is_the_guided_one_step_denoise(class_unet, diffusion):
+    """The tiles take the class and guidance as sampling does (the CLI's plan), and refuse a class the model lacks."""
+    from denoiser.guidance import Guidance
+
+    photo = _photo(16, 16)
+    guidance = Guidance(scale=2.0, pag_scale=1.0)
+    out = denoise_tiles(class_unet, diffusion, photo, sigma=0.1, class_label=2, guidance=guidance)
+    ref = denoise(class_unet, diffusion, photo[None].float() / 127.5 - 1, sigma=0.1, class_label=2, guidance=guidance)
+    assert float((out.float() - ref.images[0] * 255).abs().max()) <= 0.5 + 1e-3  # rounding
+    assert not torch.equal(out, denoise_tiles(class_unet, diffusion, photo, sigma=0.1, class_label=2))
+    with pytest.raises(ValueError, match=r"class 3 is out of range: this model has 3 classes \(0..2\)"):
+        denoise_tiles(class_unet, diffusion, photo, sigma=0.1, class_label=3)
+
+
+def test_cli_denoise_of_a_photo_takes_class_names_and_refuses_unknown_ones(tmp_path, class_unet, capsys):
+    from denoiser.cli import main
+    from denoiser.pipeline import save_pipeline
+
+    save_pipeline(class_unet, DDPMScheduler(clip_sample=True), tmp_path / "model", classes=["red", "green", "blue"])
+    photo = tmp_path / "photo.png"
+    Image.fromarray(_photo(20, 40).permute(1, 2, 0).numpy()).save(photo)
+    args = ["denoise", "--model", str(tmp_path / "model"), "--image", str(photo), "--sigma", "0.1"]
+    assert main([*args, "--out", str(tmp_path / "a.png"), "--class-label", "blue"]) == 0
+    assert Image.open(tmp_path / "a.png").size == (40, 20)
+    assert main([*args, "--out", str(tmp_path / "b.png"), "--class-label", "circle"]) == 2
+    assert "unknown class 'circle'" in capsys.readouterr().err and not (tmp_path / "b.png").exists()

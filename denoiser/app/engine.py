@@ -26,7 +26,7 @@ from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
 from denoiser.image_io import MAX_PIXELS, to_unit
 from denoiser.model_dir import list_models, load_model, model_roots, resolve_model_dir
-from denoiser.request import TIMESTEP_SPACINGS, SampleRequest
+from denoiser.request import BUILT_IN, TIMESTEP_SPACINGS, SampleRequest
 from denoiser.restore import restore
 from denoiser.sample import SAMPLERS, sampling_context
 from denoiser.sampling import ModelDefaults, Plan, read_defaults, resolve, run
@@ -180,8 +180,8 @@ class Engine:
     def generate(
         self,
         model: str,
-        scheduler: str = "ddim",
-        steps: int = 50,
+        scheduler: str | None = None,
+        steps: int | None = None,
         seed: int = 0,
         num_images: int = 4,
         class_label: int | None = None,
@@ -199,9 +199,12 @@ class Engine:
         guidance_scale, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
         (denoiser.guidance); autoguidance uses the guide named in the model folder's sampling.json.
         timestep_spacing, guidance_interval ("lo, hi" timesteps), pag_layers ("a,b"): None or empty, the model's."""
-        steps = _check_int("steps", steps, *LIMITS["steps"])
+        if steps is not None:  # None: the folder's (sampling.json), else BUILT_IN
+            steps = _check_int("steps", steps, *LIMITS["steps"])
         num_images = _check_int("number of images", num_images, *LIMITS["num_images"])
         seed = _check_int("seed", seed, *LIMITS["seed"])
+        if scheduler is None:  # the folder's sampler where the attention view can replay it, else BUILT_IN's
+            scheduler = own if (own := self.defaults(model).scheduler) in SCHEDULERS else BUILT_IN["scheduler"]
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes
@@ -215,12 +218,13 @@ class Engine:
                                 scheduler=scheduler, steps=steps, timestep_spacing=timestep_spacing, eta=float(eta),
                                 guidance_interval=guidance_interval or None, pag_layers=pag_layers or None, **scales)
         plan = self.plan(model, request)
-        self.check_work(plan.unet, num_images, steps, plan.guidance, plan.timesteps())
+        self.check_work(plan.unet, num_images, plan.steps, plan.guidance, plan.timesteps())
         inputs, timesteps = [], []
-        record = _recorder(inputs, timesteps, on_step, lambda i: steps)
+        record = _recorder(inputs, timesteps, on_step, lambda i: plan.steps)
         res = run(plan, callback=record)
-        replay = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label, eta=eta,
-                      timestep_spacing=timestep_spacing)
+        replay = dict(scheduler=scheduler, steps=plan.steps, seed=seed, num_images=num_images, class_label=class_label,
+                      eta=eta, timestep_spacing=timestep_spacing, guidance_interval=guidance_interval,
+                      pag_layers=pag_layers, **scales)  # the request again: ablate samples it with layers off
         return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay)
 
     def restore(
@@ -374,10 +378,8 @@ class Engine:
         if not layers:
             raise ValueError("choose at least one attention layer to switch off")
         unet, _ = self.model(gen.model)
-        g = gen.guidance
         with identity_attention(unet, layers, heads):
-            return self.generate(gen.model, **gen.replay, on_step=on_step, guidance_scale=g.scale, pag_scale=g.pag_scale,
-                                 guide_scale=g.guide_scale)
+            return self.generate(gen.model, **gen.replay, on_step=on_step)
 
     def four_stages(
         self, gen: Generation, image: int, step: int, pixel: tuple[int, int], layer: int, head: int

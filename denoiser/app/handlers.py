@@ -18,9 +18,10 @@ import gradio as gr
 import torch
 from PIL import Image, ImageDraw
 
-from denoiser.app.engine import RESTORE_OPERATIONS, Engine, Restored, Stages, model_cost, work_budget
+from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Restored, Stages, model_cost, work_budget
 from denoiser.app.streaming import friendly, relay, stream, user_error
 from denoiser.image_io import open_image, read_settings, save_with_settings, to_pil
+from denoiser.request import BUILT_IN
 
 __all__ = ["Handlers", "click_to_pixel", "photo_preview", "stages_text", "restored_text", "HEAD_COLUMNS", "NO_CLASS"]
 
@@ -429,11 +430,19 @@ class Handlers:
                 f"{max(1, int(budget // (num_images * per_step)))} steps with {num_images} images, or "
                 f"{max(1, int(budget // (steps * per_step)))} images with {steps} steps")
 
-    def guidance_defaults(self, model):
-        """The chosen model's own attention and autoguidance (its sampling.json); the autoguidance slider only
-        where it ships a guide. Classifier-free guidance follows the class (cfg_default)."""
+    def model_form(self, model, current_class=None):
+        """The Sample tab set to the chosen model's measured best (on load, and when a person picks a model): a class
+        (sample_class_choices), its classifier-free scale (cfg_default), its folder's sampler and step count, and
+        its sampling.json's attention guidance and autoguidance (that slider only where it ships a guide)."""
+        class_update = self.sample_class_choices(model, current_class)
+        try:
+            own = self.engine.defaults(model)
+        except (ValueError, OSError):  # a model that does not load: the page says so when it is used
+            return (class_update, *(gr.skip(),) * 5)
         d, has_guide = self.model_defaults(model)
-        return (gr.update(value=d.get("pag_scale", 0.0)),
+        scheduler = own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"]  # the app's samplers only
+        return (class_update, self.cfg_default(model, class_update["value"]), gr.update(value=scheduler),
+                gr.update(value=own.steps), gr.update(value=d.get("pag_scale", 0.0)),
                 gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))
 
     def cfg_default(self, model, class_name):

@@ -117,8 +117,8 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                     interval = gr.Textbox("", label="guidance interval: timesteps lo, hi", elem_id="interval",
                                           placeholder="e.g. 70, 550; empty: the model's (or every step)")
                     pag_layers = gr.Textbox("", label="PAG layers", elem_id="pag-layers",
-                                            placeholder="comma-separated, as the Attention tab names them; empty: "
-                                                        "the low-resolution decoder attention")
+                                            placeholder="comma-separated, as the Heads tab names them (e.g. mid_attn); "
+                                                        "empty: the low-resolution decoder attention")
         # full width, under both columns: a click sets everything (a class included) and generates (_wire)
         c.sample_examples = gr.Examples(
             rows, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w], label="try these",
@@ -224,11 +224,13 @@ def _heads_tab(c: SimpleNamespace) -> None:
 
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
-    app.load(h.sample_class_choices, [c.model, c.class_name], c.class_name, api_name=False)
+    # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
+    # settings" or a "try these" row (.change only) keeps what it was given, the class choices following the model
+    model_form = [c.class_name, c.guidance, c.scheduler, c.steps, c.pag, c.guide_w]
+    app.load(h.model_form, [c.model, c.class_name], model_form, api_name=False)
+    c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.model.change(h.sample_class_choices, [c.model, c.class_name], c.class_name, api_name=False)
-    app.load(h.guidance_defaults, c.model, [c.pag, c.guide_w], api_name=False)
-    c.model.change(h.guidance_defaults, c.model, [c.pag, c.guide_w], api_name=False)
-    c.class_name.change(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
+    c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
     app.load(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
     c.edit_model.change(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
     c.edit_class.change(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
