@@ -473,6 +473,9 @@ def test_browser_progress_says_how_far_and_stop_frees_the_slot(server, tmp_path)
         _no_errors(page)
         page.locator("#steps input[type=number]").fill("3")
         page.locator("#steps input[type=number]").press("Enter")
+        page.locator("#cfg input[type=number]").fill("3")  # not the model's own guidance: "use these settings" below
+        page.locator("#cfg input[type=number]").press("Enter")
+        generated_class = page.locator("#class input").input_value()
         page.locator("#generate").click()  # the slot is free: a short job runs at once
         page.locator("#gallery img").first.wait_for(timeout=30_000)
         # issue 35 item 12: settings that give noise say so
@@ -480,11 +483,17 @@ def test_browser_progress_says_how_far_and_stop_frees_the_slot(server, tmp_path)
         # issue 35 item 14: "use these settings" refills the form from the selected result's PNG
         page.locator("#steps input[type=number]").fill("9")
         page.locator("#steps input[type=number]").press("Enter")
+        other = _choose(page, "class", 2) if generated_class not in ("", "(any)") else None  # resets the guidance
         page.locator("#gallery img").first.click()
         page.keyboard.press("Escape")
         page.locator("#use-settings").click()
         page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '3'", timeout=10_000)
         page.locator("#status").get_by_text("restored: press Generate").wait_for(timeout=10_000)
+        # the whole form is the result's: the restored class does not reset the guidance to the model's own
+        page.wait_for_timeout(1000)  # any listener the restore set off has run
+        assert page.locator("#cfg input[type=number]").input_value() == "3"
+        if other is not None:
+            assert other != generated_class and page.locator("#class input").input_value() == generated_class
         gallery = page.locator("#gallery").bounding_box()  # issue 35 item 11: the gallery fits its row
         for img in page.locator("#gallery img").all():
             box = img.bounding_box()
@@ -659,6 +668,12 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
     shots = _screenshots(tmp_path)
     with _browser_page(server, height=1000) as page:
         page.get_by_role("tab", name="Edit").click()
+        # one slider per meaning (issue 34 item 6, issue 35 item 12): denoise shows the noise σ; edit its strength,
+        # with a note on what the scale does; inpaint neither
+        assert page.locator("#sigma").is_visible() and page.locator("#strength").is_hidden()
+        page.get_by_role("radio", name="edit", exact=True).check()
+        page.locator("#strength").get_by_text("from about 0.5 the model replaces it").wait_for(timeout=10_000)
+        assert page.locator("#sigma").is_hidden()
         editor = page.locator("#editor")
         _upload_photo(page, photo)
         page.locator("#photo-text").get_by_text("your photo: 64x48, shown at 64x48").wait_for(timeout=30_000)
@@ -679,6 +694,8 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
             page.mouse.move(cx + dx, cy + 20)
         page.mouse.up()
         page.get_by_role("radio", name="inpaint").check()
+        page.locator("#strength").wait_for(state="hidden", timeout=10_000)
+        assert page.locator("#sigma").is_hidden()
         page.locator("#edit-run").click()
         page.locator("#edit-text").get_by_text("resized and centre-cropped").wait_for(timeout=120_000)  # done
         assert page.locator("#edit-result img").count() >= 2  # your image, result
