@@ -387,6 +387,15 @@ def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
         assert size[0] > 200 and size[1] > 100
         _other_layer_and_head_then_mean(page)
         page.screenshot(path=str(shots / "app-attention.png"), full_page=True)
+        # issue 35 item 14: the session's results outlive a reload (kept in the browser, as far as Gradio allows),
+        # and "use these settings" reads them back
+        page.reload()
+        page.locator("#earlier img").first.wait_for(timeout=30_000)
+        assert page.locator("#earlier img").count() == 8  # the one run's 8 images
+        page.locator("#earlier img").nth(2).click()
+        page.keyboard.press("Escape")
+        page.locator("#use-earlier").click()
+        page.locator("#status").get_by_text("-3of8.png restored: press Generate").wait_for(timeout=10_000)
     assert (shots / "app-attention.png").stat().st_size > 10_000
 
 

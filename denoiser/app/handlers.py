@@ -19,6 +19,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Restored, Stages, model_cost, work_budget
+from denoiser.app.kept import recall, remember
 from denoiser.app.streaming import friendly, relay, stream, user_error
 from denoiser.image_io import open_image, read_settings, save_with_settings, to_pil
 from denoiser.request import BUILT_IN
@@ -322,6 +323,18 @@ class Handlers:
                f"done: denoise with {model}, at {image.width}x{image.height}")
 
     @staticmethod
+    def keep_results(gallery, kept) -> tuple:
+        """A finished run's results added to the ones kept in the browser (denoiser.app.kept), and shown."""
+        kept = remember(gallery, kept)
+        return (kept, *Handlers.kept_results(kept))
+
+    @staticmethod
+    def kept_results(kept) -> tuple:
+        """The earlier-results gallery and its button: the kept results, shown once there are any."""
+        files = recall(kept)
+        return gr.update(value=files, visible=bool(files)), gr.update(visible=bool(files))
+
+    @staticmethod
     def select_result(evt: gr.SelectData) -> int:
         return int(evt.index)
 
@@ -333,12 +346,13 @@ class Handlers:
         if not items:
             return (*(gr.skip(),) * len(SETTINGS_FORM), "generate first: the settings are read from a result")
         item = items[min(int(selected or 0), len(items) - 1)]
-        s = read_settings(item[0] if isinstance(item, (list, tuple)) else item)
+        path = Path(str(item[0] if isinstance(item, (list, tuple)) else item))  # (path, caption) or a path
+        s = read_settings(path)
         if not s:
             return (*(gr.skip(),) * len(SETTINGS_FORM), "this result carries no settings")
         values = {k: s.get(k, default) for k, default in SETTINGS_FORM.items()}  # older results lack the advanced ones
         values["class"] = values["class"] or NO_CLASS
-        return (*(gr.update(value=v) for v in values.values()), f"settings of {Path(str(item[0])).name} restored: press Generate")
+        return (*(gr.update(value=v) for v in values.values()), f"settings of {path.name} restored: press Generate")
 
     @staticmethod
     def stopped(status: str | None) -> str:

@@ -12,12 +12,13 @@ import gradio as gr
 
 from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, SCHEDULERS, Engine
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, Handlers, guidance_info
+from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.request import TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
 
 # a model's images are 16-64 pixels: enlarged in the galleries, each pixel stays a sharp square
-CSS = "#gallery img, #edit-result img, #preview img { image-rendering: pixelated; }"
+CSS = "#gallery img, #earlier img, #edit-result img, #preview img { image-rendering: pixelated; }"
 # launch() settings every server of this app uses: uploads (a photo on the Edit tab) of at most 25 MB, what a
 # phone or camera writes; image_io then refuses more than 50 megapixels before decoding
 # show_error: Gradio's own input validation (e.g. a raw API call with steps: null) reaches the client as its
@@ -42,7 +43,9 @@ def build_app(engine: Engine) -> gr.Blocks:
         c = SimpleNamespace(gen_state=gr.State(None, time_to_live=SESSION_TTL_S),
                             pixel_state=gr.State(None, time_to_live=SESSION_TTL_S),
                             photo_shown=gr.State(None),  # the upload the Edit tab's editor holds
-                            selected=gr.State(0))  # the result selected in the Sample tab's gallery
+                            selected=gr.State(0),  # the result selected in the Sample tab's gallery
+                            earlier_selected=gr.State(0),  # ... and in its earlier results
+                            kept=gr.BrowserState([], storage_key=STORAGE_KEY))  # denoiser.app.kept
         gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, or denoise, edit and inpaint "
                     "your own photo on the **Edit** tab; then click any pixel on the **Attention** tab to see where each "
                     "attention layer of the U-Net looks; the **Heads** tab measures what each layer and head does and "
@@ -84,6 +87,12 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                                      columns=4, elem_id="gallery", buttons=["download", "download_all"], height="auto",
                                      object_fit="contain", type="filepath", interactive=False)
                 use_settings = gr.Button("use these settings (the selected result's)", size="sm", elem_id="use-settings")
+                # this browser's last results (denoiser.app.kept): shown once there are any, after a reload too
+                earlier = gr.Gallery(label=f"earlier results (the last {KEEP}, kept in this browser)", format="png",
+                                     columns=6, elem_id="earlier", buttons=["download"], height=240, visible=False,
+                                     object_fit="contain", type="filepath", interactive=False)
+                use_earlier = gr.Button("use these settings (the selected earlier result's)", size="sm",
+                                        elem_id="use-earlier", visible=False)
             with gr.Column(scale=1):
                 model = gr.Dropdown(models, value=default, label="model (folders under weights/)")
                 scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
@@ -259,6 +268,13 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     if c.sample_examples is not None:  # a "try these" row fills the form, then generates as Generate does
         runs.append(c.sample_examples.load_input_event.then(h.generate, sample_inputs, sample_outputs, api_name=False,
                                                             **sampling))
+    # a finished run's results join the ones kept in the browser; a reload shows those again
+    earlier = [c.earlier, c.use_earlier]
+    for run in runs:
+        run.success(h.keep_results, [c.gallery, c.kept], [c.kept, *earlier], api_name=False, queue=False)
+    app.load(h.kept_results, c.kept, earlier, api_name=False)
+    c.earlier.select(h.select_result, None, c.earlier_selected, api_name=False)
+    c.use_earlier.click(h.use_settings, [c.earlier, c.earlier_selected], [*form, c.status], api_name=False)
     # an upload, an example, or cleared; photo_shown: which upload the editor holds
     # unqueued: the photo (or why it cannot be used) shows at once, not after a running job's queue turn
     c.photo.change(h.load_photo, c.photo, [c.editor, c.photo_text, c.photo_shown], api_name=False, queue=False)
