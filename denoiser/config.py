@@ -33,7 +33,9 @@ class DataConfig:
     image_column: str = "image"  # "hf": the column holding the images
     label_column: str | None = "label"  # "hf", "webdataset" (extension; also .cls) and metadata.csv/jsonl: the class column; absent or null = unconditional
     split: str = "train"  # "hf": the split of a DatasetDict or of a cached dataset name
-    num_workers: int | None = None  # processes decoding images while the store is prepared (None = every core)
+    num_workers: int | None = None  # processes decoding images, for the store or a stream (None = every core; 1 = this process alone)
+    streaming: bool = False  # "webdataset", "hf": read the shards as a stream while training, no store (docs/training-data.md, Streaming)
+    shuffle_buffer: int = 1000  # streaming: items in the seeded shuffle buffer (1 = shard order only)
 
 
 @dataclass
@@ -86,6 +88,7 @@ class TrainConfig:
 
 
 DATASETS = ("synthetic", "folder", "hf", "webdataset", "cifar10")
+STREAMABLE = ("webdataset", "hf")  # sources whose shards can be read as a stream (data.streaming)
 SECTIONS = {"data": DataConfig, "diffusion": DiffusionConfig, "train": TrainConfig}
 
 
@@ -199,6 +202,10 @@ def _check_values(cfg: RunConfig, source: str) -> None:
         (d.dataset in DATASETS, f"data.dataset must be one of {', '.join(DATASETS)}, got {d.dataset!r}"),
         (d.dataset == "synthetic" or d.path, f"data.path is required for dataset {d.dataset!r}: set data.path to the image folder"),
         (d.num_workers is None or d.num_workers >= 1, f"data.num_workers must be >= 1 (or null: every core), got {d.num_workers}"),
+        (not d.streaming or d.dataset in STREAMABLE,
+         f"data.streaming needs sharded data (data.dataset: {' or '.join(STREAMABLE)}), got {d.dataset!r}; "
+         "remove data.streaming to prepare it into the store, or write it as WebDataset shards"),
+        (d.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1 (1: shard order only), got {d.shuffle_buffer}"),
         (d.val_size >= 0, f"data.val_size must be >= 0, got {d.val_size}"),
         (diff.beta_schedule in ("linear", "cosine"), f"diffusion.beta_schedule must be linear or cosine, got {diff.beta_schedule!r}"),
         (diff.prediction_type in ("epsilon", "v_prediction"), f"diffusion.prediction_type must be epsilon or v_prediction, got {diff.prediction_type!r}"),

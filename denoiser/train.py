@@ -15,6 +15,11 @@ The images come memory-mapped from the data's store (denoiser/data/store.py): pr
 process that asks for it, and shared by every process and later run on the machine; each step's batch is
 made one step ahead on a thread (denoiser/data/prefetch.py).
 
+With `data.streaming: true` (denoiser/data/stream.py) each process reads its own shards instead: it makes only its
+own part of the batch (batch_size / processes images, from its stream, decoded by DataLoader workers), with noise,
+timesteps, flips and label dropout from a generator seeded by (seed, step, rank). A resumed stream continues
+exactly on the same number of processes; another number of processes sees another order.
+
 `train.batch_size` is the global batch per optimizer step; the LR schedule and EMA count optimizer
 steps only, so both are right under accumulation and any number of processes.
 """
@@ -42,8 +47,9 @@ from tqdm.auto import tqdm
 
 from denoiser import checkpoint as ckpt
 from denoiser.config import RunConfig, load_config
-from denoiser.data import ImageDataset, open_store, prepare, split
+from denoiser.data import ImageDataset, open_store, prepare, split, to_model_range
 from denoiser.data.prefetch import Prefetcher
+from denoiser.data.stream import RankBatch, Stream, open_stream, seed_of, stream_workers
 from denoiser.diffusion import Diffusion
 from denoiser.fast import malloc
 from denoiser.fast.groupnorm import default_channels_last
@@ -89,7 +95,7 @@ class _Stop:
             signal.signal(s, h)
 
 
-def _check_setup(cfg: RunConfig, world: int, train_ds: ImageDataset) -> int:
+def _check_setup(cfg: RunConfig, world: int, train_ds: ImageDataset | Stream) -> int:
     train_cfg = cfg.train
     per_step = world * train_cfg.gradient_accumulation_steps
     if train_cfg.batch_size % per_step:
@@ -208,10 +214,16 @@ class TrainLoop:
             unet.enable_gradient_checkpointing()
         return unet
 
-    def _load_data(self, sample_size: int) -> tuple[ImageDataset, ImageDataset]:
+    def _load_data(self, sample_size: int) -> tuple[ImageDataset | Stream, ImageDataset]:
         """(train, validation), memory-mapped from the data's store. Every process asks for the store: the
-        first on this machine (or shared filesystem) prepares it, the others wait for it; then all map it."""
+        first on this machine (or shared filesystem) prepares it, the others wait for it; then all map it.
+        With data.streaming, train is this process's stream and validation the first data.val_size items."""
         d = self.cfg.data
+        if d.streaming:
+            stream = open_stream(d, sample_size, self.train_cfg.seed, self.rank, self.world)
+            if self.is_main:
+                logger.info("data: a stream of %d items in %d shards of %s", len(stream), len(stream.shards.sizes), d.path)
+            return stream, stream.validation()
         info = prepare(d, sample_size)  # the process that prepares shows the progress
         if self.is_main:
             logger.info("data: %d images from %s", info.num_images, info.path)
@@ -251,6 +263,9 @@ class TrainLoop:
             step = state["step"]
             if self.is_main:
                 truncate_losses(self.out, step)
+                if self.cfg.data.streaming and state.get("world_size", self.world) != self.world:
+                    logger.warning("this stream ran on %d processes and resumes on %d: each process's shards, and so the "
+                                   "order of the data, differ from here on", state["world_size"], self.world)
             logger.info("resumed from %s at step %d", resume_dir, step)
         if self.is_main:
             ckpt.remove_partial(self.out)
@@ -267,6 +282,10 @@ class TrainLoop:
         self.seen = torch.zeros(2, dtype=torch.float64)  # images seen by this rank, checksum of their indices
         self.tic, self.tic_step = time.perf_counter(), self.step
         self.waited = 0.0  # seconds this rank waited for its input (images, noise) in this sitting
+        self.stream_batches = None  # this rank's images of each step, from DataLoader workers (data.streaming)
+        if isinstance(self.train_ds, Stream):
+            per_rank = self.micro * self.train_cfg.gradient_accumulation_steps
+            self.stream_batches = self.train_ds.batches(per_rank, stream_workers(self.cfg.data.num_workers))
         self.batches = Prefetcher(self._batch)  # step k+1's batch is made while step k computes
         self.started, self.first_step = time.monotonic(), self.step
         try:
@@ -281,6 +300,8 @@ class TrainLoop:
         finally:
             self.bar.close()
             self.batches.close()
+            if self.stream_batches is not None:
+                self.stream_batches.close()
             stop.restore()
         return self.finish()
 
@@ -290,7 +311,7 @@ class TrainLoop:
         train_cfg, acc, A = self.train_cfg, self.accelerator, self.train_cfg.gradient_accumulation_steps
         torch.manual_seed(train_cfg.seed * 1_000_003 + self.step * 97 + self.rank)  # dropout stream: a function of (step, rank)
         tic = time.perf_counter()
-        batch = self.batches.get(self.step)  # the whole global batch
+        batch = self.batches.get(self.step)  # the whole global batch (a stream: this rank's part)
         self.waited += time.perf_counter() - tic
         self.model.train()
         loss_sum = torch.zeros((), device=acc.device)
@@ -315,14 +336,19 @@ class TrainLoop:
         return loss_mean, grad_norm
 
     def _batch(self, step: int) -> tuple[torch.Tensor, ...]:
-        """Step `step`'s global batch (on the prefetch thread); in pinned memory for an asynchronous copy to a GPU."""
-        batch = _step_batch(self.train_ds, self.diffusion, self.cfg, step, self.conditional)
+        """Step `step`'s global batch, or with a stream this rank's part (on the prefetch thread); in pinned memory
+        for an asynchronous copy to a GPU."""
+        if self.stream_batches is not None:
+            batch = _rank_batch(self.stream_batches.get(step), self.diffusion, self.cfg, step, self.rank, self.conditional)
+        else:
+            batch = _step_batch(self.train_ds, self.diffusion, self.cfg, step, self.conditional)
         return tuple(v.pin_memory() for v in batch) if self.accelerator.device.type == "cuda" else batch
 
     def _micro_step(self, batch: tuple[torch.Tensor, ...], a: int) -> torch.Tensor:
         """Forward and backward on this process's slice of accumulation step `a`; gradients sync on the last."""
         acc, A, micro = self.accelerator, self.train_cfg.gradient_accumulation_steps, self.micro
-        first = (a * self.world + self.rank) * micro  # order: [accum][rank][micro]
+        # order: [accum][rank][micro] of the global batch; a stream's part of this rank is [accum][micro]
+        first = (a * self.world + self.rank) * micro if self.stream_batches is None else a * micro
         idx, x0, labels, noise, timesteps = (v[first : first + micro] for v in batch)
         self.seen += torch.tensor([micro, float(idx.double().mul(self.step + 1).sum())], dtype=torch.float64)
         x0 = x0.to(acc.device, non_blocking=True, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
@@ -393,24 +419,32 @@ class TrainLoop:
         """The (EMA) weights exported as a pipeline to out/model, and train_summary.json; returns out/model."""
         acc = self.accelerator
         all_seen = acc.gather(self.seen.to(acc.device)[None]).cpu()  # (world, 2)
+        skipped = None
+        if self.stream_batches is not None:  # items each rank skipped (could not decode): (world,)
+            skipped = acc.gather(torch.tensor([len(self.stream_batches.skipped)], device=acc.device)).cpu()
         model_dir = self.out / "model"
         if self.is_main:
             final = _export_unet(acc.unwrap_model(self.model), self.ema)
             names = list(getattr(self.train_ds, "classes", None) or [])
             classes = names if len(names) == (final.config.num_class_embeds or 0) else None
             save_pipeline(final, self.diffusion.scheduler, model_dir, classes=classes)
-            (self.out / "train_summary.json").write_text(json.dumps(self._summary(all_seen), indent=1))
+            (self.out / "train_summary.json").write_text(json.dumps(self._summary(all_seen, skipped), indent=1))
         acc.wait_for_everyone()
         acc.end_training()
         return model_dir
 
-    def _summary(self, all_seen: torch.Tensor) -> dict:
-        """train_summary.json: images seen (per rank, with a checksum of their indices), LR, this sitting's speed."""
+    def _summary(self, all_seen: torch.Tensor, skipped: torch.Tensor | None) -> dict:
+        """train_summary.json: images seen (per rank, with a checksum of their indices: store rows, or a stream's global
+        item numbers), LR, this sitting's speed; a stream adds the items each rank skipped in this sitting."""
         train_cfg, step = self.train_cfg, self.step
+        per_rank = [{"rank": r, "images": int(n), "index_checksum": float(c)} for r, (n, c) in enumerate(all_seen.tolist())]
+        if skipped is not None:
+            for row, n in zip(per_rank, skipped.tolist()):
+                row["skipped"] = int(n)
         return {
             "step": step,
             "images_seen": int(all_seen[:, 0].sum()),
-            "per_rank": [{"rank": r, "images": int(n), "index_checksum": float(c)} for r, (n, c) in enumerate(all_seen.tolist())],
+            "per_rank": per_rank,
             "lr": self.lr_scheduler.get_last_lr()[0],
             "validation_images": len(self.val_ds),
             "data_wait": round(self.waited / max(time.perf_counter() - self.tic, 1e-9), 4),  # main process, this sitting
@@ -427,14 +461,27 @@ def _step_batch(ds: ImageDataset, diffusion: Diffusion, cfg: RunConfig, step: in
     same numbers, and a resumed run draws exactly what the uninterrupted one drew.
     """
     train_cfg = cfg.train
-    B = train_cfg.batch_size
     gen = torch.Generator().manual_seed(train_cfg.seed * 7_919 + step)
-    idx = batch_indices(len(ds), B, step, train_cfg.seed)
+    idx = batch_indices(len(ds), train_cfg.batch_size, step, train_cfg.seed)
     x0, labels = ds.batch(idx)
+    return _with_draws(idx, x0, labels, gen, diffusion, cfg, conditional)
+
+
+def _rank_batch(part: RankBatch, diffusion: Diffusion, cfg: RunConfig, step: int, rank: int, conditional: bool):
+    """Item numbers, images, labels, noise and timesteps of this rank's part of step `step` from a stream: its
+    images, and draws from a generator seeded by (seed, step, rank). A pure function of (seed, step, rank)."""
+    gen = torch.Generator().manual_seed(seed_of(3, cfg.train.seed, step, rank))
+    return _with_draws(part.ids, to_model_range(part.pixels), part.labels, gen, diffusion, cfg, conditional)
+
+
+def _with_draws(idx, x0: torch.Tensor, labels: torch.Tensor, gen: torch.Generator, diffusion: Diffusion, cfg: RunConfig,
+                conditional: bool):
+    """A batch with its noise, timesteps, flips and label dropout drawn from `gen`, in that order."""
+    B = len(x0)
     noise = torch.randn(x0.shape, generator=gen)
     timesteps = diffusion.sample_timesteps(B, gen)
     flip = torch.rand(B, generator=gen) < 0.5
-    drop = torch.rand(B, generator=gen) < train_cfg.class_dropout
+    drop = torch.rand(B, generator=gen) < cfg.train.class_dropout
     if cfg.data.random_flip:
         x0 = torch.where(flip[:, None, None, None], x0.flip(-1), x0)
     if conditional:

@@ -2,6 +2,9 @@
 into a memory-mapped store (`denoiser.data.store`), then split into training and validation sets.
 
     train, val = load_datasets(cfg.data, sample_size)   # prepares the store on first use, then maps it
+
+With `data.streaming: true`, WebDataset or Hugging Face shards are read as a stream instead, with no store
+(`denoiser.data.stream.open_stream`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def make_source(cfg: DataConfig) -> Source:
 
 def prepare(cfg: DataConfig, sample_size: int, progress: bool = True) -> StoreInfo:
     """The store of a data config at `sample_size`, prepared if it is not there yet (`denoiser prepare-data`)."""
+    if cfg.streaming:
+        raise ValueError(f"data.streaming: true reads the shards of {cfg.path!r} while training; there is no store to "
+                         "prepare. Start the run, or remove data.streaming to prepare a store")
     return prepare_store(make_source(cfg), sample_size, cfg.num_workers, progress)
 
 

@@ -5,12 +5,19 @@ Images are read as their stored bytes (or path) and decoded by `denoiser.data.de
 files: the same EXIF handling, JPEG draft decoding and resize to `sample_size`. A `ClassLabel` column's
 names become the class names (the exported model's classes.txt); integer labels keep their values and
 string labels are sorted into names.
+
+With `data.streaming: true` the dataset's files are a stream's shards instead (`HFShards`, one per file): the
+Arrow files behind a save_to_disk folder or a cached dataset, memory-mapped and read in place, or a folder's parquet
+files, read a row group at a time. We read the files ourselves rather than through `datasets`' IterableDataset:
+the stream's resume guarantee needs items addressable by (file, row) without decoding (denoiser/data/stream.py),
+and an IterableDataset restored from its state_dict refills its shuffle buffer afresh instead of replaying it.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +25,9 @@ import numpy as np
 
 from denoiser.data.decode import decode_image
 from denoiser.data.sources import Chunk, Source, _gather, _labels_from, _slug
+from denoiser.data.stream import Shards
 
-__all__ = ["HFSource", "open_hf"]
+__all__ = ["HFSource", "HFShards", "open_hf"]
 
 
 def _files_key(files: list[Path]) -> str:
@@ -64,6 +72,29 @@ def open_hf(path: str, split: str, cache_dir: str | None = None):
     return ds, key or ds._fingerprint
 
 
+def _check_columns(feats, path: str, image_column: str, label_column: str | None) -> bool:
+    """Check the image column is an Image feature; returns whether the label column is there."""
+    from datasets import Image
+
+    if image_column not in feats:
+        raise ValueError(f"{path!r} has no column {image_column!r} (columns: {', '.join(feats)}); set data.image_column")
+    if not isinstance(feats[image_column], Image):
+        raise ValueError(f"column {image_column!r} of {path!r} is {feats[image_column]}, not an Image feature; "
+                         "set data.image_column to the image column")
+    return bool(label_column) and label_column in feats
+
+
+def _label_names(feature, values: list, column: str, where: str) -> tuple[list[int], list[str], dict | None]:
+    """(class indices, class names, stored value -> index or None): a ClassLabel's own names and values, else
+    `_labels_from` (integers keep their value, strings are sorted into names)."""
+    from datasets import ClassLabel
+
+    if isinstance(feature, ClassLabel):
+        return [int(v) for v in values], list(feature.names), None
+    indices, classes = _labels_from(values, column, where)
+    return indices, classes, dict(zip(values, indices))
+
+
 @dataclass
 class HFSource(Source):
     path: str
@@ -75,26 +106,13 @@ class HFSource(Source):
     label_map: dict | None = field(default=None, repr=False)  # stored label value -> class index (non-ClassLabel)
 
     def __post_init__(self):
-        from datasets import ClassLabel, Image
-
         ds, self._key = open_hf(self.path, self.split, self.cache_dir)
         self.name = "hf-" + _slug(Path(self.path).name or self.path)
-        feats = ds.features
-        if self.image_column not in feats:
-            raise ValueError(f"{self.path!r} has no column {self.image_column!r} (columns: {', '.join(feats)}); "
-                             "set data.image_column")
-        if not isinstance(feats[self.image_column], Image):
-            raise ValueError(f"column {self.image_column!r} of {self.path!r} is {feats[self.image_column]}, not an "
-                             "Image feature; set data.image_column to the image column")
-        self.classes, self._labelled = [], bool(self.label_column) and self.label_column in feats
+        self._labelled = _check_columns(ds.features, self.path, self.image_column, self.label_column)
+        self.classes = []
         if self._labelled:
-            feature = feats[self.label_column]
-            if isinstance(feature, ClassLabel):
-                self.classes = list(feature.names)
-            else:
-                values = ds.with_format("arrow")[self.label_column].to_pylist()
-                indices, self.classes = _labels_from(values, self.label_column, self.path)
-                self.label_map = dict(zip(values, indices))
+            values = ds.with_format("arrow")[self.label_column].to_pylist()
+            _, self.classes, self.label_map = _label_names(ds.features[self.label_column], values, self.label_column, self.path)
         self._n = len(ds)
 
     def __len__(self) -> int:
@@ -114,9 +132,108 @@ class HFSource(Source):
         by_name = dict(zip(names, images))
 
         def decode(name: str) -> np.ndarray:
-            image = by_name[name]
-            if not image or not (image.get("bytes") or image.get("path")):
-                raise ValueError("no image in this row")
-            return decode_image(image["bytes"] or image["path"], size)
+            return decode_image(_encoded(by_name[name]), size)
 
         return _gather(list(zip(names, labels)), size, decode)
+
+
+def _encoded(image: dict | None) -> bytes | str:
+    """An Image feature's stored value, {"bytes": ..., "path": ...} -> what `decode_image` reads."""
+    if not image or not (image.get("bytes") or image.get("path")):
+        raise ValueError("no image in this row")
+    return image["bytes"] or image["path"]
+
+
+def _shard_files(path: str, split: str, cache_dir: str | None) -> tuple[list[Path], bool]:
+    """(files, parquet?) of `data.path` as a stream's shards: a folder's .arrow or .parquet files, else the Arrow
+    files behind a save_to_disk folder or a cached dataset (read in place, never converted)."""
+    folder = Path(path).expanduser()
+    saved = (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
+    if folder.is_dir() and not saved:
+        arrows, parquets = sorted(folder.rglob("*.arrow")), sorted(folder.rglob("*.parquet"))
+        if arrows or parquets:
+            return arrows or parquets, not arrows
+        raise ValueError(f"data.path {path!r} holds no save_to_disk dataset, .arrow or .parquet files; "
+                         "point it at one of those, or use data.dataset: folder for image files")
+    ds, _ = open_hf(path, split, cache_dir)
+    files = [Path(f["filename"]) for f in ds.cache_files]
+    if sum(_ArrowFile(f).num_rows for f in files) != len(ds):
+        raise ValueError(f"{path!r} is not laid out as whole Arrow files (an indices mapping, or held in memory), so it "
+                         "cannot be streamed; save it with save_to_disk(path, num_shards=N) and point data.path there")
+    return files, False
+
+
+class _ArrowFile:
+    """One Arrow file of a `datasets` dataset, memory-mapped: a row is read in place."""
+
+    def __init__(self, path: Path):
+        from datasets import Dataset
+
+        ds = Dataset.from_file(str(path))  # memory-mapped, nothing copied
+        self.features, self.table, self.num_rows = ds.features, ds.data.table, len(ds)
+
+    def column(self, name: str) -> list:
+        return self.table.column(name).to_pylist()
+
+    def value(self, name: str, row: int):
+        return self.table.column(name)[row].as_py()
+
+
+class _ParquetFile:
+    """One parquet file, read a row group at a time; the last `keep` groups stay decompressed."""
+
+    def __init__(self, path: Path, keep: int = 4):
+        import pyarrow.parquet as pq
+        from datasets import Features
+
+        self.file, self.keep, self.groups = pq.ParquetFile(path), keep, {}
+        self.features = Features.from_arrow_schema(self.file.schema_arrow)  # ClassLabel names from its metadata
+        meta = self.file.metadata
+        self.num_rows = meta.num_rows
+        self.starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+
+    def column(self, name: str) -> list:
+        return self.file.read(columns=[name]).column(name).to_pylist()
+
+    def value(self, name: str, row: int):
+        g = int(np.searchsorted(self.starts, row, side="right")) - 1
+        if (name, g) not in self.groups:
+            if len(self.groups) >= self.keep:
+                self.groups.pop(next(iter(self.groups)))  # the oldest
+            self.groups[(name, g)] = self.file.read_row_group(g, columns=[name]).column(name)
+        return self.groups[(name, g)][row - int(self.starts[g])].as_py()
+
+
+class HFShards(Shards):
+    """A Hugging Face dataset's files as a stream's shards (data.streaming: true), one shard per file: the Arrow
+    files of a save_to_disk folder or cached dataset (memory-mapped), or a folder's .arrow or .parquet files. Only
+    the label column is read up front; labels and class names follow the store's rules (`_label_names`)."""
+
+    def __init__(self, path: str, image_column: str = "image", label_column: str | None = "label", split: str = "train",
+                 cache_dir: str | None = None):
+        self.where, self.image_column, self.dropped = path, image_column, []
+        self.paths, self.parquet = _shard_files(path, split, cache_dir)
+        self._pid, self._readers = os.getpid(), {}
+        files = [self._reader(s) for s in range(len(self.paths))]
+        features = files[0].features
+        labelled = _check_columns(features, path, image_column, label_column)
+        self.sizes = [f.num_rows for f in files]
+        values = [v for f in files for v in (f.column(label_column) if labelled else [0] * f.num_rows)]
+        self.classes = []
+        if labelled:
+            values, self.classes, _ = _label_names(features[label_column], values, label_column, path)
+        self.labels = np.split(np.asarray(values, dtype=np.int64), np.cumsum(self.sizes)[:-1])
+
+    def _reader(self, shard: int) -> _ArrowFile | _ParquetFile:
+        """Shard `shard`'s file, opened once per process (a forked DataLoader worker opens its own)."""
+        if self._pid != os.getpid():
+            self._pid, self._readers = os.getpid(), {}
+        if shard not in self._readers:
+            self._readers[shard] = (_ParquetFile if self.parquet else _ArrowFile)(self.paths[shard])
+        return self._readers[shard]
+
+    def encoded(self, shard: int, item: int) -> bytes | str:
+        return _encoded(self._reader(shard).value(self.image_column, item))
+
+    def item_name(self, shard: int, item: int) -> str:
+        return f"{self.paths[shard].name} row {item}"

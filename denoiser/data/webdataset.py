@@ -2,8 +2,9 @@
 
 A sample is the tar members sharing a key (the member name up to the first dot of its file name): its image is
 the member with an image extension (jpg, png, webp, ...), its label the integer or name in the member whose
-extension is `data.label_column` (`label`, also `cls` by default). The shards are indexed once when the store
-is prepared (tar headers and label members only), then images are read by offset, in parallel, like files.
+extension is `data.label_column` (`label`, also `cls` by default). The shards are indexed (tar headers and label
+members only), then images are read by offset: in parallel, like files, when the store is prepared, or item by item
+by a stream (`TarShards`, `data.streaming: true`, denoiser/data/stream.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import numpy as np
 
 from denoiser.data.decode import decode_image, is_image_name
 from denoiser.data.sources import Chunk, Source, _gather, _labels_from
+from denoiser.data.stream import Shards
 
-__all__ = ["WebDatasetSource", "expand_braces"]
+__all__ = ["WebDatasetSource", "TarShards", "expand_braces"]
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -123,3 +125,31 @@ class WebDatasetSource(Source):
         finally:
             for f in handles.values():
                 f.close()
+
+
+class TarShards(Shards):
+    """A WebDatasetSource's shards as a stream reads them: its index (the same labels and classes as its store),
+    grouped by shard; a sample without an image member is left out here, and counted in `dropped`."""
+
+    def __init__(self, source: WebDatasetSource):
+        self.where, self.paths, self.classes = source.pattern, source.shards, source.classes
+        rows: list[list[tuple[int, int, int, str]]] = [[] for _ in self.paths]  # per shard: offset, size, label, key
+        self.dropped = []
+        for sample, label in zip(source._index(), source._labels):
+            if sample.offset is None:
+                self.dropped.append((f"{self.paths[sample.shard].name}/{sample.key}", "the sample has no image member"))
+            else:
+                rows[sample.shard].append((sample.offset, sample.size, label, sample.key))
+        self.sizes = [len(r) for r in rows]
+        self.offsets = [np.array([r[0] for r in shard], dtype=np.int64) for shard in rows]
+        self.lengths = [np.array([r[1] for r in shard], dtype=np.int64) for shard in rows]
+        self.labels = [np.array([r[2] for r in shard], dtype=np.int64) for shard in rows]
+        self.keys = [[r[3] for r in shard] for shard in rows]
+
+    def encoded(self, shard: int, item: int) -> bytes:
+        with open(self.paths[shard], "rb") as f:  # opened per item: no file position shared with forked workers
+            f.seek(int(self.offsets[shard][item]))
+            return f.read(int(self.lengths[shard][item]))
+
+    def item_name(self, shard: int, item: int) -> str:
+        return f"{self.paths[shard].name}/{self.keys[shard][item]}"
