@@ -37,10 +37,14 @@ lint: venv
 	$(PY) -m ruff check denoiser tests bench app.py
 
 # the whole suite, then the model, attention and sampling tests again with the kernels switched off (as on
-# a machine without a compiler); kernel tests skip there, saying why
+# a machine without a compiler); kernel tests skip there, saying why. Files run on TEST_WORKERS processes
+# (pytest-xdist, one torch thread each; a file's tests stay on one worker, sharing its app server): many tests
+# wait on subprocesses, a browser or a server, so 2 workers on 2 cores took the suite from 18 to 10 minutes
+TEST_WORKERS ?= 2
+PYTEST  := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: venv chromium lint
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
-	DENOISER_KERNELS=0 HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(NO_KERNEL_TESTS)
+	HF_HUB_OFFLINE=1 $(PYTEST) tests
+	DENOISER_KERNELS=0 HF_HUB_OFFLINE=1 $(PYTEST) $(NO_KERNEL_TESTS)
 
 demo: venv
 	HF_HUB_OFFLINE=1 .venv/bin/denoiser train --config configs/tiny.yaml --output-dir $(RUN) --max-steps $(DEMO_STEPS)

@@ -15,6 +15,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs files on 2 workers (pytest-xdist): one core each, not 2 threads each
+    torch.set_num_threads(1)
+
 TINY = dict(
     sample_size=16, base_channels=16, channel_mult=(1, 2), layers_per_block=1, attention_resolutions=(8,),
     mid_attention=True, num_heads=2, norm_num_groups=8,
@@ -83,6 +86,23 @@ TRAIN_CONFIG = {
         "checkpoint_every": 2, "sample_every": 0, "num_sample_images": 4, "sample_steps": 2, "channels_last": False,
     },
 }
+
+
+def photo_folder(root: Path, n: int = 6, size: tuple[int, int] = (18, 24), classes: tuple[str, str] = ("dogs", "cats"),
+                 spread: tuple[int, int, int, int] = (60, 40, 30, 90)) -> Path:
+    """n small JPEGs of distinct colours in two class folders (odd images in classes[1]); returns root.
+    spread: (noise amplitude, red step, green step, blue) of image i's colour (a·noise + (r·i, 200 - g·i, b))."""
+    import numpy as np
+    from PIL import Image
+
+    amp, r, g, b = spread
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        arr = (rng.random((*size, 3)) * amp + np.array([r * i, 200 - g * i, b])).clip(0, 255).astype(np.uint8)
+        path = root / classes[i % 2] / f"{i:03d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(arr).save(path, quality=90)
+    return root
 
 
 def write_config(path: Path, **sections) -> Path:

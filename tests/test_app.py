@@ -308,7 +308,7 @@ def test_server_memory_stays_flat_and_dropped_sessions_are_freed(weights, tmp_pa
     session would add ~27 MiB per session."""
     from gradio_client import Client
 
-    cap, measured = 2, 12
+    cap, measured = 2, 7  # a session that outlived the cap would add ~27 MiB each: 5 of them, well over the 60 MiB bar
     with _app_process(weights, tmp_path / "gradio", "--max-sessions", str(cap)) as (proc, url):
 
         def fresh_session(steps: int, images: int) -> float:
@@ -632,11 +632,14 @@ def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
         _run_right_after_a_new_upload(page, tmp_path)
         empty = tmp_path / "empty.png"
         empty.write_bytes(b"")
+        waits = {}
         for bad, message in ((fake, "is not an image denoiser can read"), (huge, "at most 50 megapixels"),
                              (empty, "is empty (0 bytes)"), (heavy, "exceed the maximum allowed size of 25.0 Mb")):
+            asked = time.monotonic()
             _upload_photo(page, bad)
             shown = page.get_by_text(message).first
             shown.wait_for(timeout=30_000)
+            waits[bad.name] = round(time.monotonic() - asked, 2)  # issue 35 item 9: the message's latency
             assert str(tmp_path) not in page.content() and "gradio" not in shown.inner_text().lower()
             page.screenshot(path=str(shots / f"app-edit-{bad.stem}.png"), full_page=True)
             if bad is fake:  # issue 35 item 9: Run names the real reason, not "upload an image first"
@@ -645,6 +648,7 @@ def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
                 assert page.get_by_text("upload an image first").count() == 0
     assert took < 60, f"a phone photo took {took:.0f} s from upload to result"
     print(f"phone photo: {took:.1f} s from upload to result")
+    print(f"bad uploads, seconds from the file chosen to the message: {waits}")
 
 
 def _mean_colour(page, selector: str) -> tuple[float, float, float]:

@@ -22,7 +22,7 @@ from denoiser.data import (
     split,
 )
 from denoiser.data.decode import decode_image
-from tests.conftest import ROOT
+from tests.conftest import ROOT, photo_folder
 
 
 @pytest.fixture(autouse=True)
@@ -49,16 +49,6 @@ def _write(root, name=None, mode="RGB", size=(20, 12), colour=None):
     fill = colour if colour is not None else (128 if mode in ("L", "P") else (200, 10, 10, 255)[: len(mode)])
     Image.new(mode, size, fill).save(path)
     return path
-
-
-def _photos(root, n=6):
-    """n small JPEGs of distinct colours in two class folders."""
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        arr = (rng.random((18, 24, 3)) * 60 + np.array([40 * i, 200 - 30 * i, 90])).clip(0, 255).astype(np.uint8)
-        path = root / ("cats" if i % 2 else "dogs") / f"{i:03d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(arr).save(path, quality=90)
 
 
 def test_folder_converts_modes_resizes_and_labels(tmp_path):
@@ -101,7 +91,7 @@ def test_jpeg_draft_decoding_matches_a_full_decode(tmp_path):
 
 
 def test_broken_files_are_skipped_counted_and_listed(tmp_path):
-    _photos(tmp_path / "photos")
+    photo_folder(tmp_path / "photos")
     good = (tmp_path / "photos" / "cats" / "001.jpg").read_bytes()
     (tmp_path / "photos" / "cats" / "truncated.jpg").write_bytes(good[: len(good) // 2])
     (tmp_path / "photos" / "dogs" / "broken.png").write_bytes(b"not a png at all")
@@ -147,7 +137,7 @@ def test_flat_folder_is_unconditional_and_metadata_gives_labels(tmp_path):
 
 
 def test_store_is_memory_mapped_reused_and_keyed_by_content_and_size(tmp_path, monkeypatch):
-    _photos(tmp_path / "photos")
+    photo_folder(tmp_path / "photos")
     cfg = DataConfig(dataset="folder", path=str(tmp_path / "photos"), val_size=2)
     first = prepare(cfg, 8)
     ds = load_folder(tmp_path / "photos", 8)
@@ -172,7 +162,7 @@ def test_store_is_memory_mapped_reused_and_keyed_by_content_and_size(tmp_path, m
 
 
 def test_parallel_preparation_gives_the_same_store(tmp_path):
-    _photos(tmp_path / "photos", n=10)
+    photo_folder(tmp_path / "photos", n=10)
     one = load_folder(tmp_path / "photos", 8)
     two = load_dataset_with_workers(tmp_path / "photos", 2, tmp_path / "other-cache")
     assert torch.equal(one.images[torch.arange(10)], two.images[torch.arange(10)])
@@ -207,7 +197,7 @@ print(info.path, info.num_images)
 
 
 def test_concurrent_preparers_prepare_once(tmp_path, cache):
-    _photos(tmp_path / "photos", n=20)
+    photo_folder(tmp_path / "photos", n=20)
     procs = [subprocess.Popen([sys.executable, "-c", PREPARER, str(tmp_path / "photos")], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=120) for p in procs]
@@ -377,7 +367,7 @@ def test_prepare_data_command_prepares_the_store_a_run_opens(tmp_path, capsys):
     from denoiser.cli import main
     from tests.conftest import TRAIN_CONFIG
 
-    _photos(tmp_path / "photos")
+    photo_folder(tmp_path / "photos")
     (tmp_path / "photos" / "cats" / "bad.jpg").write_bytes(b"nope")
     cfg = {**TRAIN_CONFIG, "data": {"dataset": "folder", "path": str(tmp_path / "photos"), "val_size": 2}}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT, cli, write_config
+from tests.conftest import ROOT, cli, photo_folder, write_config
 
 
 def _free_port() -> int:
@@ -133,24 +133,11 @@ def test_launch_warning_reads_the_launcher_command_line():
     assert launch_warning(1, ["/bin/bash", "run.sh", "--num_processes", "2"]) is None  # not an accelerate launch
 
 
-def _photo_folder(root, n=24):
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        arr = (rng.random((12, 16, 3)) * 80 + np.array([9 * i, 220 - 8 * i, 60])).clip(0, 255).astype(np.uint8)
-        path = root / ("a" if i % 2 else "b") / f"{i:03d}.jpg"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(arr).save(path)
-    return root
-
-
 @pytest.mark.slow
 def test_two_machines_match_one_process(tmp_path):
     """`accelerate launch --num_machines 2`, two "machines" of one CPU process each on this host: they race to
     prepare the same store (one prepares, the other waits), train, and give one process's weights."""
-    data = _photo_folder(tmp_path / "photos")
+    data = photo_folder(tmp_path / "photos", n=24, size=(12, 16), classes=("b", "a"), spread=(80, 9, 8, 60))
     cfg = write_config(tmp_path / "c.yaml", data={"dataset": "folder", "path": str(data)}, model={"num_class_embeds": 2},
                        train={"lr_scheduler": "cosine", "lr_warmup_steps": 2, "checkpoint_every": 3})
     one, two = tmp_path / "one", tmp_path / "two"
