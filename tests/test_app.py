@@ -51,6 +51,10 @@ def _browser_page(server: str, height: int = 900):
         try:
             page = browser.new_page(viewport={"width": 1280, "height": height})
             page.goto(server)
+            # settled: the load event has set the form to the default model's best (a class picked), as a visitor
+            # sees it; on a busy server it comes late, and would overwrite a change made before it
+            page.wait_for_function("() => { const c = document.querySelector('#class input'); "
+                                   "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
             yield page
         finally:
             browser.close()

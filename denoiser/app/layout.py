@@ -51,7 +51,7 @@ def build_app(engine: Engine) -> gr.Blocks:
                     "attention layer of the U-Net looks; the **Heads** tab measures what each layer and head does and "
                     "switches them off.")
         _sample_tab(c, h, models, default)
-        _edit_tab(c, models, default, h.class_choices(default))
+        _edit_tab(c, models, default)
         _attention_tab(c)
         _heads_tab(c)
         _wire(app, h, c)
@@ -76,10 +76,6 @@ def _run_controls(label: str, run_id: str, stop_id: str, status_id: str):
 def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str | None) -> None:
     first = [m for m in sorted(models, key=lambda m: m != default) if h.loads(m)][:3]  # the default model first
     rows = [h.example_row(m, k) for k, m in enumerate(first)]  # "try these": everything set, a class included
-    # the page is rendered at the default model's best (no load event that could overwrite what a person types first)
-    best = (h.best_form(default) if default else None) or {
-        "class_names": [], "class": NO_CLASS, "guidance": 1.0, "guidance_info": guidance_info(), "scheduler": "ddim",
-        "steps": 50, "pag": 0.0, "guide": 1.0, "has_guide": False}
     with gr.Tab("Sample"):
         with gr.Row():
             # first (left; on a phone, on top): Generate, Stop, the progress and the live preview stay together
@@ -99,26 +95,25 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                                         elem_id="use-earlier", visible=False)
             with gr.Column(scale=1):
                 model = gr.Dropdown(models, value=default, label="model (folders under weights/)")
-                scheduler = gr.Dropdown(list(SCHEDULERS), value=best["scheduler"], label="scheduler", elem_id="scheduler")
-                steps = gr.Slider(*LIMITS["steps"], value=best["steps"], step=1, label="steps", elem_id="steps",
+                scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
+                steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps",
                                   info="25-50 are good; fewer than 10 leave noise")
                 with gr.Row():
                     seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
                     randomise = gr.Button("🎲 randomise", size="sm")
                 num_images = gr.Slider(*LIMITS["num_images"], value=8, step=1, label="images", elem_id="num-images")
-                budget = gr.Markdown(h.budget_note(default, best["steps"], 8, best["class"], best["guidance"], best["pag"],
-                                                   best["guide"]), elem_id="budget")  # this request's work against the server's budget
+                budget = gr.Markdown(elem_id="budget")  # this request's work against the server's budget
                 # custom values allowed: choices follow the chosen model; generate() validates them
                 # the rows' classes among the first choices, so that the "try these" table shows them
-                class_name = gr.Dropdown(list(dict.fromkeys([NO_CLASS] + best["class_names"] + [r[5] for r in rows])),
-                                         value=best["class"], label="class", visible=bool(best["class_names"]), elem_id="class",
+                class_name = gr.Dropdown(list(dict.fromkeys([NO_CLASS] + [r[5] for r in rows])), value=NO_CLASS,
+                                         label="class", visible=False, elem_id="class",
                                          allow_custom_value=True)
-                guidance = gr.Slider(*LIMITS["guidance_scale"], value=best["guidance"], step=0.5, label="guidance (with a class)",
-                                     elem_id="cfg", info=best["guidance_info"])
-                pag = gr.Slider(*LIMITS["pag_scale"], value=best["pag"], step=0.25, label="attention guidance (PAG)", elem_id="pag",
+                guidance = gr.Slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)", elem_id="cfg",
+                                     info=guidance_info())
+                pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
                                 info="steer away from the U-Net with its low-resolution decoder attention switched to identity: "
                                      "sharper structure, no class needed; 0 = off, one extra pass")
-                guide_w = gr.Slider(*LIMITS["guide_scale"], value=best["guide"], step=0.25, label="autoguidance", visible=best["has_guide"],
+                guide_w = gr.Slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
                                     elem_id="autoguidance",
                                     info="steer away from the model's small, less-trained guide model; 1 = off")
                 # folded away: the model folder's own values unless changed (denoiser.sampling.resolve)
@@ -140,8 +135,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
     _keep(c, locals())
 
 
-def _edit_tab(c: SimpleNamespace, models: list[str], default: str | None, classes: dict) -> None:
-    """classes: the class selector's start, the default model's (Handlers.class_choices)."""
+def _edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
     with gr.Tab("Edit"):
         with gr.Row():
             with gr.Column(scale=1):
@@ -166,8 +160,8 @@ def _edit_tab(c: SimpleNamespace, models: list[str], default: str | None, classe
                 operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation")
                 # the Edit tab's own model, class and guidance: what runs is what this tab shows
                 edit_model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
-                edit_class = gr.Dropdown(classes["choices"], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
-                                         visible=classes["visible"], allow_custom_value=True, elem_id="edit-class")
+                edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
+                                         visible=False, allow_custom_value=True, elem_id="edit-class")
                 edit_guidance = gr.Slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
                                           elem_id="edit-cfg", info=guidance_info())
                 # one slider per meaning, the one the operation uses shown
@@ -239,12 +233,14 @@ def _heads_tab(c: SimpleNamespace) -> None:
 
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
-    # the model's best when a person picks a model or a class (.input; the page starts at it); a form filled by "use these
+    # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
     # settings" or a "try these" row (.change only) keeps what it was given, the class choices following the model
     model_form = [c.class_name, c.guidance, c.scheduler, c.steps, c.pag, c.guide_w]
+    app.load(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.model.change(h.sample_class_choices, [c.model, c.class_name], c.class_name, api_name=False)
     c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
+    app.load(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
     c.edit_model.change(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
     c.edit_class.change(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
     c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers],
@@ -252,6 +248,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text],
                     concurrency_limit=1, concurrency_id="sampling", api_name="switch_off")
     work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w]
+    app.load(h.budget_note, work, c.budget, api_name=False, concurrency_id="budget-note", concurrency_limit=1)
     for control in work:  # one queue for all of them: two quick changes end with the note of the later one
         control.change(h.budget_note, work, c.budget, api_name=False, show_progress="hidden", concurrency_id="budget-note",
                        concurrency_limit=1)
