@@ -425,7 +425,9 @@ def _no_errors(page) -> None:
     errors = page.get_by_text("Error", exact=True)
     shown = [errors.nth(i).evaluate("e => e.closest('.block, .toast-body, div').parentElement.innerText")[:200]
              for i in range(errors.count())]
-    owners = [errors.nth(i).evaluate("e => e.closest('[id]') ? e.closest('[id]').id : '?'") for i in range(errors.count())]
+    owners = [errors.nth(i).evaluate("e => e.closest('[id]') ? e.closest('[id]').id : "
+                                     "(e.closest('.toast-body') ? 'toast: ' + e.closest('.toast-body').innerText : '?')")
+              for i in range(errors.count())]
     assert not shown, f"an error is shown on {owners}: {shown}"
     assert page.get_by_text("didn't return enough output values").count() == 0
 
