@@ -444,37 +444,20 @@ class Handlers:
                 f"{max(1, int(budget // (num_images * per_step)))} steps with {num_images} images, or "
                 f"{max(1, int(budget // (steps * per_step)))} images with {steps} steps")
 
-    def best_form(self, model, current_class=None) -> dict | None:
-        """The Sample tab's fields at the chosen model's measured best: a class (the one shown when the model has
-        it, else its first), its classifier-free scale, its folder's sampler and step count, and its sampling.json's
-        attention guidance and autoguidance (that slider only where it ships a guide). None for a broken folder.
-        The page starts at the default model's (denoiser.app.layout), and model_form sets a picked model's."""
-        names = self._class_names(model)
+    def model_form(self, model, current_class=None):
+        """The Sample tab set to the chosen model's measured best (on load, and when a person picks a model): a class
+        (sample_class_choices), its classifier-free scale (cfg_default), its folder's sampler and step count, and
+        its sampling.json's attention guidance and autoguidance (that slider only where it ships a guide)."""
+        class_update = self.sample_class_choices(model, current_class)
         try:
             own = self.engine.defaults(model)
         except (ValueError, OSError):  # a model that does not load: the page says so when it is used
-            return None
-        d, has_guide = self.model_defaults(model)
-        class_value = current_class if current_class in names else (names[0] if names else NO_CLASS)
-        return {
-            "class_names": names, "class": class_value,
-            "guidance": d.get("guidance_scale", 1.0) if class_value != NO_CLASS else 1.0,
-            "guidance_info": guidance_info(d.get("guidance_interval")),
-            "scheduler": own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"],  # the app's samplers only
-            "steps": own.steps, "pag": d.get("pag_scale", 0.0),
-            "guide": d.get("guide_scale", 1.0) if has_guide else 1.0, "has_guide": has_guide,
-        }
-
-    def model_form(self, model, current_class=None):
-        """The Sample tab set to the model a person picks (best_form), as updates of its class, guidance, scheduler,
-        steps, PAG and autoguidance fields."""
-        class_update = self.sample_class_choices(model, current_class)
-        best = self.best_form(model, current_class)
-        if best is None:
             return (class_update, *(gr.skip(),) * 5)
-        return (class_update, gr.update(value=best["guidance"], info=best["guidance_info"]), gr.update(value=best["scheduler"]),
-                gr.update(value=best["steps"]), gr.update(value=best["pag"]),
-                gr.update(value=best["guide"], visible=best["has_guide"]))
+        d, has_guide = self.model_defaults(model)
+        scheduler = own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"]  # the app's samplers only
+        return (class_update, self.cfg_default(model, class_update["value"]), gr.update(value=scheduler),
+                gr.update(value=own.steps), gr.update(value=d.get("pag_scale", 0.0)),
+                gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))
 
     def cfg_default(self, model, class_name):
         """The model's classifier-free scale once a class is chosen; 1 (off) for "(any)", which it needs. The
