@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from denoiser.app.cache_sweep import sweep_safe
 from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, SCHEDULERS, Engine
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, Handlers, guidance_info
 from denoiser.app.kept import KEEP, STORAGE_KEY
@@ -55,7 +56,7 @@ def build_app(engine: Engine) -> gr.Blocks:
         _attention_tab(c)
         _heads_tab(c)
         _wire(app, h, c)
-    return app
+    return sweep_safe(app)  # the delete_cache sweep above survives files added while it runs
 
 
 def _keep(c: SimpleNamespace, scope: dict) -> None:
