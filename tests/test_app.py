@@ -428,7 +428,12 @@ def _no_errors(page) -> None:
     owners = [errors.nth(i).evaluate("e => e.closest('[id]') ? e.closest('[id]').id : "
                                      "(e.closest('.toast-body') ? 'toast: ' + e.closest('.toast-body').innerText : '?')")
               for i in range(errors.count())]
-    assert not shown, f"an error is shown on {owners}: {shown}"
+    # where each one sits: its own and its ancestors' tags and classes, innermost first
+    paths = [errors.nth(i).evaluate("e => { const p = []; for (let n = e; n && p.length < 8; n = n.parentElement) "
+                                    "p.push(n.tagName.toLowerCase() + (n.className ? '.' + String(n.className).trim()"
+                                    ".split(/\\s+/).join('.') : '')); return p.join(' < '); }")
+             for i in range(errors.count())]
+    assert not shown, f"an error is shown on {owners}: {shown}; at {paths}"
     assert page.get_by_text("didn't return enough output values").count() == 0
 
 
