@@ -426,14 +426,16 @@ def _no_errors(page) -> None:
     shown = [errors.nth(i).evaluate("e => e.closest('.block, .toast-body, div').parentElement.innerText")[:200]
              for i in range(errors.count())]
     owners = [errors.nth(i).evaluate("e => e.closest('[id]') ? e.closest('[id]').id : "
-                                     "(e.closest('.toast-body') ? 'toast: ' + e.closest('.toast-body').innerText : '?')")
+                                     "(e.closest('[class*=toast-item], [class*=toast-body]') ? 'toast: ' + "
+                                     "e.closest('[class*=toast-item], [class*=toast-body]').innerText : '?')")
               for i in range(errors.count())]
     # where each one sits: its own and its ancestors' tags and classes, innermost first
     paths = [errors.nth(i).evaluate("e => { const p = []; for (let n = e; n && p.length < 8; n = n.parentElement) "
                                     "p.push(n.tagName.toLowerCase() + (n.className ? '.' + String(n.className).trim()"
                                     ".split(/\\s+/).join('.') : '')); return p.join(' < '); }")
              for i in range(errors.count())]
-    assert not shown, f"an error is shown on {owners}: {shown}; at {paths}"
+    seen = [errors.nth(i).is_visible() for i in range(errors.count())]  # False: in a hidden tab or tracker
+    assert not shown, f"an error is shown on {owners}: {shown}; at {paths}; visible {seen}"
     assert page.get_by_text("didn't return enough output values").count() == 0
 
 
