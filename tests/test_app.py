@@ -154,11 +154,16 @@ def _cpu_seconds_over(window: float) -> float:
     return time.process_time() - start
 
 
+def _sampling_threads() -> list[threading.Thread]:
+    """The app's sampling worker threads alive now (denoiser.app.streaming names them)."""
+    return [t for t in threading.enumerate() if t.name == "denoiser-generate"]
+
+
 def _assert_sampling_runs(window: float) -> None:
     """The sampling thread is alive and the server uses CPU (a share of a core: on a machine busy with other tests
     it gets less than one; stopped, it uses next to none)."""
     used = _cpu_seconds_over(window)
-    assert [t for t in threading.enumerate() if t.name == "denoiser-generate"], "no sampling thread is running"
+    assert _sampling_threads(), "no sampling thread is running"
     assert used > 0.1 * window, f"the generation is not running: {used:.2f} CPU seconds in {window} s"
 
 
@@ -171,7 +176,7 @@ def test_cancel_stops_the_sampling_work(server):
     job.cancel()
     idle = [_cpu_seconds_over(1.0) for _ in range(5)]
     assert min(idle[1:]) < 0.25, f"sampling went on after the cancel (CPU seconds per second: {idle})"
-    assert not [t for t in threading.enumerate() if t.name == "denoiser-generate"]
+    assert not _sampling_threads()
     # the slot is free again: a small job runs at once
     tic = time.monotonic()
     out = client.predict("tiny-classes", "ddim", 2, 0, 1, "(any)", api_name="/generate")
@@ -497,7 +502,7 @@ def test_browser_progress_says_how_far_and_stop_frees_the_slot(server, tmp_path)
         _together_on_screen(page, ["#generate", "#stop", "#status", "#preview"])  # issue 35 item 11, while it runs
         page.locator("#stop").click()
         tic = time.monotonic()
-        while [t for t in threading.enumerate() if t.name == "denoiser-generate"] and time.monotonic() - tic < 10:
+        while _sampling_threads() and time.monotonic() - tic < 10:
             time.sleep(0.05)
         stopped = time.monotonic() - tic
         assert stopped < 2, f"the work went on {stopped:.1f} s after Stop"
