@@ -4,7 +4,6 @@ PIP     := $(PY) -m pip
 VENV_OK := .venv/.installed
 TORCH   := torch==2.14.1 torchvision==0.29.1
 RUN     ?= runs/demo
-DEMO_STEPS ?= 1500
 NO_KERNEL_TESTS := tests/test_unet.py tests/test_attention.py tests/test_groupnorm.py tests/test_conv.py tests/test_sample.py
 
 .PHONY: venv kernels demo test lint app chromium compiler screenshots clean
@@ -46,13 +45,16 @@ test: venv chromium lint
 	HF_HUB_OFFLINE=1 $(PYTEST) tests
 	DENOISER_KERNELS=0 HF_HUB_OFFLINE=1 $(PYTEST) $(NO_KERNEL_TESTS)
 
+# the newcomer's first command: a short training run to see the loop work, then the shipped CIFAR-10 model, whose
+# samples and attention are worth looking at (bench/first_command.md times it)
 demo: venv
-	HF_HUB_OFFLINE=1 .venv/bin/denoiser train --config configs/tiny.yaml --output-dir $(RUN) --max-steps $(DEMO_STEPS)
+	HF_HUB_OFFLINE=1 .venv/bin/denoiser train --config configs/tiny.yaml --output-dir $(RUN) --overwrite
 	HF_HUB_OFFLINE=1 .venv/bin/denoiser sample --model $(RUN)/model --out $(RUN)/samples.png --num-images 16 --seed 0
-	HF_HUB_OFFLINE=1 .venv/bin/denoiser attention --model $(RUN)/model --pixel 8,8 --out $(RUN)/attention.png --seed 0
-	HF_HUB_OFFLINE=1 .venv/bin/denoiser sample --model weights/synthetic-shapes --out $(RUN)/shipped-samples.png --num-images 16 --seed 0
-	@echo "demo outputs: $(RUN)/samples.png (sample grid), $(RUN)/attention.png (attention of pixel 8,8),"
-	@echo "              $(RUN)/model (diffusers pipeline), $(RUN)/shipped-samples.png (the shipped synthetic model)"
+	HF_HUB_OFFLINE=1 .venv/bin/denoiser sample --model weights/cifar10 --class-label spread --num-images 20 --out $(RUN)/cifar10-samples.png --seed 0
+	HF_HUB_OFFLINE=1 .venv/bin/denoiser attention --model weights/cifar10 --class-label cat --pixel 16,16 --out $(RUN)/cifar10-attention.png --seed 0
+	@echo "demo outputs: $(RUN)/samples.png and $(RUN)/loss.png (the tiny model after 600 steps), $(RUN)/model (its diffusers"
+	@echo "              pipeline), $(RUN)/cifar10-samples.png (the shipped CIFAR-10 model, two of each class) and"
+	@echo "              $(RUN)/cifar10-attention.png (where its pixel 16,16 attends, layer by layer)"
 
 screenshots: venv chromium
 	DENOISER_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_app.py -k browser

@@ -59,6 +59,9 @@ class Setting:
     off: tuple[str, ...] | None = None  # attention layers switched to the identity while sampling
     overrides: dict = field(default_factory=dict)  # scheduler config keys (timestep spacing, thresholding)
     eta: float = 0.0  # DDIM's stochasticity
+    sampler: str = "ddim"  # denoiser.sample.SAMPLERS name
+    steps: int | None = None  # sampling steps (None: the run's --steps)
+    seed: int = 0  # image k seeded seed + k (seed-100000: another draw of the same setting, FID's own noise)
 
     def scheduler_config(self, base) -> dict:
         """The model's scheduler config with this setting's overrides."""
@@ -72,7 +75,7 @@ class Setting:
 def parse_setting(text: str, unet, sched) -> Setting:
     """The `Setting` of a setting name, e.g. cfg-3+spacing-trailing."""
     scale, pag, layers, guide, guide_scale, labelled, off = 1.0, 0.0, None, None, 1.0, True, None
-    interval, overrides, eta = None, {}, 0.0
+    interval, overrides, eta, sampler, steps, seed = None, {}, 0.0, "ddim", None, 0
     for part in text.split("+"):
         part, _, where = part.partition("@")
         part, _, guide_dir = part.partition(":")
@@ -97,6 +100,12 @@ def parse_setting(text: str, unet, sched) -> Setting:
             eta = float(value)
         elif kind == "spacing":  # spacing-trailing: the sampler's timestep spacing
             overrides["timestep_spacing"] = value
+        elif kind == "sampler":  # sampler-unipc: a denoiser.sample.SAMPLERS name (default ddim)
+            sampler = value
+        elif kind == "steps":  # steps-20: this setting's step count (default: the run's --steps)
+            steps = int(value)
+        elif kind == "seed":  # seed-100000: image k seeded 100000 + k, another draw (FID's own noise)
+            seed = int(value)
         elif kind == "off":
             off = tuple(attention_layer_names(unet)) if where == "all" else tuple(where.split(","))
         elif kind == "ag":
@@ -105,24 +114,28 @@ def parse_setting(text: str, unet, sched) -> Setting:
             guide_scale = float(value)
         else:
             raise ValueError(f"unknown setting part {part!r}; use none, uncond, cfg-W, pag-S[@layers], ag-W:GUIDE, "
-                             "int-LO-HI, eta-X, thresh-RATIO-MAX, spacing-NAME")
+                             "int-LO-HI, eta-X, thresh-RATIO-MAX, spacing-NAME, sampler-NAME, steps-N, seed-S")
     cost = 0.0 if guide is None else sum(p.numel() for p in guide.parameters()) / sum(p.numel() for p in unet.parameters())
-    return Setting(Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, overrides, eta)
+    if eta and sampler != "ddim":
+        raise ValueError(f"{text!r}: eta-X is DDIM's; drop it or use sampler-ddim")
+    make_sampler(sampler, sched.config)  # an unknown sampler name fails here, before any work
+    return Setting(Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, overrides, eta,
+                   sampler, steps, seed)
 
 
-def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, steps: int) -> float:
-    """UNet passes per step over DDIM's timesteps at `steps` (`Guidance.passes_per_step`)."""
-    sched = make_sampler("ddim", scheduler_config)
+def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, steps: int, sampler: str = "ddim") -> float:
+    """UNet passes per step over the sampler's timesteps at `steps` (`Guidance.passes_per_step`)."""
+    sched = make_sampler(sampler, scheduler_config)
     sched.set_timesteps(steps)
     return guidance.passes_per_step(sched.timesteps, guide_cost)
 
 
 def generate(unet, setting: Setting, config: dict, num_images: int, steps: int, batch_size: int,
-             batches: list[int] | None) -> torch.Tensor:
-    """A setting's DDIM samples as uint8 (N, 3, H, W), classes spread evenly, image k seeded k (the seed rule of
-    denoiser.request); batches: only these batch indices (one shard of the run)."""
+             batches: list[int] | None, seed: int = 0) -> torch.Tensor:
+    """A setting's samples as uint8 (N, 3, H, W), classes spread evenly, image k seeded k (the seed rule of
+    denoiser.request) from `seed`; batches: only these batch indices (one shard of the run)."""
     labels = spread_labels(num_images, unet.config.num_class_embeds) if setting.labelled else None
-    plan = Plan(unet, make_sampler("ddim", config), steps, setting.eta, setting.guidance, labels, 0, num_images, batch_size)
+    plan = Plan(unet, make_sampler(setting.sampler, config), steps, setting.eta, setting.guidance, labels, seed, num_images, batch_size)
     indices = None if batches is None else [k for i in batches for k in range(i * batch_size, min(num_images, (i + 1) * batch_size))]
     return run_plan(plan, indices=indices, progress=True).images.mul(255).round().to(torch.uint8)
 
@@ -170,9 +183,10 @@ def run(args) -> None:
         guidance, labelled, eta = parsed.guidance, parsed.labelled, parsed.eta
         config = parsed.scheduler_config(sched.config)
         batches = shard_batches(args.shard, args.num_samples, args.batch_size)
+        steps = parsed.steps or args.steps
         t0 = time.perf_counter()
         with parsed.switched_off(unet):
-            images = generate(unet, parsed, config, args.num_samples, args.steps, args.batch_size, batches)
+            images = generate(unet, parsed, config, args.num_samples, steps, args.batch_size, batches, parsed.seed)
         seconds = time.perf_counter() - t0
         if args.shard:
             gathered = gather_shards(out, args.shard, batches, images, seconds, args.batch_size)
@@ -184,10 +198,10 @@ def run(args) -> None:
         score = fid_of_images(images, reference, extractor)
         result = {"setting": setting, "describe": guidance.describe(), "fid": round(score, 2), "num_samples": args.num_samples,
                   "seed_rule": SEED_RULE,
-                  "steps": args.steps, "timestep_spacing": config.get("timestep_spacing", "leading"), "labels": labelled,
+                  "sampler": parsed.sampler, "steps": steps, "seed_offset": parsed.seed, "timestep_spacing": config.get("timestep_spacing", "leading"), "labels": labelled,
                   "eta": eta, "thresholding": [config["dynamic_thresholding_ratio"], config["sample_max_value"]]
                   if config.get("thresholding") else None,
-                  "unet_passes_per_step": round(passes_per_step(guidance, parsed.guide_cost, config, args.steps), 2),
+                  "unet_passes_per_step": round(passes_per_step(guidance, parsed.guide_cost, config, steps, parsed.sampler), 2),
                   "ms_per_image": round(1000 * seconds / args.num_samples, 1), "threads": torch.get_num_threads(),
                   "cpu": cpu_name(), "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                               text=True).stdout.strip()}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 __all__ = ["SampleRequest", "SCHEDULERS", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD"]
 
 # the samplers offered by name (denoiser.sample.SAMPLERS builds them) and diffusers' timestep spacings
-SCHEDULERS = ("ddim", "ddpm", "dpm++", "euler")
+SCHEDULERS = ("ddim", "ddpm", "dpm++", "unipc", "euler")
 TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
 SPREAD = "spread"  # classes 0, 1, ..., K-1, 0, 1, ... over the images (FID's even spread)
 

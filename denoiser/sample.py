@@ -14,7 +14,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, DPMSolverMultistepScheduler, EulerDiscreteScheduler
+from diffusers import (
+    DDIMScheduler,
+    DDPMScheduler,
+    DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
+    UniPCMultistepScheduler,
+)
 from diffusers.utils.torch_utils import randn_tensor
 
 from denoiser.attention import AttentionRecord, capture_attention
@@ -42,10 +48,11 @@ class Sampler:
 SAMPLERS = {
     "ddim": Sampler(DDIMScheduler),
     "ddpm": Sampler(DDPMScheduler),
-    "dpm++": Sampler(DPMSolverMultistepScheduler, (("algorithm_type", "dpmsolver++"),)),
+    "dpm++": Sampler(DPMSolverMultistepScheduler, (("algorithm_type", "dpmsolver++"),)),  # 2M: second order
+    "unipc": Sampler(UniPCMultistepScheduler),  # UniPC (Zhao et al. 2023): bh2 predictor-corrector, order 2
     "euler": Sampler(EulerDiscreteScheduler, integer_timesteps=False),  # fractional timesteps
 }
-_ALIASES = {"dpmsolver++": "dpm++", "dpm-solver++": "dpm++"}
+_ALIASES = {"dpmsolver++": "dpm++", "dpm-solver++": "dpm++", "dpmpp": "dpm++"}  # dpmpp: names joined by "+"
 
 
 def sampler_name(scheduler_class: str) -> str:
@@ -175,6 +182,8 @@ def _denoise_steps(unet, scheduler, x, predict, generator, eta, trajectory_every
     """The loop: one guided prediction and one scheduler step per timestep, with previews and capture."""
     diffusion = Diffusion(scheduler)  # the noise process's ε/v -> x₀, for the previews
     step_kwargs = {"eta": eta} if isinstance(scheduler, DDIMScheduler) else {}
+    if "generator" in inspect.signature(scheduler.step).parameters:  # UniPC's step is deterministic and takes none
+        step_kwargs["generator"] = generator
     result = SampleResult(images=x)
     for i, t in enumerate(scheduler.timesteps):
         x_in = scheduler.scale_model_input(x, t)  # the variance-preserving x_t the UNet was trained on
@@ -189,7 +198,7 @@ def _denoise_steps(unet, scheduler, x, predict, generator, eta, trajectory_every
         x0 = diffusion.predict_x0(x_in, out, t_index).clamp(-1, 1) if keep or callback else None
         if keep:
             result.trajectory.append((int(t), to_unit(x_in), to_unit(x0)))
-        x = scheduler.step(out, t, x, generator=generator, **step_kwargs).prev_sample
+        x = scheduler.step(out, t, x, **step_kwargs).prev_sample
         if after_step is not None:
             x = after_step(i, x)
         if callback is not None:

@@ -62,3 +62,48 @@ def test_loads_with_diffusion_pipeline(name):
     pipe = DiffusionPipeline.from_pretrained(WEIGHTS_DIR / name, torch_dtype=torch.float32)
     out = pipe(batch_size=1, num_inference_steps=2, generator=torch.Generator().manual_seed(0), output_type="np")
     assert out.images.shape[1:] == (pipe.unet.config.sample_size, pipe.unet.config.sample_size, 3)
+
+
+class _Sampled(Exception):
+    """Raised by the spy below once a front door has handed its scheduler and step count to the sampling loop."""
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_front_door_samples_with_the_folders_measured_best(name, monkeypatch, tmp_path):
+    """Each shipped folder's knee of the sampling frontier (docs/guidance.md): its scheduler/ names the sampler and
+    its sampling.json the step count, and the CLI, `evaluate --fid`, the pipeline and the app all sample with them."""
+    from denoiser.app.engine import Engine
+    from denoiser.app.handlers import Handlers
+    from denoiser.cli import main
+    from denoiser.request import BUILT_IN
+
+    folder = WEIGHTS_DIR / name
+    own = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())["_class_name"]
+    measured = folder / "sampling.json"
+    steps = json.loads(measured.read_text()).get("num_inference_steps", BUILT_IN["steps"]) if measured.is_file() else 50
+    seen = []
+
+    def spy(unet, scheduler, num_images, num_inference_steps, *args, **kwargs):
+        seen.append((type(scheduler).__name__, num_inference_steps))
+        raise _Sampled
+
+    monkeypatch.setattr("denoiser.sampling.sample", spy)
+    doors = {
+        "sample": lambda: main(["sample", "--model", str(folder), "--num-images", "1", "--out", str(tmp_path / "s.png")]),
+        "evaluate --fid": lambda: main(["evaluate", "--model", str(folder), "--fid", "--num-samples", "2",
+                                        "--reference", str(tmp_path / "none.safetensors")]),
+        "pipeline": lambda: DiffusionPipeline.from_pretrained(folder)(1),
+    }
+    monkeypatch.setattr("denoiser.fid.reference_statistics", lambda *a, **k: None)
+    monkeypatch.setattr("denoiser.fid.InceptionFeatures", lambda *a, **k: None)
+    for door, call in doors.items():
+        with pytest.raises(_Sampled):
+            call()
+        assert seen.pop() == (own, steps), door
+    # the app: choosing the model sets the form's sampler and steps to the folder's, and Generate passes them on
+    form = Handlers(Engine(WEIGHTS_DIR)).model_form(name)
+    scheduler, form_steps = form[2]["value"], form[3]["value"]
+    assert form_steps == steps
+    with pytest.raises(_Sampled):
+        Engine(WEIGHTS_DIR).generate(name, scheduler, steps=form_steps, seed=0, num_images=1)
+    assert seen.pop() == (own, steps), "app"
