@@ -25,6 +25,7 @@ import torch
 from guidance_table import cpu_name, parse_setting
 
 from denoiser.atomic import atomic_path
+from denoiser.fast import malloc
 from denoiser.model_dir import load_model
 from denoiser.sample import make_sampler, sample
 from denoiser.sampling import spread_labels
@@ -49,6 +50,7 @@ def runs_dir(model: str) -> Path:
 
 def cost(args) -> None:
     """Seconds per image of each setting: interleaved rounds after a warm-up round, median."""
+    malloc.configure()  # as the app and the command line run
     unet, sched = load_model(args.model)
     name = Path(args.model).name
     parsed = {s: parse_setting(s, unet, sched) for s in settings(name)}

@@ -1,6 +1,7 @@
 """Where a CPU training step spends its time: the real `TrainLoop.run_step` of a preset, by phase and by kind of op.
 
-    .venv/bin/python bench/train_profile.py [--configs ddpm-cifar10 cifar10] [--batch 32] [--steps 3]
+    .venv/bin/python bench/train_profile.py [--configs ddpm-cifar10 cifar10] [--batch 32] [--steps 3] [--precision fp32]
+    .venv/bin/python bench/train_profile.py --malloc-ab [--rounds 3]   # malloc.configure() vs configure(keep_peak=True)
 
 The loop is `denoiser.train.TrainLoop` as `denoiser train` builds it (channels-last and its kernels, fused AdamW,
 diffusers' EMAModel, Accelerate), on the built-in synthetic images at the preset's size so no data set is read.
@@ -8,13 +9,21 @@ Each phase of a step (data wait, forward with the loss, backward, gradient clipp
 with `torch.profiler.record_function`, and every op's self time is put in one kind (convolutions, GroupNorm,
 attention, linear layers, the optimizer's kernels, element-wise). The table is the mean of `--steps` profiled steps
 after two warm-up steps. Measured numbers and the changes they chose: bench/train_throughput.md.
+
+--malloc-ab times the same steps in child processes that alternate between the two malloc settings (process-wide,
+so one process cannot hold both): seconds and minor page faults per step, median of the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import logging
+import resource
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -25,6 +34,7 @@ from accelerate.state import AcceleratorState
 from profiling import cpu_name
 
 from denoiser.config import load_config
+from denoiser.fast import malloc
 from denoiser.train import TrainLoop
 
 PHASES = ("data", "forward+loss", "backward", "clip", "optimizer", "ema")
@@ -105,14 +115,64 @@ def profile(loop: TrainLoop, steps: int):
     return wall, phases, kinds, top
 
 
+def malloc_child(config: str, batch: int, steps: int, precision: str | None, keep_peak: bool) -> dict:
+    """Seconds and minor page faults per step of the real loop under one malloc setting (this process's)."""
+    from denoiser.data.prefetch import Prefetcher
+
+    malloc.configure(keep_peak=keep_peak)
+    with tempfile.TemporaryDirectory() as tmp:
+        loop = build(config, batch, Path(tmp) / "run", precision)
+        loop.seen, loop.waited, loop.stream_batches = torch.zeros(2, dtype=torch.float64), 0.0, None
+        loop.batches = Prefetcher(loop._batch)
+        for _ in range(2):
+            loop.run_step()
+        before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        for _ in range(steps):
+            loop.run_step()
+        wall, after = (time.perf_counter() - t0) / steps, resource.getrusage(resource.RUSAGE_SELF)
+        loop.batches.close()
+        loop.accelerator.end_training()
+    return {"seconds": wall, "faults": (after.ru_minflt - before.ru_minflt) / steps,
+            "system_seconds": (after.ru_stime - before.ru_stime) / steps}
+
+
+def malloc_ab(args) -> None:
+    print(f"CPU {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
+          f"{args.rounds} rounds of alternating child processes x {args.steps} steps after 2 warm-up steps")
+    for config in args.configs:
+        res: dict[str, list[dict]] = {"configure()": [], "keep_peak=True": []}
+        for _ in range(args.rounds):
+            for side in res:
+                cmd = [sys.executable, __file__, "--child", side, "--configs", config, "--batch", str(args.batch),
+                       "--steps", str(args.steps)] + (["--precision", args.precision] if args.precision else [])
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                res[side].append(json.loads(out.strip().splitlines()[-1]))
+        med = {side: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for side, runs in res.items()}
+        for side, m in med.items():
+            print(f"{config:13} {side:15} {m['seconds'] * 1000:8.0f} ms/step  {m['faults']:9.0f} faults/step  "
+                  f"{m['system_seconds'] * 1000:6.0f} ms/step in the kernel")
+        a, b = med["configure()"]["seconds"], med["keep_peak=True"]["seconds"]
+        print(f"{config:13} keep_peak gain: {100 * (a / b - 1):+.1f}% images/s", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--configs", nargs="+", default=["ddpm-cifar10", "cifar10"])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--precision", choices=["fp32", "bf16"], default=None, help="default: each preset's mixed_precision")
+    p.add_argument("--malloc-ab", action="store_true", help="A/B of malloc.configure(keep_peak=True), child processes")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--child", choices=["configure()", "keep_peak=True"], help=argparse.SUPPRESS)
     args = p.parse_args()
     logging.disable(logging.WARNING)
+    if args.child:
+        print(json.dumps(malloc_child(args.configs[0], args.batch, args.steps, args.precision, args.child != "configure()")))
+        return
+    if args.malloc_ab:
+        malloc_ab(args)
+        return
+    malloc.configure(keep_peak=True)  # as `denoiser train` runs
     print(f"CPU {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, "
           f"mean of {args.steps} profiled steps after 2 warm-up steps")
     for config in args.configs:

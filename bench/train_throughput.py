@@ -1,6 +1,7 @@
 """Training images/s: denoiser's UNet vs diffusers' UNet2DModel at matched size and attention placement.
 
     .venv/bin/python bench/train_throughput.py [--batch 32] [--repeats 5] [--configs small ddpm]
+    .venv/bin/python bench/train_throughput.py --processes [--rounds 3] ...   # each library's own process settings
 
 One training step = forward + backward + AdamW step of the epsilon loss, batch 32 at 32x32, same
 precision for both (fp32, and bf16 autocast). Each model runs as its library runs it by default in
@@ -9,7 +10,12 @@ plain matmul-softmax attention for CPU bf16 training, fused SDPA otherwise; fuse
 update in one kernel), diffusers as constructed and as its train_unconditional.py example trains it
 (torch's default AdamW).
 Steps alternate between the two models after warm-up; the median of the repeats is reported, with the
-ratio and the model-FLOPs utilisation against a GEMM rate measured in the same run.
+ratio and the model-FLOPs utilisation against a GEMM rate measured in the same run. In one process both
+models share its malloc settings (`malloc.configure()`). `--processes` runs each model in its own child
+process instead, alternating for `--rounds`, so each also has its library's process settings: denoiser's
+`denoiser train` (`malloc.configure(keep_peak=True)`: no page faults for activations over glibc's 32 MiB mmap
+cap), diffusers' train_unconditional.py glibc's defaults; reported is the median over rounds of each
+child's median step.
 
 "ceiling" is the ratio denoiser would reach if everything but its convolutions (forward + backward,
 timed by the profiler in one extra step) took no time at all: a target above it cannot be met
@@ -19,7 +25,10 @@ without changing the numerics.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -100,6 +109,44 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def make_runner(side: str, name: str, batch: int, bf16: bool) -> Runner:
+    """denoiser with its training defaults for this device and precision, or diffusers as train_unconditional.py
+    runs it (NCHW, torch's default AdamW)."""
+    ours_kw, theirs_kw = CONFIGS[name]
+    if side == "denoiser":
+        return Runner(UNet(**ours_kw), batch, bf16, channels_last=default_channels_last("cpu", "bf16" if bf16 else "no"),
+                      fused_adam=True)
+    return Runner(UNet2DModel(sample_size=32, **theirs_kw), batch, bf16, channels_last=False, fused_adam=False)
+
+
+def child(args) -> None:
+    """One model's median step in this process, under its library's process settings."""
+    if args.child == "denoiser":
+        malloc.configure(keep_peak=True)  # as `denoiser train`
+    runner = make_runner(args.child, args.configs[0], args.batch, args.precisions[0] == "bf16")
+    for _ in range(args.warmup):
+        runner.step()
+    print(json.dumps({"seconds": statistics.median(timed(runner.step) for _ in range(args.repeats))}))
+
+
+def processes(args) -> None:
+    print(f"CPU {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, 32x32; "
+          f"each model in its own process (denoiser: malloc keep_peak as `denoiser train`; diffusers: glibc defaults), "
+          f"{args.rounds} alternating rounds, each the median of {args.repeats} steps after {args.warmup} warm-up steps")
+    print(f"{'config':8} {'prec':5} {'diffusers img/s':>16} {'denoiser img/s':>15} {'ratio':>6}")
+    for name in args.configs:
+        for prec in args.precisions:
+            times: dict[str, list[float]] = {"diffusers": [], "denoiser": []}
+            for _ in range(args.rounds):
+                for side in times:
+                    cmd = [sys.executable, __file__, "--child", side, "--configs", name, "--precisions", prec,
+                           "--batch", str(args.batch), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+                    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                    times[side].append(json.loads(out.strip().splitlines()[-1])["seconds"])
+            theirs, ours = (args.batch / statistics.median(times[k]) for k in ("diffusers", "denoiser"))
+            print(f"{name:8} {prec:5} {theirs:16.2f} {ours:15.2f} {ours / theirs:5.2f}x", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=32)
@@ -107,7 +154,16 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--configs", nargs="+", default=["small", "ddpm"], choices=list(CONFIGS))
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--processes", action="store_true", help="each model in its own child process (see the docstring)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--child", choices=["denoiser", "diffusers"], help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.child:
+        child(args)
+        return
+    if args.processes:
+        processes(args)
+        return
     malloc.configure()  # as `denoiser train` does; process-wide, so both models run with it
     print(f"CPU {cpu_name()}, torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, 32x32, "
           f"median of {args.repeats} after {args.warmup} warm-up steps, alternating models")
@@ -116,15 +172,9 @@ def main() -> None:
     print(f"{'config':8} {'prec':5} {'params':>8} {'GFLOP/img':>9} {'diffusers img/s':>16} {'denoiser img/s':>15} "
           f"{'ratio':>6} {'ceiling':>8} {'MFU diff':>9} {'MFU ours':>9}")
     for name in args.configs:
-        ours_kw, theirs_kw = CONFIGS[name]
         for prec in args.precisions:
             bf16 = prec == "bf16"
-            # denoiser's training default layout for this device and precision
-            ours = Runner(UNet(**ours_kw), args.batch, bf16,
-                          channels_last=default_channels_last("cpu", "bf16" if bf16 else "no"), fused_adam=True)
-            # as diffusers' train_unconditional.py runs it: NCHW, torch's default AdamW
-            theirs = Runner(UNet2DModel(sample_size=32, **theirs_kw), args.batch, bf16, channels_last=False,
-                            fused_adam=False)
+            ours, theirs = (make_runner(side, name, args.batch, bf16) for side in ("denoiser", "diffusers"))
             n_ours = sum(p.numel() for p in ours.model.parameters())
             n_theirs = sum(p.numel() for p in theirs.model.parameters())
             flops = theirs.flops() / args.batch

@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
                "attention-stats": cmd_attention_stats, "prepare-data": cmd_prepare_data}
     from denoiser.fast import malloc
 
-    malloc.configure()  # freed activations stay in the heap for the next step (denoiser/fast/malloc.py)
+    malloc.configure(keep_peak=True)  # every step reuses the last step's memory (denoiser/fast/malloc.py)
     try:
         if hasattr(args, "model"):  # a folder, or a name under $DENOISER_WEIGHTS / a clone's weights/
             from denoiser.model_dir import find_model

@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="denoiser train")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
-    malloc.configure()  # freed activations stay in the heap for the next step (denoiser/fast/malloc.py)
+    malloc.configure(keep_peak=True)  # every step reuses the last step's memory (denoiser/fast/malloc.py)
     try:
         cmd_train(args)
     except (ValueError, FileNotFoundError) as err:
