@@ -295,7 +295,7 @@ def cost(args) -> None:
     times: dict[str, list[float]] = {s: [] for s in settings}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for name, st in settings.items():
-            scheduler = make_sampler("ddim", st.scheduler_config(sched.config))  # its spacing and thresholding too
+            scheduler = make_sampler(st.sampler, st.scheduler_config(sched.config))  # its spacing and thresholding too
             t0 = time.perf_counter()
             with st.switched_off(unet):
                 sample(unet, scheduler, args.batch_size, args.steps, seed=0, eta=st.eta,
