@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import time
@@ -30,18 +31,37 @@ from denoiser.model_dir import load_model
 from denoiser.sample import make_sampler, sample
 from denoiser.sampling import spread_labels
 
-STEPS = {"ddim": (10, 15, 20, 25, 35, 50), "dpmpp": (8, 10, 15, 20), "unipc": (8, 10, 15, 20)}
 NAMES = {"ddim": "DDIM", "dpmpp": "DPM-Solver++ (2M)", "unipc": "UniPC (bh2)"}
+CLIP = "thresh-0.995-1"  # x0 clipped to [-1, 1] (diffusers' thresholding with sample_max_value 1), as DDIM's clip_sample
 NOISE_OFFSET = 100000  # the second draw of the noise row: image k seeded 100000 + k
 # the shipped default before the frontier, scored by `denoiser evaluate --fid` (the same images as the
 # DDIM-50 setting here: classes spread, image k seeded k); kept in the model cards
 EARLIER = {"cifar10": 48.20, "emoji": 120.15}
+FRONTIER = re.compile(r"^(?:cfg-3\+)?sampler-(ddim|dpmpp|unipc)\+steps-(\d+)(\+" + re.escape(CLIP) + r")?$")
 
 
-def settings(model: str) -> list[str]:
-    """The frontier's setting names for a model: its guidance (CFG 3 for cifar10, none for emoji) at each step count."""
-    guidance = "cfg-3+" if model == "cifar10" else ""
-    return [f"{guidance}sampler-{s}+steps-{n}" for s, counts in STEPS.items() for n in counts]
+def num_samples(model: str) -> int:
+    return 1000 if model == "cifar10" else 500
+
+
+def setting_name(model: str, sampler: str, steps: int, clip: bool = False) -> str:
+    """A frontier setting's name: the model's guidance (CFG 3 for cifar10, none for emoji), sampler, steps."""
+    return f"{'cfg-3+' if model == 'cifar10' else ''}sampler-{sampler}+steps-{steps}{'+' + CLIP if clip else ''}"
+
+
+def measured(model: str) -> list[dict]:
+    """The frontier's scored settings (first draws), with DDIM-50 from the model card."""
+    rows = []
+    for f in sorted(runs_dir(model).glob(f"*-n{num_samples(model)}.json")):
+        r = json.loads(f.read_text())
+        m = FRONTIER.match(r["setting"])
+        if m:
+            rows.append({"setting": r["setting"], "sampler": m[1], "steps": int(m[2]), "clip": bool(m[3]),
+                         "fid": r["fid"], "from": "run"})
+    if not any((r["sampler"], r["steps"], r["clip"]) == ("ddim", 50, False) for r in rows):
+        rows.append({"setting": setting_name(model, "ddim", 50), "sampler": "ddim", "steps": 50, "clip": False,
+                     "fid": EARLIER[model], "from": "card"})
+    return rows
 
 
 def runs_dir(model: str) -> Path:
@@ -53,7 +73,7 @@ def cost(args) -> None:
     malloc.configure()  # as the app and the command line run
     unet, sched = load_model(args.model)
     name = Path(args.model).name
-    parsed = {s: parse_setting(s, unet, sched) for s in settings(name)}
+    parsed = {r["setting"]: parse_setting(r["setting"], unet, sched) for r in measured(name)}
     labels = spread_labels(args.batch_size, unet.config.num_class_embeds)
     times: dict[str, list[float]] = {s: [] for s in parsed}
     for round_ in range(args.rounds + 1):  # round 0 warms up
@@ -85,43 +105,35 @@ def knee(rows: list[dict], noise: float) -> dict:
 
 def table(args) -> None:
     name = Path(args.model).name
-    n = 1000 if name == "cifar10" else 500
+    n = num_samples(name)
     timing = json.loads((runs_dir(name) / "frontier-cost.json").read_text())
-    rows = []
-    for s in settings(name):
-        sampler, steps = s.split("sampler-")[1].split("+steps-")
-        r = _result(name, s, n)
-        fid = r["fid"] if r else (EARLIER[name] if (sampler, steps) == ("ddim", "50") else None)
-        if fid is None:
-            continue
-        rows.append({"setting": s, "sampler": sampler, "steps": int(steps), "fid": fid,
-                     "seconds": timing["seconds_per_image"][s], "from": "run" if r else "card"})
-    noisy = args.noise_setting or settings(name)[3]  # DDIM-25
+    rows = [dict(r, seconds=timing["seconds_per_image"][r["setting"]]) for r in measured(name)
+            if r["setting"] in timing["seconds_per_image"]]
+    noisy = setting_name(name, "ddim", 25)
     a, b = _result(name, noisy, n), _result(name, noisy, n, NOISE_OFFSET)
     if a is None or b is None:
         raise SystemExit(f"the noise row {noisy} needs both draws (offset 0 and {NOISE_OFFSET}); run them first")
     noise = abs(a["fid"] - b["fid"])
     chosen = knee(rows, noise)
-    base = next((r["seconds"] for r in rows if (r["sampler"], r["steps"]) == ("ddim", 50)), None)
+    base = next((r["seconds"] for r in rows if (r["sampler"], r["steps"], r["clip"]) == ("ddim", 50, False)), None)
     guidance = "CFG 3, classes spread" if name == "cifar10" else "no guidance, classes spread"
     ref = f"bench/fid-reference/{'cifar10-val5000' if name == 'cifar10' else 'emoji32-val500'}.safetensors"
+    label = lambda r: f"{NAMES[r['sampler']]}{', x0 clipped' if r['clip'] else ''}"  # noqa: E731
     lines = [f"## Sampling frontier of `{name}`: FID-{n} against seconds per image\n",
-             f"{guidance}, trailing timesteps, image k seeded k, against the validation split "
-             f"(`{ref}`). "
+             f"{guidance}, trailing timesteps, image k seeded k, against the validation split (`{ref}`). "
              f"Time: {timing['cpu']}, {timing['threads']} threads, batch {timing['batch_size']}, median of "
-             f"{timing['rounds']} interleaved rounds after a warm-up. FID's own noise: {noisy} scores "
+             f"{timing['rounds']} interleaved rounds after a warm-up. FID's own noise: `{noisy}` scores "
              f"{a['fid']:.2f} with image k seeded k and {b['fid']:.2f} seeded {NOISE_OFFSET} + k, a gap of "
-             f"**{noise:.2f}**. The knee (the cheapest setting within that gap of the best FID): "
-             f"**{NAMES[chosen['sampler']]} {chosen['steps']} steps**.\n",
+             f"**{noise:.2f}**. The knee, the cheapest setting within that gap of the best FID: "
+             f"**{label(chosen)}, {chosen['steps']} steps**.\n",
              "| sampler | steps | FID | s per image | x DDIM-50 | command |", "|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["sampler"] != "ddim", r["sampler"], r["steps"])):
+    for r in sorted(rows, key=lambda r: (r["sampler"] != "ddim", r["sampler"], r["clip"], r["steps"])):
         mark = "**" if r is chosen else ""
         rel = f"{r['seconds'] / base:.2f}" if base else ""
         cmd = (f"`denoiser evaluate --model weights/{name} --fid --num-samples {n} --reference {ref} --scheduler ddim "
-               "--steps 50`"
-               if r["from"] == "card" else
+               "--steps 50`" if r["from"] == "card" else
                f"`guidance_table.py run --model weights/{name} --num-samples {n} --settings {r['setting']}`")
-        lines.append(f"| {mark}{NAMES[r['sampler']]}{mark} | {mark}{r['steps']}{mark} | {mark}{r['fid']:.2f}{mark} "
+        lines.append(f"| {mark}{label(r)}{mark} | {mark}{r['steps']}{mark} | {mark}{r['fid']:.2f}{mark} "
                      f"| {r['seconds']:.3f} | {rel} | {cmd} |")
     md = "\n".join(lines) + "\n"
     out = Path(f"bench/sampling_frontier_{name}.md")
@@ -135,7 +147,8 @@ def ship(args) -> None:
     and timestep spacing), model_index.json's scheduler class, sampling.json's step count and note."""
     folder = Path(args.model)
     _, sched = load_model(folder)
-    scheduler = make_sampler(args.sampler, sched.config)
+    extra = {"thresholding": True, "sample_max_value": 1.0} if args.clip else {}  # x0 clipped as DDIM's clip_sample
+    scheduler = make_sampler(args.sampler, dict(sched.config, **extra))
     with atomic_path(folder / "scheduler") as tmp:  # a folder: written whole, then renamed over the old one
         scheduler.save_pretrained(tmp)
         old = folder / ".scheduler.old"
@@ -163,11 +176,11 @@ def main() -> None:
     c.add_argument("--rounds", type=int, default=3)
     t = sub.add_parser("table")
     t.add_argument("--model", required=True)
-    t.add_argument("--noise-setting", default=None, help="the setting drawn twice (default: DDIM-25)")
     w = sub.add_parser("ship")
     w.add_argument("--model", required=True)
     w.add_argument("--sampler", required=True)
     w.add_argument("--steps", type=int, required=True)
+    w.add_argument("--clip", action="store_true", help="clip x0 to [-1, 1] (thresholding, sample_max_value 1)")
     w.add_argument("--note", required=True, help="what was measured (sampling.json's note)")
     args = p.parse_args()
     {"cost": cost, "table": table, "ship": ship}[args.command](args)
