@@ -88,7 +88,6 @@ def profile(loop: TrainLoop, steps: int):
 
     loop.seen = torch.zeros(2, dtype=torch.float64)
     loop.waited = 0.0
-    loop.stream_batches = None
     loop.batches = Prefetcher(loop._batch)
     loop.batches.get = labelled("data", loop.batches.get)
     try:
@@ -122,7 +121,7 @@ def malloc_child(config: str, batch: int, steps: int, precision: str | None, kee
     malloc.configure(keep_peak=keep_peak)
     with tempfile.TemporaryDirectory() as tmp:
         loop = build(config, batch, Path(tmp) / "run", precision)
-        loop.seen, loop.waited, loop.stream_batches = torch.zeros(2, dtype=torch.float64), 0.0, None
+        loop.seen, loop.waited = torch.zeros(2, dtype=torch.float64), 0.0
         loop.batches = Prefetcher(loop._batch)
         for _ in range(2):
             loop.run_step()

@@ -18,24 +18,9 @@ from typing import Any
 
 import yaml
 
+from denoiser.data.config import DataConfig
+
 __all__ = ["DataConfig", "DiffusionConfig", "TrainConfig", "RunConfig", "load_config", "apply_overrides"]
-
-
-@dataclass
-class DataConfig:
-    dataset: str = "synthetic"  # "synthetic" (built-in shapes), "folder" (image folder), "hf" (Hugging Face datasets), "webdataset" (tar shards), "cifar10" (python format)
-    path: str | None = None  # image folder / dataset folder or cached name / shard pattern (shards/{00000..00099}.tar) / CIFAR-10 folder
-    num_images: int = 20000  # size of the synthetic set (images are made on the fly, deterministic by seed)
-    synthetic_seed: int = 0  # seed of the synthetic set
-    val_size: int = 256  # images held out for validation (a deterministic split)
-    val_seed: int = 0  # seed of the validation split
-    random_flip: bool = True  # random horizontal flips during training
-    image_column: str = "image"  # "hf": the column holding the images
-    label_column: str | None = "label"  # "hf", "webdataset" (extension; also .cls) and metadata.csv/jsonl: the class column; absent or null = unconditional
-    split: str = "train"  # "hf": the split of a DatasetDict or of a cached dataset name
-    num_workers: int | None = None  # processes decoding images, for the store or a stream (None = every core; 1 = this process alone)
-    streaming: bool = False  # "webdataset", "hf": read the shards as a stream while training, no store (docs/training-data.md, Streaming)
-    shuffle_buffer: int = 1000  # streaming: items in the seeded shuffle buffer (1 = shard order only)
 
 
 @dataclass
@@ -87,8 +72,6 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # recompute each block in the backward pass: less memory, ~1/3 more time
 
 
-DATASETS = ("synthetic", "folder", "hf", "webdataset", "cifar10")
-STREAMABLE = ("webdataset", "hf")  # sources whose shards can be read as a stream (data.streaming)
 SECTIONS = {"data": DataConfig, "diffusion": DiffusionConfig, "train": TrainConfig}
 
 
@@ -199,20 +182,13 @@ def _check_values(cfg: RunConfig, source: str) -> None:
         (not t.keep_best or t.fid_every > 0, "train.keep_best needs train.fid_every > 0 (best by FID)"),
         (not t.fid_every or t.fid_reference or d.val_size >= 2,
          "train.fid_every needs train.fid_reference or a validation split (data.val_size >= 2) to compute it from"),
-        (d.dataset in DATASETS, f"data.dataset must be one of {', '.join(DATASETS)}, got {d.dataset!r}"),
-        (d.dataset == "synthetic" or d.path, f"data.path is required for dataset {d.dataset!r}: set data.path to the image folder"),
         (d.num_workers is None or d.num_workers >= 1, f"data.num_workers must be >= 1 (or null: every core), got {d.num_workers}"),
-        (not d.streaming or d.dataset in STREAMABLE,
-         f"data.streaming needs sharded data (data.dataset: {' or '.join(STREAMABLE)}), got {d.dataset!r}; "
-         "remove data.streaming to prepare it into the store, or write it as WebDataset shards"),
         (d.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1 (1: shard order only), got {d.shuffle_buffer}"),
         (d.val_size >= 0, f"data.val_size must be >= 0, got {d.val_size}"),
         (diff.beta_schedule in ("linear", "cosine"), f"diffusion.beta_schedule must be linear or cosine, got {diff.beta_schedule!r}"),
         (diff.prediction_type in ("epsilon", "v_prediction"), f"diffusion.prediction_type must be epsilon or v_prediction, got {diff.prediction_type!r}"),
     ]
-    errors = [msg for ok, msg in checks if not ok]
-    if d.dataset in ("folder", "cifar10") and d.path and not Path(d.path).exists():
-        errors.append(f"data.path {d.path!r} does not exist: point it at an image folder (class sub-folders)")
+    errors = [msg for ok, msg in checks if not ok] + _data_source_errors(d)
     if errors:
         raise ValueError(f"{source}: invalid config:\n  " + "\n  ".join(errors))
     # The UNet checks its own arguments (divisibility of sample_size, groups, ...); build it on meta.
@@ -225,6 +201,24 @@ def _check_values(cfg: RunConfig, source: str) -> None:
             UNet(**cfg.model)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{source}: invalid model section: {err}") from None
+
+
+def _data_source_errors(d: DataConfig) -> list[str]:
+    """What is wrong with `data.dataset` and `data.path`, by the table of sources (denoiser/data/sources.py)."""
+    from denoiser.data.sources import SOURCES, streamable  # the data package imports torch: only when checking
+
+    kind = SOURCES.get(d.dataset)
+    if kind is None:
+        return [f"data.dataset must be one of {', '.join(SOURCES)}, got {d.dataset!r}"]
+    errors = []
+    if kind.needs_path and not d.path:
+        errors.append(f"data.path is required for dataset {d.dataset!r}: set data.path to the image folder")
+    if d.streaming and kind.open_shards is None:
+        errors.append(f"data.streaming needs sharded data (data.dataset: {' or '.join(streamable())}), got {d.dataset!r}; "
+                      "remove data.streaming to prepare it into the store, or write it as WebDataset shards")
+    if kind.local_path and d.path and not Path(d.path).exists():
+        errors.append(f"data.path {d.path!r} does not exist: point it at an image folder (class sub-folders)")
+    return errors
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

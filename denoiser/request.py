@@ -8,7 +8,8 @@ the command line can show its choices without loading torch.
 
 Seed rule (diffusers' list-of-generators convention): image k of a request with seed S is drawn from its
 own generator seeded S + k, its starting noise and every per-step noise (DDPM, DDIM with eta > 0) alike;
-so the batch size, the front door and the other images never change an image.
+so the batch size, the front door and the other images never change an image. `denoiser.sample.image_generators`
+is that rule, and every sampling, editing and inpainting path draws its noise through it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["SampleRequest", "SCHEDULERS", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD"]
+__all__ = ["SampleRequest", "SCHEDULERS", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD", "check_timestep_spacing"]
 
 # the samplers offered by name (denoiser.sample.SAMPLERS builds them) and diffusers' timestep spacings
 SCHEDULERS = ("ddim", "ddpm", "dpm++", "unipc", "euler")
@@ -49,3 +50,11 @@ class SampleRequest:
     guide_model: str | None = None  # autoguidance's guide folder (sampling.json's is relative to the model folder)
     guide_scale: float | None = None  # autoguidance weight a (1 = off)
     guidance_interval: Sequence[float] | None = None  # [lo, hi] timesteps the guidance applies at
+
+
+def check_timestep_spacing(value: str | None) -> str | None:
+    """`value`, checked to be one of TIMESTEP_SPACINGS; None (the scheduler config's own) passes through.
+    The one check of a spacing, for the CLI, the app and the pipeline alike."""
+    if value is not None and value not in TIMESTEP_SPACINGS:
+        raise ValueError(f"timestep spacing must be one of {', '.join(TIMESTEP_SPACINGS)}, got {value!r}")
+    return value

@@ -16,22 +16,28 @@ user's image on DDPM's ancestral steps (the scheduler that takes custom timestep
 guidance and class labels work as for sampling. Images are (B, 3, H, W) in [-1, 1]; results come back
 in [0, 1] like `sample()`'s.
 
+Every noise drawn here follows the seed rule (`denoiser.sample.image_generators`): image k's (an edit's
+q(x_t | x₀), the chain's steps, inpainting's re-noised known pixels, `add_noise`'s) comes from its own
+generator seeded seed + k, so image k of a batch is the single run of that image with seed + k.
+
 `restore(unet, diffusion, image, operation, ...)` is the one entry point from a user's picture: the CLI
 (`denoiser denoise | edit | inpaint`) and the app's Edit tab both call it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from diffusers import DDPMScheduler
+from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
 from denoiser.image_io import image_to_model, mask_to_model, to_unit
-from denoiser.sample import SampleResult, sample
+from denoiser.sample import SampleResult, image_generators, sample
 
 __all__ = [
     "OPERATIONS", "Restoration", "restore", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "add_noise",
@@ -39,6 +45,8 @@ __all__ = [
 
 OPERATIONS = ("denoise", "edit", "inpaint")
 METHODS = ("mmse", "sample")
+ClassLabel = int | Sequence[int] | torch.Tensor | None  # one for all or one per image: denoiser.sample.class_label_tensor
+ADDED_NOISE_SEED = 12_345  # add_noise's offset: its generators are not the ones that sample the same seed
 
 
 @dataclass
@@ -58,7 +66,7 @@ class Restoration:
 def restore(
     unet, diffusion: Diffusion, image: Image.Image, operation: str, *, mask: Image.Image | None = None,
     sigma: float | None = None, method: str = "mmse", strength: float = 0.6, noise_first: float | None = None,
-    steps: int = 50, seed: int = 0, class_label=None, guidance: Guidance | None = None, callback=None,
+    steps: int = 50, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
     empty_mask_ok: bool = True,
 ) -> Restoration:
     """A user's picture through `operation` ("denoise", "edit" or "inpaint"), checked before any work.
@@ -67,6 +75,7 @@ def restore(
     of another size is stretched onto it (white or opaque painted pixels are regenerated). `noise_first`
     adds Gaussian noise of that σ (pixel scale) first, seeded (the round trip, scored by `Restoration.psnr`).
     sigma: the noise σ `denoise` removes (None: estimated); method: "mmse" or "sample" (denoise only).
+    class_label: as for sampling (`denoiser.sample.class_label_tensor`; the CLI and the app pass a plan's labels).
     empty_mask_ok=False refuses a mask that marks nothing on the model's grid (the app: nothing painted); the
     default passes the image through, as a script asked.
     """
@@ -111,14 +120,11 @@ def estimate_sigma(images: torch.Tensor) -> torch.Tensor:
 
 
 def add_noise(images: torch.Tensor, sigma: float, seed: int = 0) -> torch.Tensor:
-    """images in [-1, 1] plus Gaussian noise of std `sigma` on the [0, 1] pixel scale (2σ here), seeded."""
-    return images + 2 * sigma * torch.randn(images.shape, generator=torch.Generator().manual_seed(seed + 12_345))
-
-
-def _labels(images: torch.Tensor, class_label) -> torch.Tensor | None:
-    if class_label is None:
-        return None
-    return torch.as_tensor(class_label).reshape(-1).expand(images.shape[0])
+    """images in [-1, 1] plus Gaussian noise of std `sigma` on the [0, 1] pixel scale (2σ here), seeded: image k's
+    from a generator seeded seed + ADDED_NOISE_SEED + k (the seed rule)."""
+    generators = image_generators(seed + ADDED_NOISE_SEED, range(images.shape[0]))
+    noise = randn_tensor(images.shape, generator=generators, device=images.device, dtype=torch.float32)
+    return images + 2 * sigma * noise
 
 
 def _check(unet, images: torch.Tensor) -> None:
@@ -141,7 +147,7 @@ def _chain(t_start: int, steps: int) -> list[int]:
 
 def denoise(
     unet, diffusion: Diffusion, images: torch.Tensor, sigma: float | None = None, method: str = "mmse",
-    steps: int = 50, seed: int = 0, class_label=None, guidance: Guidance | None = None, callback=None,
+    steps: int = 50, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
 ) -> SampleResult:
     """Remove Gaussian noise of std `sigma` (pixel scale; None: estimated per batch, `estimate_sigma`)."""
     _check(unet, images)
@@ -155,14 +161,14 @@ def denoise(
     # one DDPM step from t to "t = -1" (ᾱ = 1) adds no noise and returns the clipped x₀ prediction
     return sample(
         unet, _ancestral(diffusion), images.shape[0], seed=seed, timesteps=timesteps,
-        x_init=abar**0.5 * images, class_labels=_labels(images, class_label), guidance=guidance,
+        x_init=abar**0.5 * images, class_labels=class_label, guidance=guidance,
         callback=callback,
     )
 
 
 def edit(
     unet, diffusion: Diffusion, images: torch.Tensor, strength: float = 0.6, steps: int = 50, seed: int = 0,
-    class_label=None, guidance: Guidance | None = None, callback=None,
+    class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
 ) -> SampleResult:
     """SDEdit: noise to t = strength·(T − 1) with seeded noise, then the reverse chain (strength 0: unchanged)."""
     _check(unet, images)
@@ -172,19 +178,19 @@ def edit(
         return SampleResult(images=to_unit(images))
     t = round(strength * (diffusion.T - 1))
     # the seed rule: image k's noise, first q(x_t | x₀)'s then the chain's, from one generator seeded seed + k
-    generators = [torch.Generator().manual_seed(seed + k) for k in range(images.shape[0])]
-    noise = torch.stack([torch.randn(images.shape[1:], generator=g, dtype=torch.float32) for g in generators])
+    generators = image_generators(seed, range(images.shape[0]))
+    noise = randn_tensor(images.shape, generator=generators, dtype=torch.float32)  # (B, C, H, W), on the CPU
     x_t = diffusion.add_noise(images.float().cpu(), noise, torch.tensor([t]))  # q(x_t | x₀)
     return sample(
         unet, _ancestral(diffusion), images.shape[0], generator=generators,
         timesteps=_chain(t, max(1, round(steps * strength))), x_init=x_t.to(images),
-        class_labels=_labels(images, class_label), guidance=guidance, callback=callback,
+        class_labels=class_label, guidance=guidance, callback=callback,
     )
 
 
 def inpaint(
     unet, diffusion: Diffusion, images: torch.Tensor, mask: torch.Tensor, steps: int = 50, seed: int = 0,
-    class_label=None, guidance: Guidance | None = None, callback=None,
+    class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
 ) -> SampleResult:
     """Fill the pixels where `mask` is 1 (B or 1, 1, H, W); the others stay the input's, exactly at the end."""
     _check(unet, images)
@@ -194,18 +200,20 @@ def inpaint(
         )
     hole = (mask > 0.5).to(images.dtype)
     timesteps = _chain(diffusion.T - 1, steps)
-    generator = torch.Generator().manual_seed(seed + 1)
+    # the seed rule: image k's start, each step's noise and its known pixels' re-noising, in turn from its generator
+    generators = image_generators(seed, range(images.shape[0]))
     known = images.float()
 
     def put_back_known(i: int, x: torch.Tensor) -> torch.Tensor:
         if i + 1 == len(timesteps):  # x is the final x₀: the known pixels exactly
             return hole * x + (1 - hole) * known.to(x)
-        noise = torch.randn(known.shape, generator=generator).to(x)  # x is x_{t_next}: the known pixels noised to it
+        # x is x_{t_next}: the known pixels noised to it
+        noise = randn_tensor(known.shape, generator=generators, device=x.device, dtype=torch.float32).to(x)
         return hole * x + (1 - hole) * diffusion.add_noise(known.to(x), noise, torch.tensor([timesteps[i + 1]]))
 
     return sample(
-        unet, _ancestral(diffusion), images.shape[0], seed=seed, timesteps=timesteps, class_labels=_labels(images, class_label), guidance=guidance, after_step=put_back_known,
-        callback=callback,
+        unet, _ancestral(diffusion), images.shape[0], generator=generators, timesteps=timesteps,
+        class_labels=class_label, guidance=guidance, after_step=put_back_known, callback=callback,
     )
 
 

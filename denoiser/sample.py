@@ -4,12 +4,17 @@ The loop draws the starting noise and steps exactly as diffusers' `DDPMPipeline`
 so the same seed gives the same images. It adds what the pipelines lack: a per-step callback with
 the predicted x₀ (for live previews and trajectories), class labels, batching, and capture of the
 exact attention at chosen steps while the fused attention path stays on.
+
+Two rules every sampling, editing and inpainting path shares live here, once: the seed rule
+(`image_generators`: image k's noise from a CPU generator seeded seed + k) and the reading of class
+labels (`class_label_tensor`: labels, numbers or names, one for all, one per image, or "spread").
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,11 +32,12 @@ from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
 from denoiser.image_io import to_unit
-from denoiser.request import SCHEDULERS, TIMESTEP_SPACINGS
+from denoiser.request import SCHEDULERS, SPREAD, check_timestep_spacing
 from denoiser.unet import UNet
 
 __all__ = [
     "SAMPLERS", "Sampler", "make_sampler", "sampler_name", "sample", "sampling_context", "SampleResult", "trajectory_strip",
+    "image_generators", "class_label_tensor", "spread_labels",
 ]
 
 
@@ -71,11 +77,77 @@ def make_sampler(name: str, train_scheduler_config, timestep_spacing: str | None
     if key not in SAMPLERS:
         raise ValueError(f"unknown scheduler {name!r}; choose one of {', '.join(SCHEDULERS)}")
     extra = dict(SAMPLERS[key].options)
-    if timestep_spacing is not None:
-        if timestep_spacing not in TIMESTEP_SPACINGS:
-            raise ValueError(f"unknown timestep spacing {timestep_spacing!r}; choose one of {', '.join(TIMESTEP_SPACINGS)}")
+    if check_timestep_spacing(timestep_spacing) is not None:
         extra["timestep_spacing"] = timestep_spacing
     return SAMPLERS[key].scheduler.from_config(train_scheduler_config, **extra)
+
+
+def image_generators(seed: int, indices: Iterable[int]) -> list[torch.Generator]:
+    """The seed rule: image k of a request with seed S draws all its noise (its start, every step's, an edit's
+    q(x_t | x₀), an inpainting's re-noised known pixels) from its own CPU generator seeded S + k, in that order,
+    so neither the batch it lands in nor the other images change it (diffusers' one generator per image).
+
+    indices: the images' k, e.g. range(n) for a whole request, [3, 4] for one shard of it.
+    """
+    return [torch.Generator(device="cpu").manual_seed(seed + int(k)) for k in indices]
+
+
+def spread_labels(n: int, num_classes: int | None) -> torch.Tensor | None:
+    """Class labels 0, 1, ..., K-1, 0, 1, ... for n images (None for unconditional models)."""
+    return torch.arange(n) % num_classes if num_classes else None
+
+
+def class_label_tensor(
+    classes: int | str | Sequence[int | str] | torch.Tensor | None, num_images: int, num_classes: int | None,
+    names: Sequence[str] = (),
+) -> torch.Tensor | None:
+    """Class labels as a (num_images,) long tensor, checked against the model: the one reader of them, for
+    `sample`, denoiser.restore and `denoiser.sampling.resolve` (the CLI, the app and the pipeline).
+
+    classes: None (no class: None back, the model's "no class" row), a label for all images or one per image
+    (a whole number, its digits as a string, a name from `names`, a tensor), or "spread" (`spread_labels`).
+    num_classes: the model's `num_class_embeds` (None or 0: unconditional). names: the classes' names by label
+    (default: the labels' digits).
+    """
+    if classes is None:
+        return None
+    n = num_classes or 0
+    if isinstance(classes, str) and classes == SPREAD:
+        if not n:
+            raise ValueError(f"classes {SPREAD!r} needs a class-conditional model; this one is unconditional: "
+                             "leave the class out")
+        return spread_labels(num_images, n)
+    if not n:
+        raise ValueError("this model is unconditional (it has no classes): leave the class label out")
+    if isinstance(classes, torch.Tensor):
+        given = classes.reshape(-1).tolist()
+    elif isinstance(classes, (str, numbers.Number)):
+        given = [classes]
+    else:
+        given = list(classes)
+    if len(given) not in (1, num_images):
+        raise ValueError(f"pass one class or one per image ({num_images}), got {len(given)}")
+    names = tuple(names) or tuple(str(i) for i in range(n))
+    values = [_class_value(c, names) for c in given]
+    bad = [c for c in values if not (isinstance(c, numbers.Real) and float(c).is_integer() and 0 <= c < n)]
+    if bad:
+        shown = list(dict.fromkeys(bad))[:8]  # the distinct offenders, in order
+        raise ValueError(f"class label out of range: each class must be a whole number in 0..{n - 1}, got {shown}")
+    labels = [int(c) for c in values]
+    return torch.tensor(labels * num_images if len(labels) == 1 else labels, dtype=torch.long)  # (num_images,)
+
+
+def _class_value(c: object, names: tuple[str, ...]) -> object:
+    """One class as given: a name's label, the number its digits spell, or the value itself (checked by the caller)."""
+    if isinstance(c, torch.Tensor) and c.numel() == 1:
+        return c.item()
+    if not isinstance(c, str):
+        return c
+    if c.strip().lstrip("-").isdigit():
+        return int(c)
+    if c not in names:
+        raise ValueError(f"unknown class {c!r}; this model's classes: {', '.join(names)}")
+    return names.index(c)
 
 
 @dataclass
@@ -93,7 +165,7 @@ def sample(
     num_inference_steps: int = 50,
     seed: int = 0,
     eta: float = 0.0,
-    class_labels: int | Iterable[int] | None = None,
+    class_labels: int | str | Sequence[int | str] | torch.Tensor | None = None,
     trajectory_every: int = 0,
     capture_steps: Iterable[int] = (),
     callback: Callable[[int, int, torch.Tensor, torch.Tensor], None] | None = None,
@@ -115,19 +187,21 @@ def sample(
     ones (schedulers that take custom timesteps: DDPM, DPM-Solver++); `x_init` is x at `timesteps[0]`
     (in the model's input scale); `after_step(i, x)` may replace the x each step produces.
 
-    seed: image k's noise (its start and every step's) comes from a CPU generator seeded seed + k, so neither
-    the batch size nor the other images change it. generator: draws the noise instead (diffusers' pipelines
-    take one for the batch or one per image; `[torch.Generator().manual_seed(s + k) for k in range(n)]` gives
-    the images of seed s).
+    class_labels: one for all images or one per image, read by `class_label_tensor` (None: no class).
+    seed: image k's noise (its start and every step's) comes from a CPU generator seeded seed + k
+    (`image_generators`), so neither the batch size nor the other images change it. generator: draws the noise
+    instead (diffusers' pipelines take one for the batch or one per image; `image_generators(s, range(n))`
+    gives the images of seed s).
     """
     _set_timesteps(scheduler, num_inference_steps, timesteps, num_images, eta)
     config = unet.config
     device, dtype = unet.device, unet.dtype
-    labels = None if class_labels is None else _class_labels(config, class_labels, num_images, device)
+    labels = class_label_tensor(class_labels, num_images, config.num_class_embeds)
+    labels = None if labels is None else labels.to(device)
     guidance = guidance or Guidance()
     predict = guidance.predictor(unet, labels)
-    if generator is None:  # the seed rule (denoiser.request): image k from its own generator, seeded seed + k
-        generator = [torch.Generator(device="cpu").manual_seed(seed + k) for k in range(num_images)]
+    if generator is None:
+        generator = image_generators(seed, range(num_images))
     shape = (num_images, config.in_channels, config.sample_size, config.sample_size)
     # as diffusers' pipelines: the first latent scaled by init_noise_sigma, each model input through
     # scale_model_input (both identities for DDPM / DDIM / DPM-Solver, not for Euler-type schedulers)
@@ -140,19 +214,6 @@ def sample(
     with sampling_context(unet), sampling_context(guidance.guide):
         return _denoise_steps(unet, scheduler, x, predict, generator, eta, trajectory_every, set(capture_steps),
                               callback, after_step)
-
-
-def _class_labels(config, class_labels, num_images: int, device) -> torch.Tensor:
-    """A user's class label(s) as a (num_images,) tensor, checked: the one check of them, for the CLI, the app
-    and the pipeline alike (which pass them through). The UNet itself also takes the "no class" row."""
-    n = config.num_class_embeds
-    if not n:
-        raise ValueError("this model is unconditional (it has no classes): leave the class label out")
-    labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(num_images)  # (B,)
-    if ((labels < 0) | (labels >= n)).any():
-        bad = sorted({int(c) for c in labels if not 0 <= c < n})
-        raise ValueError(f"class label out of range: each class must be a whole number in 0..{n - 1}, got {bad[:8]}")
-    return labels
 
 
 def _set_timesteps(scheduler, num_inference_steps: int, timesteps: Sequence[int] | None, num_images: int,

@@ -5,10 +5,11 @@
 
 `resolve` is the only reader of what a model folder says about sampling it (`read_defaults`: the scheduler
 config, `sampling.json`, `classes.txt`) and the only loader of autoguidance's guide model; the request's
-fields win over the folder's, the folder's over `denoiser.request.BUILT_IN`. `run` owns batching, the seed
-rule (image k from a generator seeded seed + k) and the per-step callbacks; the loop itself is
-`denoiser.sample.sample`, the guidance maths `denoiser.guidance`. The CLI, `evaluate --fid`, the app's engine
-and `DenoiserPipeline.__call__` only fill the request.
+fields win over the folder's, the folder's over `denoiser.request.BUILT_IN`. `run` owns batching and the
+per-step callbacks, and gives each batch its images' generators by the seed rule (image k from a generator
+seeded seed + k, `denoiser.sample.image_generators`); the loop itself is `denoiser.sample.sample`, the
+reading of class labels `denoiser.sample.class_label_tensor`, the guidance maths `denoiser.guidance`. The
+CLI, `evaluate --fid`, the app's engine and `DenoiserPipeline.__call__` only fill the request.
 """
 
 from __future__ import annotations
@@ -25,9 +26,18 @@ from tqdm.auto import tqdm
 
 from denoiser.guidance import Guidance, check_guide
 from denoiser.model_dir import CLASSES_FILE, load_model
-from denoiser.request import BUILT_IN, SPREAD, TIMESTEP_SPACINGS, SampleRequest
-from denoiser.sample import SampleResult, make_sampler, sample, sampler_name
+from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
+from denoiser.sample import (
+    SampleResult,
+    class_label_tensor,
+    image_generators,
+    make_sampler,
+    sample,
+    sampler_name,
+    spread_labels,
+)
 
+# spread_labels lives in denoiser.sample; named here too for the scripts that import it from this module
 __all__ = ["Plan", "ModelDefaults", "read_defaults", "resolve", "run", "spread_labels", "SAMPLING_FILE"]
 
 SAMPLING_FILE = "sampling.json"  # a model folder's measured best: its guidance and step count
@@ -127,7 +137,7 @@ def resolve(
     if class_names is not None:
         defaults = dataclasses.replace(defaults, classes=tuple(class_names))
     sched = _scheduler(request, defaults.scheduler, scheduler, given)
-    labels = _labels(request.classes, defaults.classes, request.num_images)
+    labels = class_label_tensor(request.classes, request.num_images, unet.config.num_class_embeds, defaults.classes)
     guidance = _guidance(request, defaults, folder, unet, sched.config, labels is not None, load)
     steps = request.steps if request.steps is not None else defaults.steps
     batch_size = request.batch_size if request.batch_size is not None else BUILT_IN["batch_size"]
@@ -153,8 +163,9 @@ def run(
 ) -> SampleResult:
     """Sample the plan's images (or only `indices` of them, e.g. one shard of an FID run) in batches.
 
-    Image k comes from a CPU generator seeded plan.seed + k, whatever the batch it lands in. generator: the
-    caller's instead (diffusers' convention: one per image, or one for the whole request in a single batch).
+    Image k comes from a CPU generator seeded plan.seed + k (`image_generators`), whatever the batch it lands
+    in. generator: the caller's instead (diffusers' convention: one per image, or one for the whole request in
+    a single batch).
     callback(i, t, x_t, x0) and after_step(i, x) run at every step of every batch (denoiser.sample.sample);
     the attention of `capture_steps` and the trajectory are kept for the first batch. progress: a tqdm bar.
     """
@@ -169,10 +180,12 @@ def run(
     bar = tqdm(total=len(indices), desc="sampling", unit="img", disable=not progress, dynamic_ncols=True)
     for start in range(0, len(indices), batch_size):
         batch = indices[start : start + batch_size]
-        if isinstance(generator, torch.Generator):
+        if generator is None:
+            gens = image_generators(plan.seed, batch)
+        elif isinstance(generator, torch.Generator):
             gens = generator
-        else:  # the seed rule: image k from its own generator, seeded seed + k (or the caller's k-th)
-            gens = [generator[k] if generator is not None else torch.Generator().manual_seed(plan.seed + k) for k in batch]
+        else:  # the caller's, one per image
+            gens = [generator[k] for k in batch]
         first = start == 0
         res = sample(
             plan.unet, plan.scheduler, len(batch), plan.steps, eta=plan.eta, generator=gens, guidance=plan.guidance,
@@ -186,11 +199,6 @@ def run(
     bar.close()
     result.images = torch.cat(chunks)  # (len(indices), C, H, W) in [0, 1]
     return result
-
-
-def spread_labels(n: int, num_classes: int | None) -> torch.Tensor | None:
-    """Class labels 0, 1, ..., K-1, 0, 1, ... for n images (None for unconditional models)."""
-    return torch.arange(n) % num_classes if num_classes else None
 
 
 def _read_json(path: Path) -> dict:
@@ -214,35 +222,12 @@ def _read_classes(folder: Path, num_classes: int | None) -> tuple[str, ...]:
 def _scheduler(request: SampleRequest, default: str, base, given: bool):
     """The sampler: the request's by name, else the scheduler given as it is (the pipeline's, which its user may
     have swapped), else the folder's; on `base`'s noise schedule, with the request's timestep spacing."""
-    if request.timestep_spacing is not None and request.timestep_spacing not in TIMESTEP_SPACINGS:
-        raise ValueError(f"timestep spacing must be one of {', '.join(TIMESTEP_SPACINGS)}, got {request.timestep_spacing!r}")
+    spacing = check_timestep_spacing(request.timestep_spacing)
     if request.scheduler is None and given:
-        if request.timestep_spacing is None:
+        if spacing is None:
             return base
-        return type(base).from_config(base.config, timestep_spacing=request.timestep_spacing)
-    return make_sampler(request.scheduler or default, base.config, request.timestep_spacing)
-
-
-def _labels(classes, names: tuple[str, ...], num_images: int) -> torch.Tensor | None:
-    """The request's classes as (num_images,) labels: names or numbers, one for all or one per image, "spread"."""
-    if classes is None:
-        return None
-    if isinstance(classes, str) and classes == SPREAD:
-        if not names:
-            raise ValueError(f"classes {SPREAD!r} needs a class-conditional model; this one is unconditional: leave the "
-                             "class out")
-        return spread_labels(num_images, len(names))
-    given = [classes] if isinstance(classes, (int, str)) else list(classes)
-    if len(given) not in (1, num_images):
-        raise ValueError(f"pass one class or one per image ({num_images}), got {len(given)}")
-    labels = []
-    for c in given:
-        if isinstance(c, str) and not c.strip().lstrip("-").isdigit():
-            if c not in names:
-                raise ValueError(f"unknown class {c!r}; this model's classes: {', '.join(names) or 'none (unconditional)'}")
-            c = names.index(c)
-        labels.append(int(c))  # denoiser.sample checks the range against the model
-    return torch.tensor(labels * num_images if len(labels) == 1 else labels, dtype=torch.long)
+        return type(base).from_config(base.config, timestep_spacing=spacing)
+    return make_sampler(request.scheduler or default, base.config, spacing)
 
 
 def _guidance(request, defaults: ModelDefaults, folder, unet, scheduler_config, has_class: bool, load) -> Guidance:

@@ -147,7 +147,7 @@ def test_store_is_memory_mapped_reused_and_keyed_by_content_and_size(tmp_path, m
     ref = torch.stack([torch.from_numpy(decode_image(f, 8)) for f in files])
     assert torch.equal(ds.images[torch.arange(6)], ref) and torch.equal(ds.images[2:4], ref[2:4])
     # a second run decodes nothing
-    import denoiser.data.sources as sources
+    import denoiser.data.folder as sources
 
     monkeypatch.setattr(sources, "decode_image", lambda *a: (_ for _ in ()).throw(AssertionError("decoded again")))
     assert prepare(cfg, 8).path == first.path
@@ -184,7 +184,7 @@ def load_dataset_with_workers(path, workers, cache, monkeypatch=None):
 
 PREPARER = """
 import sys, time
-import denoiser.data.sources as sources
+import denoiser.data.folder as sources
 import denoiser.data.store as store
 from denoiser.config import DataConfig
 slow = sources.decode_image

@@ -1,16 +1,19 @@
-"""Denoise, edit and inpaint on the shipped synthetic-shapes model; noise estimation on known noise."""
+"""Denoise, edit and inpaint on the shipped synthetic-shapes model (the seed rule on a tiny random one); noise
+estimation on known noise."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from diffusers import DDPMScheduler
 from PIL import Image
 
 from denoiser.cli import main
 from denoiser.data import make_synthetic
 from denoiser.diffusion import Diffusion
+from denoiser.guidance import Guidance
 from denoiser.model_dir import WEIGHTS_DIR, load_model
-from denoiser.restore import denoise, edit, estimate_sigma, inpaint, psnr, restore
+from denoiser.restore import add_noise, denoise, edit, estimate_sigma, inpaint, psnr, restore
 from denoiser.sample import make_sampler, sample
 
 MODEL = WEIGHTS_DIR / "synthetic-shapes"
@@ -92,6 +95,43 @@ def test_edit_follows_the_seed_rule(model, clean):
         alone = edit(unet, diffusion, clean[k : k + 1], strength=0.5, steps=4, seed=7 + k).images
         torch.testing.assert_close(batch[k : k + 1], alone, rtol=0, atol=1e-5)
     assert not torch.allclose(batch[0], edit(unet, diffusion, clean[:1], strength=0.5, steps=4, seed=8).images[0])
+
+
+def _restored(operation: str, unet, diffusion: Diffusion, images: torch.Tensor, seed: int, labels) -> torch.Tensor:
+    """`operation` on a tiny random model, a few steps: inpaint and edit with guidance, denoise down the chain."""
+    if operation == "inpaint":
+        mask = torch.zeros(1, 1, 16, 16)  # (1, 1, H, W): the same hole in every image
+        mask[..., 4:12, 4:12] = 1
+        return inpaint(unet, diffusion, images, mask, steps=3, seed=seed, class_label=labels,
+                       guidance=Guidance(scale=2.0)).images
+    if operation == "edit":
+        return edit(unet, diffusion, images, strength=0.6, steps=3, seed=seed, class_label=labels,
+                    guidance=Guidance(scale=2.0)).images
+    return denoise(unet, diffusion, images, sigma=0.2, method="sample", steps=3, seed=seed, class_label=labels).images
+
+
+@pytest.mark.parametrize("operation", ["inpaint", "edit", "denoise"])
+def test_restoring_a_batch_gives_the_single_runs_of_the_seed_rule(class_unet, operation):
+    """Image k of a batch restored with seed s is that image restored alone with seed s + k: every noise (the start,
+    DDPM's steps, an edit's q(x_t | x₀), inpainting's re-noised known pixels) comes from image k's own generator."""
+    diffusion = Diffusion(DDPMScheduler())
+    images = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(0)) * 2 - 1  # (B, C, H, W) in [-1, 1]
+    labels = [0, 2, 1]
+    batch = _restored(operation, class_unet, diffusion, images, 7, labels)
+    for k in range(3):
+        alone = _restored(operation, class_unet, diffusion, images[k : k + 1], 7 + k, labels[k])
+        # the same noise; only the UNet's batching differs (~1e-5 after the first step's 1/√ᾱ_T; other noise: ~1)
+        torch.testing.assert_close(batch[k : k + 1], alone, rtol=0, atol=1e-4)
+    other_seed = _restored(operation, class_unet, diffusion, images[:1], 8, labels[0])
+    assert (batch[:1] - other_seed).abs().max() > 0.01
+
+
+def test_added_noise_follows_the_seed_rule():
+    images = torch.zeros(3, 3, 8, 8)
+    batch = add_noise(images, 0.1, seed=4)
+    for k in range(3):
+        assert torch.equal(batch[k : k + 1], add_noise(images[k : k + 1], 0.1, seed=4 + k))
+    assert float(batch.std()) == pytest.approx(0.2, rel=0.1)  # σ on the [0, 1] scale: 2σ in [-1, 1]
 
 
 def test_inpainting_keeps_known_pixels_and_fills_the_hole(model, clean):

@@ -9,7 +9,7 @@ from PIL import Image
 
 from denoiser.guidance import Guidance
 from denoiser.image_io import save_grid
-from denoiser.sample import make_sampler, sample, trajectory_strip
+from denoiser.sample import class_label_tensor, image_generators, make_sampler, sample, trajectory_strip
 from tests.conftest import generators, seeded_noise
 
 
@@ -92,6 +92,39 @@ def test_bad_requests_are_explained(tiny_unet):
         sample(tiny_unet, sched, 1, 2, class_labels=1)
     with pytest.raises(ValueError, match="unknown scheduler"):
         make_sampler("heun", DDPMScheduler().config)
+
+
+def test_image_generators_are_seeded_seed_plus_k():
+    gens = image_generators(5, [2, 0])  # images 2 and 0 of a request with seed 5
+    assert [g.initial_seed() for g in gens] == [7, 5]
+    assert all(g.device.type == "cpu" for g in gens)
+
+
+def test_class_labels_are_read_in_one_place():
+    names = ("red", "green", "blue")
+    assert class_label_tensor(None, 3, 3) is None  # no class: the model's "no class" row
+    assert class_label_tensor("green", 3, 3, names).tolist() == [1, 1, 1]
+    assert class_label_tensor(["red", 2, "1", torch.tensor(0)], 4, 3, names).tolist() == [0, 2, 1, 0]
+    assert class_label_tensor(torch.tensor([2, 0]), 2, 3).tolist() == [2, 0]
+    assert class_label_tensor("spread", 5, 3).tolist() == [0, 1, 2, 0, 1]
+    for classes, num_classes, match in (
+        (1, None, r"this model is unconditional \(it has no classes\): leave the class label out"),
+        ("spread", 0, "'spread' needs a class-conditional model"),
+        ([0, 1], 3, r"pass one class or one per image \(3\), got 2"),
+        ("cat", 3, "unknown class 'cat'; this model's classes: red, green, blue"),
+        ([3, -1, 3], 3, r"class label out of range: each class must be a whole number in 0..2, got \[3, -1\]"),
+        (1.5, 3, r"whole number in 0..2, got \[1.5\]"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            class_label_tensor(classes, 3, num_classes, names)
+
+
+def test_sample_refuses_a_label_count_that_fits_neither_one_nor_every_image(class_unet):
+    sched = make_sampler("ddim", DDPMScheduler().config)
+    with pytest.raises(ValueError, match=r"pass one class or one per image \(3\), got 2"):
+        sample(class_unet, sched, 3, 2, class_labels=[0, 1])
+    with pytest.raises(ValueError, match="out of range"):  # the UNet's own "no class" row is not a class to ask for
+        sample(class_unet, sched, 1, 2, class_labels=3)
 
 
 def test_grid_png(tmp_path):

@@ -11,8 +11,8 @@ from diffusers import DiffusionPipeline
 from safetensors.torch import load_file
 
 import denoiser  # noqa: F401
+from denoiser.data.order import batch_indices
 from denoiser.init_from import adapt_classes
-from denoiser.train import batch_indices
 from denoiser.unet import UNet
 from tests.conftest import cli, write_config
 

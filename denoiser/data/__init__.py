@@ -1,46 +1,32 @@
-"""Training images: a source (image folder, Hugging Face dataset, WebDataset shards, CIFAR-10, the built-in shapes) prepared once
-into a memory-mapped store (`denoiser.data.store`), then split into training and validation sets.
+"""Training images, from a source to this process's batch of each step.
 
-    train, val = load_datasets(cfg.data, sample_size)   # prepares the store on first use, then maps it
+    data = open_training_data(cfg, sample_size, rank, world)   # the one way in for training (training.py)
+    train, val = load_datasets(cfg.data, sample_size)          # a whole store, split (evaluation, benchmarks)
 
-With `data.streaming: true`, WebDataset or Hugging Face shards are read as a stream instead, with no store
-(`denoiser.data.stream.open_stream`).
+The data flow, one module each: the table of sources (sources.py: folder.py, cifar10.py, synthetic.py,
+hf_source.py, webdataset.py on the bases of base.py, images decoded by decode.py) -> the prepared store
+(store.py) or a stream of shards (stream.py) -> the order of the items (order.py) -> this process's StepBatch
+(training.py, images.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from denoiser.config import DataConfig
+from denoiser.data.config import DataConfig
 from denoiser.data.decode import fit_to_size, flatten_to_rgb
-from denoiser.data.images import ImageDataset, MappedImages, split, to_model_range
-from denoiser.data.sources import Cifar10Source, Source, SyntheticSource, list_folder
+from denoiser.data.images import ImageDataset, MappedImages, StepBatch, split, to_model_range
+from denoiser.data.order import seed_of
+from denoiser.data.sources import SOURCES, open_source
 from denoiser.data.store import StoreInfo, cache_root, open_store, prepare_store
 from denoiser.data.synthetic import SHAPES, make_synthetic
+from denoiser.data.training import TrainingData, open_training_data
 
 __all__ = [
-    "ImageDataset", "MappedImages", "StoreInfo", "SHAPES", "make_synthetic", "load_folder", "load_cifar10", "load_dataset",
-    "load_datasets", "make_source", "prepare", "open_store", "split", "flatten_to_rgb", "fit_to_size", "to_model_range", "cache_root",
+    "ImageDataset", "MappedImages", "StepBatch", "StoreInfo", "SHAPES", "SOURCES", "TrainingData", "make_synthetic",
+    "load_folder", "load_cifar10", "load_dataset", "load_datasets", "open_source", "open_training_data", "prepare",
+    "open_store", "split", "seed_of", "flatten_to_rgb", "fit_to_size", "to_model_range", "cache_root",
 ]
-
-
-def make_source(cfg: DataConfig) -> Source:
-    """The source a data config names (listing files, opening a dataset: no pixels read yet)."""
-    if cfg.dataset == "synthetic":
-        return SyntheticSource(cfg.num_images, cfg.synthetic_seed)
-    if cfg.dataset == "folder":
-        return list_folder(cfg.path, cfg.label_column)
-    if cfg.dataset == "cifar10":
-        return Cifar10Source(Path(cfg.path))
-    if cfg.dataset == "hf":
-        from denoiser.data.hf_source import HFSource
-
-        return HFSource(cfg.path, cfg.image_column, cfg.label_column, cfg.split, str(cache_root() / "hf"))
-    if cfg.dataset == "webdataset":
-        from denoiser.data.webdataset import WebDatasetSource
-
-        return WebDatasetSource(cfg.path, cfg.label_column)
-    raise ValueError(f"unknown dataset {cfg.dataset!r}; use synthetic, folder, hf, webdataset or cifar10")
 
 
 def prepare(cfg: DataConfig, sample_size: int, progress: bool = True) -> StoreInfo:
@@ -48,7 +34,7 @@ def prepare(cfg: DataConfig, sample_size: int, progress: bool = True) -> StoreIn
     if cfg.streaming:
         raise ValueError(f"data.streaming: true reads the shards of {cfg.path!r} while training; there is no store to "
                          "prepare. Start the run, or remove data.streaming to prepare a store")
-    return prepare_store(make_source(cfg), sample_size, cfg.num_workers, progress)
+    return prepare_store(open_source(cfg), sample_size, cfg.num_workers, progress)
 
 
 def load_dataset(cfg: DataConfig, sample_size: int) -> ImageDataset:

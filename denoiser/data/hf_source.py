@@ -16,26 +16,20 @@ and an IterableDataset restored from its state_dict refills its shuffle buffer a
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from denoiser.data.base import Chunk, Shards, Source, content_key, gather, labels_from, slug
 from denoiser.data.decode import decode_image
-from denoiser.data.sources import Chunk, Source, _gather, _labels_from, _slug
-from denoiser.data.stream import Shards
 
 __all__ = ["HFSource", "HFShards", "open_hf"]
 
 
 def _files_key(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()
+    return content_key((str(f), f, "") for f in files)
 
 
 @functools.cache
@@ -86,12 +80,12 @@ def _check_columns(feats, path: str, image_column: str, label_column: str | None
 
 def _label_names(feature, values: list, column: str, where: str) -> tuple[list[int], list[str], dict | None]:
     """(class indices, class names, stored value -> index or None): a ClassLabel's own names and values, else
-    `_labels_from` (integers keep their value, strings are sorted into names)."""
+    `labels_from` (integers keep their value, strings are sorted into names)."""
     from datasets import ClassLabel
 
     if isinstance(feature, ClassLabel):
         return [int(v) for v in values], list(feature.names), None
-    indices, classes = _labels_from(values, column, where)
+    indices, classes = labels_from(values, column, where)
     return indices, classes, dict(zip(values, indices))
 
 
@@ -107,7 +101,7 @@ class HFSource(Source):
 
     def __post_init__(self):
         ds, self._key = open_hf(self.path, self.split, self.cache_dir)
-        self.name = "hf-" + _slug(Path(self.path).name or self.path)
+        self.name = "hf-" + slug(Path(self.path).name or self.path)
         self._labelled = _check_columns(ds.features, self.path, self.image_column, self.label_column)
         self.classes = []
         if self._labelled:
@@ -134,7 +128,7 @@ class HFSource(Source):
         def decode(name: str) -> np.ndarray:
             return decode_image(_encoded(by_name[name]), size)
 
-        return _gather(list(zip(names, labels)), size, decode)
+        return gather(list(zip(names, labels)), size, decode)
 
 
 def _encoded(image: dict | None) -> bytes | str:

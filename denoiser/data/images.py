@@ -1,4 +1,5 @@
-"""A set of uint8 images with labels, in memory or memory-mapped from a prepared store, and its split.
+"""A set of uint8 images with labels, in memory or memory-mapped from a prepared store, and its split; one
+step's images for one process (`StepBatch`).
 
 Batches come out as float tensors in [-1, 1]. Random horizontal flips are applied per batch by the training
 loop with its own seeded generator, so a resumed run sees exactly the same images. The validation split is
@@ -8,13 +9,13 @@ a seeded permutation; it is small and copied into memory, the training split sta
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["ImageDataset", "MappedImages", "split", "to_model_range"]
+__all__ = ["ImageDataset", "MappedImages", "StepBatch", "split", "to_model_range"]
 
 
 class MappedImages:
@@ -94,6 +95,26 @@ class ImageDataset:
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """indices (B,) -> images (B, C, H, W) float in [-1, 1], labels (B,)."""
         return to_model_range(self.images[indices]), self.labels[indices]
+
+
+@dataclass
+class StepBatch:
+    """This process's images of one optimizer step, in [accumulation step][image] order, from the store or a stream.
+
+    The training loop draws each image's noise, timestep, flip and label drop: for `draw_size` images from a
+    generator keyed by `draw_key`, of which this process's images take positions `draw_rows`. With the store the
+    draws cover the step's whole global batch (key: the step), so any split over processes and accumulation
+    steps slices the same numbers; a stream's ranks draw for their own images only (key: step, rank).
+    """
+
+    ids: torch.Tensor  # (n,) store rows, or a stream's global item numbers
+    pixels: torch.Tensor  # (n, 3, S, S) uint8
+    labels: torch.Tensor  # (n,) int64 class indices
+    draw_key: tuple[int, ...]
+    draw_size: int
+    draw_rows: torch.Tensor  # (n,) positions among the draw_size draws
+    captions: list[str] | None = None  # one per image, for text-conditioned models; None: the data has no text
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # items that could not be decoded (item, why)
 
 
 def to_model_range(images: torch.Tensor) -> torch.Tensor:

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from denoiser.data.base import Chunk, Source
 from denoiser.data.images import ImageDataset, MappedImages
-from denoiser.data.sources import Chunk, Source
 
 __all__ = ["StoreInfo", "cache_root", "store_path", "prepare_store", "open_store"]
 

@@ -13,6 +13,8 @@ The order, for process r (global rank) of W, with n = train.batch_size / W image
     shards hold;
   - step s is items [s·n, (s+1)·n) of rank r's stream; noise, timesteps, flips and label drops come from a
     generator seeded by (train.seed, s, r) (denoiser.train).
+The order is computed in denoiser/data/order.py (`Cursor`); this module indexes the shards, holds out validation
+and decodes each step's items.
 
 An item is a *descriptor*, (shard, item within the shard), found from tar headers or row counts without decoding
 anything, and the buffer's order is a function of its seed and the count of items. So the stream is computed, not
@@ -45,128 +47,30 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from denoiser.config import DataConfig
+from denoiser.data.base import Shards
+from denoiser.data.config import DataConfig
 from denoiser.data.decode import decode_image
-from denoiser.data.images import ImageDataset
+from denoiser.data.images import ImageDataset, StepBatch
+from denoiser.data.order import Cursor
+from denoiser.data.sources import open_shards
 
-__all__ = ["Shards", "Cursor", "Stream", "RankBatch", "StreamBatches", "open_stream", "buffer_order", "seed_of"]
+__all__ = ["Stream", "StreamBatches", "open_stream", "stream_workers"]
 
 logger = logging.getLogger(__name__)
-
-
-class Shards:
-    """Items of a sharded source, found without decoding: shard s holds `sizes[s]` items, item i labelled
-    `labels[s][i]`; `encoded(s, i)` reads one item's image (bytes or a file path) for `decode_image`."""
-
-    where: str  # data.path, for messages
-    classes: list[str]  # class names; empty for an unconditional set
-    sizes: list[int]
-    labels: list[np.ndarray]  # per shard, (sizes[s],) int64
-    dropped: list[tuple[str, str]]  # items left out when indexing (item, why)
-
-    def encoded(self, shard: int, item: int) -> bytes | str:
-        raise NotImplementedError
-
-    def item_name(self, shard: int, item: int) -> str:
-        raise NotImplementedError
-
-
-def seed_of(*parts: int) -> int:
-    """A 64-bit seed mixing integers (numpy's SeedSequence): no two tuples of the same length collide in practice."""
-    words = np.random.SeedSequence([p % (1 << 63) for p in parts]).generate_state(2, np.uint32)
-    return int(words[0]) | int(words[1]) << 32
-
-
-def buffer_order(n: int, size: int, rng: random.Random) -> list[int]:
-    """The order in which a shuffle buffer of `size` emits items 0..n-1 that arrive in order."""
-    buf, out = [], []
-    for i in range(n):
-        if len(buf) < size:
-            buf.append(i)
-            continue
-        j = rng.randrange(size)
-        out.append(buf[j])
-        buf[j] = i
-    rng.shuffle(buf)  # the end of the epoch: what is left comes out shuffled
-    return out + buf
-
-
-class Cursor:
-    """Rank r's endless stream of descriptors (shard, item); position p is its p-th item since step 0.
-
-    `take` moves forward cheaply: whole epochs are skipped by their item count, and an epoch is laid out (its
-    shards' descriptors through the buffer) only when a taken position falls into it."""
-
-    def __init__(self, first: list[int], sizes: list[int], seed: int, rank: int, world: int, buffer: int):
-        self.first, self.sizes, self.seed, self.rank, self.world, self.buffer = first, sizes, seed, rank, world, buffer
-        self.nonempty = [s for s in range(len(sizes)) if sizes[s] > first[s]]
-        self._rewind()
-
-    def _rewind(self) -> None:
-        self.epoch, self.epoch_start, self.items = 0, 0, None
-        self.length = self._length(0)
-
-    def epoch_shards(self, epoch: int) -> list[int]:
-        """This rank's shards in epoch `epoch`: every W-th of a permutation seeded by (seed, epoch)."""
-        order = list(self.nonempty)
-        random.Random(seed_of(1, self.seed, epoch)).shuffle(order)
-        return order[self.rank :: self.world]
-
-    def _length(self, epoch: int) -> int:
-        return sum(self.sizes[s] - self.first[s] for s in self.epoch_shards(epoch))
-
-    def _layout(self, epoch: int) -> np.ndarray:
-        """Epoch `epoch`'s descriptors in the order they leave the buffer, (L, 2): shard, item."""
-        arrived = np.concatenate([
-            np.stack([np.full(self.sizes[s] - self.first[s], s), np.arange(self.first[s], self.sizes[s])], 1)
-            for s in self.epoch_shards(epoch)
-        ])  # (L, 2) in shard order, each shard in stored order
-        rng = random.Random(seed_of(2, self.seed, epoch, self.rank))
-        return arrived[buffer_order(len(arrived), self.buffer, rng)]
-
-    def take(self, start: int, count: int) -> np.ndarray:
-        """Descriptors at positions [start, start + count), (count, 2)."""
-        if start < self.epoch_start:
-            self._rewind()
-        out, pos = [], start
-        while count > 0:
-            if pos >= self.epoch_start + self.length:  # past this epoch: skip it whole
-                self.epoch_start += self.length
-                self.epoch += 1
-                self.items, self.length = None, self._length(self.epoch)
-                continue
-            if self.items is None:
-                self.items = self._layout(self.epoch)
-            a = pos - self.epoch_start
-            chunk = self.items[a : a + count]
-            out.append(chunk)
-            pos, count = pos + len(chunk), count - len(chunk)
-        return np.concatenate(out) if out else np.empty((0, 2), dtype=np.int64)
-
-
-@dataclass
-class RankBatch:
-    """This rank's images of one step: ids (n,) global item numbers, pixels (n, 3, S, S) uint8, labels (n,)."""
-
-    ids: torch.Tensor
-    pixels: torch.Tensor
-    labels: torch.Tensor
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (item, why)
 
 
 def _decode(shards: Shards, shard: int, item: int, size: int) -> np.ndarray:
     return decode_image(shards.encoded(shard, item), size)
 
 
-def decode_items(shards: Shards, items: np.ndarray, starts: np.ndarray, size: int) -> RankBatch:
-    """Decode descriptors (k, 2) into a RankBatch; a failed item's place takes the next decodable one (cyclically)."""
+def decode_items(shards: Shards, items: np.ndarray, starts: np.ndarray, size: int, draw_key: tuple[int, ...]) -> StepBatch:
+    """Decode descriptors (k, 2) into a StepBatch whose draws are its own (keyed `draw_key`); a failed item's place
+    takes the next decodable one (cyclically)."""
     pixels: list[np.ndarray | None] = []
     skipped = []
     for s, i in items.tolist():
@@ -183,8 +87,8 @@ def decode_items(shards: Shards, items: np.ndarray, starts: np.ndarray, size: in
     take = [j if pixels[j] is not None else _next_good(j, good) for j in range(len(pixels))]
     labels = np.array([shards.labels[s][i] for s, i in items.tolist()], dtype=np.int64)
     ids = starts[items[:, 0]] + items[:, 1]
-    return RankBatch(torch.from_numpy(ids[take]), torch.from_numpy(np.stack([pixels[j] for j in take])),
-                     torch.from_numpy(labels[take]), skipped)
+    return StepBatch(torch.from_numpy(ids[take]), torch.from_numpy(np.stack([pixels[j] for j in take])),
+                     torch.from_numpy(labels[take]), draw_key, len(take), torch.arange(len(take)), skipped=skipped)
 
 
 def _next_good(j: int, good: list[int]) -> int:
@@ -251,16 +155,17 @@ class Stream:
 
 
 class _StepImages(torch.utils.data.Dataset):
-    """Map-style over steps: item s is this rank's RankBatch of step s. Each process keeps its own cursor."""
+    """Map-style over steps: item s is this rank's StepBatch of step s, its draws keyed (step, rank). Each process
+    keeps its own cursor."""
 
     def __init__(self, stream: Stream, per_step: int):
         self.stream, self.per_step, self.cursor = stream, per_step, None
 
-    def __getitem__(self, step: int) -> RankBatch:
+    def __getitem__(self, step: int) -> StepBatch:
         if self.cursor is None:
             self.cursor = self.stream.cursor()
         items = self.cursor.take(step * self.per_step, self.per_step)
-        return decode_items(self.stream.shards, items, self.stream.starts, self.stream.size)
+        return decode_items(self.stream.shards, items, self.stream.starts, self.stream.size, (step, self.stream.rank))
 
 
 class _From(torch.utils.data.Sampler):
@@ -273,7 +178,7 @@ class _From(torch.utils.data.Sampler):
         return itertools.count(self.start)
 
 
-def _as_is(batch: RankBatch) -> RankBatch:
+def _as_is(batch: StepBatch) -> StepBatch:
     return batch
 
 
@@ -282,16 +187,16 @@ def _one_thread(worker_id: int) -> None:
 
 
 class StreamBatches:
-    """`get(step)` returns this rank's RankBatch of `step`; steps are asked in order (a jump restarts the workers).
+    """`get(step)` returns this rank's StepBatch of `step`; steps are asked in order (a jump restarts the workers).
     Items skipped are logged once each and counted in `skipped` (item -> why)."""
 
     def __init__(self, stream: Stream, per_step: int, workers: int):
         self.stream, self.per_step, self.workers = stream, per_step, workers
-        self.it: Iterator[RankBatch] | None = None
+        self.it: Iterator[StepBatch] | None = None
         self.next_step: int | None = None
         self.skipped: dict[str, str] = {}
 
-    def get(self, step: int) -> RankBatch:
+    def get(self, step: int) -> StepBatch:
         if step != self.next_step:
             self.close()
             loader = torch.utils.data.DataLoader(
@@ -317,20 +222,6 @@ def stream_workers(num_workers: int | None) -> int:
     if num_workers is None:
         num_workers = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return 0 if num_workers <= 1 else num_workers
-
-
-def open_shards(cfg: DataConfig) -> Shards:
-    """The shards a streaming data config names, indexed (tar headers and label members, or row counts and labels)."""
-    if cfg.dataset == "webdataset":
-        from denoiser.data.webdataset import TarShards, WebDatasetSource
-
-        return TarShards(WebDatasetSource(cfg.path, cfg.label_column))
-    if cfg.dataset == "hf":
-        from denoiser.data.hf_source import HFShards
-        from denoiser.data.store import cache_root
-
-        return HFShards(cfg.path, cfg.image_column, cfg.label_column, cfg.split, str(cache_root() / "hf"))
-    raise ValueError(f"data.streaming needs data.dataset webdataset or hf, got {cfg.dataset!r}; remove data.streaming")
 
 
 def open_stream(cfg: DataConfig, sample_size: int, seed: int, rank: int, world: int) -> Stream:

@@ -1,17 +1,20 @@
-"""The built-in set: coloured shapes (circle, square, triangle, cross) labelled by shape, deterministic by seed."""
+"""The built-in set (`data.dataset: synthetic`): coloured shapes (circle, square, triangle, cross) labelled by
+shape, deterministic by seed, made on the fly (nothing to download or point at)."""
 
 from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from denoiser.data.base import Chunk, Source
 from denoiser.data.images import ImageDataset
 
-__all__ = ["SHAPES", "make_synthetic", "synthetic_images"]
+__all__ = ["SHAPES", "SyntheticSource", "make_synthetic", "synthetic_images"]
 
 SHAPES = ("circle", "square", "triangle", "cross")
 
@@ -70,3 +73,24 @@ def make_synthetic(num_images: int, size: int, seed: int = 0) -> ImageDataset:
         raise ValueError(f"data.num_images must be at least 1, got {num_images}")
     pixels, labels = synthetic_images(0, num_images, size, seed)
     return ImageDataset(torch.from_numpy(pixels), torch.from_numpy(labels), list(SHAPES))
+
+
+@dataclass
+class SyntheticSource(Source):
+    num_images: int
+    seed: int
+    name: str = "synthetic"
+
+    def __post_init__(self):
+        if self.num_images < 1:
+            raise ValueError(f"data.num_images must be at least 1, got {self.num_images}")
+        self.classes = list(SHAPES)
+
+    def __len__(self) -> int:
+        return self.num_images
+
+    def fingerprint(self) -> str:
+        return f"synthetic-{self.num_images}-{self.seed}"
+
+    def read(self, start: int, stop: int, size: int) -> Chunk:
+        return Chunk(*synthetic_images(start, stop, size, self.seed))

@@ -9,7 +9,6 @@ by a stream (`TarShards`, `data.streaming: true`, denoiser/data/stream.py).
 
 from __future__ import annotations
 
-import hashlib
 import re
 import tarfile
 from dataclasses import dataclass, field
@@ -17,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from denoiser.data.base import Chunk, Shards, Source, content_key, gather, labels_from
 from denoiser.data.decode import decode_image, is_image_name
-from denoiser.data.sources import Chunk, Source, _gather, _labels_from
-from denoiser.data.stream import Shards
 
 __all__ = ["WebDatasetSource", "TarShards", "expand_braces"]
 
@@ -66,11 +64,7 @@ class WebDatasetSource(Source):
         self.name = "wds-" + "".join(c if c.isalnum() else "-" for c in self.shards[0].parent.name)[:40]
 
     def fingerprint(self) -> str:
-        h = hashlib.sha256(f"{self.label_column}\n".encode())
-        for p in self.shards:
-            st = p.stat()
-            h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        return h.hexdigest()
+        return content_key(((str(p), p, "") for p in self.shards), extra=f"{self.label_column}\n")
 
     def _index(self) -> list[_Sample]:
         """Every sample of every shard, in shard and member order (headers and label members read, no images)."""
@@ -92,7 +86,7 @@ class WebDatasetSource(Source):
             self._samples = list(samples.values())
             labelled = [s.label for s in self._samples if s.label is not None]
             if labelled:
-                indices, self._classes = _labels_from(labelled, self.label_column, self.pattern)
+                indices, self._classes = labels_from(labelled, self.label_column, self.pattern)
                 it = iter(indices)
                 self._labels = [next(it) if s.label is not None else 0 for s in self._samples]
             else:
@@ -121,7 +115,7 @@ class WebDatasetSource(Source):
 
         names = [f"{start + j}:{self.shards[s.shard].name}/{s.key}" for j, s in enumerate(samples)]
         try:
-            return _gather(list(zip(names, self._labels[start:stop])), size, decode)
+            return gather(list(zip(names, self._labels[start:stop])), size, decode)
         finally:
             for f in handles.values():
                 f.close()

@@ -1,0 +1,115 @@
+"""The one way in for training data: `open_training_data` gives this process its images of every step.
+
+    data = open_training_data(cfg.data, sample_size, seed=cfg.train.seed, batch_size=cfg.train.batch_size,
+                              accumulation=cfg.train.gradient_accumulation_steps, rank=rank, world=world)
+    batch = data.batch(step)      # StepBatch: ids, uint8 pixels, labels (captions: room for text), draw rows
+    data.validation               # the held-out images, in memory
+
+Behind it, one of two ways, which the training loop never tells apart:
+  - the prepared store (denoiser/data/store.py): the source, decoded once, memory-mapped by every process. Step s's
+    global batch is `order.batch_indices(s)`; the batch is laid out [accumulation step][process][image] and this
+    process takes its part, so P processes x A accumulation steps compute what one process computes;
+  - a stream (`data.streaming: true`, denoiser/data/stream.py): each process reads its own shards.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from denoiser.data.config import DataConfig
+from denoiser.data.images import ImageDataset, StepBatch, split
+from denoiser.data.order import batch_indices
+from denoiser.data.sources import open_source
+from denoiser.data.store import open_store, prepare_store
+from denoiser.data.stream import Stream, StreamBatches, open_stream, stream_workers
+
+__all__ = ["TrainingData", "open_training_data", "per_process_batch"]
+
+logger = logging.getLogger(__name__)
+
+
+def per_process_batch(batch_size: int, world: int, accumulation: int) -> int:
+    """Images per process and accumulation step: train.batch_size split evenly, or an error saying what divides."""
+    per_step = world * accumulation
+    if batch_size % per_step:
+        raise ValueError(
+            f"train.batch_size={batch_size} must be divisible by processes x gradient_accumulation_steps "
+            f"= {world} x {accumulation}; pick a multiple of {per_step}"
+        )
+    return batch_size // per_step
+
+
+class TrainingData:
+    """This process's training images of every step (`batch`), the validation set, the class names, and how many
+    training images there are in all (`len`). `skipped`: items a stream could not decode (item -> why)."""
+
+    validation: ImageDataset
+    classes: list[str]
+    streamed: bool = False
+    skipped: dict[str, str]
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def batch(self, step: int) -> StepBatch:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop what reads ahead (a stream's DataLoader workers)."""
+
+
+class _StoreData(TrainingData):
+    def __init__(self, train: ImageDataset, validation: ImageDataset, batch_size: int, seed: int, rank: int, world: int,
+                 micro: int):
+        self.train, self.validation, self.classes, self.skipped = train, validation, train.classes, {}
+        self.batch_size, self.seed = batch_size, seed
+        accumulation = batch_size // (world * micro)
+        # this process's positions in the global batch, laid out [accumulation step][process][image]
+        self.rows = torch.cat([torch.arange(micro) + (a * world + rank) * micro for a in range(accumulation)])
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    def batch(self, step: int) -> StepBatch:
+        idx = batch_indices(len(self.train), self.batch_size, step, self.seed)[self.rows]
+        return StepBatch(idx, self.train.images[idx], self.train.labels[idx], (step,), self.batch_size, self.rows)
+
+
+class _StreamData(TrainingData):
+    streamed = True
+
+    def __init__(self, stream: Stream, per_rank: int, workers: int):
+        self.stream, self.classes, self.validation = stream, stream.classes, stream.validation()
+        self.batches: StreamBatches = stream.batches(per_rank, workers)
+        self.skipped = self.batches.skipped
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def batch(self, step: int) -> StepBatch:
+        return self.batches.get(step)
+
+    def close(self) -> None:
+        self.batches.close()
+
+
+def open_training_data(d: DataConfig, sample_size: int, *, seed: int, batch_size: int, accumulation: int = 1,
+                       rank: int = 0, world: int = 1) -> TrainingData:
+    """Process `rank` of `world`'s training data at the model's `sample_size`, for a global batch of `batch_size`
+    images per optimizer step in `accumulation` parts, ordered by the run's `seed`: the store (prepared on first
+    use: the first process on this machine or shared filesystem prepares it, the others wait), or a stream."""
+    micro = per_process_batch(batch_size, world, accumulation)
+    if d.streaming:
+        stream = open_stream(d, sample_size, seed, rank, world)
+        if rank == 0:
+            logger.info("data: a stream of %d items in %d shards of %s", len(stream), len(stream.shards.sizes), d.path)
+        return _StreamData(stream, micro * accumulation, stream_workers(d.num_workers))
+    info = prepare_store(open_source(d), sample_size, d.num_workers, progress=True)  # the preparer shows progress
+    if rank == 0:
+        logger.info("data: %d images from %s", info.num_images, info.path)
+        if info.skipped:
+            logger.warning("skipped %d of %d files: see %s", info.skipped, info.num_items, info.skipped_file)
+    train, validation = split(open_store(info.path), d.val_size, d.val_seed)
+    return _StoreData(train, validation, batch_size, seed, rank, world, micro)
