@@ -11,7 +11,6 @@ is reported, relative to the full fast path. Configurations, each adding one pie
     channels-last  channels-last activations, torch's GroupNorm and SDPA
     +groupnorm     denoiser's GroupNorm(+SiLU) kernel (csrc/group_norm_nhwc.cpp)
     +prepacked     convolution weights packed for oneDNN once (UNet.packed_weights)
-    +post-ops      the ResBlock's timestep and residual adds as the convolutions' post-ops (conv(x, add=a))
     +small-head    denoiser's small-head attention kernel (csrc/attention_small_head.cpp) = the full path
 
 --train A/Bs the GroupNorm kernel in training (forward + backward + AdamW, batch 32, the shipped
@@ -37,11 +36,11 @@ from pathlib import Path
 import torch
 from profiling import cpu_name
 
-from denoiser.fast import attention, conv, malloc
+from denoiser.fast import attention, malloc
 from denoiser.groupnorm import GroupNorm
 from denoiser.model_dir import load_model
 
-NAMES = ["nchw", "channels-last", "+groupnorm", "+prepacked", "+post-ops", "+small-head"]
+NAMES = ["nchw", "channels-last", "+groupnorm", "+prepacked", "+small-head"]
 
 
 @contextlib.contextmanager
@@ -51,16 +50,14 @@ def configuration(unet, name: str):
     norms = [m for m in unet.modules() if isinstance(m, GroupNorm)]
     for m in norms:
         m.fast = None if level >= 2 else False
-    small_head, post_op = attention.small_head_kernel, conv._post_op_operand
+    small_head = attention.small_head_kernel
     if level < 4:
-        conv._post_op_operand = lambda add, shape: False  # conv(x, add=a) then adds in a pass of its own
-    if level < 5:
         attention.small_head_kernel = lambda: False  # fused_attention then calls torch's SDPA
     try:
         with unet.packed_weights() if level >= 3 else contextlib.nullcontext():
             yield
     finally:
-        attention.small_head_kernel, conv._post_op_operand = small_head, post_op
+        attention.small_head_kernel = small_head
         for m in norms:
             m.fast = None
 

@@ -4,7 +4,8 @@ A checkpoint folder `checkpoints/checkpoint-00001000/` holds what `accelerator.s
 (model as safetensors, optimizer, grad scaler, RNG states; read back with `weights_only=True`),
 plus our own `ema.safetensors` and `state.json` (step, LR schedule, EMA counters). It only gets its
 final name once every file is on disk, so a run killed at any moment never leaves a checkpoint that
-`--resume latest` could pick up half-written. Nothing here is unpickled.
+`--resume latest` could pick up half-written (denoiser.atomic's temporary sibling and `publish`, taken step by
+step because every process writes into the one folder). Nothing here is unpickled.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 from safetensors.torch import load_file, save_file
 
+from denoiser.atomic import is_temporary, publish, temp_sibling
+
 __all__ = ["checkpoint_dir", "find_checkpoint", "save_checkpoint", "load_checkpoint", "prune_checkpoints"]
 
 PREFIX = "checkpoint-"
-TMP_PREFIX = ".tmp-"
+RANKS_TAG = "ranks"  # the temporary folder's tag: one name that every process of the run computes
 
 
 def checkpoint_dir(output_dir: Path, step: int) -> Path:
@@ -56,14 +59,15 @@ def remove_partial(output_dir: Path) -> None:
     root = Path(output_dir) / "checkpoints"
     if root.is_dir():
         for p in root.iterdir():
-            if p.name.startswith(TMP_PREFIX) or (p.name.startswith(PREFIX) and not (p / "state.json").is_file()):
+            if is_temporary(p.name) or (p.name.startswith(PREFIX) and not (p / "state.json").is_file()):
                 shutil.rmtree(p, ignore_errors=True)
 
 
 def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict[str, Any], ema=None) -> Path:
-    """Every rank calls this. Writes to `.tmp-checkpoint-N`, then the main process renames it."""
+    """Every rank calls this. All write into one temporary folder; the main process publishes it once
+    state.json, written last, marks it complete."""
     final = checkpoint_dir(output_dir, step)
-    tmp = final.with_name(TMP_PREFIX + final.name)
+    tmp = temp_sibling(final, RANKS_TAG)
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -77,9 +81,7 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict[str, A
             save_file(shadow, str(tmp / "ema.safetensors"))
             state = {**state, "ema": ema_state}
         (tmp / "state.json").write_text(json.dumps(state, indent=1))  # written last: marks completeness
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        publish(tmp, final)  # an existing checkpoint of this step is replaced only now
     accelerator.wait_for_everyone()
     return final
 

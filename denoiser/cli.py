@@ -293,8 +293,9 @@ def cmd_restore(args) -> None:
     import torch
 
     from denoiser.diffusion import Diffusion
-    from denoiser.image_io import save_grid, to_unit
+    from denoiser.image_io import save_grid
     from denoiser.model_dir import load_model
+    from denoiser.pixels import to_unit
     from denoiser.restore import restore
     from denoiser.sampling import resolve
 
@@ -329,49 +330,36 @@ def _image_size(path: str) -> tuple[int, int]:
 
 
 def _denoise_at_own_size(args, plan, sched) -> None:
-    """`denoise` (one-step MMSE) of a photo of any size: overlapping tiles at the model's size, blended
-    (denoiser.tiles), with the plan's class and guidance; the result at the photo's own size."""
+    """`denoise` (one-step MMSE) of a photo of any size (denoiser.tiles.denoise_photo), with the plan's class and
+    guidance; the result at the photo's own size, the tiles' progress as a tqdm bar."""
     import torch
     from torchvision.transforms.functional import pil_to_tensor
     from tqdm.auto import tqdm
 
-    from denoiser.diffusion import Diffusion
-    from denoiser.image_io import save_png
-    from denoiser.restore import psnr
-    from denoiser.tiles import denoise_tiles
+    from denoiser.image_io import save_png, uint8_to_pil
+    from denoiser.tiles import denoise_photo
 
-    unet = plan.unet
     photo = pil_to_tensor(_read_image(args.image))  # (3, H, W) uint8, the photo's own size
-    noisy = photo
-    if args.add_noise is not None:  # the round trip: seeded noise, quantised as a camera would write it
-        noise = torch.randn(photo.shape, generator=torch.Generator().manual_seed(args.seed + 12_345))
-        noisy = (photo / 255 + args.add_noise * noise).clamp(0, 1).mul(255).round().to(torch.uint8)
     sigma = args.sigma if args.sigma is not None else args.add_noise
+    label = None if plan.labels is None else int(plan.labels[0])
     with tqdm(desc="denoise", unit="tile", dynamic_ncols=True) as bar:
 
         def progress(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
 
-        label = None if plan.labels is None else int(plan.labels[0])
-        result = denoise_tiles(unet, Diffusion(sched), noisy, sigma, progress=progress, class_label=label,
-                               guidance=plan.guidance)
-    print(f"denoise: {photo.shape[2]}x{photo.shape[1]} at its own size, in tiles of "
-          f"{unet.config.sample_size}x{unet.config.sample_size}: {save_png(_hwc(result), args.out)}")
+        res = denoise_photo(plan.unet, sched, photo, sigma, noise_first=args.add_noise, seed=args.seed, class_label=label,
+                            guidance=plan.guidance, progress=progress)
+    size = plan.unet.config.sample_size
+    print(f"denoise: {photo.shape[2]}x{photo.shape[1]} at its own size, in tiles of {size}x{size}: "
+          f"{save_png(uint8_to_pil(res.result), args.out)}")
     if args.compare:
-        shown = [photo] + ([noisy] if args.add_noise is not None else []) + [result]
-        save_png(_hwc(torch.cat(shown, dim=2)), args.compare)  # side by side, (3, H, k·W)
-        print(f"compare: {args.compare} (input{', noisy' if args.add_noise is not None else ''}, result)")
-    if args.add_noise is not None:
-        noisy_db, result_db = (float(psnr(x[None] / 255, photo[None] / 255)) for x in (noisy, result))
+        shown = [photo] + ([res.noisy] if res.noisy is not None else []) + [res.result]
+        save_png(uint8_to_pil(torch.cat(shown, dim=2)), args.compare)  # side by side, (3, H, k·W)
+        print(f"compare: {args.compare} (input{', noisy' if res.noisy is not None else ''}, result)")
+    if res.noisy is not None:
+        noisy_db, result_db = res.psnr()
         print(f"PSNR vs the clean input: noisy {noisy_db:.2f} dB, result {result_db:.2f} dB")
-
-
-def _hwc(image):
-    """(3, H, W) uint8 tensor -> PIL image."""
-    from PIL import Image
-
-    return Image.fromarray(image.permute(1, 2, 0).numpy())  # (3, H, W) -> (H, W, 3)
 
 
 def cmd_attention_stats(args) -> None:
@@ -380,6 +368,7 @@ def cmd_attention_stats(args) -> None:
     from denoiser.attention_stats import attention_stats, stats_chart, write_csv
     from denoiser.image_io import image_to_model, save_png
     from denoiser.model_dir import load_model
+    from denoiser.pixels import unit_to_model
     from denoiser.request import SampleRequest
     from denoiser.sampling import resolve, run
 
@@ -405,7 +394,7 @@ def cmd_attention_stats(args) -> None:
         labels = None if labels is None else labels[: len(images)].fill_(n_cls)  # the user's images: "no class"
         how = f"{len(images)} images from {args.images}"
     else:
-        images = run(plan).images * 2 - 1
+        images = unit_to_model(run(plan).images)
         how = f"{args.num_images} generated images ({plan.describe()})"
     rows = attention_stats(unet, sched, images, labels, timesteps, heads=not args.no_heads, seed=args.seed)
     out = Path(args.out_dir)
@@ -425,6 +414,7 @@ def cmd_fid(args) -> None:
 
     from denoiser.fid import InceptionFeatures, fid_of_images, reference_statistics
     from denoiser.model_dir import load_model
+    from denoiser.pixels import to_uint8
     from denoiser.sampling import resolve, run
 
     if args.reference is None:
@@ -442,7 +432,7 @@ def cmd_fid(args) -> None:
         load = lambda path: own if Path(path).resolve() == Path(args.model).resolve() else load_model(path)  # noqa: E731
         classes = _classes(args.class_label) if unet.config.num_class_embeds else None  # "spread" needs classes
         plan = resolve(_request(args, num_images=args.num_samples, classes=classes), args.model, load=load)
-        images = run(plan, progress=True).images.mul(255).round().to(torch.uint8)
+        images = to_uint8(run(plan, progress=True).images)
         how = f"{plan.describe()}, classes {args.class_label}"
     size = images.shape[-1]
     if ref.image_size is not None and ref.image_size != size:

@@ -14,18 +14,44 @@ import warnings
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+from torchvision import transforms
 from torchvision.transforms import functional as TF
 from torchvision.utils import make_grid
 
 from denoiser.atomic import atomic_path
-from denoiser.data import fit_to_size, flatten_to_rgb
+from denoiser.pixels import to_model_range, to_uint8, uint8_to_unit
 
-__all__ = ["MAX_PIXELS", "open_image", "image_to_model", "mask_to_model", "to_unit", "to_pil", "save_grid", "save_png",
-           "settings_name", "save_with_settings", "read_settings"]
+__all__ = ["MAX_PIXELS", "flatten_to_rgb", "fit_to_size", "open_image", "image_to_model", "mask_to_model", "to_pil", "uint8_to_pil", "save_grid",
+           "save_png", "settings_name", "save_with_settings", "read_settings"]
 
 MAX_PIXELS = 50_000_000  # a 50-megapixel camera's photo; more is refused before decoding
+
+
+def flatten_to_rgb(img: Image.Image) -> Image.Image:
+    """Any mode -> RGB; transparent pixels (RGBA, LA, palette with transparency) lie on white.
+
+    A plain `convert("RGB")` would keep whatever colour hides under alpha = 0 (often black or noise),
+    so emoji and icons would sit on garbage backgrounds. 16-bit greyscale keeps its top 8 bits (PIL's
+    own conversion would clip everything above 255 to white).
+    """
+    if img.mode in ("I;16", "I;16L", "I;16B", "I"):
+        img = Image.fromarray((np.asarray(img, dtype=np.int64) >> 8).clip(0, 255).astype(np.uint8), "L")
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")  # grayscale, palette, CMYK ... become RGB
+
+
+def fit_to_size(size: int) -> transforms.Compose:
+    """PIL image -> PIL image: the short side resized to `size` (bicubic, antialiased), then centre-cropped."""
+    return transforms.Compose([
+        transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC, antialias=True),
+        transforms.CenterCrop(size),
+    ])
 
 
 def open_image(
@@ -92,12 +118,7 @@ def _is_empty(source) -> bool:
 def image_to_model(image: Image.Image, size: int) -> torch.Tensor:
     """A user's image (any size or mode; transparency on white) -> (1, 3, size, size) in [-1, 1]: the short
     side resized to `size`, then centre-cropped."""
-    return TF.pil_to_tensor(fit_to_size(size)(flatten_to_rgb(image)))[None].float() / 127.5 - 1  # (1, 3, S, S)
-
-
-def to_unit(x: torch.Tensor) -> torch.Tensor:
-    """The model's range [-1, 1] -> images in [0, 1], on the CPU in fp32 (image_to_model's inverse, clamped)."""
-    return (x.float().cpu() / 2 + 0.5).clamp(0, 1)
+    return to_model_range(TF.pil_to_tensor(fit_to_size(size)(flatten_to_rgb(image)))[None])  # (1, 3, S, S)
 
 
 def mask_to_model(mask: Image.Image, image_size: tuple[int, int], size: int) -> torch.Tensor:
@@ -109,7 +130,7 @@ def mask_to_model(mask: Image.Image, image_size: tuple[int, int], size: int) -> 
     # torchvision's Resize(size): the short side becomes `size`, the long one int(size * long / short)
     new = (size, int(size * h / w)) if w <= h else (int(size * w / h), size)
     cropped = TF.center_crop(grey.resize(new, Image.Resampling.NEAREST), [size, size])  # fit_to_size's crop
-    return (TF.pil_to_tensor(cropped)[None].float() / 255 > 0.5).float()  # (1, 1, S, S)
+    return (uint8_to_unit(TF.pil_to_tensor(cropped)[None]) > 0.5).float()  # (1, 1, S, S)
 
 
 def to_pil(images: torch.Tensor, nrow: int | None = None, padding: int = 2) -> Image.Image:
@@ -117,8 +138,12 @@ def to_pil(images: torch.Tensor, nrow: int | None = None, padding: int = 2) -> I
     if nrow is None:
         nrow = max(1, int(round(images.shape[0] ** 0.5)))
     grid = make_grid(images, nrow=nrow, padding=padding, pad_value=1.0)  # (C, H', W')
-    arr = (grid * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()  # (H', W', C)
-    return Image.fromarray(arr)
+    return uint8_to_pil(to_uint8(grid))
+
+
+def uint8_to_pil(image: torch.Tensor) -> Image.Image:
+    """(C, H, W) uint8 -> PIL."""
+    return Image.fromarray(image.permute(1, 2, 0).numpy())  # (C, H, W) -> (H, W, C)
 
 
 def save_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None, scale: int = 1) -> Path:

@@ -3,24 +3,23 @@
 
 A model folder is what `DenoiserPipeline.save_pretrained` writes (`model_index.json`, `unet/`,
 `scheduler/`: DDIM on the model's noise schedule, its best measured sampler) plus `classes.txt` (class names)
-and `sampling.json` (measured default guidance and steps), so `DiffusionPipeline.from_pretrained(folder)`
-returns a `DenoiserPipeline` after `import denoiser` that samples as `denoiser sample` does, and diffusers'
-own `DDPMPipeline`/`DDIMPipeline` still load it (without classes or guidance).
+and `sampling.json` (measured default guidance and steps). `DenoiserPipeline.from_pretrained(folder)` loads
+it through diffusers' public API alone, and so does `DiffusionPipeline.from_pretrained(folder)` after
+`import denoiser` (denoiser.registry); either samples as `denoiser sample` does. diffusers' own
+`DDPMPipeline`/`DDIMPipeline` still load it (without classes or guidance).
 """
 
 from __future__ import annotations
 
 import copy
-import shutil
-import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import diffusers
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline, ImagePipelineOutput
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
+from denoiser.atomic import atomic_path
 from denoiser.model_dir import CLASSES_FILE, load_model
 from denoiser.request import SampleRequest
 from denoiser.sampling import ModelDefaults, read_defaults, resolve, run
@@ -32,7 +31,7 @@ __all__ = ["DenoiserPipeline", "save_pipeline"]
 class DenoiserPipeline(DiffusionPipeline):
     """Class-conditional, guided sampling of a denoiser UNet in diffusers' pipeline shape.
 
-        pipe = DiffusionPipeline.from_pretrained("weights/cifar10")   # after `import denoiser`
+        pipe = DenoiserPipeline.from_pretrained("weights/cifar10")    # or DiffusionPipeline's, after `import denoiser`
         images = pipe(4, class_labels="cat", generator=[torch.Generator().manual_seed(k) for k in range(4)]).images
 
     A call is a `denoiser.request.SampleRequest` run by `denoiser.sampling`, so it gives the images every other
@@ -158,24 +157,17 @@ class DenoiserPipeline(DiffusionPipeline):
             (Path(save_directory) / CLASSES_FILE).write_text("\n".join(self.classes) + "\n")
 
 
-# `DiffusionPipeline.from_pretrained` finds a folder's pipeline class by its name in the diffusers module
-setattr(diffusers, DenoiserPipeline.__name__, DenoiserPipeline)
-
-
 def save_pipeline(
     unet: UNet, scheduler: DDPMScheduler, out_dir: str | Path, dtype: torch.dtype | None = None,
     classes: Sequence[str] | None = None,
 ) -> Path:
-    """Write a DenoiserPipeline folder to a temporary sibling, then swap it into place.
+    """Write a DenoiserPipeline folder to a temporary sibling, then swap it into place (denoiser.atomic).
 
     An existing folder is only replaced once the new one is complete; `dtype` (e.g. torch.float16)
     shrinks the shipped weights, and `load_model` upcasts them again; `classes` names the class labels.
     The folder's scheduler is DDIM on the training scheduler's noise schedule (and its timestep spacing):
     what every front door, diffusers' `from_pretrained` included, samples with unless told otherwise.
     """
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
     # safetensors stores contiguous tensors: undo channels-last (on a copy) before saving
     unet = copy.deepcopy(unet).to(memory_format=torch.contiguous_format)
     if dtype is not None:
@@ -183,10 +175,6 @@ def save_pipeline(
     pipe = DenoiserPipeline(unet=unet, scheduler=DDIMScheduler.from_config(scheduler.config))
     if classes is not None:
         pipe.classes = classes
-    pipe.save_pretrained(tmp, safe_serialization=True)
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    if out.exists():
-        out.replace(old)
-    tmp.replace(out)
-    shutil.rmtree(old, ignore_errors=True)
-    return out
+    with atomic_path(out_dir) as tmp:
+        pipe.save_pretrained(tmp, safe_serialization=True)
+    return Path(out_dir)

@@ -1,11 +1,24 @@
 """`DiffusionPipeline.from_pretrained(folder)` returns a `DenoiserPipeline` after `import denoiser`, whichever of
 denoiser and diffusers is imported first, while `import denoiser` itself stays light (no torch, no diffusers).
 
-diffusers finds a folder's pipeline class by its name in the `diffusers` module (model_index.json's
-`_class_name`). We teach that module one more name, resolved on first lookup: `diffusers.DenoiserPipeline`
-imports denoiser.pipeline then. When diffusers is already imported that happens at once; otherwise a one-shot
-import hook does it right after diffusers' own module has run. Nothing is imported early, so the command line's
-`denoiser --help` never pays the seconds that importing diffusers costs.
+This is a patch to diffusers, written against diffusers 0.42.1. There, `DiffusionPipeline.from_pretrained` finds a
+folder's pipeline class as `getattr(diffusers, model_index["_class_name"])`
+(`diffusers.pipelines.pipeline_loading_utils._get_pipeline_class`): only names of the diffusers module. Its ways
+to a class from elsewhere, `custom_pipeline=` or a `_class_name` of [file, class] with that .py file in the folder,
+run code from the folder and refuse without `trust_remote_code=True`. Without the patch,
+`DenoiserPipeline.from_pretrained(folder)` loads a folder through diffusers' public API alone (the class asks for
+itself); the patch is what lets diffusers' generic `DiffusionPipeline.from_pretrained` find it.
+
+The patch is one name: a module-level `__getattr__` (PEP 562) in the diffusers module's namespace answers
+`DenoiserPipeline` by importing denoiser.pipeline, and leaves every other name to diffusers' own lookup. When
+diffusers is already imported that happens at once; otherwise a one-shot import hook does it right after
+diffusers' own module has run. Nothing is imported early, so the command line's `denoiser --help` never pays the
+seconds that importing diffusers costs.
+
+What would let it go: diffusers resolving a `_class_name` from an installed library without remote code (as it
+resolves each component's [library, class]); the model folders would then name ["denoiser.pipeline",
+"DenoiserPipeline"]. tests/test_registry.py fails the day diffusers finds the class without this module, or
+stops looking it up where this module puts it.
 """
 
 from __future__ import annotations
@@ -21,27 +34,24 @@ NAME = "DenoiserPipeline"
 
 
 def _teach(diffusers: ModuleType) -> None:
-    """Give the diffusers module a lazily imported `DenoiserPipeline` (its other names resolve as before)."""
-    base = type(diffusers)
-    if getattr(base, "_knows_denoiser", False):
+    """Give the diffusers module a module-level `__getattr__` that answers `DenoiserPipeline` (imported on first
+    use) and hands every other name on: to a `__getattr__` diffusers had there, else to its own module type."""
+    before = vars(diffusers).get("__getattr__")
+    if getattr(before, "_denoiser", False):
         return
 
-    class _WithDenoiser(base):  # diffusers' own lazy module type, plus one name
-        _knows_denoiser = True
+    def __getattr__(name: str):
+        if name == NAME:
+            from denoiser.pipeline import DenoiserPipeline
 
-        def __getattr__(self, name: str):
-            if name == NAME:
-                from denoiser.pipeline import DenoiserPipeline  # sets the attribute: later lookups skip this
+            return DenoiserPipeline
+        if before is not None:
+            return before(name)
+        # AttributeError: Python then asks the module type's own __getattr__ (diffusers' lazy module)
+        raise AttributeError(f"module {diffusers.__name__!r} has no attribute {name!r}")
 
-                return DenoiserPipeline
-            if hasattr(base, "__getattr__"):
-                return base.__getattr__(self, name)
-            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
-
-        def __dir__(self):
-            return sorted(set(super().__dir__()) | {NAME})
-
-    diffusers.__class__ = _WithDenoiser
+    __getattr__._denoiser = True
+    diffusers.__getattr__ = __getattr__
 
 
 class _AfterDiffusers(importlib.abc.MetaPathFinder):

@@ -36,7 +36,8 @@ from PIL import Image
 
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
-from denoiser.image_io import image_to_model, mask_to_model, to_unit
+from denoiser.image_io import image_to_model, mask_to_model
+from denoiser.pixels import to_unit
 from denoiser.sample import SampleResult, image_generators, sample
 
 __all__ = [

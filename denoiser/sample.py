@@ -31,7 +31,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
-from denoiser.image_io import to_unit
+from denoiser.pixels import to_unit
 from denoiser.request import SCHEDULERS, SPREAD, check_timestep_spacing
 from denoiser.unet import UNet
 

@@ -10,6 +10,9 @@ loop's prepared weights).
 Memory stays bounded whatever the photo's size: the photo and the result are uint8 (3 bytes a pixel each;
 150 MB apiece at 50 megapixels) and the float buffers hold one band of tile rows, not the photo.
 Tile size, overlap and window were chosen by measurement: bench/denoise_tiles.md.
+
+`denoise_photo` is the one entry point from a photo: the CLI (`denoiser denoise` of a picture not at the
+model's size) and the app's Edit tab both call it, each with its own progress display.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ import torch.nn.functional as F
 
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
-from denoiser.restore import estimate_sigma
+from denoiser.pixels import to_model_range, to_uint8, to_unit, uint8_to_unit
+from denoiser.restore import estimate_sigma, psnr
 from denoiser.sample import sampling_context
 
-__all__ = ["TileOptions", "WINDOWS", "StopTiling", "tile_starts", "blend_window", "denoise_tiles"]
+__all__ = ["TileOptions", "WINDOWS", "StopTiling", "DenoisedPhoto", "denoise_photo", "count_tiles", "tile_starts",
+           "blend_window", "denoise_tiles"]
 
 WINDOWS = ("cosine", "linear", "flat")
 SIGMA_CROP = 1024  # sigma is estimated on the centre crop of at most this many pixels a side
@@ -44,6 +49,51 @@ class TileOptions:
 
 class StopTiling(Exception):
     """Raised when `should_stop()` says so: the tiles done so far are dropped."""
+
+
+@dataclass
+class DenoisedPhoto:
+    """What `denoise_photo` did; each a (3, H, W) uint8 image at the photo's own size."""
+
+    photo: torch.Tensor  # the photo as given
+    noisy: torch.Tensor | None  # the photo with the added noise (the round trip), or None
+    result: torch.Tensor  # the denoised photo
+
+    def psnr(self) -> tuple[float, float] | None:
+        """(noisy, result) PSNR in dB against the photo when noise was added, else None."""
+        if self.noisy is None:
+            return None
+        target = uint8_to_unit(self.photo[None])
+        noisy, result = (float(psnr(uint8_to_unit(x[None]), target)) for x in (self.noisy, self.result))
+        return noisy, result
+
+
+def denoise_photo(
+    unet, scheduler, photo: torch.Tensor, sigma: float | None = None, *, noise_first: float | None = None, seed: int = 0,
+    class_label: int | None = None, guidance: Guidance | None = None, options: TileOptions | None = None,
+    progress: Callable[[int, int], None] | None = None, should_stop: Callable[[], bool] | None = None,
+) -> DenoisedPhoto:
+    """A (3, H, W) uint8 photo denoised at its own size (`denoise_tiles`), on the noise schedule of `scheduler`
+    (the model's training scheduler).
+
+    noise_first: add Gaussian noise of this σ ([0, 1] pixel scale) first, seeded by `seed` and quantised to
+    uint8 as a camera writes it (the round trip, scored by `DenoisedPhoto.psnr`); sigma is then still the σ to
+    remove (None: estimated). The other arguments as for `denoise_tiles`.
+    """
+    noisy = None
+    if noise_first is not None:
+        noise = torch.randn(photo.shape, generator=torch.Generator().manual_seed(seed + 12_345))
+        noisy = to_uint8(uint8_to_unit(photo) + noise_first * noise)
+    result = denoise_tiles(unet, Diffusion(scheduler), photo if noisy is None else noisy, sigma, options, progress,
+                           should_stop, class_label, guidance)
+    return DenoisedPhoto(photo, noisy, result)
+
+
+def count_tiles(unet, height: int, width: int, options: TileOptions | None = None) -> int:
+    """UNet images (tiles) `denoise_tiles` runs for a photo of this size (a smaller photo is padded to one tile)."""
+    opts = options or TileOptions()
+    tile = opts.tile or unet.config.sample_size
+    return len(tile_starts(height, tile, tile - opts.overlap)) * len(tile_starts(width, tile, tile - opts.overlap))
 
 
 def tile_starts(length: int, tile: int, stride: int) -> list[int]:
@@ -94,7 +144,7 @@ def photo_sigma(image: torch.Tensor) -> float:
     H, W = image.shape[-2:]
     top, left = max(0, (H - SIGMA_CROP) // 2), max(0, (W - SIGMA_CROP) // 2)
     crop = image[:, top : top + SIGMA_CROP, left : left + SIGMA_CROP]
-    return float(estimate_sigma(crop[None].float() / 127.5 - 1))
+    return float(estimate_sigma(to_model_range(crop[None])))
 
 
 class _Bands:
@@ -124,7 +174,7 @@ class _Bands:
 
     def _write(self, rows: int) -> None:
         band = self.acc[:, :rows]
-        self.out[:, self.top : self.top + rows] = (band[:3] / band[3:]).mul(255).round().clamp(0, 255).to(torch.uint8)
+        self.out[:, self.top : self.top + rows] = to_uint8(band[:3] / band[3:])
         self.acc, self.top = self.acc[:, rows:], self.top + rows
 
 
@@ -176,9 +226,10 @@ def _x0(unet, diffusion: Diffusion, crops: torch.Tensor, t: int, class_label: in
     scaled by √ᾱ_t are x_t (denoiser.restore's module docstring)."""
     device, dtype, B = unet.device, unet.dtype, crops.shape[0]
     abar = float(diffusion.alphas_cumprod[t])
-    x_t = abar**0.5 * (crops.float() / 127.5 - 1)  # [0, 255] -> [-1, 1], scaled
+    x_t = abar**0.5 * to_model_range(crops)
     timestep = torch.full((B,), t, dtype=torch.long)
     labels = None if class_label is None else torch.full((B,), int(class_label), dtype=torch.long, device=device)
     model_in = x_t.to(device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
-    out = guidance.predictor(unet, labels)(model_in, timestep.to(device)).float().cpu()
-    return diffusion.predict_x0(x_t, out, timestep).clamp(-1, 1) / 2 + 0.5
+    # one timestep for the batch (0-d): guidance stacks the tiles' rows for its terms and the UNet broadcasts it
+    out = guidance.predictor(unet, labels)(model_in, torch.tensor(t, device=device)).float().cpu()
+    return to_unit(diffusion.predict_x0(x_t, out, timestep))

@@ -3,22 +3,16 @@
     denoiser train --config configs/tiny.yaml
     accelerate launch -m denoiser.train --config configs/cifar10-small.yaml   # DDP on every GPU
 
-Determinism is by construction, not by restoring hidden state: optimizer step s uses global batch
-s of per-epoch seeded permutations, with noise, timesteps, flips and label dropout drawn for the
-whole global batch from a generator seeded by (seed, s); each process and accumulation step takes
-its slice. So P processes × A accumulation steps with micro-batch B/(P·A) compute what one process
-with batch B computes, and a resumed run continues the very same stream. One exception: dropout
-masks come from each process's torch seed, set from (seed, step, rank), so with model.dropout > 0
-runs on different process counts agree in distribution only.
+Determinism is by construction, not by restoring hidden state. The data gives each process its images of
+step s (`denoiser.data.open_training_data`, which tells the store's order from a stream's), and says which
+draws they take: noise, timesteps, flips and label drops come from a generator seeded by the batch's draw key.
+With the store that is the whole global batch's draws, keyed by s, each process and accumulation step taking
+its slice: so P processes × A accumulation steps with micro-batch B/(P·A) compute what one process with batch B
+computes. A stream's process draws for its own images, keyed by (s, rank). Either way a resumed run continues
+the very same streams. One exception: dropout masks come from each process's torch seed, set from (seed, step,
+rank), so with model.dropout > 0 runs on different process counts agree in distribution only.
 
-The images come memory-mapped from the data's store (denoiser/data/store.py): prepared once, by the first
-process that asks for it, and shared by every process and later run on the machine; each step's batch is
-made one step ahead on a thread (denoiser/data/prefetch.py).
-
-With `data.streaming: true` (denoiser/data/stream.py) each process reads its own shards instead: it makes only its
-own part of the batch (batch_size / processes images, from its stream, decoded by DataLoader workers), with noise,
-timesteps, flips and label dropout from a generator seeded by (seed, step, rank). A resumed stream continues
-exactly on the same number of processes; another number of processes sees another order.
+Each step's batch is made one step ahead on a thread (denoiser/data/prefetch.py).
 
 `train.batch_size` is the global batch per optimizer step; the LR schedule and EMA count optimizer
 steps only, so both are right under accumulation and any number of processes.
@@ -47,35 +41,29 @@ from tqdm.auto import tqdm
 
 from denoiser import checkpoint as ckpt
 from denoiser.config import RunConfig, load_config
-from denoiser.data import ImageDataset, open_store, prepare, split, to_model_range
+from denoiser.data import StepBatch, TrainingData, open_training_data, seed_of
+from denoiser.data.order import DRAWS, DROPOUT
 from denoiser.data.prefetch import Prefetcher
-from denoiser.data.stream import RankBatch, Stream, open_stream, seed_of, stream_workers
+from denoiser.data.training import per_process_batch
 from denoiser.diffusion import Diffusion
 from denoiser.fast import malloc
 from denoiser.fast.groupnorm import default_channels_last
 from denoiser.image_io import save_grid
 from denoiser.init_from import load_init_weights
 from denoiser.pipeline import save_pipeline
+from denoiser.pixels import to_model_range, to_uint8
 from denoiser.run_dir import prepare_output_dir, read_losses, record_loss, truncate_losses, write_run_info
 from denoiser.sample import make_sampler, sample
 from denoiser.unet import UNet
 from denoiser.visualize import loss_curve
 
-__all__ = ["train", "TrainLoop", "TrainingError", "batch_indices", "add_train_arguments", "cmd_train", "main"]
+__all__ = ["train", "TrainLoop", "TrainingError", "add_train_arguments", "cmd_train", "main"]
 
 logger = logging.getLogger("denoiser.train")  # by name: under `-m denoiser.train`, __name__ is "__main__"
 
 
 class TrainingError(RuntimeError):
     pass
-
-
-def batch_indices(num_images: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
-    """Indices of the global batch of optimizer step `step`: epochs are seeded permutations, last partial batch dropped."""
-    per_epoch = num_images // batch_size
-    epoch, b = divmod(step, per_epoch)
-    perm = torch.randperm(num_images, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-    return perm[b * batch_size : (b + 1) * batch_size]
 
 
 @dataclass
@@ -95,24 +83,16 @@ class _Stop:
             signal.signal(s, h)
 
 
-def _check_setup(cfg: RunConfig, world: int, train_ds: ImageDataset | Stream) -> int:
-    train_cfg = cfg.train
-    per_step = world * train_cfg.gradient_accumulation_steps
-    if train_cfg.batch_size % per_step:
-        raise ValueError(
-            f"train.batch_size={train_cfg.batch_size} must be divisible by processes x gradient_accumulation_steps "
-            f"= {world} x {train_cfg.gradient_accumulation_steps}; pick a multiple of {per_step}"
-        )
-    micro = train_cfg.batch_size // per_step
-    if len(train_ds) < train_cfg.batch_size:
-        raise ValueError(f"the training set has {len(train_ds)} images, fewer than one batch ({train_cfg.batch_size}); lower train.batch_size")
+def _check_data(cfg: RunConfig, data: TrainingData) -> None:
+    """The data against the run: at least one batch, no more classes than the model has rows for."""
+    if len(data) < cfg.train.batch_size:
+        raise ValueError(f"the training set has {len(data)} images, fewer than one batch ({cfg.train.batch_size}); lower train.batch_size")
     n_cls = cfg.model.get("num_class_embeds")
-    if n_cls and len(train_ds.classes) > n_cls:
+    if n_cls and len(data.classes) > n_cls:
         raise ValueError(
-            f"model.num_class_embeds={n_cls} but the data has {len(train_ds.classes)} classes; "
-            f"set model.num_class_embeds: {len(train_ds.classes)}"
+            f"model.num_class_embeds={n_cls} but the data has {len(data.classes)} classes; "
+            f"set model.num_class_embeds: {len(data.classes)}"
         )
-    return micro
 
 
 def requested_processes(launcher_args: list[str]) -> int | None:
@@ -189,12 +169,18 @@ class TrainLoop:
         if self.is_main:
             prepare_output_dir(out, cfg, resuming=resume_dir is not None, overwrite=overwrite)
         acc.wait_for_everyone()
+        # images per process and accumulation step (checked before anything is read)
+        self.micro = per_process_batch(cfg.train.batch_size, self.world, cfg.train.gradient_accumulation_steps)
         unet = self._build_model(init_weights, init_from)
+        t = cfg.train
+        self.data = open_training_data(cfg.data, unet.config.sample_size, seed=t.seed, batch_size=t.batch_size,
+                                       accumulation=t.gradient_accumulation_steps, rank=self.rank, world=self.world)
+        _check_data(cfg, self.data)
         self._build_optimizer(unet)
         self.step = self._resume(resume_dir)
 
     def _build_model(self, init_weights: dict[str, torch.Tensor] | None, init_from: str | None) -> UNet:
-        """The seeded (or initialised) UNet in its training layout, and the data it is checked against."""
+        """The seeded (or initialised) UNet in its training layout."""
         train_cfg = self.train_cfg
         torch.manual_seed(train_cfg.seed)
         unet = UNet(**self.cfg.model)
@@ -202,8 +188,6 @@ class TrainLoop:
             unet.load_state_dict(init_weights)
             if self.is_main:
                 logger.warning("initialised from %s", init_from)
-        self.train_ds, self.val_ds = self._load_data(unet.config.sample_size)
-        self.micro = _check_setup(self.cfg, self.world, self.train_ds)  # images per process and accumulation step
         self.conditional = bool(unet.config.num_class_embeds)
         self.channels_last = train_cfg.channels_last
         if self.channels_last is None:
@@ -213,23 +197,6 @@ class TrainLoop:
         if train_cfg.gradient_checkpointing:
             unet.enable_gradient_checkpointing()
         return unet
-
-    def _load_data(self, sample_size: int) -> tuple[ImageDataset | Stream, ImageDataset]:
-        """(train, validation), memory-mapped from the data's store. Every process asks for the store: the
-        first on this machine (or shared filesystem) prepares it, the others wait for it; then all map it.
-        With data.streaming, train is this process's stream and validation the first data.val_size items."""
-        d = self.cfg.data
-        if d.streaming:
-            stream = open_stream(d, sample_size, self.train_cfg.seed, self.rank, self.world)
-            if self.is_main:
-                logger.info("data: a stream of %d items in %d shards of %s", len(stream), len(stream.shards.sizes), d.path)
-            return stream, stream.validation()
-        info = prepare(d, sample_size)  # the process that prepares shows the progress
-        if self.is_main:
-            logger.info("data: %d images from %s", info.num_images, info.path)
-            if info.skipped:
-                logger.warning("skipped %d of %d files: see %s", info.skipped, info.num_items, info.skipped_file)
-        return split(open_store(info.path), d.val_size, d.val_seed)
 
     def _build_optimizer(self, unet: UNet) -> None:
         """Objective, AdamW, LR schedule and EMA; the model and optimizer prepared by Accelerate."""
@@ -282,10 +249,6 @@ class TrainLoop:
         self.seen = torch.zeros(2, dtype=torch.float64)  # images seen by this rank, checksum of their indices
         self.tic, self.tic_step = time.perf_counter(), self.step
         self.waited = 0.0  # seconds this rank waited for its input (images, noise) in this sitting
-        self.stream_batches = None  # this rank's images of each step, from DataLoader workers (data.streaming)
-        if isinstance(self.train_ds, Stream):
-            per_rank = self.micro * self.train_cfg.gradient_accumulation_steps
-            self.stream_batches = self.train_ds.batches(per_rank, stream_workers(self.cfg.data.num_workers))
         self.batches = Prefetcher(self._batch)  # step k+1's batch is made while step k computes
         self.started, self.first_step = time.monotonic(), self.step
         try:
@@ -300,8 +263,7 @@ class TrainLoop:
         finally:
             self.bar.close()
             self.batches.close()
-            if self.stream_batches is not None:
-                self.stream_batches.close()
+            self.data.close()
             stop.restore()
         return self.finish()
 
@@ -309,9 +271,9 @@ class TrainLoop:
         """One optimizer step on the global batch: this process's slices, accumulated. Returns the loss
         (mean over processes) and the gradient norm before clipping (None without clipping)."""
         train_cfg, acc, A = self.train_cfg, self.accelerator, self.train_cfg.gradient_accumulation_steps
-        torch.manual_seed(train_cfg.seed * 1_000_003 + self.step * 97 + self.rank)  # dropout stream: a function of (step, rank)
+        torch.manual_seed(seed_of(DROPOUT, train_cfg.seed, self.step, self.rank))  # dropout stream: a function of (step, rank)
         tic = time.perf_counter()
-        batch = self.batches.get(self.step)  # the whole global batch (a stream: this rank's part)
+        batch = self.batches.get(self.step)  # this process's images of the step, with their draws
         self.waited += time.perf_counter() - tic
         self.model.train()
         loss_sum = torch.zeros((), device=acc.device)
@@ -336,20 +298,15 @@ class TrainLoop:
         return loss_mean, grad_norm
 
     def _batch(self, step: int) -> tuple[torch.Tensor, ...]:
-        """Step `step`'s global batch, or with a stream this rank's part (on the prefetch thread); in pinned memory
-        for an asynchronous copy to a GPU."""
-        if self.stream_batches is not None:
-            batch = _rank_batch(self.stream_batches.get(step), self.diffusion, self.cfg, step, self.rank, self.conditional)
-        else:
-            batch = _step_batch(self.train_ds, self.diffusion, self.cfg, step, self.conditional)
+        """This process's images of step `step` with their draws (on the prefetch thread); in pinned memory for an
+        asynchronous copy to a GPU."""
+        batch = _with_draws(self.data.batch(step), self.diffusion, self.cfg, self.conditional)
         return tuple(v.pin_memory() for v in batch) if self.accelerator.device.type == "cuda" else batch
 
     def _micro_step(self, batch: tuple[torch.Tensor, ...], a: int) -> torch.Tensor:
         """Forward and backward on this process's slice of accumulation step `a`; gradients sync on the last."""
         acc, A, micro = self.accelerator, self.train_cfg.gradient_accumulation_steps, self.micro
-        # order: [accum][rank][micro] of the global batch; a stream's part of this rank is [accum][micro]
-        first = (a * self.world + self.rank) * micro if self.stream_batches is None else a * micro
-        idx, x0, labels, noise, timesteps = (v[first : first + micro] for v in batch)
+        idx, x0, labels, noise, timesteps = (v[a * micro : (a + 1) * micro] for v in batch)  # this process's [accum][micro]
         self.seen += torch.tensor([micro, float(idx.double().mul(self.step + 1).sum())], dtype=torch.float64)
         x0 = x0.to(acc.device, non_blocking=True, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
         labels = labels.to(acc.device, non_blocking=True)
@@ -396,7 +353,7 @@ class TrainLoop:
             acc.wait_for_everyone()
         if train_cfg.fid_every and (step % train_cfg.fid_every == 0 or last):
             if self.is_main:
-                _evaluate_fid(acc, acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.val_ds, self.out, step)
+                _evaluate_fid(acc, acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.data.validation, self.out, step)
             acc.wait_for_everyone()
         if step % train_cfg.checkpoint_every == 0 or last or signum:
             self.save()
@@ -420,12 +377,12 @@ class TrainLoop:
         acc = self.accelerator
         all_seen = acc.gather(self.seen.to(acc.device)[None]).cpu()  # (world, 2)
         skipped = None
-        if self.stream_batches is not None:  # items each rank skipped (could not decode): (world,)
-            skipped = acc.gather(torch.tensor([len(self.stream_batches.skipped)], device=acc.device)).cpu()
+        if self.data.streamed:  # items each rank skipped (could not decode): (world,)
+            skipped = acc.gather(torch.tensor([len(self.data.skipped)], device=acc.device)).cpu()
         model_dir = self.out / "model"
         if self.is_main:
             final = _export_unet(acc.unwrap_model(self.model), self.ema)
-            names = list(getattr(self.train_ds, "classes", None) or [])
+            names = list(self.data.classes)
             classes = names if len(names) == (final.config.num_class_embeds or 0) else None
             save_pipeline(final, self.diffusion.scheduler, model_dir, classes=classes)
             (self.out / "train_summary.json").write_text(json.dumps(self._summary(all_seen, skipped), indent=1))
@@ -446,7 +403,7 @@ class TrainLoop:
             "images_seen": int(all_seen[:, 0].sum()),
             "per_rank": per_rank,
             "lr": self.lr_scheduler.get_last_lr()[0],
-            "validation_images": len(self.val_ds),
+            "validation_images": len(self.data.validation),
             "data_wait": round(self.waited / max(time.perf_counter() - self.tic, 1e-9), 4),  # main process, this sitting
             # this sitting only (a resumed run adds sittings): wall-clock of the loop and its throughput
             "train_seconds": round(time.monotonic() - self.started, 1),
@@ -454,39 +411,23 @@ class TrainLoop:
         }
 
 
-def _step_batch(ds: ImageDataset, diffusion: Diffusion, cfg: RunConfig, step: int, conditional: bool):
-    """Indices, images, labels, noise and timesteps of optimizer step `step`'s whole global batch.
-
-    A pure function of (seed, step): any split over processes and accumulation steps slices the
-    same numbers, and a resumed run draws exactly what the uninterrupted one drew.
-    """
-    train_cfg = cfg.train
-    gen = torch.Generator().manual_seed(train_cfg.seed * 7_919 + step)
-    idx = batch_indices(len(ds), train_cfg.batch_size, step, train_cfg.seed)
-    x0, labels = ds.batch(idx)
-    return _with_draws(idx, x0, labels, gen, diffusion, cfg, conditional)
-
-
-def _rank_batch(part: RankBatch, diffusion: Diffusion, cfg: RunConfig, step: int, rank: int, conditional: bool):
-    """Item numbers, images, labels, noise and timesteps of this rank's part of step `step` from a stream: its
-    images, and draws from a generator seeded by (seed, step, rank). A pure function of (seed, step, rank)."""
-    gen = torch.Generator().manual_seed(seed_of(3, cfg.train.seed, step, rank))
-    return _with_draws(part.ids, to_model_range(part.pixels), part.labels, gen, diffusion, cfg, conditional)
-
-
-def _with_draws(idx, x0: torch.Tensor, labels: torch.Tensor, gen: torch.Generator, diffusion: Diffusion, cfg: RunConfig,
-                conditional: bool):
-    """A batch with its noise, timesteps, flips and label dropout drawn from `gen`, in that order."""
-    B = len(x0)
-    noise = torch.randn(x0.shape, generator=gen)
-    timesteps = diffusion.sample_timesteps(B, gen)
-    flip = torch.rand(B, generator=gen) < 0.5
-    drop = torch.rand(B, generator=gen) < cfg.train.class_dropout
+def _with_draws(batch: StepBatch, diffusion: Diffusion, cfg: RunConfig, conditional: bool):
+    """Ids, images in [-1, 1], labels, noise and timesteps of a StepBatch. Noise, timesteps, flips and label drops are
+    drawn, in that order, for the batch's `draw_size` images from a generator seeded by its draw key, and its images
+    take rows `draw_rows`: a pure function of (seed, key), whatever the split over processes and accumulation."""
+    gen = torch.Generator().manual_seed(seed_of(DRAWS, cfg.train.seed, *batch.draw_key))
+    n, rows = batch.draw_size, batch.draw_rows
+    noise = torch.randn((n, *batch.pixels.shape[1:]), generator=gen)[rows]
+    timesteps = diffusion.sample_timesteps(n, gen)[rows]
+    flip = (torch.rand(n, generator=gen) < 0.5)[rows]
+    drop = (torch.rand(n, generator=gen) < cfg.train.class_dropout)[rows]
+    x0 = to_model_range(batch.pixels)
     if cfg.data.random_flip:
         x0 = torch.where(flip[:, None, None, None], x0.flip(-1), x0)
+    labels = batch.labels
     if conditional:
         labels = torch.where(drop, cfg.model["num_class_embeds"], labels)  # the "no class" row
-    return idx, x0, labels, noise, timesteps
+    return batch.ids, x0, labels, noise, timesteps
 
 
 def _out_of_time(train_cfg, started: float) -> bool:
@@ -548,7 +489,7 @@ def _evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, 
         ref = Statistics.of(features(val_ds.images, extractor, desc="fid reference"))
         ref.save(reference, source=f"validation split of {cfg.data.path or cfg.data.dataset}")
     request = SampleRequest(num_images=train_cfg.fid_samples, classes="spread", seed=0, scheduler="ddim", steps=train_cfg.sample_steps)
-    images = run(resolve(request, unet=final, scheduler=diffusion.scheduler)).images.mul(255).round().to(torch.uint8)
+    images = to_uint8(run(resolve(request, unet=final, scheduler=diffusion.scheduler)).images)
     score = fid_of_images(images, ref, extractor)
     accelerator.log({"fid": score}, step=step)
     history = out / "fid.csv"

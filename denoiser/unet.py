@@ -8,6 +8,15 @@ Pixel self-attention (`SpatialSelfAttention`) follows the ResBlocks at the resol
 `UNet` subclasses diffusers' `ModelMixin` and `ConfigMixin` (imported by name, which is what lets a
 saved pipeline import it again), so `save_pretrained`/`from_pretrained`, `DDPMPipeline` and
 `DDIMPipeline` work with it unchanged. Its forward returns diffusers' `UNet2DOutput`.
+
+The network is torch's own modules (`nn.Conv2d`, `nn.Linear`) and denoiser's `GroupNorm` and attention, whose
+math is torch's too; the speed layer (`denoiser.fast`) wraps around it: `UNet.packed_weights()` is the one switch
+this file offers, as diffusers' models offer `enable_...` methods.
+
+One workaround of diffusers 0.42.1 lives here: `ModelMixin.to(dtype)` warns "modules that should be kept in
+float32: []" for every model that keeps none (it tests `self._keep_in_fp32_modules or []` against None), a
+warning that names nothing to act on. `UNet.to` drops that one message, during its own call only. It can go when
+diffusers stops warning for an empty list; tests/test_unet_contract.py has a test that fails on that day.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -25,22 +35,45 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
 from denoiser.attention import SpatialSelfAttention
-from denoiser.fast.conv import Conv2d, prepacked
-from denoiser.fast.kernels import tracing
 from denoiser.groupnorm import GroupNorm
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]
 
 
 class _EmptyFp32ListFilter(logging.Filter):
-    """diffusers' `ModelMixin.to(dtype)` warns "modules that should be kept in float32: []" for every model
-    that keeps none (it tests `[] is not None`); the warning names nothing to act on, so it is dropped."""
+    """Drops diffusers' "should be kept in float32: []" warning (see the module docstring), only for a thread
+    inside `UNet.to`: the filter sits on diffusers' logger while any thread is, and other threads' records pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock, self.calls, self.inside = threading.Lock(), 0, threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "should be kept in float32: []" not in record.getMessage()
+        return not getattr(self.inside, "depth", 0) or "should be kept in float32: []" not in record.getMessage()
+
+    @contextlib.contextmanager
+    def during_call(self, logger: logging.Logger):
+        with self.lock:
+            if self.calls == 0:
+                logger.addFilter(self)
+            self.calls += 1
+        self.inside.depth = getattr(self.inside, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self.inside.depth -= 1
+            with self.lock:
+                self.calls -= 1
+                if self.calls == 0:
+                    logger.removeFilter(self)
 
 
-logging.getLogger("diffusers.models.modeling_utils").addFilter(_EmptyFp32ListFilter())
+_EMPTY_FP32_LIST = _EmptyFp32ListFilter()
+
+
+def _tracing() -> bool:
+    """Whether torch.compile or torch.export is tracing the call (data-dependent checks are eager-only)."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
 def timestep_embedding(timesteps: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
@@ -60,23 +93,23 @@ class ResBlock(nn.Module):
     def __init__(self, in_channels: int, out_channels: int, temb_channels: int, dropout: float, groups: int):
         super().__init__()
         self.norm1 = GroupNorm(groups, in_channels, eps=1e-6, silu=True)
-        self.conv1 = Conv2d(in_channels, out_channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
         self.temb_proj = nn.Linear(temb_channels, out_channels)
         self.norm2 = GroupNorm(groups, out_channels, eps=1e-6, silu=True)
         self.dropout = nn.Dropout(dropout)
-        self.conv2 = Conv2d(out_channels, out_channels, 3, padding=1)
-        self.skip = Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        self.skip = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else nn.Identity()
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-        # norm1 and norm2 apply the SiLU; conv(x, add=a) is conv(x) + a (fused where it pays: denoiser.fast.conv)
-        h = self.conv1(self.norm1(x), add=self.temb_proj(temb)[:, :, None, None])  # temb (B, C_out, 1, 1) over pixels
-        return self.conv2(self.dropout(self.norm2(h)), add=self.skip(x))
+        # norm1 and norm2 apply the SiLU
+        h = self.conv1(self.norm1(x)) + self.temb_proj(temb)[:, :, None, None]  # temb (B, C_out, 1, 1) over pixels
+        return self.conv2(self.dropout(self.norm2(h))) + self.skip(x)
 
 
 class Downsample(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
-        self.conv = Conv2d(channels, channels, 3, stride=2, padding=1)
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x)
@@ -85,7 +118,7 @@ class Downsample(nn.Module):
 class Upsample(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
-        self.conv = Conv2d(channels, channels, 3, padding=1)
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
@@ -151,7 +184,7 @@ class UNet(ModelMixin, ConfigMixin):
         self.time_embed = nn.Sequential(nn.Linear(base_channels, temb_dim), nn.SiLU(), nn.Linear(temb_dim, temb_dim))
         # One extra row: the "no class" embedding, used when class_labels is None (and for label dropout).
         self.class_embed = nn.Embedding(num_class_embeds + 1, temb_dim) if num_class_embeds else None
-        self.conv_in = Conv2d(in_channels, base_channels, 3, padding=1)
+        self.conv_in = nn.Conv2d(in_channels, base_channels, 3, padding=1)
         # Built in this order (down, middle, up): the order of the random initialisation and of the state dict.
         self.down, skip_channels = _down_path(levels, base_channels, layers_per_block, block, attention)
         ch = levels[-1][0]
@@ -161,7 +194,7 @@ class UNet(ModelMixin, ConfigMixin):
         self.up = _up_path(levels, skip_channels, layers_per_block, block, attention)
         ch = levels[0][0]  # the up path ends at the top level's channels
         self.norm_out = GroupNorm(groups, ch, eps=1e-6, silu=True)
-        self.conv_out = Conv2d(ch, out_channels, 3, padding=1)
+        self.conv_out = nn.Conv2d(ch, out_channels, 3, padding=1)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -190,7 +223,7 @@ class UNet(ModelMixin, ConfigMixin):
                 class_labels = torch.full((batch,), null, device=device, dtype=torch.long)
             class_labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(batch)
             # a data-dependent check: eager calls only (torch.compile/export trace the graph without it)
-            if not tracing() and ((class_labels < 0) | (class_labels > null)).any():
+            if not _tracing() and ((class_labels < 0) | (class_labels > null)).any():
                 raise ValueError(f"class_labels must lie in 0..{null - 1} (or {null} for 'no class')")
             temb = temb + self.class_embed(class_labels)
         elif class_labels is not None:
@@ -241,11 +274,18 @@ class UNet(ModelMixin, ConfigMixin):
             return self._gradient_checkpointing_func(module, *args)
         return module(*args)
 
+    def to(self, *args, **kwargs):
+        """ModelMixin.to, without diffusers' empty "kept in float32: []" warning (see the module docstring)."""
+        with _EMPTY_FP32_LIST.during_call(logging.getLogger("diffusers.models.modeling_utils")):
+            return super().to(*args, **kwargs)
+
     def packed_weights(self) -> contextlib.AbstractContextManager[None]:
         """Within, inference on channels-last fp32 CPU tensors runs every convolution on a weight
-        prepared once for oneDNN (`denoiser.fast.conv.prepacked`; outputs equal to float rounding): what
-        `sample()` opens around its loop. The weights must not change while it is open; it nests and may
-        be open in several threads at once."""
+        prepared once for oneDNN (the speed layer's `denoiser.fast.conv.prepacked`; outputs equal to float
+        rounding): what `sample()` opens around its loop. The weights must not change while it is open; it
+        nests and may be open in several threads at once."""
+        from denoiser.fast.conv import prepacked  # the speed layer, only where it is switched on
+
         return prepacked(self.modules())
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.attention import AttentionRecord
+from denoiser.pixels import to_uint8
 
 __all__ = [
     "heat_colormap", "overlay", "layer_label", "tiles_image", "with_colour_scale", "attention_panel", "stages_panel", "loss_curve",
@@ -64,7 +65,7 @@ def _font(size: int = 12):
 
 
 def _to_pil(x: torch.Tensor, scale: int) -> Image.Image:
-    arr = (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    arr = to_uint8(x).permute(1, 2, 0).numpy()  # (C, H, W) -> (H, W, C)
     img = Image.fromarray(arr)
     return img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
 

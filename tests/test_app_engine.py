@@ -126,7 +126,7 @@ def test_memory_stays_bounded_over_100_generations(weights):
 
 
 def test_work_budget_refuses_oversized_requests_up_front(weights, monkeypatch):
-    from denoiser.app.engine import model_cost
+    from denoiser.app.budget import model_cost
 
     ex = Engine(weights)
     unet, _ = ex.model("tiny")
@@ -293,3 +293,60 @@ def test_the_page_starts_at_the_folders_sampler_steps_and_guidance(tmp_path):
     off = ex.ablate(gen, ["mid_attn"])
     assert off.guidance == gen.guidance and off.guidance.interval == (0.0, 600.0) and off.num_steps == 3
     assert not torch.equal(off.images, gen.images)
+
+
+def test_the_budget_note_says_over_exactly_when_generate_refuses(weights, tmp_path, monkeypatch):
+    """Issue 40 item 1: one rule counts a request's work. For a model whose sampling.json guides only t in [300, 700]
+    and ships a guide (autoguidance), the note under the sliders says "over" exactly when Generate refuses, with the
+    same numbers, over a sweep of steps and images around the budget; the form's own interval too."""
+    import json
+    import re
+    import shutil
+
+    from denoiser.app import engine as engine_module
+    from denoiser.app.budget import model_cost
+
+    root = tmp_path / "w"
+    shutil.copytree(weights, root)
+    torch.manual_seed(3)
+    small = {**TINY, "base_channels": 8, "norm_num_groups": 4}
+    save_pipeline(UNet(**small, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes" / "guide")
+    defaults = {"guidance_scale": 3.0, "guide_model": "guide", "guide_scale": 2.0, "guidance_interval": [300, 700]}
+    (root / "tiny-classes" / "sampling.json").write_text(json.dumps(defaults))
+    ex = Engine(root)
+    h = Handlers(ex)
+    unet, _ = ex.model("tiny-classes")
+    monkeypatch.setenv("DENOISER_WORK_BUDGET", str(40 * model_cost(unet)))  # 40 plain image-steps
+
+    class Admitted(Exception):
+        """Generate got past its refusal (nothing is sampled: the sweep only asks whether it would be)."""
+
+    def admitted(plan, **kwargs):
+        raise Admitted
+
+    monkeypatch.setattr(engine_module, "run", admitted)
+    verdicts = set()
+    for interval in ("", "100, 900"):  # the folder's interval, then the form's
+        for num_images in (1, 2, 5):
+            for steps in range(1, 41):
+                form = {"guidance_interval": interval} if interval else {}  # the page's seven inputs, or one more
+                note = h.budget_note("tiny-classes", steps, num_images, "red", 3.0, 0.0, 2.0, **form)
+                try:
+                    ex.generate("tiny-classes", "ddim", steps, 0, num_images, 0, guidance_scale=3.0, guide_scale=2.0,
+                                guidance_interval=interval)
+                except Admitted:
+                    refusal = None
+                except ValueError as err:
+                    refusal = str(err)
+                    assert "over the budget" in refusal
+                case = f"{num_images} images x {steps} steps, interval {interval or 'of the folder'}: {note!r} / {refusal!r}"
+                if refusal is None:
+                    assert re.fullmatch(r"work: [\d,]+ of [\d,]+ units", note), case
+                else:  # over, with the same work and the same advice
+                    assert note.startswith("**over the work budget**"), case
+                    work, budget = re.search(r"is ([\d,]+) work units .* budget of ([\d,]+)", refusal).groups()
+                    advice = re.search(r"use at most (\d+) steps with \d+ images, or (\d+) images", refusal).groups()
+                    assert f"({work} of {budget} units): at most {advice[0]} steps" in note, case
+                    assert f"or {advice[1]} images with {steps} steps" in note, case
+                verdicts.add(refusal is None)
+    assert verdicts == {True, False}  # the sweep crosses the boundary

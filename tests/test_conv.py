@@ -1,4 +1,4 @@
-"""Conv2d: nn.Conv2d with a weight packed once for oneDNN inside `prepacked`, the same function."""
+"""prepacked: a model's nn.Conv2d on a weight packed once for oneDNN, the same function."""
 
 from __future__ import annotations
 
@@ -40,6 +40,22 @@ def test_packed_convolution_matches_float64(cin, cout, kernel, stride, padding, 
     assert packed.shape == plain.shape and packed.is_contiguous(memory_format=torch.channels_last)
     torch_err = (plain.double() - ref).abs().max().item()
     assert (packed.double() - ref).abs().max().item() <= 2 * torch_err + 1e-6
+
+
+def test_a_torch_conv_is_swapped_in_place_and_computes_as_before_outside():
+    torch.manual_seed(2)
+    conv, subclass = nn.Conv2d(8, 8, 3, padding=1), type("LoRAConv", (nn.Conv2d,), {})(8, 8, 3, padding=1)
+    params, calls = list(conv.parameters()), []
+    conv.register_forward_hook(lambda m, i, o: calls.append(1))
+    x = channels_last(torch.randn(2, 8, 6, 6))
+    with torch.inference_mode():
+        plain = conv(x)
+        with prepacked([conv, subclass]):
+            assert pointwise_calls(lambda: conv(x)) == 1
+            assert pointwise_calls(lambda: subclass(x)) == 0  # another subclass keeps its own forward
+            torch.testing.assert_close(conv(x), plain, rtol=1e-5, atol=1e-5)
+        assert type(conv) is Conv2d and list(conv.parameters()) == params and len(calls) == 3  # the same module
+        assert pointwise_calls(lambda: conv(x)) == 0 and torch.equal(conv(x), plain)  # nn.Conv2d's forward again
 
 
 def test_only_inference_on_channels_last_fp32_takes_the_packed_weight():
@@ -101,43 +117,3 @@ def test_state_dict_is_nn_conv2d():
     assert set(conv.state_dict()) == {"weight", "bias"}
     x = torch.randn(2, 3, 7, 7)
     assert torch.equal(conv(x), plain(x))
-
-
-
-def post_op_calls(fn) -> int:
-    """How many convolutions ran with a fused add (the op's `.binary` overload takes 13 arguments)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
-        fn()
-    return sum(1 for e in prof.events() if e.name == "mkldnn::_convolution_pointwise" and len(e.input_shapes) == 13)
-
-
-@pytest.mark.parametrize("broadcast", [True, False], ids=["per-channel", "full"])
-def test_add_is_fused_into_the_packed_convolution(broadcast):
-    torch.manual_seed(1)
-    conv = Conv2d(8, 16, 3, padding=1)
-    x = channels_last(torch.randn(3, 8, 9, 7))
-    add = torch.randn(3, 16, 1, 1) if broadcast else channels_last(torch.randn(3, 16, 9, 7))
-    ref = nn.functional.conv2d(x.double(), conv.weight.double(), conv.bias.double(), padding=1) + add.double()
-    with torch.inference_mode():
-        plain = conv(x, add=add)
-        with prepacked([conv]):
-            assert post_op_calls(lambda: conv(x, add=add)) == 1
-            fused = conv(x, add=add)
-    assert fused.shape == ref.shape and fused.is_contiguous(memory_format=torch.channels_last)
-    torch_err = (plain.double() - ref).abs().max().item()
-    assert (fused.double() - ref).abs().max().item() <= 2 * torch_err + 1e-6
-
-
-def test_an_add_the_post_op_cannot_take_is_added_after():
-    conv = Conv2d(4, 4, 3, padding=1, stride=2)
-    x = channels_last(torch.randn(2, 4, 6, 6))
-    with torch.inference_mode():
-        ref = conv(x)
-        cases = [torch.randn(2, 4, 3, 3),  # NCHW
-                 channels_last(torch.randn(2, 4, 3, 3)).double(),  # another dtype
-                 torch.randn(1, 4, 1, 1),  # broadcast over the batch
-                 torch.randn(4, 1, 1)]  # 3-d
-        with prepacked([conv]):
-            for add in cases:
-                assert post_op_calls(lambda a=add: conv(x, add=a)) == 0
-                torch.testing.assert_close(conv(x, add=add), ref + add, rtol=1e-5, atol=1e-5)

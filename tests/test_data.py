@@ -83,7 +83,7 @@ def test_jpeg_draft_decoding_matches_a_full_decode(tmp_path):
     rng = np.random.default_rng(1)
     smooth = np.kron(rng.integers(0, 256, (12, 16, 3)), np.ones((64, 64, 1))).astype(np.uint8)  # 768 x 1024
     Image.fromarray(smooth).save(tmp_path / "big.jpg", quality=95)
-    from denoiser.data.decode import fit_to_size
+    from denoiser.image_io import fit_to_size
 
     full = np.asarray(fit_to_size(32)(Image.open(tmp_path / "big.jpg").convert("RGB"))).transpose(2, 0, 1)
     fast = decode_image(tmp_path / "big.jpg", 32)
@@ -205,7 +205,7 @@ def test_concurrent_preparers_prepare_once(tmp_path, cache):
     assert sum(o.count("PREPARED") for o, _ in outs) == 1  # one prepared, the others waited and opened it
     results = {o.strip().splitlines()[-1] for o, _ in outs}
     assert len(results) == 1 and results.pop().endswith(" 20")
-    assert not list((cache / "data").glob(".tmp-*"))
+    assert not list((cache / "data").glob(".*.tmp-*"))
 
 
 def test_validation_split_is_deterministic_and_disjoint():

@@ -127,3 +127,14 @@ def test_a_result_png_is_named_after_and_carries_its_settings(tmp_path):
     assert read_settings(path) == settings and Image.open(path).getpixel((0, 0)) == (255, 0, 0)
     Image.new("RGB", (4, 4)).save(tmp_path / "plain.png")
     assert read_settings(tmp_path / "plain.png") == {}
+
+
+def test_pictures_from_tensors_saturate_instead_of_wrapping():
+    """to_pil rounds and clamps through denoiser.pixels: a value past 1 is white, not a wrapped dark level."""
+    from denoiser.image_io import to_pil, uint8_to_pil
+
+    x = torch.tensor([1.2, 1.0, 0.5, -0.1]).reshape(1, 1, 1, 4).expand(1, 3, 1, 4)  # (B, C, H, W)
+    assert list(to_pil(x, nrow=1, padding=0).getdata()) == [(255,) * 3, (255,) * 3, (128,) * 3, (0,) * 3]
+    u8 = torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    back = torch.from_numpy(np.asarray(uint8_to_pil(u8))).permute(2, 0, 1)  # (H, W, 3) -> (3, H, W)
+    assert uint8_to_pil(u8).size == (7, 5) and torch.equal(back, u8)

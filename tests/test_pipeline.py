@@ -6,6 +6,7 @@ import json
 import logging
 import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -138,6 +139,24 @@ def test_save_pretrained_round_trip_keeps_class_names(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(unet.state_dict().values(), again.unet.state_dict().values()))
     with pytest.raises(ValueError, match="2 classes, got 3"):
         pipe.classes = ["a", "b", "c"]
+
+
+def test_a_failed_save_keeps_the_old_folder(tmp_path, monkeypatch):
+    unet = UNet(**TINY).eval()
+    folder = save_pipeline(unet, DDPMScheduler(), tmp_path / "m")
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+
+    def half_then_fail(self, save_directory, **kwargs):
+        Path(save_directory).mkdir()
+        (Path(save_directory) / "model_index.json").write_text("{")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(DenoiserPipeline, "save_pretrained", half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        save_pipeline(unet, DDPMScheduler(), folder)
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]  # no temporary folder left
+    assert isinstance(DiffusionPipeline.from_pretrained(folder), DenoiserPipeline)
 
 
 def test_loads_in_bfloat16_and_shows_a_progress_bar(shapes, capsys):

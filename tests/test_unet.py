@@ -109,8 +109,23 @@ def _cl_copy(unet: UNet) -> UNet:
     return cl.eval().to(memory_format=torch.channels_last)
 
 
+def test_the_network_is_torch_modules_and_the_speed_layer_swaps_in_place(tiny_unet):
+    from denoiser.fast import conv
+
+    unet = _cl_copy(tiny_unet)
+    model_files = {"denoiser.unet", "denoiser.attention", "denoiser.groupnorm"}
+    kinds = {type(m).__module__ for m in unet.modules()}
+    assert all(k.startswith("torch.nn.") or k in model_files for k in kinds), kinds  # nothing of denoiser.fast
+    convs = {name: m for name, m in unet.named_modules() if isinstance(m, torch.nn.Conv2d)}
+    assert {type(m) for m in convs.values()} == {torch.nn.Conv2d}
+    with torch.inference_mode(), unet.packed_weights():
+        unet(torch.randn(1, 3, 16, 16).contiguous(memory_format=torch.channels_last), 10)
+    assert {name: m for name, m in unet.named_modules() if isinstance(m, torch.nn.Conv2d)} == convs  # the same objects
+    assert all(type(m) is conv.Conv2d for m in convs.values()) or not conv.can_prepack()
+
+
 def test_packed_weights_match_and_are_released(tiny_unet):
-    from denoiser.fast.conv import Conv2d
+    from torch.nn import Conv2d
 
     unet = _cl_copy(tiny_unet)
     convs = [m for m in unet.modules() if isinstance(m, Conv2d)]

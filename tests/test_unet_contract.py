@@ -169,6 +169,60 @@ def test_half_precision_casts_and_loads_without_warnings(class_unet, dtype, tmp_
     torch.testing.assert_close(out.float(), ref, rtol=0.1, atol=0.05)  # half precision: a few ulps of fp16/bf16
 
 
+class _Records(logging.Handler):
+    """diffusers' loggers do not propagate to the root (so caplog sees nothing of them): listen on one directly."""
+
+    def __init__(self, name: str):
+        super().__init__(logging.WARNING)
+        self.logger, self.messages = logging.getLogger(name), []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def __enter__(self):
+        self.logger.addHandler(self)
+        return self.messages
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+
+
+def test_diffusers_warns_about_an_empty_fp32_list():
+    # the reason UNet.to quiets one message (diffusers 0.42.1); should diffusers stop, this fails and UNet.to can go
+    from diffusers import ConfigMixin, ModelMixin
+    from diffusers.configuration_utils import register_to_config
+
+    class Plain(ModelMixin, ConfigMixin):
+        @register_to_config
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+
+    with _Records("diffusers.models.modeling_utils") as messages:
+        Plain().to(torch.float16)
+    assert any("should be kept in float32: []" in m for m in messages), messages
+
+
+def test_unet_to_drops_only_that_warning_and_only_during_its_call(class_unet):
+    import threading
+
+    from denoiser.unet import _EMPTY_FP32_LIST
+
+    logger = logging.getLogger("diffusers.models.modeling_utils")
+    message = "There are modules in X that should be kept in float32: []"
+    filters = list(logger.filters)
+    with _Records("diffusers.models.modeling_utils") as messages:
+        copy.deepcopy(class_unet).to(torch.bfloat16)
+        assert messages == []
+        with _EMPTY_FP32_LIST.during_call(logger):  # as inside UNet.to: another thread's record still passes
+            logger.warning(message)
+            other = threading.Thread(target=logger.warning, args=(message,))
+            other.start()
+            other.join()
+        logger.warning(message)  # another model's, after
+    assert len(messages) == 2 and logger.filters == filters  # nothing stays installed
+
+
 def test_save_load_round_trip_is_deterministic(class_unet, tmp_path):
     class_unet.save_pretrained(tmp_path / "unet")
     loaded = UNet.from_pretrained(tmp_path / "unet").eval()

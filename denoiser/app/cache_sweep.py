@@ -10,6 +10,14 @@ lasts milliseconds; a run adds a preview several times a second).
 `sweep_safe(app)` swaps each of those sets for one whose iteration walks a copy taken in one step, so the
 sweep sees the files present when it began and a file added meanwhile waits for the next sweep. Nothing else
 about the sets changes: they are still sets, shared by the same owners.
+
+This is a patch to Gradio's internals, written against gradio 6.31.0: it relies on the sweep
+(`gradio.route_utils.delete_files_created_by_app`) walking `Blocks.temp_file_sets` (the uploads'
+`upload_file_set` and each component's `temp_files`) directly, although its comment says it walks a copy. What
+would let it go: Gradio iterating a copy (`for file in list(temp_set)`); then
+tests/test_app_cache_sweep.py::test_gradio_sweep_alone_fails_when_a_file_is_added_midway fails, and this module
+and its one call in layout.py can be deleted. The other tests there fail if Gradio renames or stops sharing
+those sets.
 """
 
 from __future__ import annotations

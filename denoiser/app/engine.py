@@ -11,7 +11,6 @@ the exact weights of the sampling pass, rebuilt for the clicked pixel only (O(N�
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,16 +19,19 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from denoiser.app.budget import plan_work, work_of
 from denoiser.attention import AttentionRecord, capture_attention, identity_attention
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
-from denoiser.image_io import MAX_PIXELS, to_unit
+from denoiser.image_io import MAX_PIXELS, uint8_to_pil
 from denoiser.model_dir import list_models, load_model, model_roots, resolve_model_dir
-from denoiser.request import BUILT_IN, TIMESTEP_SPACINGS, SampleRequest
+from denoiser.pixels import to_uint8, to_unit, uint8_to_unit, unit_to_model
+from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
 from denoiser.restore import restore
 from denoiser.sample import SAMPLERS, sampling_context
 from denoiser.sampling import ModelDefaults, Plan, read_defaults, resolve, run
+from denoiser.tiles import TileOptions, count_tiles, denoise_photo
 from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
 __all__ = ["Engine", "Generation", "Restored", "Stages", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
@@ -41,23 +43,6 @@ RESTORE_OPERATIONS = {"denoise": ("denoise", "mmse"), "denoise (sampled)": ("den
 
 # the samplers with integer timesteps: the attention view re-runs a step's exact UNet call
 SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
-
-# Work units: images × UNet calls × model_cost. The default admits the app's defaults on every shipped
-# model many times over (cifar10, 8 images DDIM-50: 2,700) and caps one request at about a minute of
-# CPU sampling on 2 cores (e.g. cifar10: 64 images x 70 steps, or 8 images x 550).
-WORK_BUDGET = 30_000
-
-
-def work_budget() -> float:
-    """The work units one request may use: DENOISER_WORK_BUDGET, else WORK_BUDGET."""
-    return float(os.environ.get("DENOISER_WORK_BUDGET", WORK_BUDGET))
-
-
-def model_cost(unet) -> float:
-    """Relative cost of one image through one UNet call: parameters (millions) × pixels / 32²."""
-    params = sum(p.numel() for p in unet.parameters()) / 1e6
-    return params * unet.config.sample_size**2 / 32**2
-
 
 LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance_scale": (1.0, 10.0),
           "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0)}
@@ -198,7 +183,25 @@ class Engine:
 
         guidance_scale, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
         (denoiser.guidance); autoguidance uses the guide named in the model folder's sampling.json.
-        timestep_spacing, guidance_interval ("lo, hi" timesteps), pag_layers ("a,b"): None or empty, the model's."""
+        timestep_spacing, guidance_interval ("lo, hi" timesteps), pag_layers ("a,b"): None or empty, the model's.
+        A request over the work budget is refused before any work (plan_work)."""
+        form = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label,
+                    eta=eta, guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
+                    timestep_spacing=timestep_spacing, guidance_interval=guidance_interval, pag_layers=pag_layers)
+        plan = self.sample_plan(model, **form)
+        plan_work(plan).check()
+        inputs, timesteps = [], []
+        record = _recorder(inputs, timesteps, on_step, lambda i: plan.steps)
+        res = run(plan, callback=record)
+        replay = {**form, "steps": plan.steps}  # the request again: ablate samples it with layers off
+        return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay)
+
+    def sample_plan(self, model: str, scheduler: str | None, steps: int | None, seed: int, num_images: int,
+                    class_label: int | None, eta: float, guidance_scale: float, pag_scale: float, guide_scale: float,
+                    timestep_spacing: str | None, guidance_interval: str | tuple[float, float] | None,
+                    pag_layers: str | tuple[str, ...] | None) -> Plan:
+        """generate()'s arguments checked (each against the page's LIMITS) and resolved against the model's folder:
+        the plan generate samples, and whose work (plan_work) the page's budget note shows."""
         if steps is not None:  # None: the folder's (sampling.json), else BUILT_IN
             steps = _check_int("steps", steps, *LIMITS["steps"])
         num_images = _check_int("number of images", num_images, *LIMITS["num_images"])
@@ -210,22 +213,13 @@ class Engine:
         if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes
             class_label = _check_int("class", class_label, 0, 2**31 - 1)
         scales = _check_scales(guidance_scale, pag_scale, guide_scale)
-        if timestep_spacing is not None and timestep_spacing not in TIMESTEP_SPACINGS:
-            raise ValueError(f"timestep spacing must be one of {', '.join(TIMESTEP_SPACINGS)}, got {timestep_spacing!r}")
+        timestep_spacing = check_timestep_spacing(timestep_spacing)
         if not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
             raise ValueError(f"eta must be a number in 0..1, got {eta!r}")
         request = SampleRequest(num_images=num_images, classes=class_label, seed=seed, batch_size=num_images,
                                 scheduler=scheduler, steps=steps, timestep_spacing=timestep_spacing, eta=float(eta),
                                 guidance_interval=guidance_interval or None, pag_layers=pag_layers or None, **scales)
-        plan = self.plan(model, request)
-        self.check_work(plan.unet, num_images, plan.steps, plan.guidance, plan.timesteps())
-        inputs, timesteps = [], []
-        record = _recorder(inputs, timesteps, on_step, lambda i: plan.steps)
-        res = run(plan, callback=record)
-        replay = dict(scheduler=scheduler, steps=plan.steps, seed=seed, num_images=num_images, class_label=class_label,
-                      eta=eta, timestep_spacing=timestep_spacing, guidance_interval=guidance_interval,
-                      pag_layers=pag_layers, **scales)  # the request again: ablate samples it with layers off
-        return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay)
+        return self.plan(model, request)
 
     def restore(
         self,
@@ -285,44 +279,23 @@ class Engine:
         return self.plan(name, SampleRequest(num_images=1, guide_scale=2.0)).guidance.guide
 
     def check_work(self, unet, num_images: int, steps: int, guidance: Guidance | None = None, timesteps=None) -> None:
-        """Refuse, before any work, a request larger than the budget: images × steps × the cost of one step
-        (the main model's passes — two with classifier-free guidance, one more with PAG, averaged over the
-        `timesteps` visited when a guidance interval leaves some steps plain; every step counted guided when
-        they are not known — each the model's cost per image-call, its parameters × pixels relative to a
-        1M-parameter 32×32 model; plus the guide's call with autoguidance), so one request cannot hold the
-        only sampling slot for long. DENOISER_WORK_BUDGET changes the budget."""
-        guidance = guidance or Guidance()
-        budget = work_budget()
-        guide_cost = model_cost(guidance.guide) / model_cost(unet) if guidance.autoguidance else 0.0
-        per_step = model_cost(unet) * guidance.passes_per_step(timesteps, guide_cost)
-        work = num_images * steps * per_step
-        if work > budget:
-            max_steps = max(1, int(budget // (num_images * per_step)))
-            images = max(1, int(budget // (steps * per_step)))
-            raise ValueError(
-                f"{num_images} images x {steps} steps ({guidance.describe()}) is {work:,.0f} work units for this model, "
-                f"over the budget of {budget:,.0f}: use at most {max_steps} steps with {num_images} images, or {images} "
-                f"images with {steps} steps (each guidance adds UNet calls; the server's DENOISER_WORK_BUDGET sets the budget)"
-            )
+        """Refuse, before any work, a request larger than the budget (work_of counts it), so one request cannot hold
+        the only sampling slot for long. DENOISER_WORK_BUDGET changes the budget."""
+        work_of(unet, num_images, steps, guidance, timesteps).check()
 
     def denoise_tiles(self, model: str, image: Image.Image, sigma: float | None = None,
                       on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> Image.Image:
-        """A picture of any size denoised at its own size: overlapping tiles at the model's size, blended
-        (denoiser.tiles); sigma None: estimated. on_step(i, total, the input in [0, 1]) after each batch of tiles."""
+        """A picture of any size denoised at its own size (denoiser.tiles.denoise_photo); sigma None: estimated.
+        on_step(i, total, the input in [0, 1]) after each batch of tiles."""
         from torchvision.transforms.functional import pil_to_tensor
-
-        from denoiser.tiles import TileOptions, denoise_tiles, tile_starts
 
         unet, train_sched = self.model(model)
         photo = pil_to_tensor(image.convert("RGB"))  # (3, H, W) uint8
         opts = TileOptions()
-        tile = unet.config.sample_size
-        tiles = len(tile_starts(photo.shape[1], tile, tile - opts.overlap)) * len(tile_starts(photo.shape[2], tile, tile - opts.overlap))
-        self.check_work(unet, tiles, 1)  # one UNet call per tile
-        shown = photo[None] / 255  # (1, 3, H, W): what the progress shows
+        self.check_work(unet, count_tiles(unet, photo.shape[1], photo.shape[2], opts), 1)  # one UNet call per tile
+        shown = uint8_to_unit(photo[None])  # (1, 3, H, W): what the progress shows
         progress = None if on_step is None else (lambda done, total: on_step(done - 1, total, shown))
-        out = denoise_tiles(unet, Diffusion(train_sched), photo, sigma, opts, progress=progress)
-        return Image.fromarray(out.permute(1, 2, 0).numpy())  # (3, H, W) -> (H, W, 3)
+        return uint8_to_pil(denoise_photo(unet, train_sched, photo, sigma, options=opts, progress=progress).result)
 
     def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
         """Exact attention of step `step` for the whole batch (re-run under capture, cached per step)."""
@@ -367,7 +340,7 @@ class Engine:
         image = _check_int("image", image, 0, gen.images.shape[0] - 1)
         unet, train_sched = self.model(gen.model)
         labels = None if gen.labels is None else gen.labels[image : image + 1]
-        x0 = gen.images[image : image + 1] * 2 - 1  # (1, C, H, W) in [-1, 1]
+        x0 = unit_to_model(gen.images[image : image + 1])  # (1, C, H, W)
         rows = attention_stats(unet, train_sched, x0, labels, timesteps)
         return rows, stats_chart(rows)
 
@@ -453,4 +426,4 @@ def _recorder(inputs: list, timesteps: list, on_step, total: Callable[[int], int
 
 def _to_image(x: torch.Tensor) -> Image.Image:
     """(1, 3, H, W) in [0, 1] -> PIL."""
-    return Image.fromarray((x[0] * 255).round().to(torch.uint8).permute(1, 2, 0).numpy())  # (3, H, W) -> (H, W, 3)
+    return uint8_to_pil(to_uint8(x[0]))

@@ -18,7 +18,8 @@ import gradio as gr
 import torch
 from PIL import Image, ImageDraw
 
-from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Restored, Stages, model_cost, work_budget
+from denoiser.app.budget import plan_work
+from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Restored, Stages
 from denoiser.app.kept import recall, remember
 from denoiser.app.streaming import friendly, relay, stream, user_error
 from denoiser.image_io import open_image, read_settings, save_with_settings, to_pil
@@ -240,24 +241,33 @@ class Handlers:
         guidance_scale = d.get("guidance_scale", 1.0) if names else 1.0
         return [model, "ddim", 25, seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0), d.get("guide_scale", 1.0) if has_guide else 1.0]
 
+    def _sample_form(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale, guide_scale,
+                     timestep_spacing, eta, guidance_interval, pag_layers) -> dict:
+        """The Sample tab's form as the engine's arguments (Engine.generate, Engine.sample_plan): the class by name as
+        its label, checked against the model's classes; the advanced settings (timestep spacing, eta, guidance
+        interval "lo, hi", PAG layers "a,b") left at MODELS_OWN or empty as None, the model's own (its scheduler
+        config, sampling.json)."""
+        classes = self.engine.classes(model) if model else []
+        if class_name not in (None, "", NO_CLASS) and class_name not in classes:
+            raise ValueError(f"class {str(class_name)[:40]!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
+        return dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images,
+                    class_label=classes.index(class_name) if class_name in classes else None, eta=float(eta or 0),
+                    guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
+                    timestep_spacing=None if timestep_spacing in (None, "", MODELS_OWN) else timestep_spacing,
+                    guidance_interval=guidance_interval, pag_layers=pag_layers)
+
     def generate(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0,
                  timestep_spacing=MODELS_OWN, eta=0.0, guidance_interval="", pag_layers="", progress=gr.Progress()):
-        """The Sample tab's Generate. The advanced settings (timestep spacing, eta, guidance interval "lo, hi",
-        PAG layers "a,b") left at MODELS_OWN or empty take the model's own (its scheduler config, sampling.json)."""
+        """The Sample tab's Generate (the form as _sample_form reads it)."""
         try:
-            classes = self.engine.classes(model) if model else []
-            if class_name not in (None, "", NO_CLASS) and class_name not in classes:
-                raise ValueError(f"class {str(class_name)[:40]!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
+            form = self._sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale,
+                                     guide_scale, timestep_spacing, eta, guidance_interval, pag_layers)
         except Exception as err:  # noqa: BLE001
             raise user_error(err) from None
-        label = classes.index(class_name) if class_name in classes else None
-        spacing = None if timestep_spacing in (None, "", MODELS_OWN) else timestep_spacing
+        label = form["class_label"]
 
         def job(on_step):
-            return self.engine.generate(model, scheduler, steps, seed, num_images, label, eta=float(eta or 0),
-                                        on_step=on_step, guidance_scale=guidance_scale, pag_scale=pag_scale,
-                                        guide_scale=guide_scale, timestep_spacing=spacing,
-                                        guidance_interval=guidance_interval, pag_layers=pag_layers)
+            return self.engine.generate(model, **form, on_step=on_step)
 
         gen = yield from relay(stream(job, progress, "denoising"), 13, _enlarge, status=True)
         settings = dict(model=model, seed=int(seed), scheduler=scheduler, steps=int(steps), num_images=int(num_images),
@@ -426,23 +436,23 @@ class Handlers:
         except ValueError:
             return {}, False
 
-    def budget_note(self, model, steps, num_images, class_name, guidance_scale, pag_scale, guide_scale) -> str:
-        """The request's work against the server's budget, shown under the sliders before Generate: each guidance
-        adds a UNet pass per step (an estimate: a guidance interval of the model's makes it cheaper)."""
+    def budget_note(self, model, steps, num_images, class_name, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0,
+                    scheduler=None, timestep_spacing=MODELS_OWN, guidance_interval="", pag_layers="") -> str:
+        """The work Generate would do with this form against the server's budget, shown under the sliders before
+        Generate: the plan Generate samples (the model folder's guidance interval and guide included) counted by the
+        rule its refusal uses (denoiser.app.budget), so the note says "over" exactly when Generate refuses. Nothing for
+        a form Generate refuses for another reason (it says why). scheduler and the advanced settings as Generate
+        reads them (_sample_form): left unset, the model's own."""
         try:
-            unet = self.engine.model(model)[0]
-            steps, num_images = int(steps), int(num_images)
-            guided = class_name not in (None, "", NO_CLASS) and float(guidance_scale) > 1
-            passes = 1 + guided + (float(pag_scale) > 0) + (float(guide_scale) != 1)
+            form = self._sample_form(model, scheduler, steps, 0, num_images, class_name, guidance_scale, pag_scale,
+                                     guide_scale, timestep_spacing, 0.0, guidance_interval, pag_layers)
+            work = plan_work(self.engine.sample_plan(model, **form))
         except (ValueError, TypeError, OSError):
             return ""
-        per_step = model_cost(unet) * passes
-        work, budget = num_images * steps * per_step, work_budget()
-        if work <= budget:
-            return f"work: {work:,.0f} of {budget:,.0f} units"
-        return (f"**over the work budget** ({work:,.0f} of {budget:,.0f} units): at most "
-                f"{max(1, int(budget // (num_images * per_step)))} steps with {num_images} images, or "
-                f"{max(1, int(budget // (steps * per_step)))} images with {steps} steps")
+        if not work.over:
+            return f"work: {work.units:,.0f} of {work.budget:,.0f} units"
+        return (f"**over the work budget** ({work.units:,.0f} of {work.budget:,.0f} units): at most {work.max_steps} "
+                f"steps with {work.num_images} images, or {work.max_images} images with {work.steps} steps")
 
     def model_form(self, model, current_class=None):
         """The Sample tab set to the chosen model's measured best (on load, and when a person picks a model): a class

@@ -248,7 +248,8 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
                       concurrency_limit=1, concurrency_id="sampling", api_name="heads")
     c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text],
                     concurrency_limit=1, concurrency_id="sampling", api_name="switch_off")
-    work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w]
+    work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.scheduler, c.spacing, c.interval,
+            c.pag_layers]  # what Generate reads, in budget_note's order
     app.load(h.budget_note, work, c.budget, api_name=False, concurrency_id="budget-note", concurrency_limit=1)
     for control in work:  # one queue for all of them: two quick changes end with the note of the later one
         control.change(h.budget_note, work, c.budget, api_name=False, show_progress="hidden", concurrency_id="budget-note",

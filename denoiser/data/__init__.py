@@ -14,8 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from denoiser.data.config import DataConfig
-from denoiser.data.decode import fit_to_size, flatten_to_rgb
-from denoiser.data.images import ImageDataset, MappedImages, StepBatch, split, to_model_range
+from denoiser.data.images import ImageDataset, MappedImages, StepBatch, split
 from denoiser.data.order import seed_of
 from denoiser.data.sources import SOURCES, open_source
 from denoiser.data.store import StoreInfo, cache_root, open_store, prepare_store
@@ -25,7 +24,7 @@ from denoiser.data.training import TrainingData, open_training_data
 __all__ = [
     "ImageDataset", "MappedImages", "StepBatch", "StoreInfo", "SHAPES", "SOURCES", "TrainingData", "make_synthetic",
     "load_folder", "load_cifar10", "load_dataset", "load_datasets", "open_source", "open_training_data", "prepare",
-    "open_store", "split", "seed_of", "flatten_to_rgb", "fit_to_size", "to_model_range", "cache_root",
+    "open_store", "split", "seed_of", "cache_root",
 ]
 
 

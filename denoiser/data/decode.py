@@ -13,33 +13,10 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps
-from torchvision import transforms
 
-__all__ = ["flatten_to_rgb", "fit_to_size", "decode_image", "is_image_name"]
+from denoiser.image_io import fit_to_size, flatten_to_rgb
 
-
-def flatten_to_rgb(img: Image.Image) -> Image.Image:
-    """Any mode -> RGB; transparent pixels (RGBA, LA, palette with transparency) lie on white.
-
-    A plain `convert("RGB")` would keep whatever colour hides under alpha = 0 (often black or noise),
-    so emoji and icons would sit on garbage backgrounds. 16-bit greyscale keeps its top 8 bits (PIL's
-    own conversion would clip everything above 255 to white).
-    """
-    if img.mode in ("I;16", "I;16L", "I;16B", "I"):
-        img = Image.fromarray((np.asarray(img, dtype=np.int64) >> 8).clip(0, 255).astype(np.uint8), "L")
-    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
-        rgba = img.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return img.convert("RGB")  # grayscale, palette, CMYK ... become RGB
-
-
-def fit_to_size(size: int) -> transforms.Compose:
-    """PIL image -> PIL image: the short side resized to `size` (bicubic, antialiased), then centre-cropped."""
-    return transforms.Compose([
-        transforms.Resize(size, interpolation=transforms.InterpolationMode.BICUBIC, antialias=True),
-        transforms.CenterCrop(size),
-    ])
+__all__ = ["decode_image", "is_image_name"]
 
 
 def decode_image(source: str | Path | bytes, size: int) -> np.ndarray:

@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["ImageDataset", "MappedImages", "StepBatch", "split", "to_model_range"]
+from denoiser.pixels import to_model_range
+
+__all__ = ["ImageDataset", "MappedImages", "StepBatch", "split"]
 
 
 class MappedImages:
@@ -115,11 +117,6 @@ class StepBatch:
     draw_rows: torch.Tensor  # (n,) positions among the draw_size draws
     captions: list[str] | None = None  # one per image, for text-conditioned models; None: the data has no text
     skipped: list[tuple[str, str]] = field(default_factory=list)  # items that could not be decoded (item, why)
-
-
-def to_model_range(images: torch.Tensor) -> torch.Tensor:
-    """uint8 [0, 255] -> float [-1, 1]."""
-    return images.float().div(127.5).sub(1.0)
 
 
 def split(ds: ImageDataset, val_size: int, seed: int) -> tuple[ImageDataset, ImageDataset]:

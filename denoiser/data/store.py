@@ -24,7 +24,6 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from denoiser.atomic import atomic_path, remove_temporaries
 from denoiser.data.base import Chunk, Source
 from denoiser.data.images import ImageDataset, MappedImages
 
@@ -143,14 +143,12 @@ def _prepare(source: Source, size: int, path: Path, num_workers: int | None, pro
     from tqdm.auto import tqdm
 
     started = time.monotonic()
-    for old in path.parent.glob(f".tmp-{path.name}-*"):  # a killed preparer's leftovers (we hold the lock)
-        shutil.rmtree(old, ignore_errors=True)
-    tmp = path.with_name(f".tmp-{path.name}-{socket.gethostname()}-{os.getpid()}")
-    tmp.mkdir(parents=True)
+    remove_temporaries(path)  # a killed preparer's leftovers (we hold the lock)
     label = ClassLabel(names=source.classes) if source.classes else Value("int64")
     features = Features({"pixels": List(Value("uint8"), length=3 * size * size), "label": label})
     num_images, skipped = 0, []
-    try:
+    with atomic_path(path, tag=f"{socket.gethostname()}-{os.getpid()}") as tmp:  # readers see no store or a whole one
+        tmp.mkdir()
         writer = ArrowWriter(features=features, path=str(tmp / "data.arrow"))
         bar = tqdm(total=len(source), desc=f"preparing {source.name} at {size}px", unit="img", disable=not progress)
         for chunk in _chunks(source, size, num_workers):
@@ -169,9 +167,6 @@ def _prepare(source: Source, size: int, path: Path, num_workers: int | None, pro
                 "num_items": len(source), "num_images": num_images, "skipped": len(skipped),
                 "prepared_seconds": round(time.monotonic() - started, 2), "workers": num_workers or len(os.sched_getaffinity(0))}
         (tmp / "store.json").write_text(json.dumps(meta, indent=1))
-        os.rename(tmp, path)  # atomic: readers see no store or a whole one
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     logger.info("prepared %s: %d images in %.1f s", path, num_images, time.monotonic() - started)
 
 
