@@ -15,6 +15,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+pytest_plugins = ["tests.app_browser"]  # the app's server and browser fixtures
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs files on 2 workers (pytest-xdist): one core each, not 2 threads each
     torch.set_num_threads(1)
 

@@ -8,9 +8,7 @@ import io
 import logging
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,85 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from diffusers import DDPMScheduler
 from PIL import Image
 
-from denoiser import UNet
-from denoiser.app import handlers, layout
-from denoiser.app.engine import Engine
+from denoiser.app import handlers
 from denoiser.model_dir import WEIGHTS_DIR
-from denoiser.pipeline import save_pipeline
-from tests.conftest import ROOT, TINY
-
-CHROMIUM = "/usr/bin/chromium"
-BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def _screenshots(tmp_path: Path) -> Path:
-    """Where browser tests write screenshots: DENOISER_SCREENSHOTS (`make screenshots`: docs/) or the test's folder."""
-    shots = Path(os.environ.get("DENOISER_SCREENSHOTS", tmp_path))
-    shots.mkdir(parents=True, exist_ok=True)
-    return shots
-
-
-@contextlib.contextmanager
-def _browser_page(server: str, height: int = 900):
-    """A headless Chromium page of width 1280 on the app."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": height})
-            page.goto(server)
-            # settled: the load event has set the form to the default model's best (a class picked), as a visitor
-            # sees it; on a busy server it comes late, and would overwrite a change made before it
-            page.wait_for_function("() => { const c = document.querySelector('#class input'); "
-                                   "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
-            yield page
-        finally:
-            browser.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    """The shipped synthetic model when present (nicer screenshots), plus a tiny class-conditional one."""
-    root = tmp_path_factory.mktemp("weights")
-    torch.manual_seed(0)
-    save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes")
-    # two broken model folders: weights only as a pickle (.bin), and an unreadable config
-    shutil.copytree(root / "tiny-classes", root / "bin-only")
-    (root / "bin-only" / "unet" / "diffusion_pytorch_model.safetensors").rename(
-        root / "bin-only" / "unet" / "diffusion_pytorch_model.bin")
-    shutil.copytree(root / "tiny-classes", root / "broken-config")
-    (root / "broken-config" / "unet" / "config.json").write_text("{not json")
-    shipped = WEIGHTS_DIR / "synthetic-shapes"
-    if (shipped / "unet" / "config.json").is_file():
-        shutil.copytree(shipped, root / "synthetic-shapes")
-        # its measured best guidance, as a shipped model's folder says it (the sliders start there)
-        (root / "synthetic-shapes" / "sampling.json").write_text('{"pag_scale": 0.5, "guidance_scale": 2.0}')
-    return root
-
-
-@pytest.fixture(scope="module")
-def demo(weights):
-    return layout.build_app(Engine(weights))
-
-
-@pytest.fixture(scope="module")
-def server(demo):
-    port = _free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **layout.LAUNCH)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, free_port, screenshots
+from tests.conftest import ROOT
 
 
 def test_click_maps_through_display_scaling():
@@ -279,7 +204,7 @@ def test_analytics_are_off():
 def _app_process(weights: Path, temp_parent: Path, *args: str):
     """`python app.py` in a process of its own, as `make app` starts it, with GRADIO_TEMP_DIR=temp_parent;
     yields the process and its URL once it answers, and kills it at the end if it is still running."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_TEMP_DIR": str(temp_parent)}
     log = temp_parent.parent / f"app-{port}.log"
     with log.open("w") as out:
@@ -387,8 +312,8 @@ def _click_on_attention_tab(page, fx: float, fy: float):
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
-    shots = _screenshots(tmp_path)
-    with _browser_page(server) as page:
+    shots = screenshots(tmp_path)
+    with browser_page(server) as page:
         page.get_by_role("tab", name="Attention").click()
         assert page.get_by_text("denoising step").count() == 0  # no sliders before there is a generation
         page.get_by_role("tab", name="Sample").click()
@@ -481,8 +406,8 @@ def _upload_photo(page, path: Path) -> None:
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_progress_says_how_far_and_stop_frees_the_slot(server, tmp_path):
-    shots = _screenshots(tmp_path)
-    with _browser_page(server) as page:
+    shots = screenshots(tmp_path)
+    with browser_page(server) as page:
         # issue 35 item 8: the budget shows beside the sliders before Generate
         page.locator("#num-images input[type=number]").fill("64")
         page.locator("#num-images input[type=number]").press("Enter")
@@ -564,7 +489,7 @@ def test_browser_on_a_phone_run_controls_and_preview_stay_together(server, tmp_p
             page.goto(server)
             page.locator("#generate").wait_for(timeout=30_000)
             _together_on_screen(page, ["#generate", "#stop", "#preview"])
-            page.screenshot(path=str(_screenshots(tmp_path) / "app-phone-sample.png"))
+            page.screenshot(path=str(screenshots(tmp_path) / "app-phone-sample.png"))
             page.get_by_role("tab", name="Edit").click()
             page.locator("#edit-run").scroll_into_view_if_needed()
             run, results = page.locator("#edit-run").bounding_box(), page.locator("#edit-result").bounding_box()
@@ -600,8 +525,8 @@ def test_browser_a_second_visitor_sees_the_queue_position(server):
 def test_browser_examples_fill_the_settings_and_a_picture(server, demo, tmp_path):
     from gradio.route_utils import delete_files_created_by_app
 
-    shots = _screenshots(tmp_path)
-    with _browser_page(server, height=1000) as page:
+    shots = screenshots(tmp_path)
+    with browser_page(server, height=1000) as page:
         page.locator("#steps input[type=number]").fill("7")
         rows = page.get_by_text("try these").locator("xpath=ancestor::div[contains(@class,'block')][1]").locator("tbody tr")
         rows.first.wait_for(timeout=30_000)
@@ -649,8 +574,8 @@ def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
     Image.new("1", (16000, 16000), 1).save(huge)  # a few hundred KB claiming 256 megapixels
     heavy = tmp_path / "heavy.jpg"
     heavy.write_bytes(os.urandom(26 * 1024 * 1024))  # over the 25 MB upload limit: refused in the browser
-    shots = _screenshots(tmp_path)
-    with _browser_page(server, height=1000) as page:
+    shots = screenshots(tmp_path)
+    with browser_page(server, height=1000) as page:
         page.get_by_role("tab", name="Edit").click()
         started = time.monotonic()
         _upload_photo(page, jpeg)
@@ -711,8 +636,8 @@ def _run_right_after_a_new_upload(page, tmp_path: Path) -> None:
 def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
     photo = tmp_path / "photo.png"
     Image.new("RGB", (64, 48), (30, 160, 60)).save(photo)
-    shots = _screenshots(tmp_path)
-    with _browser_page(server, height=1000) as page:
+    shots = screenshots(tmp_path)
+    with browser_page(server, height=1000) as page:
         page.get_by_role("tab", name="Edit").click()
         # one slider per meaning (issue 34 item 6, issue 35 item 12): denoise shows the noise σ; edit its strength,
         # with a note on what the scale does; inpaint neither
@@ -755,8 +680,8 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_attention_guidance_then_heads_view_and_switching_a_layer_off(server, tmp_path):
-    shots = _screenshots(tmp_path)
-    with _browser_page(server) as page:
+    shots = screenshots(tmp_path)
+    with browser_page(server) as page:
         pag = page.locator("#pag input[type=number]")
         if (WEIGHTS_DIR / "synthetic-shapes").is_dir():  # the default model: its sampling.json sets the sliders
             page.wait_for_function("() => { const i = document.querySelector('#pag input[type=number]'); "

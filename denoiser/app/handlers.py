@@ -6,7 +6,6 @@ denoiser/app/streaming.py.
 
 from __future__ import annotations
 
-import html
 import logging
 import os
 import re
@@ -19,19 +18,16 @@ import torch
 from PIL import Image, ImageDraw
 
 from denoiser.app.budget import plan_work
-from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Restored, Stages
+from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Stages
 from denoiser.app.kept import recall, remember
 from denoiser.app.streaming import friendly, relay, stream, user_error
-from denoiser.image_io import open_image, read_settings, save_with_settings, to_pil
+from denoiser.image_io import read_settings, save_with_settings, to_pil
 from denoiser.request import BUILT_IN
 
-__all__ = ["Handlers", "click_to_pixel", "photo_preview", "stages_text", "restored_text", "HEAD_COLUMNS", "NO_CLASS"]
+__all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "HEAD_COLUMNS", "NO_CLASS", "MODELS_OWN"]
 
 log = logging.getLogger("denoiser.app")
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
-# the Edit tab paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the
-# editor holds as PNG on every run (a 2400x1800 JPEG of 600 KB became 8.4 MB), a copy this size stays ~1 MB
-EDIT_PREVIEW = 512
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
 NO_CLASS = "(any)"
 MODELS_OWN = "(the model's)"  # an advanced setting left to the model folder (its scheduler config, sampling.json)
@@ -88,58 +84,10 @@ def click_to_pixel(index: tuple[int, int], sample_size: int, display: int = DISP
     return min(sample_size - 1, int(y) * sample_size // display), min(sample_size - 1, int(x) * sample_size // display)
 
 
-def _enlarge(img: Image.Image, target: int = DISPLAY) -> Image.Image:
+def enlarge(img: Image.Image, target: int = DISPLAY) -> Image.Image:
     """Scale a small preview up by a whole factor, nearest-neighbour: pixels stay sharp squares."""
     factor = max(1, target // max(img.width, img.height))
     return img.resize((img.width * factor, img.height * factor), Image.Resampling.NEAREST) if factor > 1 else img
-
-
-def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
-    """The ImageEditor's uploaded image and the painted mask (opaque brush pixels: white), or None."""
-    if not value or value.get("background") is None:
-        return None, None
-    image = value["background"]
-    if all(band == (255, 255) for band in image.convert("RGB").getextrema()):  # the editor's blank white canvas
-        raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
-    painted = [layer for layer in value.get("layers") or [] if layer is not None]
-    if not painted:
-        return image, None
-    alpha = Image.new("L", painted[0].size, 0)
-    for layer in painted:
-        alpha = Image.composite(Image.new("L", layer.size, 255), alpha, layer.convert("RGBA").getchannel("A"))
-    return image, alpha
-
-
-def _edit_input(editor, photo: str | None, shown: str | None, operation: str):
-    """(image, mask) to process: the uploaded file's picture (as the editor shows it, `photo_preview`) and the mask
-    painted on it; without an upload (an API call), the editor's own picture."""
-    if not photo:
-        return _editor_layers(editor)
-    image, _ = photo_preview(photo)
-    if shown != photo:  # the editor still holds the previous upload: its paint belongs to that one
-        if operation == "inpaint":
-            raise ValueError("the new photo is still loading into the editor: paint the area to regenerate on it, then Run")
-        return image, None
-    return image, _editor_layers(editor)[1]
-
-
-def _centre_square(image: Image.Image) -> Image.Image:
-    """The centre square of a picture: the part the model's size keeps (denoiser.image_io.image_to_model)."""
-    side = min(image.size)
-    left, top = (image.width - side) // 2, (image.height - side) // 2
-    return image.crop((left, top, left + side, top + side))
-
-
-def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
-    """An uploaded photo file -> (an RGB copy at most EDIT_PREVIEW pixels a side to paint on, a line saying so).
-    Decoded with bounded memory (denoiser.image_io); a file that is no image raises a sentence without a path."""
-    if path is None:
-        return None, ""
-    img = open_image(path, min_long_side=EDIT_PREVIEW, what="the upload")  # a JPEG decodes at a reduced scale
-    w, h = img.info["source_size"]
-    img.thumbnail((EDIT_PREVIEW, EDIT_PREVIEW), Image.Resampling.LANCZOS)
-    return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}. Denoise works on this copy at its size; "
-                 "the other operations on its centre square at the model's size. To inpaint, paint over what to regenerate.")
 
 
 def _index_slider(count: int, value: int) -> dict:
@@ -188,15 +136,6 @@ def stages_text(s: Stages) -> str:
         f"{s.weight_sum:.6f} · (4) output = weights · v\n\n"
         f"| attended pixel (y, x) | score | weight |\n|---|---|---|\n{rows}"
     )
-
-
-def restored_text(r: Restored) -> str:
-    """What the Edit tab did, in one paragraph, pointing to where to look next."""
-    w, h = r.input_size
-    text = f"**{r.operation}**: {w}x{h} input, resized and centre-cropped to {r.size}x{r.size}; {r.steps} step(s)"
-    if r.psnr is not None:
-        text += f". PSNR against your image: noisy {r.psnr[0]:.2f} dB, result {r.psnr[1]:.2f} dB"
-    return text + ". Open the **Attention** tab to see where the U-Net looked."
 
 
 class Handlers:
@@ -269,7 +208,7 @@ class Handlers:
         def job(on_step):
             return self.engine.generate(model, **form, on_step=on_step)
 
-        gen = yield from relay(stream(job, progress, "denoising"), 13, _enlarge, status=True)
+        gen = yield from relay(stream(job, progress, "denoising"), 13, enlarge, status=True)
         settings = dict(model=model, seed=int(seed), scheduler=scheduler, steps=int(steps), num_images=int(num_images),
                         guidance_scale=float(guidance_scale), pag_scale=float(pag_scale), guide_scale=float(guide_scale),
                         **{"class": None if label is None else class_name})
@@ -278,59 +217,9 @@ class Handlers:
         settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
         gallery = _result_files(gen.images, settings)
         yield (
-            _enlarge(to_pil(gen.images)), gallery, gen,
-            _index_slider(gen.images.shape[0], 0),
-            _index_slider(gen.num_steps, gen.num_steps - 1),
-            _display(gen, 0, None),
-            *self._layer_choices(gen),
-            *CLEARED_VIEWS,
+            enlarge(to_pil(gen.images)), gallery, *self.generation_views(gen),
             f"done: {gen.images.shape[0]} image(s), {gen.num_steps} steps" + few_steps_note(gen.num_steps),
         )
-
-    def run_edit(self, model, class_name, guidance_scale, editor, operation, sigma, strength, add_noise, steps, seed,
-                 pag_scale=0.0, photo=None, shown=None, progress=gr.Progress()):
-        """photo: the uploaded file; shown: the upload the editor holds (it may still hold the previous one while
-        a new upload loads): the pixels processed and "your image" both come from the upload."""
-        try:
-            classes = self.engine.classes(model) if model else []
-            label = classes.index(class_name) if class_name in classes else None
-            image, mask = _edit_input(editor, photo, shown, operation)
-        except Exception as err:  # noqa: BLE001
-            raise user_error(err) from None
-        if operation == "denoise" and not float(add_noise or 0):  # at the picture's own size, in tiles
-            return (yield from self._denoise_in_tiles(model, image, sigma, progress))
-
-        def job(on_step):
-            return self.engine.restore(model, operation, image, mask, float(sigma or 0), float(strength or 0),
-                                       float(add_noise or 0), steps, seed, label, guidance_scale, on_step=on_step,
-                                       pag_scale=pag_scale)
-
-        square = _centre_square(image)  # what the model sees: "your image" in the result's framing
-        gen, noisy, done = yield from relay(stream(job, progress, operation), 13,
-                                            lambda preview: [(square, "your image"), (_enlarge(preview), "predicted x0")],
-                                            status=True)
-        text = restored_text(done)
-        shown = [(square, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
-        shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))
-        yield (
-            shown, text, gen, _index_slider(1, 0), _index_slider(gen.num_steps, gen.num_steps - 1),
-            _display(gen, 0, None), *self._layer_choices(gen), *CLEARED_VIEWS, f"done: {operation} with {model}, {gen.num_steps} step(s)",
-        )
-
-    def _denoise_in_tiles(self, model, image: Image.Image, sigma, progress):
-        """One-step denoise of the picture at its own size (overlapping tiles at the model's size): before and after
-        in the same framing. The attention views keep the previous generation (tiles are no generation)."""
-
-        def job(on_step):
-            return self.engine.denoise_tiles(model, image, float(sigma or 0) or None, on_step=on_step)
-
-        result = yield from relay(stream(job, progress, "denoise (tiles)"), 13, lambda _: [(image, "your image")], status=True)
-        size = self.engine.model(model)[0].config.sample_size
-        text = (f"**denoise**: {image.width}x{image.height} input, denoised at its own size in overlapping {size}x{size} "
-                "tiles (the model's size). The Attention tab opens runs at the model's size: denoise (sampled), edit, "
-                "inpaint, or noise added first.")
-        yield ([(image, "your image"), (result, "result")], text, *(gr.skip(),) * 10,
-               f"done: denoise with {model}, at {image.width}x{image.height}")
 
     @staticmethod
     def keep_results(gallery, kept) -> tuple:
@@ -379,6 +268,13 @@ class Handlers:
         return (f"**stopped at step {k} / {n}**: the preview is that step's predicted x0, not a result; the results "
                 "shown are from the run before")
 
+    def generation_views(self, gen) -> tuple:
+        """What a new generation sets on the page (after its pictures): the generation itself, the image and step
+        sliders over it (its last step chosen), its first image to click, its layers and heads, and the attention
+        views of the previous one cleared."""
+        return (gen, _index_slider(gen.images.shape[0], 0), _index_slider(gen.num_steps, gen.num_steps - 1),
+                _display(gen, 0, None), *self._layer_choices(gen), *CLEARED_VIEWS)
+
     def _layer_choices(self, gen) -> tuple[dict, dict]:
         """A new generation's layer selector (its last step's layers, the first chosen) and head selector (the
         first layer's heads)."""
@@ -386,16 +282,6 @@ class Handlers:
         names = self.engine.layer_names(gen, gen.num_steps - 1)
         return (gr.update(choices=[(name, i) for i, name in enumerate(names)], value=0),
                 gr.update(choices=list(range(records[0].num_heads)), value=0))
-
-    def load_photo(self, path):
-        """The photo into the editor, and which upload it shows; a file that cannot be used says why under the
-        upload box (no path)."""
-        try:
-            image, text = photo_preview(path)
-        except (ValueError, FileNotFoundError) as err:
-            log.info("upload refused: %s", err)
-            return None, f"**This file cannot be used:** {html.escape(str(err), quote=False)}", path
-        return ({"background": image, "layers": [], "composite": image} if image is not None else None), text, path
 
     @friendly
     def at_pixel(self, gen, image, step, y, x, layer, head, mean_steps=False):
@@ -494,9 +380,9 @@ class Handlers:
         def job(on_step):
             return self.engine.ablate(gen, list(layers or []), head_ids, on_step=on_step)
 
-        off = yield from relay(stream(job, progress, "switched off"), 2, lambda preview: _enlarge(preview))
+        off = yield from relay(stream(job, progress, "switched off"), 2, lambda preview: enlarge(preview))
         which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
-        yield (_enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
+        yield (enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
                f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity attention "
                f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}")
 

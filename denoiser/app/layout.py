@@ -5,13 +5,14 @@ to the handlers (denoiser/app/handlers.py). Declarative: no logic beyond which h
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
 
 from denoiser.app.cache_sweep import sweep_safe
-from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, SCHEDULERS, Engine
+from denoiser.app.controls import keep, run_controls
+from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
+from denoiser.app.engine import LIMITS, SCHEDULERS, Engine
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, Handlers, guidance_info
 from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.request import TIMESTEP_SPACINGS
@@ -28,8 +29,6 @@ CSS = "#gallery img, #earlier img, #edit-result img, #preview img { image-render
 # state_session_capacity: the sessions whose generations stay in memory (oldest dropped first; app.py's
 # --max-sessions); with the work budget, one generation holds at most ~200 MB of step inputs (the 16x16 model: 64 images x 1000 steps)
 LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32, "css": CSS}
-# pictures for the Edit tab's examples, drawn for this project (MIT, like the code); shipped in the package
-EXAMPLES = Path(__file__).resolve().parent / "examples"
 SESSION_TTL_S = 1800  # a session's generation is dropped this long after its last update
 
 
@@ -52,26 +51,11 @@ def build_app(engine: Engine) -> gr.Blocks:
                     "attention layer of the U-Net looks; the **Heads** tab measures what each layer and head does and "
                     "switches them off.")
         _sample_tab(c, h, models, default)
-        _edit_tab(c, models, default)
+        edit_tab(c, models, default)
         _attention_tab(c)
         _heads_tab(c)
         _wire(app, h, c)
     return sweep_safe(app)  # the delete_cache sweep above survives files added while it runs
-
-
-def _keep(c: SimpleNamespace, scope: dict) -> None:
-    """A tab's components onto `c` under their variable names, for the wiring."""
-    for name, value in scope.items():
-        if isinstance(value, gr.blocks.Block):
-            setattr(c, name, value)
-
-
-def _run_controls(label: str, run_id: str, stop_id: str, status_id: str):
-    """A job's Run and Stop buttons side by side, and the line under them that says how far the job is."""
-    with gr.Row():
-        run = gr.Button(label, variant="primary", elem_id=run_id, scale=3)
-        stop = gr.Button("Stop", variant="stop", elem_id=stop_id, scale=1)
-    return run, stop, gr.Markdown(elem_id=status_id)
 
 
 def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str | None) -> None:
@@ -81,7 +65,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
         with gr.Row():
             # first (left; on a phone, on top): Generate, Stop, the progress and the live preview stay together
             with gr.Column(scale=2):
-                run, stop, status = _run_controls("Generate", "generate", "stop", "status")
+                run, stop, status = run_controls("Generate", "generate", "stop", "status")
                 preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
                                    elem_id="preview", height=280)
                 gallery = gr.Gallery(label="results (lossless PNG, named after and carrying their settings)", format="png",
@@ -133,50 +117,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
         c.sample_examples = gr.Examples(
             rows, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w], label="try these",
         ) if rows else None
-    _keep(c, locals())
-
-
-def _edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
-    with gr.Tab("Edit"):
-        with gr.Row():
-            with gr.Column(scale=1):
-                gr.Markdown("Denoise keeps your photo's size (a copy at most 512 pixels a side); denoise (sampled), edit "
-                            "and inpaint work on its centre square at the model's size.", elem_id="edit-sizes")
-                photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 50 megapixels and 25 MB",
-                                file_types=["image"], type="filepath", elem_id="photo", height=110)
-                photo_text = gr.Markdown(elem_id="photo-text")
-                # the editor gets a small copy of the photo (photo_preview): painting needs no more, and the
-                # browser sends the editor's content back as PNG on every run
-                editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
-                                        label="inpaint mask",  # short: the editor's toolbar covers long labels
-                                        brush=gr.Brush(colors=["#ff00ff"], color_mode="fixed"))
-                gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [photo], label="try a picture")
-            # Run, Stop, the progress and the results together, beside the photo (on a phone: under it)
-            with gr.Column(scale=1):
-                edit_run, edit_stop, edit_status = _run_controls("Run", "edit-run", "edit-stop", "edit-status")
-                edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
-                                         object_fit="contain", height="auto")
-                edit_text = gr.Markdown(elem_id="edit-text")
-            with gr.Column(scale=1):
-                operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation")
-                # the Edit tab's own model, class and guidance: what runs is what this tab shows
-                edit_model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
-                edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
-                                         visible=False, allow_custom_value=True, elem_id="edit-class")
-                edit_guidance = gr.Slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
-                                          elem_id="edit-cfg", info=guidance_info())
-                # one slider per meaning, the one the operation uses shown
-                sigma = gr.Slider(0, 1, value=0.0, step=0.01, label="noise σ of your image (0 = estimate)",
-                                  elem_id="sigma", info="denoise: how noisy your picture is, on the 0..1 pixel scale")
-                strength = gr.Slider(0.01, 1, value=0.3, step=0.01, label="edit strength", elem_id="strength", visible=False,
-                                     info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
-                                          "replaces it with a picture of its own")
-                add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (σ, 0 = off): the round trip, with PSNR")
-                edit_steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps (sampled denoise, edit, inpaint)")
-                edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
-                edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)",
-                                     info="for sampled denoise, edit and inpaint; 0 = off")
-    _keep(c, locals())
+    keep(c, locals())
 
 
 def _attention_tab(c: SimpleNamespace) -> None:
@@ -205,7 +146,7 @@ def _attention_tab(c: SimpleNamespace) -> None:
                 stages = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stages")
                 stage_text = gr.Markdown(elem_id="stage-text")
 
-    _keep(c, locals())
+    keep(c, locals())
 
 
 def _heads_tab(c: SimpleNamespace) -> None:
@@ -229,7 +170,7 @@ def _heads_tab(c: SimpleNamespace) -> None:
                 off_image = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="off-image")
                 off_text = gr.Markdown()
 
-    _keep(c, locals())
+    keep(c, locals())
 
 
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
@@ -241,9 +182,6 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.model.change(h.sample_class_choices, [c.model, c.class_name], c.class_name, api_name=False)
     c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
-    app.load(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
-    c.edit_model.change(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
-    c.edit_class.change(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
     c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers],
                       concurrency_limit=1, concurrency_id="sampling", api_name="heads")
     c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text],
@@ -278,22 +216,12 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     app.load(h.kept_results, c.kept, earlier, api_name=False)
     c.earlier.select(h.select_result, None, c.earlier_selected, api_name=False)
     c.use_earlier.click(h.use_settings, [c.earlier, c.earlier_selected], [*form, c.status], api_name=False)
-    # an upload, an example, or cleared; photo_shown: which upload the editor holds
-    # unqueued: the photo (or why it cannot be used) shows at once, not after a running job's queue turn
-    c.photo.change(h.load_photo, c.photo, [c.editor, c.photo_text, c.photo_shown], api_name=False, queue=False)
-    editing = c.edit_run.click(
-        h.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.sigma, c.strength, c.add_noise,
-                     c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown],
-        [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared, c.edit_status],
-        concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit")
-    # each operation shows its own amount: the noise σ for denoise, the strength for edit
-    c.operation.change(lambda op: (gr.update(visible=op.startswith("denoise")), gr.update(visible=op == "edit")),
-                       c.operation, [c.sigma, c.strength], api_name=False, queue=False, show_progress="hidden")
+    wire_edit(app, h, c, cleared)
     # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), streaming.stream then stops the
     # worker after the UNet call in progress and frees the sampling slot
     # the status line then says where it stopped and what the pictures shown are
     # (after the cancel has landed: that update also clears the cancelled run's error state from the status line)
-    for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [editing])):
+    for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [c.editing])):
         button.click(None, None, None, cancels=jobs, api_name=False).then(
             h.stopped, line, line, api_name=False, show_progress="hidden")
     pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]

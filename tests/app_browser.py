@@ -1,0 +1,95 @@
+"""The app under test: a server on tiny and shipped models (the fixtures `weights`, `demo`, `server`) and a headless
+Chromium page on it (`browser_page`), shared by the browser tests of every tab (a pytest plugin: tests/conftest.py names it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import DDPMScheduler
+
+from denoiser import UNet
+from denoiser.model_dir import WEIGHTS_DIR
+from denoiser.pipeline import save_pipeline
+from tests.conftest import TINY
+
+__all__ = ["CHROMIUM", "BROWSER_ARGS", "browser_page", "screenshots", "free_port", "weights", "demo", "server"]
+
+CHROMIUM = "/usr/bin/chromium"
+BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def screenshots(tmp_path: Path) -> Path:
+    """Where browser tests write screenshots: DENOISER_SCREENSHOTS (`make screenshots`: docs/) or the test's folder."""
+    shots = Path(os.environ.get("DENOISER_SCREENSHOTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    return shots
+
+
+@contextlib.contextmanager
+def browser_page(server: str, height: int = 900):
+    """A headless Chromium page of width 1280 on the app."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": height})
+            page.goto(server)
+            # settled: the load event has set the form to the default model's best (a class picked), as a visitor
+            # sees it; on a busy server it comes late, and would overwrite a change made before it
+            page.wait_for_function("() => { const c = document.querySelector('#class input'); "
+                                   "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """The shipped synthetic model when present (nicer screenshots), plus a tiny class-conditional one."""
+    root = tmp_path_factory.mktemp("weights")
+    torch.manual_seed(0)
+    save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes")
+    # two broken model folders: weights only as a pickle (.bin), and an unreadable config
+    shutil.copytree(root / "tiny-classes", root / "bin-only")
+    (root / "bin-only" / "unet" / "diffusion_pytorch_model.safetensors").rename(
+        root / "bin-only" / "unet" / "diffusion_pytorch_model.bin")
+    shutil.copytree(root / "tiny-classes", root / "broken-config")
+    (root / "broken-config" / "unet" / "config.json").write_text("{not json")
+    shipped = WEIGHTS_DIR / "synthetic-shapes"
+    if (shipped / "unet" / "config.json").is_file():
+        shutil.copytree(shipped, root / "synthetic-shapes")
+        # its measured best guidance, as a shipped model's folder says it (the sliders start there)
+        (root / "synthetic-shapes" / "sampling.json").write_text('{"pag_scale": 0.5, "guidance_scale": 2.0}')
+    return root
+
+
+@pytest.fixture(scope="module")
+def demo(weights):
+    from denoiser.app import layout  # Gradio imported by the app's tests only (this module is a plugin of every test's)
+    from denoiser.app.engine import Engine
+
+    return layout.build_app(Engine(weights))
+
+
+@pytest.fixture(scope="module")
+def server(demo):
+    from denoiser.app import layout
+
+    port = free_port()
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **layout.LAUNCH)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
