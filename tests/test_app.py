@@ -329,6 +329,7 @@ def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
         assert size[0] > 200 and size[1] > 100
         _other_layer_and_head_then_mean(page)
         page.screenshot(path=str(shots / "app-attention.png"), full_page=True)
+        assert page.locator("#earlier img").count() == 0  # issue 41 item 14: the run's results are not shown twice
         # issue 35 item 14: the session's results outlive a reload (kept in the browser, as far as Gradio allows),
         # and "use these settings" reads them back
         page.reload()

@@ -350,3 +350,21 @@ def test_the_budget_note_says_over_exactly_when_generate_refuses(weights, tmp_pa
                     assert f"or {advice[1]} images with {steps} steps" in note, case
                 verdicts.add(refusal is None)
     assert verdicts == {True, False}  # the sweep crosses the boundary
+
+
+def test_the_heads_and_layer_views_answer_in_words_not_error_badges(weights):
+    """Issue 41 items 5 and 6: Compute statistics before any generation gives a hint (a warning toast), not an error
+    over the chart and the layer list (before: gr.Error); a layer typed as text ("zzz") is refused with a sentence
+    naming the layers (before: "invalid literal for int() with base 10: 'zzz'")."""
+    import gradio as gr
+
+    h = Handlers(Engine(weights))
+    with pytest.warns(UserWarning, match="generate images first"):
+        outputs = h.head_stats(None, 0)
+    assert all(isinstance(o, type(gr.skip())) for o in outputs) and len(outputs) == 3
+    gen = h.engine.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
+    with pytest.raises(gr.Error) as err:
+        h.restage(gen, 0, 1, (3, 4), "zzz", 0)
+    assert "not one of this generation's" in err.value.message and "invalid literal" not in err.value.message
+    stages, text, heads = h.restage(gen, 0, 1, (3, 4), 1, 0)
+    assert stages is not None and "head 0" in text and heads["value"] == 0

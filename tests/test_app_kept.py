@@ -54,3 +54,16 @@ def test_what_the_browser_sends_back_is_checked(tmp_path, monkeypatch):
     assert len(files) == 2 and all(f.startswith(str(tmp_path)) for f in files)
     assert files[0].endswith("/escape.png") and not (tmp_path.parent / "escape.png").exists()
     assert recall(None) == [] and remember([], None) == []
+
+
+def test_earlier_results_leave_out_the_ones_just_shown(tmp_path, monkeypatch):
+    """Issue 41 item 14: after a Generate the earlier-results gallery shows the results before it, not the new ones
+    again under the gallery that already shows them (before: the new results twice, at once)."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    (tmp_path / "gradio").mkdir()
+    first, second = _results(tmp_path, 1, 3), _results(tmp_path, 2, 2)
+    kept, earlier, button = Handlers.keep_results(first, [])
+    assert len(kept) == 3 and earlier["value"] == [] and not earlier["visible"] and not button["visible"]
+    kept, earlier, button = Handlers.keep_results(second, kept)
+    assert len(kept) == 5 and [read_settings(f)["seed"] for f in earlier["value"]] == [1, 1, 1] and earlier["visible"]
+    assert [read_settings(f)["seed"] for f in recall(kept)] == [2, 2, 1, 1, 1]  # a reload shows them all

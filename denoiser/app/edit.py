@@ -112,7 +112,7 @@ class EditHandlers:
 
         square = _centre_square(image)  # what the model sees: "your image" in the result's framing
         gen, noisy, done = yield from relay(stream(job, progress, operation), 13,
-                                            lambda preview: [(square, "your image"), (enlarge(preview), "predicted x0")],
+                                            lambda preview: [(square, "your image"), (enlarge(preview), "predicted clean image (x₀)")],
                                             status=True)
         text = restored_text(done)
         shown = [(square, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
@@ -183,7 +183,7 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
                 strength = gr.Slider(0.01, 1, value=0.3, step=0.01, label="edit strength", elem_id="strength", visible=False,
                                      info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
                                           "replaces it with a picture of its own")
-                add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (σ, 0 = off): the round trip, with PSNR")
+                add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (noise level σ, 0 = off)", info="the round trip with PSNR: noise is added to the centre square at the model's size (e.g. 32x32), then removed")
                 edit_steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps (sampled denoise, edit, inpaint)")
                 edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
                 edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)",

@@ -113,6 +113,18 @@ def _head_rows(rows) -> list[list]:
     return table
 
 
+def _layer_index(layer, count: int) -> int:
+    """The layer selector's value (its index among the generation's layers) checked: a clear message for anything
+    else, such as text typed into it."""
+    try:
+        index = int(layer or 0)
+    except (TypeError, ValueError):
+        index = -1
+    if not 0 <= index < count:
+        raise ValueError(f"layer {str(layer)[:40]!r} is not one of this generation's {count} attention layers: pick one from the list")
+    return index
+
+
 def _parse_heads(text) -> list[int] | None:
     """'all' (or empty) -> None; '0, 2' -> [0, 2]."""
     text = str(text or "").strip().lower()
@@ -223,9 +235,10 @@ class Handlers:
 
     @staticmethod
     def keep_results(gallery, kept) -> tuple:
-        """A finished run's results added to the ones kept in the browser (denoiser.app.kept), and shown."""
-        kept = remember(gallery, kept)
-        return (kept, *Handlers.kept_results(kept))
+        """A finished run's results added to the ones kept in the browser (denoiser.app.kept); the earlier results
+        shown are those before them (the gallery above already shows the new ones)."""
+        earlier = [k for k in (kept or []) if isinstance(k, dict)]
+        return (remember(gallery, kept), *Handlers.kept_results(earlier))
 
     @staticmethod
     def kept_results(kept) -> tuple:
@@ -265,7 +278,7 @@ class Handlers:
         if match is None or not str(status).startswith(tuple(RUNNING)):
             return status or ""  # nothing was running
         k, n = match.groups()
-        return (f"**stopped at step {k} / {n}**: the preview is that step's predicted x0, not a result; the results "
+        return (f"**stopped at step {k} / {n}**: the preview is that step's predicted clean image (x₀), not a result; the results "
                 "shown are from the run before")
 
     def generation_views(self, gen) -> tuple:
@@ -364,8 +377,9 @@ class Handlers:
 
     @friendly
     def head_stats(self, gen, image):
-        if gen is None:
-            raise gr.Error("generate images first (Sample tab)")
+        if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
+            gr.Warning("generate images first (Sample tab): the statistics are of a generated image")
+            return gr.skip(), gr.skip(), gr.skip()
         rows, chart = self.engine.head_table(gen, image)
         return chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows)))
 
@@ -392,12 +406,14 @@ class Handlers:
         head the layer lacks becomes head 0)."""
         if gen is None:
             return None, "", gr.skip()
-        heads = self.engine.records(gen, step)[int(layer or 0)].num_heads
+        records = self.engine.records(gen, step)
+        layer = _layer_index(layer, len(records))
+        heads = records[layer].num_heads
         head = int(head) if head is not None and 0 <= int(head) < heads else 0
         choices = gr.update(choices=list(range(heads)), value=head)
         if pixel is None:
             return None, "", choices
-        stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head)
+        stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer, head)
         return stages, stages_text(numbers), choices
 
     def restage_head(self, gen, image, step, pixel, layer, head):

@@ -66,7 +66,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
             # first (left; on a phone, on top): Generate, Stop, the progress and the live preview stay together
             with gr.Column(scale=2):
                 run, stop, status = run_controls("Generate", "generate", "stop", "status")
-                preview = gr.Image(label="denoising (predicted x0)", format="png", type="pil", interactive=False,
+                preview = gr.Image(label="denoising: the predicted clean image (x₀) so far", format="png", type="pil", interactive=False,
                                    elem_id="preview", height=280)
                 gallery = gr.Gallery(label="results (lossless PNG, named after and carrying their settings)", format="png",
                                      columns=4, elem_id="gallery", buttons=["download", "download_all"], height="auto",
@@ -79,7 +79,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                 use_earlier = gr.Button("use these settings (the selected earlier result's)", size="sm",
                                         elem_id="use-earlier", visible=False)
             with gr.Column(scale=1):
-                model = gr.Dropdown(models, value=default, label="model (folders under weights/)")
+                model = gr.Dropdown(models, value=default, label="model", info="each is a trained model folder (weights/)")
                 scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
                 steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps",
                                   info="25-50 are good; fewer than 10 leave noise")
@@ -106,7 +106,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                     spacing = gr.Dropdown([MODELS_OWN, *TIMESTEP_SPACINGS], value=MODELS_OWN, label="timestep spacing",
                                           elem_id="spacing", info="which timesteps the steps visit; trailing starts at "
                                                                   "pure noise (what few-step DDIM needs)")
-                    eta = gr.Slider(0, 1, value=0.0, step=0.05, label="eta (DDIM)", elem_id="eta",
+                    eta = gr.Slider(0, 1, value=0.0, step=0.05, label="fresh noise per step (DDIM eta)", elem_id="eta",
                                     info="fresh noise at each DDIM step; 0 = deterministic")
                     interval = gr.Textbox("", label="guidance interval: timesteps lo, hi", elem_id="interval",
                                           placeholder="e.g. 70, 550; empty: the model's (or every step)")
@@ -135,7 +135,7 @@ def _attention_tab(c: SimpleNamespace) -> None:
                     py = gr.Number(value=0, precision=0, minimum=0, label="pixel y")
                     px = gr.Number(value=0, precision=0, minimum=0, label="pixel x")
                     show_btn = gr.Button("show", size="sm")
-                layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
+                layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer")  # only the listed layers
                 head = gr.Dropdown([0], value=0, label="head (four stages)", elem_id="head")  # the layer's heads
                 mean_steps = gr.Checkbox(False, label="maps: averaged over every step of the chain (one U-Net call per step)")
             with gr.Column(scale=2):
@@ -158,7 +158,8 @@ def _heads_tab(c: SimpleNamespace) -> None:
         with gr.Row():
             with gr.Column(scale=1):
                 stats_run = gr.Button("Compute statistics", variant="primary", elem_id="stats-run")
-                off_layers = gr.Dropdown([], multiselect=True, label="layers to switch off", elem_id="off-layers")
+                off_layers = gr.Dropdown([], multiselect=True, label="layers to switch off", elem_id="off-layers",
+                                         info="listed once the statistics are computed")
                 off_heads = gr.Textbox("all", label="heads to switch off (all, or e.g. 0,2)", elem_id="off-heads")
                 off_run = gr.Button("Switch off and regenerate (same seed)", elem_id="off-run")
             with gr.Column(scale=2):
