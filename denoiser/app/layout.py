@@ -135,7 +135,9 @@ def _attention_tab(c: SimpleNamespace) -> None:
                     py = gr.Number(value=0, precision=0, minimum=0, label="pixel y")
                     px = gr.Number(value=0, precision=0, minimum=0, label="pixel x")
                     show_btn = gr.Button("show", size="sm")
-                layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer")  # only the listed layers
+                # custom values allowed: a session's API call may name a layer before its page has listed any (the handlers
+                # refuse one that is not a layer of the generation, in words: handlers._layer_index)
+                layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
                 head = gr.Dropdown([0], value=0, label="head (four stages)", elem_id="head")  # the layer's heads
                 mean_steps = gr.Checkbox(False, label="maps: averaged over every step of the chain (one U-Net call per step)")
             with gr.Column(scale=2):
