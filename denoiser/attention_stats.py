@@ -196,12 +196,13 @@ def stats_chart(rows: Sequence[LayerStats], panel_size: tuple[int, int] = (480, 
 
         draw.text((left, oy + 4), title, fill="black", font=_font(16))
         draw.rectangle([left, oy + top, PW - right, oy + PH - bottom], outline="black")
-        for frac in (0.0, 0.5, 1.0):
-            v = lo + frac * (hi - lo)
-            draw.text((2, px(0, v)[1] - 8), f"{v:.3g}", fill="black", font=_font(14))
-        for i, t in enumerate(ts):
-            x, _ = px(i, lo)
-            draw.text((x - 10, oy + PH - bottom + 3), str(t), fill="black", font=_font(14))
+        for frac in (0.0, 0.5, 1.0):  # right-aligned against the axis
+            v, font = lo + frac * (hi - lo), _font(14)
+            draw.text((left - 4 - draw.textlength(f"{v:.3g}", font=font), px(0, v)[1] - 8), f"{v:.3g}", fill="black", font=font)
+        for i, t in enumerate(ts):  # centred on their points; the first and last kept inside the plot's width, clear
+            x, width = px(i, lo)[0], draw.textlength(str(t), font=_font(14))  # of the y labels
+            x = min(max(x - width / 2, left), PW - right - width)
+            draw.text((x, oy + PH - bottom + 3), str(t), fill="black", font=_font(14))
         draw.text((PW // 2 - 30, oy + PH - 19), "timestep t", fill="gray", font=_font(14))
         for li, layer in enumerate(layers):
             by_t = {r.timestep: value(r) for r in layer_rows if r.layer == layer}

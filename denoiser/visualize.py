@@ -70,18 +70,32 @@ def _to_pil(x: torch.Tensor, scale: int) -> Image.Image:
     return img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
 
 
-def tiles_image(rows: Sequence[Sequence[tuple[str, torch.Tensor]]], scale: int, label_h: int = 18, pad: int = 4) -> Image.Image:
-    """Labelled (3, S, S) tiles in [0, 1], one list per row, upscaled by `scale` (nearest)."""
+def _wrap(label: str, width: float, font) -> list[str]:
+    """`label` in lines no wider than `width` where its words allow (a label never runs into its neighbour's)."""
+    lines: list[str] = []
+    for word in label.split(" "):
+        if lines and ImageDraw.Draw(Image.new("1", (1, 1))).textlength(f"{lines[-1]} {word}", font=font) <= width:
+            lines[-1] = f"{lines[-1]} {word}"
+        else:
+            lines.append(word)
+    return lines
+
+
+def tiles_image(rows: Sequence[Sequence[tuple[str, torch.Tensor]]], scale: int, line_h: int = 13, pad: int = 4) -> Image.Image:
+    """Labelled (3, S, S) tiles in [0, 1], one list per row, upscaled by `scale` (nearest); a label wider than its
+    tile takes more lines."""
     S = rows[0][0][1].shape[-1]
-    tile = S * scale
+    tile, font = S * scale, _font(11)
     cols = max(len(r) for r in rows)
+    labels = [[_wrap(label, tile, font) for label, _ in row] for row in rows]
+    label_h = line_h * max(len(lines) for row in labels for lines in row) + 5
     panel = Image.new("RGB", (cols * (tile + pad) + pad, len(rows) * (tile + label_h + pad) + pad), "white")
     draw = ImageDraw.Draw(panel)
     for r, row in enumerate(rows):
         y0 = pad + r * (tile + label_h + pad)
-        for c, (label, t) in enumerate(row):
+        for c, (_, t) in enumerate(row):
             x0 = pad + c * (tile + pad)
-            draw.text((x0, y0), label, fill="black", font=_font(11))
+            draw.multiline_text((x0, y0), "\n".join(labels[r][c]), fill="black", font=font, spacing=line_h - 11)
             panel.paste(_to_pil(t, scale), (x0, y0 + label_h))
     return panel
 

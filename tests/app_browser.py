@@ -18,7 +18,8 @@ from denoiser.model_dir import WEIGHTS_DIR
 from denoiser.pipeline import save_pipeline
 from tests.conftest import TINY
 
-__all__ = ["CHROMIUM", "BROWSER_ARGS", "browser_page", "screenshots", "free_port", "weights", "demo", "server"]
+__all__ = ["CHROMIUM", "BROWSER_ARGS", "browser_page", "screenshots", "free_port", "choose", "no_errors", "weights", "demo",
+           "server"]
 
 CHROMIUM = "/usr/bin/chromium"
 BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
@@ -49,6 +50,39 @@ def browser_page(server: str, height: int = 900):
             yield page
         finally:
             browser.close()
+
+
+def choose(page, elem_id: str, index: int) -> str:
+    """Open a dropdown and click its option `index`; the option's text."""
+    page.locator(f"#{elem_id} input").click()
+    option = page.locator(f"#{elem_id}").get_by_role("option").nth(index)
+    text = option.inner_text().replace("✓", "").strip()
+    option.click()
+    return text
+
+
+def no_errors(page) -> None:
+    """No error toast and no red "Error" badge anywhere on the page. Gradio's screen-reader live region (a 1-pixel
+    `.sr-only` status at the page's root) is not one: it announces each event's status for a second, and after
+    Stop it can announce the cancelled run as "Error" (Gradio's client, not a handler: no toast, no badge, no
+    server traceback; seen in CI under load). What a person sees is checked here."""
+    # one pass over the page (the live region's text lasts a second): each innermost element whose text is "Error",
+    # with its owner (the nearest id, or the toast and its text), what surrounds it, and its tags and classes
+    found = page.evaluate("""() => [...document.querySelectorAll('body *')]
+        .filter(e => e.textContent.trim() === 'Error' && ![...e.children].some(c => c.textContent.trim() === 'Error'))
+        .filter(e => !e.closest('.sr-only'))
+        .map(e => {
+            const toast = e.closest('[class*=toast-item], [class*=toast-body]');
+            const path = [];
+            for (let n = e; n && path.length < 8; n = n.parentElement)
+                path.push(n.tagName.toLowerCase() + (n.className ? '.' + String(n.className).trim().split(/\\s+/).join('.') : ''));
+            return {owner: e.closest('[id]') ? e.closest('[id]').id : (toast ? 'toast: ' + toast.innerText : '?'),
+                    shown: e.closest('.block, .toast-body, div').parentElement.innerText.slice(0, 200),
+                    path: path.join(' < ')};
+        })""")
+    owners, shown, paths = ([f[k] for f in found] for k in ("owner", "shown", "path"))
+    assert not shown, f"an error is shown on {owners}: {shown}; at {paths}"
+    assert page.get_by_text("didn't return enough output values").count() == 0
 
 
 def free_port() -> int:

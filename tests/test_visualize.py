@@ -33,3 +33,17 @@ def test_chart_axes_are_scaled_to_their_data():
     assert 0.88 < lo < 0.90 and 0.95 < hi < 0.96
     lo, hi = axis_range([2.0, 2.0])  # one value: a small band around it
     assert lo < 2.0 < hi and hi - lo < 0.5
+
+
+def test_tile_labels_stay_over_their_own_tile():
+    """Issue 41 item 14: "down.1.attn.0 (16x16)" ran into its neighbour's "mean of heads"; a long label now wraps,
+    so the gap between two tiles stays white from the labels down to the pictures."""
+    from denoiser.visualize import tiles_image
+
+    white = torch.ones(3, 16, 16)
+    for label in ("down.1.attn.0 (16x16)", "up.0.attn.2 (8x8) averaged over the steps"):
+        panel = np.asarray(tiles_image([[(label, white), ("mean of heads", white)]], scale=6))
+        tile, pad = 16 * 6, 4
+        gap = panel[:, pad + tile : pad + tile + pad]  # between the two tiles, every row
+        assert (gap == 255).all(), f"{label!r} runs into the next tile's label"
+        assert (panel[:pad + 13, pad : pad + tile] < 128).any()  # the label is drawn (its first line)

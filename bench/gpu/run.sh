@@ -55,6 +55,6 @@ train() {  # name minutes max_steps num_fid_samples
 CONFIG_emoji=${CONFIG_emoji:-configs/emoji32.yaml}  # the shipped emoji model is the 32x32 one
 mkdir -p /tmp/runs
 train cifar10 "$2" "$3" "$4"
-train emoji "$5" "$6" "$7"
+[ "$5" = 0 ] || train emoji "$5" "$6" "$7"  # EMOJI_MIN 0: cifar10 alone (the tree then travels without the emoji data)
 log "done"
 ls -la "$OUT"

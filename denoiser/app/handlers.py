@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw
 from denoiser.app.budget import plan_work
 from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Stages
 from denoiser.app.kept import recall, remember
-from denoiser.app.streaming import friendly, relay, stream, user_error
+from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
 from denoiser.image_io import read_settings, save_with_settings, to_pil
 from denoiser.request import BUILT_IN
 
@@ -210,11 +210,14 @@ class Handlers:
     def generate(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0,
                  timestep_spacing=MODELS_OWN, eta=0.0, guidance_interval="", pag_layers="", progress=gr.Progress()):
         """The Sample tab's Generate (the form as _sample_form reads it)."""
-        try:
+        try:  # the request checked before any work (the engine checks it again): a refusal is a message, not a failure
             form = self._sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale,
                                      guide_scale, timestep_spacing, eta, guidance_interval, pag_layers)
+            plan_work(self.engine.sample_plan(model, **form)).check()
         except Exception as err:  # noqa: BLE001
-            raise user_error(err) from None
+            error = user_error(err)
+            yield (*(gr.skip(),) * 12, not_started(error.message))  # the page's status line says why...
+            raise error from None  # ... and an API caller gets the error (the page shows it as a toast that stays)
         label = form["class_label"]
 
         def job(on_step):
@@ -250,10 +253,10 @@ class Handlers:
     def select_result(evt: gr.SelectData) -> int:
         return int(evt.index)
 
-    @staticmethod
-    def use_settings(gallery, selected) -> tuple:
+    def use_settings(self, gallery, selected) -> tuple:
         """The Sample tab's form refilled from the selected result's PNG (its settings; the first result when none
-        is selected): SETTINGS_FORM's fields (the advanced ones too), and a line saying so."""
+        is selected): SETTINGS_FORM's fields (the advanced ones too; the class among its model's choices), and a
+        line saying so."""
         items = list(gallery or [])
         if not items:
             return (*(gr.skip(),) * len(SETTINGS_FORM), "generate first: the settings are read from a result")
@@ -264,7 +267,10 @@ class Handlers:
             return (*(gr.skip(),) * len(SETTINGS_FORM), "this result carries no settings")
         values = {k: s.get(k, default) for k, default in SETTINGS_FORM.items()}  # older results lack the advanced ones
         values["class"] = values["class"] or NO_CLASS
-        return (*(gr.update(value=v) for v in values.values()), f"settings of {path.name} restored: press Generate")
+        updates = {k: gr.update(value=v) for k, v in values.items()}
+        names = self._class_names(values["model"])  # "(any)" stays what it was: the result was made without a class
+        updates["class"] = gr.update(choices=[NO_CLASS] + names, value=values["class"], visible=bool(names))
+        return (*updates.values(), f"settings of {path.name} restored: press Generate")
 
     @staticmethod
     def stopped(status: str | None) -> str:

@@ -20,7 +20,17 @@ from denoiser.request import TIMESTEP_SPACINGS
 __all__ = ["build_app", "LAUNCH"]
 
 # a model's images are 16-64 pixels: enlarged in the galleries, each pixel stays a sharp square
-CSS = "#gallery img, #earlier img, #edit-result img, #preview img { image-rendering: pixelated; }"
+# the status lines say in words what happened (a refusal, a stop); Gradio's own red "Error" pill over them would
+# repeat the toast over stale text, so it is not drawn there
+# on a phone the Sample tab's two columns stack: Generate, its status and the live preview first, then the model, class
+# and sliders, then the results (the results column is dissolved into the row so its pieces can take that order)
+CSS = ("#gallery img, #earlier img, #edit-result img, #preview img { image-rendering: pixelated; }\n"
+       "#status .error, #edit-status .error { display: none; }\n"
+       "@media (max-width: 700px) { #sample-main { display: contents; } #sample-main > * { flex: 1 1 100%; }\n"
+       "  #sample-settings { order: 1; } #gallery, #use-settings, #earlier, #use-earlier { order: 2; } }")
+# a "try these" row was clicked far below: bring Generate's status line and live preview into view
+SHOW_RUN = ("() => { document.querySelector('#generate').scrollIntoView({block: 'start', behavior: 'instant'}); "
+            "window.scrollBy(0, -24); }")
 # launch() settings every server of this app uses: uploads (a photo on the Edit tab) of at most 25 MB, what a
 # phone or camera writes; image_io then refuses more than 50 megapixels before decoding
 # show_error: Gradio's own input validation (e.g. a raw API call with steps: null) reaches the client as its
@@ -64,7 +74,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
     with gr.Tab("Sample"):
         with gr.Row():
             # first (left; on a phone, on top): Generate, Stop, the progress and the live preview stay together
-            with gr.Column(scale=2):
+            with gr.Column(scale=2, elem_id="sample-main"):
                 run, stop, status = run_controls("Generate", "generate", "stop", "status")
                 preview = gr.Image(label="denoising: the predicted clean image (x₀) so far", format="png", type="pil", interactive=False,
                                    elem_id="preview", height=280)
@@ -78,7 +88,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                                      object_fit="contain", type="filepath", interactive=False)
                 use_earlier = gr.Button("use these settings (the selected earlier result's)", size="sm",
                                         elem_id="use-earlier", visible=False)
-            with gr.Column(scale=1):
+            with gr.Column(scale=1, elem_id="sample-settings"):
                 model = gr.Dropdown(models, value=default, label="model", info="each is a trained model folder (weights/)")
                 scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
                 steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps",
@@ -179,11 +189,11 @@ def _heads_tab(c: SimpleNamespace) -> None:
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
     # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
-    # settings" or a "try these" row (.change only) keeps what it was given, the class choices following the model
+    # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
+    # .change of the model would race it: it reads the class shown before the row's arrived)
     model_form = [c.class_name, c.guidance, c.scheduler, c.steps, c.pag, c.guide_w]
     app.load(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
-    c.model.change(h.sample_class_choices, [c.model, c.class_name], c.class_name, api_name=False)
     c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
     c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers],
                       concurrency_limit=1, concurrency_id="sampling", api_name="heads")
@@ -210,8 +220,10 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     generating = c.run.click(h.generate, sample_inputs, sample_outputs, api_name="generate", **sampling)
     runs = [generating]
     if c.sample_examples is not None:  # a "try these" row fills the form, then generates as Generate does
-        runs.append(c.sample_examples.load_input_event.then(h.generate, sample_inputs, sample_outputs, api_name=False,
-                                                            **sampling))
+        filled = c.sample_examples.load_input_event
+        filled.then(None, js=SHOW_RUN)  # the row's table is below: the status line and the preview come into view
+        runs.append(filled.then(h.sample_class_choices, [c.model, c.class_name], c.class_name, api_name=False, queue=False)
+                    .then(h.generate, sample_inputs, sample_outputs, api_name=False, **sampling))
     # a finished run's results join the ones kept in the browser; a reload shows those again
     earlier = [c.earlier, c.use_earlier]
     for run in runs:

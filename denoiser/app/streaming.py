@@ -23,7 +23,7 @@ from denoiser.fast import malloc
 from denoiser.image_io import to_pil
 from denoiser.model_dir import model_roots
 
-__all__ = ["STOPPING", "Cancelled", "progress_text", "stream", "relay", "user_error", "friendly"]
+__all__ = ["STOPPING", "Cancelled", "progress_text", "stream", "relay", "user_error", "not_started", "friendly"]
 
 log = logging.getLogger("denoiser.app")
 HEARTBEAT_S = 0.5  # longest wait between yields of a running generation (how soon a cancel is seen)
@@ -134,6 +134,11 @@ def user_error(err: BaseException) -> gr.Error:
         log.error("failed: %s", text, exc_info=err)
     # duration None: the message stays until closed, not 10 s (the pictures it is about stay shown too)
     return gr.Error(html.escape(text, quote=False), duration=None, print_exception=False)
+
+
+def not_started(message: str) -> str:
+    """The status line for a request refused before any work: why, and that the pictures shown are older."""
+    return f"**not started**: {message} (the results shown are from the run before, if any)"
 
 
 def friendly(handler):
