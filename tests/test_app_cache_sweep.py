@@ -75,3 +75,46 @@ def test_the_app_is_built_sweep_safe(tmp_path):
     assert len(components) > 50
     for block in components:  # the files a component writes are in a set the sweep walks
         assert any(s is block.temp_files for s in app.temp_file_sets), block
+
+
+def _picture(colour=(10, 20, 30)):
+    from PIL import Image
+
+    return Image.new("RGB", (8, 8), colour)
+
+
+def test_gradio_rewrites_a_cached_picture_in_place(tmp_path):
+    # the reason whole_files exists: the same picture returned twice is written again into the file an earlier
+    # response may still be reading (same inode, written anew); should Gradio stop, this fails and whole_files can go
+    import time
+
+    from denoiser.app import cache_sweep
+
+    first = cache_sweep._gradio_save_pil(_picture(), str(tmp_path))
+    before = os.stat(first)
+    time.sleep(0.02)
+    assert cache_sweep._gradio_save_pil(_picture(), str(tmp_path)) == first
+    after = os.stat(first)
+    assert after.st_ino == before.st_ino and after.st_mtime_ns != before.st_mtime_ns
+
+
+def test_whole_files_writes_a_picture_once_and_a_new_one_by_rename(tmp_path):
+    import time
+
+    from gradio import processing_utils
+
+    from denoiser.app.cache_sweep import whole_files
+
+    whole_files()
+    save = processing_utils.save_pil_to_cache  # what Gradio's components call from now on
+    first = save(_picture(), str(tmp_path), format="png")
+    with open(first, "rb") as reader:  # a response that has begun serving it
+        before = os.stat(first)
+        time.sleep(0.02)
+        assert save(_picture(), str(tmp_path), format="png") == first  # the same picture: the same file, untouched
+        assert os.stat(first).st_mtime_ns == before.st_mtime_ns and reader.read() == open(first, "rb").read()
+    other = save(_picture((200, 0, 0)), str(tmp_path), format="png")
+    assert other != first and os.path.getsize(other) > 0
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]  # written beside, then renamed into place
+    image = gr.Image(format="png").postprocess(_picture((0, 90, 0)))  # a component's own call reaches it
+    assert os.path.isfile(image.path)

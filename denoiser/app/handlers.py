@@ -38,6 +38,7 @@ SETTINGS_FORM = {"model": None, "scheduler": None, "steps": None, "seed": None, 
                  "eta": 0.0, "guidance_interval": "", "pag_layers": ""}
 STOP_SETTLE_S = 0.5  # after Stop, the status line is written this long after the cancel
 FEW_STEPS = 10  # sampling with fewer steps than this leaves visible noise (DDIM on the shipped models)
+NO_GENERATION = "generate images first (Sample tab), or run the Edit tab: this view is of a generation"
 RUNNING = ("denoising", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 
 
@@ -123,6 +124,13 @@ def _layer_index(layer, count: int) -> int:
     if not 0 <= index < count:
         raise ValueError(f"layer {str(layer)[:40]!r} is not one of this generation's {count} attention layers: pick one from the list")
     return index
+
+
+def _generation(gen):
+    """The session's generation, or the one refusal every view of it gives before there is one (NO_GENERATION)."""
+    if gen is None:
+        raise ValueError(NO_GENERATION)
+    return gen
 
 
 def _parse_heads(text) -> list[int] | None:
@@ -304,8 +312,7 @@ class Handlers:
 
     @friendly
     def at_pixel(self, gen, image, step, y, x, layer, head, mean_steps=False):
-        if gen is None:
-            raise gr.Error("generate images first (Sample tab)")
+        _generation(gen)
         pixel = (y, x)
         try:
             if mean_steps:
@@ -320,8 +327,7 @@ class Handlers:
 
     @friendly
     def click(self, gen, image, step, layer, head, mean_steps, evt: gr.SelectData):
-        if gen is None:
-            raise gr.Error("generate images first (Sample tab)")
+        _generation(gen)
         y, x = click_to_pixel(evt.index, gen.images.shape[-1])
         return self.at_pixel(gen, image, step, y, x, layer, head, mean_steps)
 
@@ -384,15 +390,14 @@ class Handlers:
     @friendly
     def head_stats(self, gen, image):
         if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
-            gr.Warning("generate images first (Sample tab): the statistics are of a generated image")
+            gr.Warning(NO_GENERATION)
             return gr.skip(), gr.skip(), gr.skip()
         rows, chart = self.engine.head_table(gen, image)
         return chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows)))
 
     def switch_off(self, gen, layers, heads, progress=gr.Progress()):
         try:
-            if gen is None:
-                raise ValueError("generate images first (Sample tab)")
+            _generation(gen)
             head_ids = _parse_heads(heads)
         except Exception as err:  # noqa: BLE001
             raise user_error(err) from None

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from denoiser.app.cache_sweep import sweep_safe
+from denoiser.app.cache_sweep import sweep_safe, whole_files
 from denoiser.app.controls import keep, run_controls
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import LIMITS, SCHEDULERS, Engine
@@ -65,6 +65,7 @@ def build_app(engine: Engine) -> gr.Blocks:
         _attention_tab(c)
         _heads_tab(c)
         _wire(app, h, c)
+    whole_files()  # a picture returned again is not rewritten under a response still serving it
     return sweep_safe(app)  # the delete_cache sweep above survives files added while it runs
 
 
