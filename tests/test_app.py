@@ -358,7 +358,8 @@ def _other_layer_and_head_then_mean(page) -> None:
     page.locator("#head").get_by_role("option").nth(len(heads) - 1).click()
     stage_text.get_by_text(f"{layer}, head {head}").wait_for(timeout=30_000)
     before = page.locator("#maps img").get_attribute("src")
-    page.get_by_text("averaged over every step").click()
+    page.locator("#mean-run").click()  # issue 41 item 7: a job with its progress line and Stop
+    page.locator("#mean-status").get_by_text("averaged over all").wait_for(timeout=60_000)
     page.wait_for_function(f"() => document.querySelector('#maps img') && document.querySelector('#maps img').src !== {before!r}",
                            timeout=60_000)
     page.wait_for_timeout(500)

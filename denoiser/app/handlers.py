@@ -39,7 +39,7 @@ SETTINGS_FORM = {"model": None, "scheduler": None, "steps": None, "seed": None, 
 STOP_SETTLE_S = 0.5  # after Stop, the status line is written this long after the cancel
 FEW_STEPS = 10  # sampling with fewer steps than this leaves visible noise (DDIM on the shipped models)
 NO_GENERATION = "generate images first (Sample tab), or run the Edit tab: this view is of a generation"
-RUNNING = ("denoising", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
+RUNNING = ("denoising", "averaging", "measuring", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 
 
 def guidance_info(interval=None) -> str:
@@ -311,14 +311,12 @@ class Handlers:
                 gr.update(choices=list(range(records[0].num_heads)), value=0))
 
     @friendly
-    def at_pixel(self, gen, image, step, y, x, layer, head, mean_steps=False):
+    def at_pixel(self, gen, image, step, y, x, layer, head):
+        """The views of one pixel at one step: the clickable image marked, every layer's maps, the four stages."""
         _generation(gen)
         pixel = (y, x)
         try:
-            if mean_steps:
-                maps = self.engine.mean_attention_maps(gen, image, pixel)
-            else:
-                maps = self.engine.attention_maps(gen, image, step, pixel)
+            maps = self.engine.attention_maps(gen, image, step, pixel)
             stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head or 0)
         except ValueError as err:
             raise user_error(err) from None
@@ -326,20 +324,37 @@ class Handlers:
         return (y, x), y, x, _display(gen, int(image), (y, x)), maps, stages, stages_text(numbers)
 
     @friendly
-    def click(self, gen, image, step, layer, head, mean_steps, evt: gr.SelectData):
+    def click(self, gen, image, step, layer, head, evt: gr.SelectData):
         _generation(gen)
         y, x = click_to_pixel(evt.index, gen.images.shape[-1])
-        return self.at_pixel(gen, image, step, y, x, layer, head, mean_steps)
+        return self.at_pixel(gen, image, step, y, x, layer, head)
 
     @friendly
-    def refresh(self, gen, image, step, pixel, layer, head, mean_steps=False):
+    def refresh(self, gen, image, step, pixel, layer, head):
         """Every view at the current (image, step, pixel): the clickable image, the maps, the four stages."""
         if gen is None:
             return None, None, None, ""
         if pixel is None:
             return _display(gen, int(image), None), None, None, ""
-        return self.at_pixel(gen, image, step, pixel[0], pixel[1], layer, head, mean_steps)[3:]
+        return self.at_pixel(gen, image, step, pixel[0], pixel[1], layer, head)[3:]
 
+    def mean_maps(self, gen, image, pixel, progress=gr.Progress()):
+        """The clicked pixel's maps averaged over every step of the chain: long work (one UNet call per step), so a
+        job like Generate (the one-job queue, the work budget, progress, Stop). Outputs: maps, status line."""
+        try:
+            _generation(gen)
+            if pixel is None:
+                raise ValueError("click a pixel of the image first: the maps are of that pixel")
+        except Exception as err:  # noqa: BLE001
+            error = user_error(err)
+            yield gr.skip(), not_started(error.message)
+            raise error from None
+
+        def job(on_step):
+            return self.engine.mean_attention_maps(gen, image, pixel, on_step=on_step)
+
+        maps = yield from relay(stream(job, progress, "averaging"), 2, lambda preview: gr.skip(), status=True)
+        yield maps, f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} steps"
     def model_defaults(self, model):
         """(its sampling.json, whether it ships a guide) of the chosen model; none for a broken folder."""
         try:
@@ -387,13 +402,20 @@ class Handlers:
         scale = d.get("guidance_scale", 1.0) if class_name not in (None, "", NO_CLASS) else 1.0
         return gr.update(value=scale, info=guidance_info(d.get("guidance_interval")))
 
-    @friendly
-    def head_stats(self, gen, image):
+    def head_stats(self, gen, image, progress=gr.Progress()):
+        """The Heads tab's statistics of one generated image: long work (a UNet call per noise level, layer and head),
+        so a job like Generate. Outputs: chart, table, the layers to switch off, status line."""
         if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
             gr.Warning(NO_GENERATION)
-            return gr.skip(), gr.skip(), gr.skip()
-        rows, chart = self.engine.head_table(gen, image)
-        return chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows)))
+            yield gr.skip(), gr.skip(), gr.skip(), NO_GENERATION
+            return
+
+        def job(on_step):
+            return self.engine.head_table(gen, image, on_step=on_step)
+
+        rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
+        yield (chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows))),
+               f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} noise levels")
 
     def switch_off(self, gen, layers, heads, progress=gr.Progress()):
         try:

@@ -25,7 +25,7 @@ __all__ = ["build_app", "LAUNCH"]
 # on a phone the Sample tab's two columns stack: Generate, its status and the live preview first, then the model, class
 # and sliders, then the results (the results column is dissolved into the row so its pieces can take that order)
 CSS = ("#gallery img, #earlier img, #edit-result img, #preview img { image-rendering: pixelated; }\n"
-       "#status .error, #edit-status .error { display: none; }\n"
+       "#status .error, #edit-status .error, #mean-status .error, #stats-status .error { display: none; }\n"
        "@media (max-width: 700px) { #sample-main { display: contents; } #sample-main > * { flex: 1 1 100%; }\n"
        "  #sample-settings { order: 1; } #gallery, #use-settings, #earlier, #use-earlier { order: 2; } }")
 # a "try these" row was clicked far below: bring Generate's status line and live preview into view
@@ -150,7 +150,9 @@ def _attention_tab(c: SimpleNamespace) -> None:
                 # refuse one that is not a layer of the generation, in words: handlers._layer_index)
                 layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
                 head = gr.Dropdown([0], value=0, label="head (four stages)", elem_id="head")  # the layer's heads
-                mean_steps = gr.Checkbox(False, label="maps: averaged over every step of the chain (one U-Net call per step)")
+                # long work (one U-Net call per step): a job of its own, with progress and Stop
+                mean_run, mean_stop, mean_status = run_controls("average the maps over every step", "mean-run",
+                                                                "mean-stop", "mean-status")
             with gr.Column(scale=2):
                 # titles above the images: a floating label would cover the first row's layer names
                 gr.Markdown("**Attention of the clicked pixel**: one row per layer, mean of heads, then each head")
@@ -170,7 +172,8 @@ def _heads_tab(c: SimpleNamespace) -> None:
                     "output changes when the layer or head is switched to identity attention.")
         with gr.Row():
             with gr.Column(scale=1):
-                stats_run = gr.Button("Compute statistics", variant="primary", elem_id="stats-run")
+                stats_run, stats_stop, stats_status = run_controls("Compute statistics", "stats-run", "stats-stop",
+                                                                   "stats-status")
                 off_layers = gr.Dropdown([], multiselect=True, label="layers to switch off", elem_id="off-layers",
                                          info="listed once the statistics are computed")
                 off_heads = gr.Textbox("all", label="heads to switch off (all, or e.g. 0,2)", elem_id="off-heads")
@@ -196,8 +199,9 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     app.load(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
-    c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers],
-                      concurrency_limit=1, concurrency_id="sampling", api_name="heads")
+    heads = c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers,
+                              c.stats_status], api_name="heads", concurrency_limit=1, concurrency_id="sampling",
+                              show_progress_on=[c.stats_status])
     c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text],
                     concurrency_limit=1, concurrency_id="sampling", api_name="switch_off")
     work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.scheduler, c.spacing, c.interval,
@@ -232,21 +236,24 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     app.load(h.kept_results, c.kept, earlier, api_name=False)
     c.earlier.select(h.select_result, None, c.earlier_selected, api_name=False)
     c.use_earlier.click(h.use_settings, [c.earlier, c.earlier_selected], [*form, c.status], api_name=False)
-    wire_edit(app, h, c, cleared)
+    editing = wire_edit(app, h, c, cleared)  # the Edit tab's Run (its Stop below cancels it)
     # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), streaming.stream then stops the
     # worker after the UNet call in progress and frees the sampling slot
     # the status line then says where it stopped and what the pictures shown are
     # (after the cancel has landed: that update also clears the cancelled run's error state from the status line)
-    for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [c.editing])):
+    averaging = c.mean_run.click(h.mean_maps, [c.gen_state, c.image_idx, c.pixel_state], [c.maps, c.mean_status],
+                                 api_name="mean_maps", concurrency_limit=1, concurrency_id="sampling",
+                                 show_progress_on=[c.mean_status])
+    for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [editing]),
+                               (c.mean_stop, c.mean_status, [averaging]), (c.stats_stop, c.stats_status, [heads])):
         button.click(None, None, None, cancels=jobs, api_name=False).then(
             h.stopped, line, line, api_name=False, show_progress="hidden")
     pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]
-    views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head, c.mean_steps]
+    views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
     c.image_idx.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False)
     c.step.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name="refresh")
-    c.mean_steps.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False)
-    c.clickable.select(h.click, [c.gen_state, c.image_idx, c.step, c.layer, c.head, c.mean_steps], pixel_outputs, api_name=False)
-    c.show_btn.click(h.at_pixel, [c.gen_state, c.image_idx, c.step, c.py, c.px, c.layer, c.head, c.mean_steps],
+    c.clickable.select(h.click, [c.gen_state, c.image_idx, c.step, c.layer, c.head], pixel_outputs, api_name=False)
+    c.show_btn.click(h.at_pixel, [c.gen_state, c.image_idx, c.step, c.py, c.px, c.layer, c.head],
                      pixel_outputs, api_name="attention")
     stage_inputs = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
     # another layer: its stages, and the head selector offers its heads; another head: its stages

@@ -1,0 +1,64 @@
+"""The Attention and Heads tabs' long work as jobs (issue 41 item 7): the maps averaged over every step and the
+Heads statistics run through the one-job path (streaming.stream): progress with a step count, Stop, the budget."""
+
+from __future__ import annotations
+
+import pytest
+
+gr = pytest.importorskip("gradio")
+
+from denoiser.app.engine import Engine  # noqa: E402
+from denoiser.app.handlers import Handlers  # noqa: E402
+
+
+def _run(gen_fn):
+    """Every update a generator handler yields, until it ends."""
+    return list(gen_fn)
+
+
+def test_the_averaged_maps_are_a_job_with_progress_and_a_result_line(weights):
+    h = Handlers(Engine(weights))
+    gen = h.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=2)
+    updates = _run(h.mean_maps(gen, 1, (3, 4), progress=lambda *a, **k: None))
+    texts = [u[1] for u in updates if isinstance(u[1], str)]
+    assert any(t.startswith("averaging: step") for t in texts)  # progress with its step count
+    maps, last = updates[-1]
+    assert last == "done: the maps of pixel (y 3, x 4) averaged over all 6 steps"
+    assert maps.size == h.engine.mean_attention_maps(gen, 1, (3, 4)).size
+
+
+def test_the_averaged_maps_need_a_pixel_and_say_so_on_their_line(weights):
+    h = Handlers(Engine(weights))
+    gen = h.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
+    run = h.mean_maps(gen, 0, None, progress=lambda *a, **k: None)
+    skip, line = next(run)
+    assert line.startswith("**not started**: click a pixel of the image first")
+    with pytest.raises(gr.Error, match="click a pixel"):
+        next(run)  # an API caller gets the error too
+
+
+def test_the_heads_statistics_are_a_job_that_stops(weights):
+    from denoiser.app.streaming import stream
+
+    h = Handlers(Engine(weights))
+    gen = h.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
+    updates = _run(h.head_stats(gen, 0, progress=lambda *a, **k: None))
+    assert any(isinstance(u[3], str) and u[3].startswith("measuring: step") for u in updates)
+    chart, rows, layers, line = updates[-1]
+    assert line.startswith("done:") and rows and layers["choices"]
+    # Stop: the page closes the handler at a yield; the worker stops at its next UNet call and is joined
+    import time
+
+    full: list = []
+    h.engine.head_table(gen, 0, on_step=lambda *a: full.append(1))
+
+    def slow(on_step):  # each UNet call takes 50 ms longer, so the close comes mid-way
+        return h.engine.head_table(gen, 0, on_step=lambda *a: (calls.append(1), time.sleep(0.05), on_step(*a)))
+
+    calls: list = []
+    job = stream(slow, lambda *a, **k: None, "measuring")
+    next(job)
+    job.close()
+    stopped = len(calls)
+    time.sleep(0.3)
+    assert 0 < stopped < len(full) and len(calls) == stopped  # stopped mid-way, and nothing ran after the close
