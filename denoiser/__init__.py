@@ -14,7 +14,10 @@ from denoiser.registry import register_with_diffusers
 if TYPE_CHECKING:
     from denoiser.attention import (
         AttentionHead,
+        MultiHeadAttention,
+        MultiHeadCrossAttention,
         MultiHeadSelfAttention,
+        SpatialCrossAttention,
         SpatialSelfAttention,
         capture_attention,
         scaled_dot_product_attention,
@@ -26,7 +29,10 @@ if TYPE_CHECKING:
 # public name -> the module that defines it
 _EXPORTS = {
     "AttentionHead": "denoiser.attention",
+    "MultiHeadAttention": "denoiser.attention",
+    "MultiHeadCrossAttention": "denoiser.attention",
     "MultiHeadSelfAttention": "denoiser.attention",
+    "SpatialCrossAttention": "denoiser.attention",
     "SpatialSelfAttention": "denoiser.attention",
     "capture_attention": "denoiser.attention",
     "scaled_dot_product_attention": "denoiser.attention",
@@ -38,8 +44,11 @@ _EXPORTS = {
 __all__ = [
     "AttentionHead",
     "DenoiserPipeline",
+    "MultiHeadAttention",
+    "MultiHeadCrossAttention",
     "MultiHeadSelfAttention",
     "SampleRequest",
+    "SpatialCrossAttention",
     "SpatialSelfAttention",
     "UNet",
     "capture_attention",

@@ -14,11 +14,19 @@ torch's fused kernel on the fast path (`denoiser.fast` adds a CPU kernel for sma
 In the U-Net a (B, C, H, W) feature map becomes N = H·W pixel tokens of C values (Ho et al. 2020,
 the self-attention block of PixelCNN++/DDPM); heads split the C channels into h groups of d = C / h.
 
-`capture_attention(model)` records q and k of every attention call (O(N·d) memory, never the N×N
-matrix) without touching the computation, so any query pixel's exact weights can be rebuilt later.
+Cross-attention (Rombach et al. 2022, the conditioning of Latent/Stable Diffusion) is the same attention
+with a different stage (1): queries from the pixel tokens, keys and values from a prompt's L tokens
+(B, L, context_dim), projected to C channels. `MultiHeadAttention` holds what both share: the head split,
+stages (2)-(4) on either path, capture and the output projection; `MultiHeadSelfAttention` and
+`MultiHeadCrossAttention` are only their stage (1). Padding tokens (a key mask, True = attend) get weight
+zero; a prompt of nothing but padding attends nowhere, so its cross-attention adds nothing (its "no prompt").
 
-`identity_attention(model, layers)` is the one switch that turns chosen layers' (or heads') weights into
-the identity matrix: each pixel attends only to itself, so stages (2)-(4) return v. Perturbed-attention
+`capture_attention(model)` records q and k of every attention call (O(N·d) memory, never the N×N
+matrix) without touching the computation, so any query pixel's exact weights can be rebuilt later, and
+for a cross-attention layer any prompt token's map over the pixels (`AttentionRecord.token_map`).
+
+`identity_attention(model, layers)` is the one switch that turns chosen self-attention layers' (or heads')
+weights into the identity matrix: each pixel attends only to itself, so stages (2)-(4) return v. Perturbed-attention
 guidance (Ahn et al. 2024) and the attention ablations (denoiser.attention_stats) use it; `batch_start`
 perturbs only the batch rows from there on, so a guided step runs both passes in one batch.
 """
@@ -40,9 +48,13 @@ from denoiser.groupnorm import GroupNorm
 __all__ = [
     "scaled_dot_product_attention",
     "attention_scores",
+    "attention_weights",
     "AttentionHead",
+    "MultiHeadAttention",
     "MultiHeadSelfAttention",
+    "MultiHeadCrossAttention",
     "SpatialSelfAttention",
+    "SpatialCrossAttention",
     "AttentionRecord",
     "capture_attention",
     "identity_attention",
@@ -84,6 +96,19 @@ def attention_scores(
     return scores
 
 
+def attention_weights(scores: torch.Tensor, masked: bool = True) -> torch.Tensor:
+    """Stage (3): softmax over the keys (the last dim), so each query's weights sum to one.
+
+    A query whose keys are all masked (every score -inf) would get NaN: it gets zero weights instead.
+    masked=False says no score is -inf (no mask was applied), which skips that check.
+    """
+    weights = torch.softmax(scores, dim=-1)
+    if masked:
+        fully_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., L, 1)
+        weights = weights.masked_fill(fully_masked, 0.0)
+    return weights
+
+
 def scaled_dot_product_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -108,11 +133,8 @@ def scaled_dot_product_attention(
     q, k, v = _at_least_fp32(q), _at_least_fp32(k), _at_least_fp32(v)
     # (2) scaled scores, masked
     scores = attention_scores(q, k, attn_mask, is_causal, scale)  # (..., L, S)
-    # (3) softmax over keys; a fully masked row has max -inf and would give NaN: make it zero
-    weights = torch.softmax(scores, dim=-1)
-    if attn_mask is not None or is_causal:  # only a mask can hide every key of a row
-        fully_masked = torch.isneginf(scores).all(dim=-1, keepdim=True)  # (..., L, 1)
-        weights = weights.masked_fill(fully_masked, 0.0)
+    # (3) softmax over keys; only a mask can hide every key of a row
+    weights = attention_weights(scores, masked=attn_mask is not None or is_causal)
     # (4) weighted sum of the values
     out = weights @ v  # (..., L, d_v)
     if return_weights:
@@ -162,49 +184,51 @@ class AttentionHead(nn.Module):
         return scaled_dot_product_attention(q, k, v, return_weights=True)  # (2)-(4)
 
 
-def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Stages (2)-(4) on the fast path, (B, h, N, d) -> (B, h, N, d): torch's fused SDPA, or for CPU
+def fused_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Stages (2)-(4) on the fast path, (B, h, L, d), (B, h, S, d) -> (B, h, L, d): torch's fused SDPA, or for CPU
     inference with small heads the speed layer's kernel (`denoiser.fast.attention`), the same function."""
-    return fast_sdpa(q, k, v)
+    return fast_sdpa(q, k, v, attn_mask)
 
 
-class MultiHeadSelfAttention(nn.Module):
-    """Multi-head self-attention over tokens (B, N, C): fused qkv projection, h heads, output projection.
+def _num_heads(dim: int, num_heads: int | None, head_dim: int | None) -> int:
+    """The number of heads that split `dim` channels, from either count or head size (one head if neither)."""
+    if num_heads is None and head_dim is None:
+        num_heads = 1
+    if num_heads is None:
+        if head_dim <= 0 or dim % head_dim:
+            raise ValueError(f"head_dim must divide the channels, got head_dim={head_dim}, channels={dim}")
+        num_heads = dim // head_dim
+    elif head_dim is not None and num_heads * head_dim != dim:
+        raise ValueError(f"num_heads * head_dim must equal the channels: {num_heads} * {head_dim} != {dim}")
+    if num_heads <= 0 or dim % num_heads:
+        raise ValueError(f"num_heads must divide the channels, got num_heads={num_heads}, channels={dim}")
+    return num_heads
+
+
+class MultiHeadAttention(nn.Module):
+    """What every attention layer shares after stage (1): h heads over the C channels, stages (2)-(4) on the
+    fused or the readable path, capture, the identity switch, heads concatenated and the output projection.
 
     Head i uses channels [i·d, (i+1)·d) of each of q, k and v: exactly `num_heads` `AttentionHead`s
-    whose outputs are concatenated, then projected.
+    whose outputs are concatenated, then projected. Subclasses are stage (1): where q, k and v come from; each
+    builds its projections, then `proj` (the order of the random initialisation and of the state dict).
 
     fused_attn: True uses the fused path (`fused_attention`); False the readable reference. None (default) picks
     the faster correct path per device and dtype: the reference for CPU training in fp16/bf16,
     where torch's fused CPU backward is several times slower for short sequences, fused otherwise.
     """
 
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int | None = None,
-        head_dim: int | None = None,
-        bias: bool = True,
-        fused_attn: bool | None = None,
-    ) -> None:
+    kind = "self"  # "self": queries and keys are the same tokens; "cross": keys are a prompt's tokens
+
+    def __init__(self, dim: int, num_heads: int | None, head_dim: int | None, fused_attn: bool | None) -> None:
         super().__init__()
-        if num_heads is None and head_dim is None:
-            num_heads = 1
-        if num_heads is None:
-            if head_dim <= 0 or dim % head_dim:
-                raise ValueError(f"head_dim must divide the channels, got head_dim={head_dim}, channels={dim}")
-            num_heads = dim // head_dim
-        elif head_dim is not None and num_heads * head_dim != dim:
-            raise ValueError(f"num_heads * head_dim must equal the channels: {num_heads} * {head_dim} != {dim}")
-        if num_heads <= 0 or dim % num_heads:
-            raise ValueError(f"num_heads must divide the channels, got num_heads={num_heads}, channels={dim}")
         self.dim = dim
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.num_heads = _num_heads(dim, num_heads, head_dim)
+        self.head_dim = dim // self.num_heads
         self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
-        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
-        self.proj = nn.Linear(dim, dim, bias=bias)
 
     @property
     def _recorder(self):
@@ -218,28 +242,112 @@ class MultiHeadSelfAttention(nn.Module):
         low_precision = q.dtype in (torch.float16, torch.bfloat16)
         return not (q.device.type == "cpu" and low_precision and torch.is_grad_enabled())
 
+    def _attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        spatial_size: tuple[int, int] | None,
+        key_mask: torch.Tensor | None = None,
+        attend_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Stages (2)-(4) on every head, then the heads concatenated and projected.
+
+        q (B, h, L, d), k and v (B, h, S, d) -> (B, L, C). key_mask (B, S) bool, True = attend: what a capture
+        records; attend_mask (B, S): the mask the attention runs with (default: key_mask).
+        """
+        if self._recorder is not None:
+            self._recorder(q, k, self.scale, spatial_size, key_mask)
+        switch = _IDENTITY.get()
+        identity = None if switch is None else switch.get(self)
+        if identity is None:
+            out = self._attend(q, k, v, key_mask if attend_mask is None else attend_mask)  # (B, h, L, d)
+        else:
+            out = _identity_rows(self._attend, q, k, v, *identity)  # (B, h, L, d)
+        B, h, L, d = out.shape
+        out = out.transpose(1, 2).reshape(B, L, h * d)  # (B, L, C): heads concatenated
+        return self.proj(out)
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(2)-(4) on the fast or the readable path, (B, h, L, d), (B, h, S, d) -> (B, h, L, d)."""
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S): every head, every query
+        if self._use_fused(q):
+            return fused_attention(q, k, v, mask)
+        return scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+class MultiHeadSelfAttention(MultiHeadAttention):
+    """Multi-head self-attention over tokens (B, N, C): a fused qkv projection, then `MultiHeadAttention`."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int | None = None,
+        head_dim: int | None = None,
+        bias: bool = True,
+        fused_attn: bool | None = None,
+    ) -> None:
+        super().__init__(dim, num_heads, head_dim, fused_attn)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+        self.proj = nn.Linear(dim, dim, bias=bias)
+
     def forward(self, x: torch.Tensor, spatial_size: tuple[int, int] | None = None) -> torch.Tensor:
         B, N, C = x.shape
         h, d = self.num_heads, self.head_dim
         # (1) project to queries, keys and values in one matmul, then split the heads
         qkv = self.qkv(x).reshape(B, N, 3, h, d).permute(2, 0, 3, 1, 4)  # (3, B, h, N, d)
         q, k, v = qkv.unbind(0)  # each (B, h, N, d)
-        if self._recorder is not None:
-            self._recorder(q, k, self.scale, spatial_size)
-        switch = _IDENTITY.get()
-        identity = None if switch is None else switch.get(self)
-        if identity is None:
-            out = self._attend(q, k, v)  # (B, h, N, d)
-        else:
-            out = _identity_rows(self._attend, q, k, v, *identity)  # (B, h, N, d)
-        out = out.transpose(1, 2).reshape(B, N, C)  # (B, N, h·d): heads concatenated
-        return self.proj(out)
+        return self._attention(q, k, v, spatial_size)  # (B, N, C)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """(2)-(4) on the fast or the readable path, (B, h, N, d) -> (B, h, N, d)."""
-        if self._use_fused(q):
-            return fused_attention(q, k, v)
-        return scaled_dot_product_attention(q, k, v)
+
+class MultiHeadCrossAttention(MultiHeadAttention):
+    """Multi-head cross-attention: queries from tokens x (B, N, C), keys and values from `context` (B, L, context_dim).
+
+    key_mask (B, L) bool, True = attend (diffusers' encoder_attention_mask as bools): padding tokens get weight
+    zero. A row whose mask keeps no token (an empty prompt) attends nowhere: zero weights, and the layer's
+    output for it is zero, so a residual block around it passes its input through unchanged.
+    """
+
+    kind = "cross"
+
+    def __init__(
+        self,
+        dim: int,
+        context_dim: int,
+        num_heads: int | None = None,
+        head_dim: int | None = None,
+        bias: bool = True,
+        fused_attn: bool | None = None,
+    ) -> None:
+        super().__init__(dim, num_heads, head_dim, fused_attn)
+        self.context_dim = context_dim
+        self.q = nn.Linear(dim, dim, bias=bias)
+        self.kv = nn.Linear(context_dim, 2 * dim, bias=bias)
+        self.proj = nn.Linear(dim, dim, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+        spatial_size: tuple[int, int] | None = None,
+    ) -> torch.Tensor:
+        B, N, C = x.shape
+        L = context.shape[1]
+        h, d = self.num_heads, self.head_dim
+        # (1) queries from the pixels, keys and values from the prompt's tokens, heads split as in self-attention
+        q = self.q(x).reshape(B, N, h, d).transpose(1, 2)  # (B, h, N, d)
+        kv = self.kv(context).reshape(B, L, 2, h, d).permute(2, 0, 3, 1, 4)  # (2, B, h, L, d)
+        k, v = kv.unbind(0)  # each (B, h, L, d)
+        if key_mask is None:
+            return self._attention(q, k, v, spatial_size)  # (B, N, C)
+        empty = ~key_mask.any(dim=-1)  # (B,): prompts of nothing but padding
+        # Such a row attends to every token instead, so no kernel meets a fully masked row (torch's CPU kernels
+        # give it zeros, others need not), and its output is zeroed: the weights it records stay all zero.
+        out = self._attention(q, k, v, spatial_size, key_mask, attend_mask=key_mask | empty[:, None])  # (B, N, C)
+        return out.masked_fill_(empty[:, None, None], 0.0)  # in place: out is the projection's own new tensor
 
 
 class SpatialSelfAttention(nn.Module):
@@ -269,6 +377,38 @@ class SpatialSelfAttention(nn.Module):
         return x + from_tokens(out, H, W)  # (B, C, H, W)
 
 
+class SpatialCrossAttention(nn.Module):
+    """Pixel-to-prompt block: GroupNorm -> H·W tokens -> cross-attention to `context` -> back -> residual add.
+
+    The heads split the channels as in `SpatialSelfAttention`. The output projection starts at zero, so a new
+    block adds nothing until trained: a model gaining cross-attention starts as the model it was.
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        context_dim: int,
+        num_heads: int | None = None,
+        head_dim: int | None = None,
+        norm_num_groups: int = 32,
+        fused_attn: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if channels % norm_num_groups:
+            raise ValueError(f"norm_num_groups={norm_num_groups} must divide the channels ({channels})")
+        self.norm = GroupNorm(norm_num_groups, channels, eps=1e-6)
+        self.attention = MultiHeadCrossAttention(channels, context_dim, num_heads, head_dim, fused_attn=fused_attn)
+        nn.init.zeros_(self.attention.proj.weight)
+        nn.init.zeros_(self.attention.proj.bias)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, C, H, W), context (B, L, context_dim), key_mask (B, L) bool (True = attend) -> (B, C, H, W)."""
+        B, C, H, W = x.shape
+        tokens = to_tokens(self.norm(x))  # (B, N, C)
+        out = self.attention(tokens, context, key_mask, spatial_size=(H, W))  # (B, N, C)
+        return x + from_tokens(out, H, W)  # (B, C, H, W)
+
+
 # --------------------------------------------------------------------------------------------
 # The identity switch: weights = I, so the output of stages (2)-(4) is v
 # --------------------------------------------------------------------------------------------
@@ -290,14 +430,25 @@ def _identity_rows(
     return torch.cat([keep, part])
 
 
-def _attention_modules(module: nn.Module) -> dict[str, MultiHeadSelfAttention]:
-    """The attention layers inside `module` by the name captures and the app show (e.g. "mid_attn")."""
-    return {_record_name(n): m for n, m in module.named_modules() if isinstance(m, MultiHeadSelfAttention)}
+def _attention_modules(module: nn.Module, kind: str | None = None) -> dict[str, MultiHeadAttention]:
+    """The attention layers inside `module` (of one kind, "self" or "cross", or all) by the name captures and the
+    app show (e.g. "mid_attn")."""
+    return {
+        _record_name(n): m
+        for n, m in module.named_modules()
+        if isinstance(m, MultiHeadAttention) and kind in (None, m.kind)
+    }
 
 
-def attention_layer_names(module: nn.Module) -> list[str]:
-    """Names of the attention layers inside `module`, as captures and the app show them (e.g. "mid_attn")."""
-    return list(_attention_modules(module))
+def attention_layer_names(module: nn.Module, kind: str = "self") -> list[str]:
+    """Names of the attention layers inside `module`, as captures and the app show them (e.g. "mid_attn").
+
+    kind: "self" (pixels attending to pixels: the layers `identity_attention` switches) or "cross" (pixels
+    attending to a prompt's tokens, e.g. "mid_cross").
+    """
+    if kind not in ("self", "cross"):
+        raise ValueError(f'kind must be "self" or "cross", got {kind!r}')
+    return list(_attention_modules(module, kind))
 
 
 _IDENTITY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("denoiser_identity_attention", default=None)
@@ -310,17 +461,21 @@ def identity_attention(
     heads: Iterable[int] | None = None,
     batch_start: int = 0,
 ) -> Iterator[None]:
-    """Within, the chosen attention layers of `module` use identity weights (each pixel attends to itself).
+    """Within, the chosen self-attention layers of `module` use identity weights (each pixel attends to itself).
 
-    layers: names from `attention_layer_names` (None: every layer); heads: head indices switched in
+    layers: names from `attention_layer_names` (None: every self-attention layer); heads: head indices switched in
     each chosen layer (None: all); batch_start: only batch rows from this index on are perturbed. Like
     captures, the switch lives in a context variable: other threads using the same model are untouched.
     """
-    by_name = _attention_modules(module)
+    by_name = _attention_modules(module, "self")
     if not by_name:
         raise ValueError(f"{type(module).__name__} contains no attention layers to switch")
     names = list(by_name) if layers is None else list(layers)
     unknown = [n for n in names if n not in by_name]
+    cross = [n for n in unknown if n in _attention_modules(module, "cross")]
+    if cross:
+        raise ValueError(f"{', '.join(map(repr, cross))}: identity weights need queries and keys of the same pixels; "
+                         f"choose self-attention layers: {', '.join(by_name)}")
     if unknown:
         raise ValueError(f"unknown attention layer(s) {', '.join(map(repr, unknown))}; this model has: {', '.join(by_name)}")
     head_ids = None if heads is None else tuple(sorted({int(h) for h in heads}))
@@ -347,14 +502,20 @@ def identity_attention(
 
 @dataclass
 class AttentionRecord:
-    """q and k of one attention call; `weights` and `scores` rebuild any query row exactly."""
+    """q and k of one attention call; `weights`, `scores` and `token_map` rebuild the weights exactly.
 
-    name: str  # module path inside the captured model, e.g. "down.1.attn.0"
+    A self-attention layer's keys are its pixels (S = N); a cross-attention layer's are the prompt's L tokens,
+    so `weights(pixel)` is that pixel's weights over the tokens and `token_map(j)` token j's map over the pixels.
+    """
+
+    name: str  # module path inside the captured model, e.g. "down.1.attn.0" or "mid_cross"
     call_index: int  # order of this call among all recorded calls
-    q: torch.Tensor  # (B, h, N, d)
-    k: torch.Tensor  # (B, h, N, d)
+    q: torch.Tensor  # (B, h, N, d): the queries, one per pixel
+    k: torch.Tensor  # (B, h, S, d): the keys, S = N (self) or L prompt tokens (cross)
     scale: float
     size: tuple[int, int] | None  # (H, W) for pixel attention, None for plain token attention
+    kind: str = "self"  # "self" or "cross", as the layer's `MultiHeadAttention.kind`
+    key_mask: torch.Tensor | None = None  # (B, S) bool, True = attended; None: every key
 
     @property
     def num_heads(self) -> int:
@@ -375,23 +536,45 @@ class AttentionRecord:
             raise ValueError(f"query token {n} is outside 0..{self.q.shape[2] - 1} for layer {self.name}")
         return n
 
-    def _shape(self, row: torch.Tensor) -> torch.Tensor:
-        if self.size is None:
-            return row  # (B, h, N)
-        return row.reshape(*row.shape[:2], *self.size)  # (B, h, H, W)
+    def _scores(self, q: torch.Tensor) -> torch.Tensor:
+        """Stage (2) for queries q (B, h, L, d) against every key, padding masked: (B, h, L, S) in fp32 or fp64."""
+        mask = None if self.key_mask is None else self.key_mask[:, None, None, :]  # (B, 1, 1, S)
+        return attention_scores(_at_least_fp32(q), _at_least_fp32(self.k), mask, scale=self.scale)
+
+    def _on_pixels(self, row: torch.Tensor) -> torch.Tensor:
+        """(B, h, N) values on the pixels -> (B, h, H, W) where the layer has a grid."""
+        return row if self.size is None else row.reshape(*row.shape[:2], *self.size)
+
+    def _on_keys(self, row: torch.Tensor) -> torch.Tensor:
+        """(B, h, S) values on the keys -> (B, h, H, W) for a self-attention layer's pixels, (B, h, L) for tokens."""
+        return self._on_pixels(row) if self.kind == "self" else row
 
     def scores(self, query: int | tuple[int, int]) -> torch.Tensor:
-        """Stage (2) for one query: scaled q·kᵀ before the softmax, (B, h, H, W) (or (B, h, N))."""
+        """Stage (2) for one query: scaled q·kᵀ before the softmax, padding -inf; (B, h, H, W) over a self layer's
+        pixels, (B, h, L) over a cross layer's tokens (or (B, h, N) without a grid)."""
         n = self._row(query)
-        q, k = _at_least_fp32(self.q[:, :, n : n + 1]), _at_least_fp32(self.k)  # (B, h, 1, d), (B, h, N, d)
-        row = attention_scores(q, k, scale=self.scale)  # (B, h, 1, N)
-        return self._shape(row.squeeze(2))
+        row = self._scores(self.q[:, :, n : n + 1])  # (B, h, 1, S)
+        return self._on_keys(row.squeeze(2))
 
     def weights(self, query: int | tuple[int, int]) -> torch.Tensor:
-        """Stage (3) for one query: its softmax weights over all keys, each head's map sums to one."""
-        scores = self.scores(query)
-        flat = scores.flatten(2)  # (B, h, N)
-        return torch.softmax(flat, dim=-1).reshape(scores.shape)
+        """Stage (3) for one query: its softmax weights over all keys. Each head's weights sum to one; padding
+        tokens get zero, and a prompt of nothing but padding all zeros (its cross-attention adds nothing)."""
+        n = self._row(query)
+        weights = attention_weights(self._scores(self.q[:, :, n : n + 1]))  # (B, h, 1, S)
+        return self._on_keys(weights.squeeze(2))
+
+    def token_map(self, token: int) -> torch.Tensor:
+        """Stage (3) seen from one key: the weight every pixel gives key `token`, (B, h, H, W) (or (B, h, N)).
+
+        For a cross-attention layer, prompt token j's map over the image ("click a word, see its map"): one
+        column of the (N, L) weights, each pixel's row softmaxed over all L tokens first. A padding token's map
+        is zero. For a self-attention layer `token` is a key pixel's index (y·W + x). Costs O(N·S) per head.
+        """
+        S = self.k.shape[2]
+        if not 0 <= token < S:
+            raise ValueError(f"token {token} is outside 0..{S - 1} for layer {self.name} ({S} keys)")
+        weights = attention_weights(self._scores(self.q))  # (B, h, N, S)
+        return self._on_pixels(weights[..., token])
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -399,7 +582,7 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def _record_name(module_name: str) -> str:
-    # The attention sits inside its SpatialSelfAttention as `.attention`; name the block, not the core.
+    # The attention sits inside its Spatial{Self,Cross}Attention as `.attention`; name the block, not the core.
     return module_name.removesuffix(".attention")
 
 
@@ -410,17 +593,19 @@ _CAPTURES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("denoise
 def capture_attention(module: nn.Module) -> Iterator[list[AttentionRecord]]:
     """Record every attention call inside `module` while the context is open.
 
-    Yields a list that fills with one `AttentionRecord` per call, in call order. The computation is
-    untouched (records hold detached references to q and k), so outputs are bit-identical.
+    Yields a list that fills with one `AttentionRecord` per call, in call order: self- and cross-attention
+    layers alike (`AttentionRecord.kind` tells them apart). The computation is untouched (records hold
+    detached references to q, k and the padding mask), so outputs are bit-identical.
     """
     records: list[AttentionRecord] = []
     hooked = list(_attention_modules(module).items())
     if not hooked:
-        raise ValueError(f"{type(module).__name__} contains no MultiHeadSelfAttention to capture")
+        raise ValueError(f"{type(module).__name__} contains no attention layers to capture")
 
-    def make_recorder(name: str):
-        def record(q, k, scale, size):
-            records.append(AttentionRecord(name, len(records), q.detach(), k.detach(), scale, size))
+    def make_recorder(name: str, kind: str):
+        def record(q, k, scale, size, key_mask):
+            mask = None if key_mask is None else key_mask.detach()
+            records.append(AttentionRecord(name, len(records), q.detach(), k.detach(), scale, size, kind, mask))
 
         return record
 
@@ -430,7 +615,7 @@ def capture_attention(module: nn.Module) -> Iterator[list[AttentionRecord]]:
             raise RuntimeError(f"attention {name!r} is already being captured here; nested captures are not supported")
     # The recorders live in a context variable, not on the modules: a capture sees only the calls made in
     # its own thread (and context), so another thread sampling with the same model is never recorded.
-    token = _CAPTURES.set({**active, **{m: make_recorder(name) for name, m in hooked}})
+    token = _CAPTURES.set({**active, **{m: make_recorder(name, m.kind) for name, m in hooked}})
     try:
         yield records
     finally:

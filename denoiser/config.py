@@ -53,6 +53,7 @@ class TrainConfig:
     ema_inv_gamma: float = 1.0
     snr_gamma: float | None = None  # min-SNR-γ loss weighting (Hang et al. 2023); None = plain MSE
     class_dropout: float = 0.1  # drop labels to "no class" with this probability (class-conditional models)
+    caption_dropout: float = 0.1  # replace captions by "" (no condition) with this probability (data.caption_columns; applied where the data picks them)
     checkpoint_every: int = 1000  # steps between checkpoints (accelerate save_state)
     keep_checkpoints: int = 2  # newest checkpoints kept; older ones are deleted
     sample_every: int = 1000  # steps between sample-grid and loss-curve PNGs; 0 disables
@@ -177,6 +178,7 @@ def _check_values(cfg: RunConfig, source: str) -> None:
         (t.checkpoint_every >= 1, f"train.checkpoint_every must be >= 1, got {t.checkpoint_every}"),
         (t.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}"),
         (0 <= t.class_dropout < 1, f"train.class_dropout must be in [0, 1), got {t.class_dropout}"),
+        (0 <= t.caption_dropout < 1, f"train.caption_dropout must be in [0, 1), got {t.caption_dropout}"),
         (t.fid_every >= 0, f"train.fid_every must be >= 0 (0 = off), got {t.fid_every}"),
         (t.fid_samples >= 2, f"train.fid_samples must be at least 2, got {t.fid_samples}"),
         (not t.keep_best or t.fid_every > 0, "train.keep_best needs train.fid_every > 0 (best by FID)"),
@@ -185,6 +187,10 @@ def _check_values(cfg: RunConfig, source: str) -> None:
         (d.num_workers is None or d.num_workers >= 1, f"data.num_workers must be >= 1 (or null: every core), got {d.num_workers}"),
         (d.shuffle_buffer >= 1, f"data.shuffle_buffer must be >= 1 (1: shard order only), got {d.shuffle_buffer}"),
         (d.val_size >= 0, f"data.val_size must be >= 0, got {d.val_size}"),
+        (all(isinstance(c, str) and c for c in d.caption_columns) and len(set(d.caption_columns)) == len(d.caption_columns),
+         f"data.caption_columns must be distinct column names, got {d.caption_columns!r}"),
+        (d.caption_separator is None or d.caption_separator != "",
+         'data.caption_separator must be a non-empty string such as "|", or null for none'),
         (diff.beta_schedule in ("linear", "cosine"), f"diffusion.beta_schedule must be linear or cosine, got {diff.beta_schedule!r}"),
         (diff.prediction_type in ("epsilon", "v_prediction"), f"diffusion.prediction_type must be epsilon or v_prediction, got {diff.prediction_type!r}"),
     ]
@@ -216,6 +222,9 @@ def _data_source_errors(d: DataConfig) -> list[str]:
     if d.streaming and kind.open_shards is None:
         errors.append(f"data.streaming needs sharded data (data.dataset: {' or '.join(streamable())}), got {d.dataset!r}; "
                       "remove data.streaming to prepare it into the store, or write it as WebDataset shards")
+    if d.caption_columns and not kind.text:
+        errors.append(f"data.caption_columns: dataset {d.dataset!r} carries no text; use a folder with a metadata.csv, "
+                      f"an hf dataset or WebDataset shards, or set data.caption_columns: []")
     if kind.local_path and d.path and not Path(d.path).exists():
         errors.append(f"data.path {d.path!r} does not exist: point it at an image folder (class sub-folders)")
     return errors

@@ -10,6 +10,7 @@ smallest of 1/1, 1/2, 1/4, 1/8 scale that still covers the size asked for (Pillo
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from pathlib import Path
 from typing import BinaryIO
@@ -168,16 +169,46 @@ SETTINGS_KEY = "denoiser"  # the PNG text chunk that holds how an image was made
 
 
 def settings_name(settings: dict) -> str:
-    """A file name that says how an image was made: 'cifar10-seed3-cat-ddim25-cfg3-2of8.png'."""
+    """A file name that says how an image was made: 'cifar10-seed3-cat-ddim25-cfg3-2of8.png' for a sample,
+    'cifar10-denoise-sigma0.1-seed0-1024x768.png' for an edit of a user's picture (settings with an "operation")."""
+    if "operation" in settings:
+        return _edit_name(settings)
     parts = [str(settings.get(k, "")) for k in ("model",)] + [f"seed{settings.get('seed')}"]
     if settings.get("class") not in (None, ""):
         parts.append(str(settings["class"]))
     parts.append(f"{settings.get('scheduler')}{settings.get('steps')}")
-    for key, short, off in (("guidance_scale", "cfg", 1.0), ("pag_scale", "pag", 0.0), ("guide_scale", "auto", 1.0)):
-        if settings.get(key) is not None and float(settings[key]) != off:
-            parts.append(f"{short}{float(settings[key]):g}")
+    parts += _guidance_parts(settings)
     if "index" in settings:
         parts.append(f"{settings['index'] + 1}of{settings['count']}")
+    return _file_name(parts)
+
+
+def _edit_name(settings: dict) -> str:
+    """An edit's file name: model, operation, class, its amounts (noise added first, σ removed, strength), the chain's
+    steps and seed where it has one, guidance, the result's size."""
+    parts = [str(settings.get("model", "")), re.sub(r"[^a-z0-9]+", "-", str(settings["operation"]).lower()).strip("-")]
+    if settings.get("class") not in (None, ""):
+        parts.append(str(settings["class"]))
+    if settings.get("add_noise"):
+        parts.append(f"noise{float(settings['add_noise']):.3g}")
+    for key, short in (("sigma_removed", "sigma"), ("strength", "strength")):  # 0 is a value here (σ of a clean picture)
+        if settings.get(key) is not None:
+            parts.append(f"{short}{float(settings[key]):.3g}")
+    if settings.get("chain"):  # sampled denoise, edit and inpaint: steps and seed make the result
+        parts += [f"steps{settings.get('steps')}", f"seed{settings.get('seed')}"]
+    parts += _guidance_parts(settings)
+    if settings.get("size"):
+        parts.append("x".join(str(int(v)) for v in settings["size"]))
+    return _file_name(parts)
+
+
+def _guidance_parts(settings: dict) -> list[str]:
+    return [f"{short}{float(settings[key]):g}"
+            for key, short, off in (("guidance_scale", "cfg", 1.0), ("pag_scale", "pag", 0.0), ("guide_scale", "auto", 1.0))
+            if settings.get(key) is not None and float(settings[key]) != off]
+
+
+def _file_name(parts: list[str]) -> str:
     return "-".join("".join(c if c.isalnum() or c in "._-" else "_" for c in p) for p in parts) + ".png"
 
 

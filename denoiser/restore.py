@@ -55,6 +55,7 @@ class Restoration:
     clean: torch.Tensor  # (1, 3, S, S) in [-1, 1]: the user's image at the model's size
     noisy: torch.Tensor | None  # the same with the added noise (the round trip), or None
     result: SampleResult  # images in [0, 1]
+    sigma: float | None = None  # the noise σ denoise removed ([0, 1] pixel scale: the one given, or estimated)
 
     def psnr(self) -> tuple[float, float] | None:
         """(noisy, result) PSNR in dB against the clean input when noise was added, else None."""
@@ -94,12 +95,13 @@ def restore(
     x = clean if noise_first is None else add_noise(clean, noise_first, seed)
     common = dict(steps=steps, seed=seed, class_label=class_label, guidance=guidance, callback=callback)
     if operation == "denoise":
+        sigma = float(estimate_sigma(x).mean()) if sigma is None else float(sigma)  # as denoise() estimates it
         res = denoise(unet, diffusion, x, sigma=sigma, method=method, **common)
     elif operation == "edit":
         res = edit(unet, diffusion, x, strength=strength, **common)
     else:
         res = inpaint(unet, diffusion, x, m, **common)
-    return Restoration(clean, None if noise_first is None else x, res)
+    return Restoration(clean, None if noise_first is None else x, res, sigma if operation == "denoise" else None)
 
 
 def estimate_sigma(images: torch.Tensor) -> torch.Tensor:

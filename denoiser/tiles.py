@@ -58,6 +58,7 @@ class DenoisedPhoto:
     photo: torch.Tensor  # the photo as given
     noisy: torch.Tensor | None  # the photo with the added noise (the round trip), or None
     result: torch.Tensor  # the denoised photo
+    sigma: float = 0.0  # the noise σ removed ([0, 1] pixel scale: the one given, or estimated on the noisy photo)
 
     def psnr(self) -> tuple[float, float] | None:
         """(noisy, result) PSNR in dB against the photo when noise was added, else None."""
@@ -72,21 +73,25 @@ def denoise_photo(
     unet, scheduler, photo: torch.Tensor, sigma: float | None = None, *, noise_first: float | None = None, seed: int = 0,
     class_label: int | None = None, guidance: Guidance | None = None, options: TileOptions | None = None,
     progress: Callable[[int, int], None] | None = None, should_stop: Callable[[], bool] | None = None,
+    out: torch.Tensor | None = None,
 ) -> DenoisedPhoto:
     """A (3, H, W) uint8 photo denoised at its own size (`denoise_tiles`), on the noise schedule of `scheduler`
     (the model's training scheduler).
 
     noise_first: add Gaussian noise of this σ ([0, 1] pixel scale) first, seeded by `seed` and quantised to
     uint8 as a camera writes it (the round trip, scored by `DenoisedPhoto.psnr`); sigma is then still the σ to
-    remove (None: estimated). The other arguments as for `denoise_tiles`.
+    remove (None: estimated, `photo_sigma`, and returned in `DenoisedPhoto.sigma`). The other arguments as for
+    `denoise_tiles`.
     """
     noisy = None
     if noise_first is not None:
         noise = torch.randn(photo.shape, generator=torch.Generator().manual_seed(seed + 12_345))
         noisy = to_uint8(uint8_to_unit(photo) + noise_first * noise)
-    result = denoise_tiles(unet, Diffusion(scheduler), photo if noisy is None else noisy, sigma, options, progress,
-                           should_stop, class_label, guidance)
-    return DenoisedPhoto(photo, noisy, result)
+    given = photo if noisy is None else noisy
+    sigma = photo_sigma(given) if sigma is None else float(sigma)  # what denoise_tiles would estimate
+    result = denoise_tiles(unet, Diffusion(scheduler), given, sigma, options, progress, should_stop, class_label,
+                           guidance, out)
+    return DenoisedPhoto(photo, noisy, result, sigma)
 
 
 def count_tiles(unet, height: int, width: int, options: TileOptions | None = None) -> int:
@@ -181,7 +186,7 @@ class _Bands:
 def denoise_tiles(
     unet, diffusion: Diffusion, image: torch.Tensor, sigma: float | None = None, options: TileOptions | None = None,
     progress: Callable[[int, int], None] | None = None, should_stop: Callable[[], bool] | None = None,
-    class_label: int | None = None, guidance: Guidance | None = None,
+    class_label: int | None = None, guidance: Guidance | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Remove Gaussian noise of std `sigma` ([0, 1] pixel scale; None: estimated) from a photo of any size.
 
@@ -190,6 +195,9 @@ def denoise_tiles(
     image: (3, H, W) uint8. Returns the denoised (3, H, W) uint8. progress(done, total) after each batch of
     tiles; should_stop() before each: True raises StopTiling. A photo smaller than a tile is padded
     (replicated edges) and cropped back.
+
+    out: the (3, H, W) uint8 tensor to write the result into (returned), e.g. a copy of the photo: a progress
+    callback then sees the rows finished so far over the photo's others (the app's live preview); None: a new one.
     """
     opts = options or TileOptions()
     tile = _check(unet, image, opts, class_label)
@@ -199,12 +207,19 @@ def denoise_tiles(
     if H < tile or W < tile:  # pad up to one tile (replicated edges), denoise, crop back
         sigma = photo_sigma(image) if sigma is None else sigma
         padded = F.pad(image[None].float(), (0, max(0, tile - W), 0, max(0, tile - H)), mode="replicate")[0].to(torch.uint8)
-        return denoise_tiles(unet, diffusion, padded, sigma, opts, progress, should_stop, class_label, guidance)[:, :H, :W]
+        result = denoise_tiles(unet, diffusion, padded, sigma, opts, progress, should_stop, class_label, guidance)[:, :H, :W]
+        if out is None:
+            return result
+        out.copy_(result)
+        return out
     sigma = photo_sigma(image) if sigma is None else float(sigma)
     t = diffusion.sigma_to_timestep(max(sigma, 1e-4))
     ys, xs = tile_starts(H, tile, tile - opts.overlap), tile_starts(W, tile, tile - opts.overlap)
     window = blend_window(tile, opts.overlap, opts.window)
-    out = torch.empty_like(image)
+    if out is None:
+        out = torch.empty_like(image)
+    elif out.shape != image.shape or out.dtype != torch.uint8:
+        raise ValueError(f"out must be a {tuple(image.shape)} uint8 tensor like the image, got {tuple(out.shape)} {out.dtype}")
     bands, places = _Bands(out), [(y, x) for y in ys for x in xs]  # row order: finished rows are written early
     with torch.inference_mode(), sampling_context(unet):
         for first in range(0, len(places), opts.batch_size):

@@ -174,7 +174,8 @@ class TrainLoop:
         unet = self._build_model(init_weights, init_from)
         t = cfg.train
         self.data = open_training_data(cfg.data, unet.config.sample_size, seed=t.seed, batch_size=t.batch_size,
-                                       accumulation=t.gradient_accumulation_steps, rank=self.rank, world=self.world)
+                                       accumulation=t.gradient_accumulation_steps, rank=self.rank, world=self.world,
+                                       caption_dropout=t.caption_dropout)  # captions: where the data carries text
         _check_data(cfg, self.data)
         self._build_optimizer(unet)
         self.step = self._resume(resume_dir)

@@ -3,7 +3,11 @@
 Conv ResBlocks with the timestep embedding added, a down path whose outputs are kept as skips, a
 middle block (ResBlock, attention, ResBlock) and an up path that concatenates the skips back in.
 Pixel self-attention (`SpatialSelfAttention`) follows the ResBlocks at the resolutions listed in
-`attention_resolutions`.
+`attention_resolutions`. With `cross_attention_dim` set, each self-attention block is followed by a
+cross-attention block (`SpatialCrossAttention`) whose keys and values come from a prompt's tokens,
+`encoder_hidden_states` (B, L, cross_attention_dim) with `encoder_attention_mask` (B, L) marking padding:
+the names and meanings of diffusers' UNet2DConditionModel (Rombach et al. 2022). Without it the model
+builds no cross-attention module: its parameters, state dict and outputs are those of the plain U-Net.
 
 `UNet` subclasses diffusers' `ModelMixin` and `ConfigMixin` (imported by name, which is what lets a
 saved pipeline import it again), so `save_pretrained`/`from_pretrained`, `DDPMPipeline` and
@@ -34,7 +38,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
-from denoiser.attention import SpatialSelfAttention
+from denoiser.attention import SpatialCrossAttention, SpatialSelfAttention
 from denoiser.groupnorm import GroupNorm
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]
@@ -125,17 +129,21 @@ class Upsample(nn.Module):
 
 
 class Level(nn.Module):
-    """One resolution of the down or up path: ResBlocks, each followed by attention where enabled."""
+    """One resolution of the down or up path: ResBlocks, each followed by attention (then cross-attention) where enabled."""
 
-    def __init__(self, res: Sequence[ResBlock], attn: Sequence[nn.Module], resample: nn.Module | None):
+    def __init__(
+        self, res: Sequence[ResBlock], attn: Sequence[nn.Module], cross: Sequence[nn.Module], resample: nn.Module | None
+    ):
         super().__init__()
         self.res = nn.ModuleList(res)
         self.attn = nn.ModuleList(attn)  # empty, or one per ResBlock
+        self.cross = nn.ModuleList(cross) if cross else None  # None, or one per self-attention block
         self.resample = resample
 
 
 class UNet(ModelMixin, ConfigMixin):
-    """Noise-prediction U-Net with pixel self-attention; `UNet()` is the small CIFAR-10 default.
+    """Noise-prediction U-Net with pixel self-attention (and cross-attention to a prompt); `UNet()` is the
+    small CIFAR-10 default.
 
     The default (32×32×3, channels 64-128-128, 2 ResBlocks per level, attention at 16×16, 8×8 and in
     the middle) has about 6.8M parameters. `sample_size` must be divisible by 2**(levels - 1).
@@ -143,6 +151,10 @@ class UNet(ModelMixin, ConfigMixin):
     diffusers' model features hold: `enable_gradient_checkpointing()` recomputes each ResBlock and
     attention block in the backward pass instead of keeping its activations; `enable_layerwise_casting`
     stores weights in a small dtype and computes in another (GroupNorms stay as they are).
+
+    cross_attention_dim: the width D of the prompt's token vectors (a text encoder's hidden size); None (the
+    default) builds no cross-attention. With it, a cross-attention block follows every self-attention block,
+    heads as there, its output projection starting at zero (a model gaining it starts as the model it was).
     """
 
     _supports_gradient_checkpointing = True
@@ -164,10 +176,14 @@ class UNet(ModelMixin, ConfigMixin):
         dropout: float = 0.0,
         norm_num_groups: int = 32,
         num_class_embeds: int | None = None,
+        cross_attention_dim: int | None = None,
     ):
         super().__init__()
         self.gradient_checkpointing = False  # set by ModelMixin.enable_gradient_checkpointing()
         _validate(sample_size, base_channels, channel_mult, layers_per_block, norm_num_groups)
+        if cross_attention_dim is not None and cross_attention_dim < 1:
+            raise ValueError(f"cross_attention_dim must be a positive width (the text encoder's), got {cross_attention_dim}; "
+                             "or None for a model without prompts")
         if attention_head_dim is not None:
             num_heads = None  # heads follow from each block's channels
         temb_dim = 4 * base_channels
@@ -179,6 +195,12 @@ class UNet(ModelMixin, ConfigMixin):
         def attention(ch: int) -> SpatialSelfAttention:
             return SpatialSelfAttention(ch, num_heads, attention_head_dim, groups)
 
+        def cross(ch: int) -> SpatialCrossAttention | None:
+            # None without prompts: nothing built (nor drawn from the random generator), nothing called
+            if cross_attention_dim is None:
+                return None
+            return SpatialCrossAttention(ch, cross_attention_dim, num_heads, attention_head_dim, groups)
+
         # (channels, attention?) of each level, top to bottom: level i works at sample_size / 2**i
         levels = [(base_channels * mult, sample_size // 2**i in attention_resolutions) for i, mult in enumerate(channel_mult)]
         self.time_embed = nn.Sequential(nn.Linear(base_channels, temb_dim), nn.SiLU(), nn.Linear(temb_dim, temb_dim))
@@ -186,12 +208,13 @@ class UNet(ModelMixin, ConfigMixin):
         self.class_embed = nn.Embedding(num_class_embeds + 1, temb_dim) if num_class_embeds else None
         self.conv_in = nn.Conv2d(in_channels, base_channels, 3, padding=1)
         # Built in this order (down, middle, up): the order of the random initialisation and of the state dict.
-        self.down, skip_channels = _down_path(levels, base_channels, layers_per_block, block, attention)
+        self.down, skip_channels = _down_path(levels, base_channels, layers_per_block, block, attention, cross)
         ch = levels[-1][0]
         self.mid_res1 = block(ch, ch)
         self.mid_attn = attention(ch) if mid_attention else None
+        self.mid_cross = cross(ch) if mid_attention else None
         self.mid_res2 = block(ch, ch)
-        self.up = _up_path(levels, skip_channels, layers_per_block, block, attention)
+        self.up = _up_path(levels, skip_channels, layers_per_block, block, attention, cross)
         ch = levels[0][0]  # the up path ends at the top level's channels
         self.norm_out = GroupNorm(groups, ch, eps=1e-6, silu=True)
         self.conv_out = nn.Conv2d(ch, out_channels, 3, padding=1)
@@ -235,10 +258,19 @@ class UNet(ModelMixin, ConfigMixin):
         sample: torch.Tensor,
         timestep: torch.Tensor | float | int,
         class_labels: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
         return_dict: bool = True,
     ) -> UNet2DOutput | tuple[torch.Tensor]:
-        """sample (B, in_channels, H, W), timestep (), (1,) or (B,) -> predicted noise (B, out_channels, H, W)."""
+        """sample (B, in_channels, H, W), timestep (), (1,) or (B,) -> predicted noise (B, out_channels, H, W).
+
+        encoder_hidden_states (B, L, cross_attention_dim): a prompt's token vectors, for a model with
+        cross-attention; encoder_attention_mask (B, L): 1 (or True) for a token, 0 for padding, as in diffusers.
+        Padding gets attention weight zero. No prompt (encoder_hidden_states None, L = 0, or a row of nothing
+        but padding) means no condition: the cross-attention blocks add nothing to that image.
+        """
         temb = self._embed(timestep, class_labels, sample.shape[0], sample.device, sample.dtype)
+        context, key_mask = self._context(encoder_hidden_states, encoder_attention_mask, sample.shape[0], sample.dtype)
         run = self._block  # module(*args), checkpointed when enabled
         h = self.conv_in(sample)
         skips = [h]
@@ -247,6 +279,8 @@ class UNet(ModelMixin, ConfigMixin):
                 h = run(resblock, h, temb)
                 if level.attn:
                     h = run(level.attn[j], h)
+                    if level.cross is not None and context is not None:
+                        h = run(level.cross[j], h, context, key_mask)
                 skips.append(h)
             if level.resample is not None:
                 h = level.resample(h)
@@ -254,18 +288,53 @@ class UNet(ModelMixin, ConfigMixin):
         h = run(self.mid_res1, h, temb)
         if self.mid_attn is not None:
             h = run(self.mid_attn, h)
+            if self.mid_cross is not None and context is not None:
+                h = run(self.mid_cross, h, context, key_mask)
         h = run(self.mid_res2, h, temb)
         for level in self.up:
             for j, resblock in enumerate(level.res):
                 h = run(resblock, torch.cat([h, skips.pop()], dim=1), temb)  # (B, C + C_skip, H, W)
                 if level.attn:
                     h = run(level.attn[j], h)
+                    if level.cross is not None and context is not None:
+                        h = run(level.cross[j], h, context, key_mask)
             if level.resample is not None:
                 h = level.resample(h)
         out = self.conv_out(self.norm_out(h))  # GroupNorm + SiLU
         if not return_dict:
             return (out,)
         return UNet2DOutput(sample=out)
+
+    def _context(
+        self, encoder_hidden_states, encoder_attention_mask, batch: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The prompt's tokens in the compute dtype (B, L, D) and their key mask (B, L) bool, True = attend (None:
+        every token); (None, None) for no prompt."""
+        D = self.config.cross_attention_dim
+        states, mask = encoder_hidden_states, encoder_attention_mask
+        if states is None:
+            if mask is not None:
+                raise ValueError("encoder_attention_mask was given without encoder_hidden_states; pass both, or neither")
+            return None, None
+        if D is None:
+            raise ValueError("encoder_hidden_states were given but this UNet has no cross-attention "
+                             "(cross_attention_dim is None): build it with cross_attention_dim=<the text encoder's width>")
+        if states.ndim != 3 or states.shape[0] != batch or states.shape[2] != D:
+            raise ValueError(f"encoder_hidden_states must have shape ({batch}, L, {D}) = (batch, tokens, "
+                             f"cross_attention_dim), got {tuple(states.shape)}")
+        if mask is not None:
+            if tuple(mask.shape) != tuple(states.shape[:2]):
+                raise ValueError(f"encoder_attention_mask must have shape {tuple(states.shape[:2])} (batch, tokens) like "
+                                 f"encoder_hidden_states, got {tuple(mask.shape)}")
+            if mask.dtype != torch.bool:
+                # a data-dependent check: eager calls only (torch.compile/export trace the graph without it)
+                if not _tracing() and ((mask != 0) & (mask != 1)).any():
+                    raise ValueError("encoder_attention_mask holds 1 for a token and 0 for padding (or bools); "
+                                     "got other values")
+                mask = mask != 0  # diffusers' meaning: 1 = keep, 0 = padding
+        if states.shape[1] == 0:
+            return None, None  # a prompt of no tokens: no prompt
+        return states.to(dtype), mask
 
     def _block(self, module: nn.Module, *args: torch.Tensor) -> torch.Tensor:
         """module(*args); with gradient checkpointing on and gradients wanted, its activations are not kept
@@ -289,38 +358,46 @@ class UNet(ModelMixin, ConfigMixin):
         return prepacked(self.modules())
 
 
-def _down_path(levels, base_channels: int, layers_per_block: int, block, attention) -> tuple[nn.ModuleList, list[int]]:
+def _attention_blocks(ch: int, attention, cross, attns: list, crosses: list) -> None:
+    """Appends a self-attention block at `ch` channels to `attns`, and its cross-attention block, where the
+    model has one, to `crosses`."""
+    attns.append(attention(ch))
+    if (block := cross(ch)) is not None:
+        crosses.append(block)
+
+
+def _down_path(levels, base_channels: int, layers_per_block: int, block, attention, cross) -> tuple[nn.ModuleList, list[int]]:
     """The down levels (ResBlocks, attention where the level has it, a Downsample but at the bottom) and
     the channels of every output kept as a skip, conv_in's first; the up path consumes them in reverse."""
     skip_channels = [base_channels]
     ch, path = base_channels, nn.ModuleList()
     for i, (out, attends) in enumerate(levels):
-        blocks, attns = [], []
+        blocks, attns, crosses = [], [], []
         for _ in range(layers_per_block):
             blocks.append(block(ch, out))
             ch = out
             if attends:
-                attns.append(attention(ch))
+                _attention_blocks(ch, attention, cross, attns, crosses)
             skip_channels.append(ch)
         last = i == len(levels) - 1
-        path.append(Level(blocks, attns, None if last else Downsample(ch)))
+        path.append(Level(blocks, attns, crosses, None if last else Downsample(ch)))
         if not last:
             skip_channels.append(ch)
     return path, skip_channels
 
 
-def _up_path(levels, skip_channels: list[int], layers_per_block: int, block, attention) -> nn.ModuleList:
+def _up_path(levels, skip_channels: list[int], layers_per_block: int, block, attention, cross) -> nn.ModuleList:
     """The up levels, bottom to top: layers_per_block + 1 ResBlocks, each taking one skip (popped from
     `skip_channels`) concatenated to its input, attention where the level has it, an Upsample but at the top."""
     ch, path = levels[-1][0], nn.ModuleList()
     for i, (out, attends) in reversed(list(enumerate(levels))):
-        blocks, attns = [], []
+        blocks, attns, crosses = [], [], []
         for _ in range(layers_per_block + 1):
             blocks.append(block(ch + skip_channels.pop(), out))
             ch = out
             if attends:
-                attns.append(attention(ch))
-        path.append(Level(blocks, attns, Upsample(ch) if i > 0 else None))
+                _attention_blocks(ch, attention, cross, attns, crosses)
+        path.append(Level(blocks, attns, crosses, Upsample(ch) if i > 0 else None))
     return path
 
 

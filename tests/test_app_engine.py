@@ -360,11 +360,122 @@ def test_the_heads_and_layer_views_answer_in_words_not_error_badges(weights):
 
     h = Handlers(Engine(weights))
     with pytest.warns(UserWarning, match="generate images first"):
-        outputs = h.head_stats(None, 0)
-    assert all(isinstance(o, type(gr.skip())) for o in outputs) and len(outputs) == 3
+        *outputs, line = next(h.head_stats(None, 0))  # a job now (issue 41 item 7): its status line says it too
+    assert all(isinstance(o, type(gr.skip())) for o in outputs) and len(outputs) == 3 and "generate images first" in line
     gen = h.engine.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
     with pytest.raises(gr.Error) as err:
         h.restage(gen, 0, 1, (3, 4), "zzz", 0)
     assert "not one of this generation's" in err.value.message and "invalid literal" not in err.value.message
     stages, text, heads = h.restage(gen, 0, 1, (3, 4), 1, 0)
     assert stages is not None and "head 0" in text and heads["value"] == 0
+
+
+def _unet_calls(unet) -> list:
+    """A list that gets one entry per forward call of `unet` from now on (the caller removes the hook: .remove())."""
+    calls = []
+    calls.append(unet.register_forward_hook(lambda *_: calls.append(1)))
+    return calls
+
+
+def test_long_attention_work_is_refused_over_the_budget_before_any_unet_call(weights, monkeypatch):
+    """Issue 41 item 7 (the engine side): "averaged over every step" and the Heads statistics count their UNet calls by
+    the budget's one rule (work_of) and refuse before the first call."""
+    from denoiser.app.budget import model_cost
+
+    ex = Engine(weights)
+    gen = ex.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=2, class_label=1, guidance_scale=2.0)
+    unet, _ = ex.model("tiny-classes")
+    calls = _unet_calls(unet)
+    monkeypatch.setenv("DENOISER_WORK_BUDGET", str(2 * 6 * 2 * model_cost(unet) - 1))  # 2 images x 6 steps x CFG's 2
+    try:
+        with pytest.raises(ValueError, match="over the budget"):
+            ex.mean_attention_maps(gen, image=0, pixel=(3, 3))
+        with pytest.raises(ValueError, match="over the budget"):
+            ex.head_table(gen, image=0, timesteps=tuple(range(100, 900, 10)))
+        assert calls[1:] == []  # not one UNet call
+        monkeypatch.setenv("DENOISER_WORK_BUDGET", str(2 * 6 * 2 * model_cost(unet)))  # exactly the work: allowed
+        ex.mean_attention_maps(gen, image=0, pixel=(3, 3))
+    finally:
+        calls[0].remove()
+
+
+def test_long_attention_work_reports_every_step_and_stops_when_asked(weights):
+    """on_step sees every step of "averaged over every step" and every UNet call of the Heads statistics, with the
+    generated image as preview; the results are those without on_step; raising from on_step stops the work."""
+    from denoiser.app.engine import _stats_calls_per_timestep
+
+    ex = Engine(weights)
+    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=2)
+    seen = []
+    mean = ex.mean_attention_maps(gen, 1, (4, 5), on_step=lambda i, n, x: seen.append((i, n, tuple(x.shape))))
+    assert seen == [(0, 3, (1, 3, 16, 16)), (1, 3, (1, 3, 16, 16)), (2, 3, (1, 3, 16, 16))]
+    assert mean.tobytes() == ex.mean_attention_maps(gen, 1, (4, 5)).tobytes()
+    unet, _ = ex.model("tiny-classes")
+    per_t = _stats_calls_per_timestep(unet)
+    assert per_t == 1 + 4 + 4 * 2  # the plain call, 4 layers, each of their 2 heads (TINY)
+    steps, calls = [], _unet_calls(unet)
+    try:
+        rows, _ = ex.head_table(gen, 1, timesteps=(500, 50), on_step=lambda i, n, x: steps.append((i, n)))
+    finally:
+        calls[0].remove()
+    assert steps == [(i, 2 * per_t) for i in range(2 * per_t)] and len(calls) - 1 == 2 * per_t  # one per UNet call
+    assert [r.output_change for r in rows] == [r.output_change for r in ex.head_table(gen, 1, timesteps=(500, 50))[0]]
+
+    class Stop(Exception):
+        pass
+
+    def stop_at(k):
+        def on_step(i, n, x):
+            if i == k:
+                raise Stop
+
+        return on_step
+
+    with pytest.raises(Stop):
+        ex.head_table(gen, 1, timesteps=(500, 50), on_step=stop_at(3))
+    with pytest.raises(Stop):
+        ex.mean_attention_maps(gen, 1, (4, 5), on_step=stop_at(1))
+    ex.generate("tiny-classes", steps=2, num_images=1)  # the stopped run's hook is gone: nothing raises here
+
+
+def test_a_photo_denoise_counts_tiles_and_is_refused_over_the_budget_before_work(weights, monkeypatch):
+    """Issue 41 item 9: the tiled denoise's progress "step k / N" counts tiles; a photo over the budget is refused in
+    megapixels before any UNet call, and photo_limit is where that refusal starts."""
+    from PIL import Image
+
+    from denoiser.tiles import count_tiles
+
+    ex = Engine(weights)
+    unet, _ = ex.model("tiny")
+    photo = Image.new("RGB", (100, 60), (90, 120, 200))
+    steps = []
+    done = ex.denoise_tiles("tiny", photo, 0.1, on_step=lambda i, n, x: steps.append((i, n, tuple(x.shape))))
+    total = count_tiles(unet, 60, 100)
+    assert steps[-1][:2] == (total - 1, total) and all(n == total for _, n, _ in steps)
+    assert done.image.size == (100, 60) and done.tiles == total and done.sigma == 0.1
+    # a photo of about 2 megapixels (1600x1200): the limit follows the budget
+    monkeypatch.setenv("DENOISER_WORK_BUDGET", str(ex.photo_work("tiny", 1600, 1200).units))
+    assert ex.photo_limit("tiny") == pytest.approx(1.92, rel=0.05)
+    ex.check_photo("tiny", 1600, 1200)
+    calls = _unet_calls(unet)
+    try:
+        with pytest.raises(ValueError, match=r"1700x1300 \(2\.2 megapixels\).*at most about 1\.9 megapixels"):
+            ex.denoise_tiles("tiny", Image.new("RGB", (1700, 1300)))
+        assert calls[1:] == []
+    finally:
+        calls[0].remove()
+
+
+def test_a_layer_is_checked_in_one_place(weights):
+    """Issue 41 item 6 (the engine side): the layer selector's value, an int or text a person typed, becomes the
+    layer's index or a sentence naming how many layers there are; the four stages use the same rule."""
+    ex = Engine(weights)
+    gen = ex.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
+    assert [ex.check_layer(gen, v) for v in (0, 3, "3", " 2 ", 1.0)] == [0, 3, 3, 2, 1]
+    for bad in ("zzz", "4", 4, -1, "1.5", None, "", True):
+        with pytest.raises(ValueError, match=f"layer {str(bad)[:40]!r} is not one of this generation's 4 attention layers: pick one"):
+            ex.check_layer(gen, bad)
+    with pytest.raises(ValueError, match="layer 'zzz' is not one of this generation's 4 attention layers"):
+        ex.four_stages(gen, 0, 1, (3, 4), "zzz", 0)
+    panel, stages = ex.four_stages(gen, 0, 1, (3, 4), "1", 0)
+    assert stages.layer == ex.layer_names(gen, 1)[1]

@@ -129,6 +129,22 @@ def test_a_result_png_is_named_after_and_carries_its_settings(tmp_path):
     assert read_settings(tmp_path / "plain.png") == {}
 
 
+def test_an_edit_result_is_named_after_its_operation_and_carries_its_settings(tmp_path):
+    """Issue 41 item 12: an Edit result says how it was made, in its name and in its PNG (before: image.png, nothing)."""
+    from denoiser.image_io import read_settings, save_with_settings, settings_name
+
+    tiles = {"model": "cifar10", "operation": "denoise", "sigma": 0.0, "sigma_removed": 0.0812, "add_noise": 0.0,
+             "chain": False, "seed": 0, "steps": 50, "guidance_scale": 1.0, "pag_scale": 0.0, "class": None,
+             "size": [2400, 1800]}
+    path = save_with_settings(Image.new("RGB", (4, 4), "red"), tmp_path, tiles)
+    assert path.name == "cifar10-denoise-sigma0.0812-2400x1800.png" and read_settings(path) == tiles
+    edit = {**tiles, "operation": "edit", "strength": 0.3, "sigma_removed": None, "chain": True, "seed": 7, "class": "cat",
+            "guidance_scale": 2.0, "pag_scale": 0.5, "size": [32, 32]}
+    assert settings_name(edit) == "cifar10-edit-cat-strength0.3-steps50-seed7-cfg2-pag0.5-32x32.png"
+    sampled = {**tiles, "operation": "denoise (sampled)", "add_noise": 0.2, "chain": True, "size": [32, 32]}
+    assert settings_name(sampled) == "cifar10-denoise-sampled-noise0.2-sigma0.0812-steps50-seed0-32x32.png"
+
+
 def test_pictures_from_tensors_saturate_instead_of_wrapping():
     """to_pil rounds and clamps through denoiser.pixels: a value past 1 is white, not a wrapped dark level."""
     from denoiser.image_io import to_pil, uint8_to_pil

@@ -72,6 +72,20 @@ def test_denoise_with_estimated_sigma(model, clean):
     assert psnr(auto, target).mean() > psnr((noisy / 2 + 0.5).clamp(0, 1), target).mean() + 5
 
 
+def test_restore_says_which_sigma_its_denoise_removed(model, clean):
+    """Issue 41 item 11: the σ a denoise estimated is reported (the app shows it), and denoising with it is the same as
+    denoise() estimating it itself; a clean picture's is ~0, edit and inpaint report none."""
+    unet, sched, diffusion = model
+    picture = Image.fromarray(((clean[0] / 2 + 0.5) * 255).round().byte().permute(1, 2, 0).numpy())
+    noisy = restore(unet, diffusion, picture, "denoise", noise_first=0.1, seed=2)
+    assert noisy.sigma == pytest.approx(float(estimate_sigma(noisy.noisy).mean()))
+    assert noisy.sigma == pytest.approx(0.1, rel=0.2)
+    assert torch.equal(noisy.result.images, denoise(unet, diffusion, noisy.noisy).images)  # as if estimated inside
+    assert restore(unet, diffusion, picture, "denoise").sigma < 0.01  # clean: nothing to remove
+    assert restore(unet, diffusion, picture, "denoise", sigma=0.2).sigma == 0.2  # the σ given
+    assert restore(unet, diffusion, picture, "edit", strength=0.1, steps=2).sigma is None
+
+
 def test_edit_strength_zero_keeps_and_one_samples(model, clean):
     unet, sched, diffusion = model
     kept = edit(unet, diffusion, clean, strength=0.0).images

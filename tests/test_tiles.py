@@ -9,7 +9,7 @@ from PIL import Image
 
 from denoiser.diffusion import Diffusion
 from denoiser.restore import denoise
-from denoiser.tiles import StopTiling, TileOptions, blend_window, denoise_tiles, tile_starts
+from denoiser.tiles import StopTiling, TileOptions, blend_window, denoise_tiles, photo_sigma, tile_starts
 
 
 @pytest.fixture
@@ -185,4 +185,26 @@ def test_the_cli_and_the_app_write_what_denoise_photo_gives(tmp_path, class_unet
     assert res.psnr()[0] == noisy_db and f"noisy {noisy_db:.2f} dB, result {res.psnr()[1]:.2f} dB" in capsys.readouterr().out
     steps = []  # the app: no class, σ estimated; 24 tiles in one batch
     shown = Engine(tmp_path / "w").denoise_tiles("model", Image.open(path), on_step=lambda i, n, x: steps.append((i, n)))
-    assert torch.equal(pil_to_tensor(shown), denoise_photo(unet, sched, photo).result) and steps == [(23, 24)]
+    reference = denoise_photo(unet, sched, photo)
+    assert torch.equal(pil_to_tensor(shown.image), reference.result) and steps == [(23, 24)]
+    assert shown.sigma == reference.sigma == photo_sigma(photo) and (shown.tiles, shown.tile) == (24, 16)
+
+
+def test_denoise_photo_reports_its_sigma_and_fills_the_buffer_it_is_given(tiny_unet):
+    """Issue 41 item 11: the σ estimated is returned (the app shows it); `out` is filled band by band, so a progress
+    callback sees the finished rows over the photo (the app's live preview), and the result is the same."""
+    from denoiser.tiles import denoise_photo, photo_sigma
+
+    sched = DDPMScheduler(clip_sample=True)
+    photo = _photo(40, 56)
+    plain = denoise_photo(tiny_unet, sched, photo, options=TileOptions(batch_size=3))
+    assert plain.sigma == photo_sigma(photo) > 0.05
+    out, seen = photo.clone(), []
+    given = denoise_photo(tiny_unet, sched, photo, options=TileOptions(batch_size=3), out=out,
+                          progress=lambda done, total: seen.append(torch.equal(out, photo)))
+    assert given.result is out and torch.equal(out, plain.result)
+    assert seen[0] and not seen[-1]  # untouched before the first band is finished, the result at the end
+    noisy = denoise_photo(tiny_unet, sched, photo, noise_first=0.2, seed=1)
+    assert noisy.sigma == photo_sigma(noisy.noisy) > plain.sigma  # estimated on what it denoised
+    with pytest.raises(ValueError, match="out must be a"):
+        denoise_photo(tiny_unet, sched, photo, out=torch.zeros(3, 8, 8, dtype=torch.uint8))

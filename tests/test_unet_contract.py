@@ -237,3 +237,21 @@ def test_save_load_round_trip_is_deterministic(class_unet, tmp_path):
         return {k: list(v) if isinstance(v, tuple) else v for k, v in config.items() if not k.startswith("_")}
 
     assert public(loaded.config) == public(class_unet.config)
+
+
+def test_compile_with_a_prompt_no_graph_breaks_no_recompiles():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    unet = UNet(**TINY, cross_attention_dim=8).eval()
+    x, t, _ = _inputs()
+    states = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])  # diffusers' encoder_attention_mask: 1 = token, 0 = padding
+    with torch.no_grad():
+        explained = torch._dynamo.explain(unet)(x, t, encoder_hidden_states=states, encoder_attention_mask=mask)
+        assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+        compiled = torch.compile(unet, fullgraph=True, backend="aot_eager")
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for m in (mask, torch.zeros_like(mask)):  # another prompt, then an empty one: no recompilation
+                kwargs = {"encoder_hidden_states": states, "encoder_attention_mask": m}
+                torch.testing.assert_close(compiled(x, t, **kwargs).sample, unet(x, t, **kwargs).sample,
+                                           rtol=1e-5, atol=1e-5)

@@ -1,12 +1,20 @@
 """The Edit tab: your own photo denoised (at its own size, in tiles), denoised by sampling, edited or inpainted.
 Its components (edit_tab), its handlers (EditHandlers) and which handler serves which of its events (wire_edit);
 the page around it is denoiser/app/layout.py, the work the engine's (denoiser/app/engine.py).
+
+An upload is copied into a folder of the session's own at once (`keep_upload`): Gradio's cache sweep
+(layout's `delete_cache`) removes the uploaded file after ~15 minutes, the copy lives as long as the session
+(a gr.State whose delete_callback removes it). A run streams its progress into the tab's live preview; the
+results and the text under them change only when a run finishes, so after Stop they are still the last run's.
 """
 
 from __future__ import annotations
 
 import html
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,19 +22,53 @@ import gradio as gr
 from PIL import Image
 
 from denoiser.app.controls import keep, run_controls
-from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, Restored
+from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, DenoisedTiles, Restored
 from denoiser.app.handlers import NO_CLASS, Handlers, enlarge, guidance_info
-from denoiser.app.streaming import relay, stream, user_error
-from denoiser.image_io import open_image, to_pil
+from denoiser.app.streaming import not_started, relay, stream, user_error
+from denoiser.image_io import open_image, read_settings, save_with_settings, to_pil
 
-__all__ = ["edit_tab", "wire_edit", "EditHandlers", "photo_preview", "restored_text", "EXAMPLES"]
+__all__ = ["edit_tab", "wire_edit", "EditHandlers", "photo_preview", "restored_text", "tiles_text", "keep_upload",
+           "drop_upload", "EXAMPLES", "CLEAN_SIGMA"]
 
 log = logging.getLogger("denoiser.app")
-# the Edit tab paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the
-# editor holds as PNG on every run (a 2400x1800 JPEG of 600 KB became 8.4 MB), a copy this size stays ~1 MB
+# the editor paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the editor
+# holds as PNG on every run (a 2400x1800 JPEG of 600 KB became 8.4 MB), a copy this size stays ~1 MB. Denoise
+# reads the photo itself, at its own size; the other operations work at the model's size (16-64 pixels).
 EDIT_PREVIEW = 512
 # pictures for the Edit tab's examples, drawn for this project (MIT, like the code); shipped in the package
 EXAMPLES = Path(__file__).resolve().parent / "examples"
+# a noise level σ below this ([0, 1] pixel scale, ~2.5/255) is a clean picture: denoising leaves it as it is
+CLEAN_SIGMA = 0.01
+# the Edit form as a result's PNG carries it (denoiser.image_io.save_with_settings), in wire_edit's order
+EDIT_FORM = ("model", "class", "guidance_scale", "operation", "sigma", "strength", "add_noise", "steps", "seed", "pag_scale")
+
+
+def keep_upload(path: str) -> dict:
+    """A copy of an uploaded file in a folder of its own, outside Gradio's swept cache: {"source": the upload,
+    "copy": the copy}. The session's state holds it; drop_upload removes it."""
+    folder = Path(tempfile.mkdtemp(prefix="upload-", dir=os.environ.get("GRADIO_TEMP_DIR")))
+    copy = folder / ("photo" + Path(path).suffix.lower()[:8])
+    shutil.copyfile(path, copy)
+    return {"source": str(path), "copy": str(copy)}
+
+
+def drop_upload(upload) -> None:
+    """Remove a kept upload's copy (a session that ended, a photo replaced or cleared)."""
+    if isinstance(upload, dict) and upload.get("copy"):
+        shutil.rmtree(Path(upload["copy"]).parent, ignore_errors=True)
+
+
+def _photo_file(photo: str | None, upload) -> str | None:
+    """The file to read the photo from: the session's copy of the upload the page shows, or the upload itself when
+    its copy is not made yet (Run pressed as the upload arrives)."""
+    if not photo:
+        return None
+    if isinstance(upload, dict) and upload.get("source") == photo and Path(upload["copy"]).is_file():
+        return upload["copy"]
+    if not Path(photo).is_file():
+        raise ValueError("your upload has expired (kept while the page is in use, at most 30 minutes idle): "
+                         "upload the photo again")
+    return photo
 
 
 def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
@@ -45,12 +87,12 @@ def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
     return image, alpha
 
 
-def _edit_input(editor, photo: str | None, shown: str | None, operation: str):
-    """(image, mask) to process: the uploaded file's picture (as the editor shows it, `photo_preview`) and the mask
-    painted on it; without an upload (an API call), the editor's own picture."""
-    if not photo:
+def _edit_input(editor, source: str | None, photo: str | None, shown: str | None, operation: str):
+    """(image, mask) to process at the model's size: the photo's small copy (as the editor shows it, `photo_preview`)
+    and the mask painted on it; without an upload (an API call), the editor's own picture."""
+    if not source:
         return _editor_layers(editor)
-    image, _ = photo_preview(photo)
+    image, _ = photo_preview(source)
     if shown != photo:  # the editor still holds the previous upload: its paint belongs to that one
         if operation == "inpaint":
             raise ValueError("the new photo is still loading into the editor: paint the area to regenerate on it, then Run")
@@ -73,17 +115,62 @@ def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
     img = open_image(path, min_long_side=EDIT_PREVIEW, what="the upload")  # a JPEG decodes at a reduced scale
     w, h = img.info["source_size"]
     img.thumbnail((EDIT_PREVIEW, EDIT_PREVIEW), Image.Resampling.LANCZOS)
-    return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}. Denoise works on this copy at its size; "
+    img.info["source_size"] = (w, h)
+    return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}. Denoise works on the photo at its own size; "
                  "the other operations on its centre square at the model's size. To inpaint, paint over what to regenerate.")
 
 
-def restored_text(r: Restored) -> str:
-    """What the Edit tab did, in one paragraph, pointing to where to look next."""
+def _sigma_text(sigma: float | None, given: float) -> str:
+    """The noise level σ a denoise removed, in words; for a clean picture, what to do to see a change."""
+    if sigma is None:
+        return ""
+    how = "as you set it" if given else "estimated from your picture"
+    text = f" Noise level σ removed: **{sigma:.3f}** ({sigma * 255:.1f}/255, {how})."
+    if sigma < CLEAN_SIGMA:
+        text += (" **Your picture is already clean (σ ≈ 0): denoising leaves it as it is.** To see the round trip, "
+                 "set **add noise first** (e.g. 0.1): noise is added to the centre square, then removed, scored by PSNR.")
+    return text
+
+
+def restored_text(r: Restored, given_sigma: float = 0.0) -> str:
+    """What the Edit tab did at the model's size, in one paragraph, pointing to where to look next."""
     w, h = r.input_size
-    text = f"**{r.operation}**: {w}x{h} input, resized and centre-cropped to {r.size}x{r.size}; {r.steps} step(s)"
+    text = f"**{r.operation}**: {w}x{h} input, resized and centre-cropped to {r.size}x{r.size}; {r.steps} step(s)."
     if r.psnr is not None:
-        text += f". PSNR against your image: noisy {r.psnr[0]:.2f} dB, result {r.psnr[1]:.2f} dB"
-    return text + ". Open the **Attention** tab to see where the U-Net looked."
+        text += f" PSNR against your image: noisy {r.psnr[0]:.2f} dB, result {r.psnr[1]:.2f} dB."
+    if r.sigma is not None:
+        text += _sigma_text(r.sigma, given_sigma if r.psnr is None else 1.0)
+    return text + " Open the **Attention** tab to see where the U-Net looked."
+
+
+def tiles_text(size: tuple[int, int], d: DenoisedTiles, given_sigma: float = 0.0) -> str:
+    """What a denoise at the photo's own size did, in one paragraph."""
+    w, h = size
+    return (f"**denoise**: {w}x{h} input, denoised at its own size in overlapping {d.tile}x{d.tile} tiles (the model's "
+            f"size; {d.tiles:,} tiles).{_sigma_text(d.sigma, given_sigma)} The result downloads at {w}x{h}. The Attention "
+            "tab opens runs at the model's size: denoise (sampled), edit, inpaint, or noise added first.")
+
+
+def _preview_last(updates):
+    """relay's updates with its first output (the live preview) moved beside the status line, and the upload's state
+    (set once the run is done: its time to live starts again) between them: an API caller's results start with the
+    gallery and its text, as they did before the preview. Returns relay's result; closing this closes relay
+    (stopping the work)."""
+    try:
+        while True:
+            try:
+                first, *rest = next(updates)
+            except StopIteration as done:
+                return done.value
+            yield (*rest[:-1], first, gr.skip(), rest[-1])
+    finally:
+        updates.close()
+
+
+def _write_png(img: Image.Image, folder: Path, name: str) -> str:
+    path = folder / name
+    img.save(path, format="PNG", compress_level=1)  # a picture to look at: fast over small
+    return str(path)
 
 
 class EditHandlers:
@@ -93,68 +180,160 @@ class EditHandlers:
         self.h, self.engine = h, h.engine
 
     def run_edit(self, model, class_name, guidance_scale, editor, operation, sigma, strength, add_noise, steps, seed,
-                 pag_scale=0.0, photo=None, shown=None, progress=gr.Progress()):
+                 pag_scale=0.0, photo=None, shown=None, upload=None, progress=gr.Progress()):
         """photo: the uploaded file; shown: the upload the editor holds (it may still hold the previous one while
-        a new upload loads): the pixels processed and "your image" both come from the upload."""
+        a new upload loads); upload: the session's copy of it (keep_upload). The results, their text and the
+        attention views change only once the run has finished; while it runs, the live preview shows how far it is."""
         try:
             classes = self.engine.classes(model) if model else []
             label = classes.index(class_name) if class_name in classes else None
-            image, mask = _edit_input(editor, photo, shown, operation)
+            source = _photo_file(photo, upload)
+            form = dict(model=model, operation=operation, sigma=float(sigma or 0), add_noise=float(add_noise or 0),
+                        guidance_scale=float(guidance_scale or 1), pag_scale=float(pag_scale or 0), steps=int(steps),
+                        seed=int(seed), **{"class": None if label is None else class_name})
+            if operation == "edit":
+                form["strength"] = float(strength or 0)
+            if operation == "denoise" and not form["add_noise"]:  # at the picture's own size, in tiles
+                image = self._whole_photo(model, source, editor)
+            else:
+                image, mask = _edit_input(editor, source, photo, shown, operation)
         except Exception as err:  # noqa: BLE001
-            raise user_error(err) from None
-        if operation == "denoise" and not float(add_noise or 0):  # at the picture's own size, in tiles
-            return (yield from self._denoise_in_tiles(model, image, sigma, progress))
+            error = user_error(err)
+            yield (*(gr.skip(),) * 14, not_started(error.message))  # the status line says why ...
+            raise error from None  # ... and the toast (an API caller gets the error)
+        if operation == "denoise" and not form["add_noise"]:
+            return (yield from self._denoise_in_tiles(form, image, upload, progress))
 
         def job(on_step):
-            return self.engine.restore(model, operation, image, mask, float(sigma or 0), float(strength or 0),
-                                       float(add_noise or 0), steps, seed, label, guidance_scale, on_step=on_step,
+            return self.engine.restore(model, operation, image, mask, form["sigma"], float(strength or 0),
+                                       form["add_noise"], steps, seed, label, guidance_scale, on_step=on_step,
                                        pag_scale=pag_scale)
 
+        gen, noisy, done = yield from _preview_last(relay(stream(job, progress, operation), 14, self._preview, status=True))
+        folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         square = _centre_square(image)  # what the model sees: "your image" in the result's framing
-        gen, noisy, done = yield from relay(stream(job, progress, operation), 13,
-                                            lambda preview: [(square, "your image"), (enlarge(preview), "predicted clean image (x₀)")],
-                                            status=True)
-        text = restored_text(done)
-        shown = [(square, "your image")] + ([(noisy, "noisy")] if noisy is not None else [])
-        shown.append((to_pil(gen.images, nrow=1, padding=0), "result"))
-        yield (
-            shown, text, *self.h.generation_views(gen), f"done: {operation} with {model}, {gen.num_steps} step(s)",
-        )
+        shown = [(_write_png(square, folder, "your-image.png"), "your image")]
+        if noisy is not None:
+            shown.append((_write_png(noisy, folder, "noisy.png"), f"noisy (σ {form['add_noise']:g} added)"))
+        result = to_pil(gen.images, nrow=1, padding=0)
+        settings = {**form, "sigma_removed": done.sigma, "chain": operation != "denoise", "size": list(result.size)}
+        shown.append((str(save_with_settings(result, folder, settings)), "result"))
+        yield (shown, restored_text(done, form["sigma"]), *self.h.generation_views(gen), gr.update(visible=False), upload,
+               f"done: {operation} with {model}, {gen.num_steps} step(s)")
 
-    def _denoise_in_tiles(self, model, image: Image.Image, sigma, progress):
+    def _whole_photo(self, model, source: str | None, editor) -> Image.Image:
+        """The photo at its own size for the tiled denoise, refused over the work budget before it is decoded."""
+        if not source:  # an API call: the editor's picture
+            image = _editor_layers(editor)[0]
+            if image is None:
+                raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
+        else:
+            small, _ = photo_preview(source)  # a file that is no image says so; its size known before the full decode
+            self.engine.check_photo(model, *small.info["source_size"])
+            image = open_image(source, what="the upload")
+        self.engine.check_photo(model, *image.size)
+        return image
+
+    @staticmethod
+    def _preview(preview: Image.Image) -> dict:
+        return gr.update(value=enlarge(preview), visible=True, label="running: the predicted clean image (x₀) so far")
+
+    @staticmethod
+    def _tiles_preview(preview: Image.Image) -> dict:
+        return gr.update(value=preview, visible=True, label="running: your photo, its tiles denoised so far (top first)")
+
+    def _denoise_in_tiles(self, form: dict, image: Image.Image, upload, progress):
         """One-step denoise of the picture at its own size (overlapping tiles at the model's size): before and after
-        in the same framing. The attention views keep the previous generation (tiles are no generation)."""
+        in the same framing, the result at full size carrying its settings. The attention views keep the previous
+        generation (tiles are no generation)."""
 
         def job(on_step):
-            return self.engine.denoise_tiles(model, image, float(sigma or 0) or None, on_step=on_step)
+            return self.engine.denoise_tiles(form["model"], image, form["sigma"] or None, on_step=on_step)
 
-        result = yield from relay(stream(job, progress, "denoise (tiles)"), 13, lambda _: [(image, "your image")], status=True)
-        size = self.engine.model(model)[0].config.sample_size
-        text = (f"**denoise**: {image.width}x{image.height} input, denoised at its own size in overlapping {size}x{size} "
-                "tiles (the model's size). The Attention tab opens runs at the model's size: denoise (sampled), edit, "
-                "inpaint, or noise added first.")
-        yield ([(image, "your image"), (result, "result")], text, *(gr.skip(),) * 10,
-               f"done: denoise with {model}, at {image.width}x{image.height}")
+        done = yield from _preview_last(relay(stream(job, progress, "denoise (tiles)"), 14, self._tiles_preview,
+                                                   status=True))
+        folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
+        settings = {**form, "sigma_removed": round(done.sigma, 4), "chain": False, "size": list(image.size)}
+        shown = [(_write_png(image, folder, "your-image.png"), "your image"),
+                 (str(save_with_settings(done.image, folder, settings)), "result")]
+        yield (shown, tiles_text(image.size, done, form["sigma"]), *(gr.skip(),) * 10, gr.update(visible=False), upload,
+               f"done: denoise with {form['model']}, at {image.width}x{image.height}")
 
-    def load_photo(self, path):
-        """The photo into the editor, and which upload it shows; a file that cannot be used says why under the
-        upload box (no path)."""
+    def load_photo(self, path, upload=None, model=None):
+        """The photo into the editor, which upload it shows and the session's copy of it (the previous copy
+        removed); a file that cannot be used says why under the upload box (no path), and so does a photo too large
+        to denoise at its own size with the chosen model."""
+        drop_upload(upload)
         try:
             image, text = photo_preview(path)
         except (ValueError, FileNotFoundError) as err:
             log.info("upload refused: %s", err)
-            return None, f"**This file cannot be used:** {html.escape(str(err), quote=False)}", path
-        return ({"background": image, "layers": [], "composite": image} if image is not None else None), text, path
+            return None, f"**This file cannot be used:** {html.escape(str(err), quote=False)}", path, None
+        if image is None:
+            return None, text, path, None
+        if model:
+            try:
+                self.engine.check_photo(model, *image.info["source_size"])
+            except ValueError as err:
+                text = f"**Too large to denoise at its own size:** {html.escape(str(err), quote=False)}"
+        return {"background": image, "layers": [], "composite": image}, text, path, keep_upload(path)
+
+    def sizes(self, model) -> str:
+        """The note above the upload box: the largest photo the chosen model denoises at its own size (the work budget)."""
+        try:
+            limit, size = self.engine.photo_limit(model), self.engine.model(model)[0].config.sample_size
+        except (ValueError, OSError, TypeError):
+            return ""
+        return (f"Denoise keeps your photo's size: up to **{limit:.1f} megapixels** with {model} (the server's work "
+                f"budget). Denoise (sampled), edit and inpaint work on its centre square at the model's size "
+                f"({size}x{size}).")
+
+    def scope(self, model, operation, add_noise, upload) -> str:
+        """What Run will do with this form, said before it runs: the whole photo, or its centre square (noise added
+        first, or an operation at the model's size)."""
+        try:
+            size = self.engine.model(model)[0].config.sample_size
+        except (ValueError, OSError, TypeError):
+            return ""
+        square = f"the centre square of your photo at the model's size ({size}x{size})"
+        if operation != "denoise":
+            return f"Run: **{operation}** on {square}."
+        if float(add_noise or 0):
+            return (f"Run: **noise σ {float(add_noise):g} is added to {square}, then removed** (the round trip, scored "
+                    "by PSNR): not your whole photo. Set add noise first to 0 to denoise the photo at its own size.")
+        return "Run: **denoise your whole photo at its own size**, in tiles of the model's size."
+
+    def use_settings(self, gallery, selected) -> tuple:
+        """The Edit form refilled from the selected result's PNG (the result when "your image" is selected): EDIT_FORM's
+        fields (the class among its model's choices), and a status line saying so."""
+        skip = (gr.skip(),) * len(EDIT_FORM)
+        items = list(gallery or [])
+        if not items:
+            return (*skip, "run first: the settings are read from a result")
+        chosen = items[min(int(selected or 0), len(items) - 1)]
+        paths = [Path(str(i[0] if isinstance(i, (list, tuple)) else i)) for i in [chosen, *reversed(items)]]
+        found = [(p, s) for p in paths if (s := read_settings(p))]
+        if not found:
+            return (*skip, "this result carries no settings")
+        path, s = found[0]
+        updates = {k: gr.update(value=s[k]) if k in s else gr.skip() for k in EDIT_FORM}
+        updates["class"] = self.h.class_choices(s.get("model"), s.get("class") or NO_CLASS)  # among its model's classes
+        return (*updates.values(), f"settings of {path.name} restored: press Run")
 
 
 def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
     """The Edit tab's components, onto `c` (layout.keep)."""
+    from denoiser.app.layout import SESSION_TTL_S  # layout builds this tab: imported once it is loaded
+
+    # the session's copy of its upload (keep_upload): removed when the session ends or its photo is replaced
+    upload = gr.State(None, time_to_live=SESSION_TTL_S, delete_callback=drop_upload)
+    edit_selected = gr.State(0)  # the result selected in the Edit gallery
     with gr.Tab("Edit"):
         with gr.Row():
             with gr.Column(scale=1):
-                gr.Markdown("Denoise keeps your photo's size (a copy at most 512 pixels a side); denoise (sampled), edit "
-                            "and inpaint work on its centre square at the model's size.", elem_id="edit-sizes")
-                photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 50 megapixels and 25 MB",
+                edit_sizes = gr.Markdown("Denoise keeps your photo's size; denoise (sampled), edit and inpaint work on its "
+                                         "centre square at the model's size.", elem_id="edit-sizes")
+                photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 25 MB",
                                 file_types=["image"], type="filepath", elem_id="photo", height=110)
                 photo_text = gr.Markdown(elem_id="photo-text")
                 # the editor gets a small copy of the photo (photo_preview): painting needs no more, and the
@@ -163,14 +342,24 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
                                         label="inpaint mask",  # short: the editor's toolbar covers long labels
                                         brush=gr.Brush(colors=["#ff00ff"], color_mode="fixed"))
                 gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [photo], label="try a picture")
-            # Run, Stop, the progress and the results together, beside the photo (on a phone: under it)
+            # Run, Stop, the progress, the live preview and the results together, beside the photo (on a phone: under it)
             with gr.Column(scale=1):
                 edit_run, edit_stop, edit_status = run_controls("Run", "edit-run", "edit-stop", "edit-status")
-                edit_result = gr.Gallery(label="before and after", format="png", columns=3, elem_id="edit-result",
-                                         object_fit="contain", height="auto")
+                edit_scope = gr.Markdown(elem_id="edit-scope")  # what Run will do with this form
+                # shown while a run goes on: the results below stay the last finished run's (after Stop too)
+                edit_preview = gr.Image(label="running: the predicted clean image (x₀) so far", format="png", type="pil",
+                                        interactive=False, elem_id="edit-preview", height=220, visible=False)
+                # "fit-content": as tall as its pictures (Gradio's "auto" keeps a 450-pixel minimum, mostly empty)
+                edit_result = gr.Gallery(label="before and after (lossless PNG; the result named after and carrying "
+                                         "its settings)", format="png", columns=3, elem_id="edit-result",
+                                         object_fit="contain", height="fit-content", type="filepath", interactive=False,
+                                         buttons=["download"])
                 edit_text = gr.Markdown(elem_id="edit-text")
+                edit_use = gr.Button("use these settings (the selected result's)", size="sm", elem_id="edit-use-settings")
             with gr.Column(scale=1):
-                operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation")
+                operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation", elem_id="operation",
+                                     info="denoise: one prediction, your photo at its size; denoise (sampled): the reverse "
+                                          "chain; edit: redraw (SDEdit); inpaint: regenerate what you paint")
                 # the Edit tab's own model, class and guidance: what runs is what this tab shows
                 edit_model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
                 edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
@@ -178,33 +367,54 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
                 edit_guidance = gr.Slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
                                           elem_id="edit-cfg", info=guidance_info())
                 # one slider per meaning, the one the operation uses shown
-                sigma = gr.Slider(0, 1, value=0.0, step=0.01, label="noise σ of your image (0 = estimate)",
-                                  elem_id="sigma", info="denoise: how noisy your picture is, on the 0..1 pixel scale")
+                sigma = gr.Slider(0, 1, value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
+                                  elem_id="sigma", info="noise level σ on the 0..1 pixel scale (0.04 ≈ 10/255)")
                 strength = gr.Slider(0.01, 1, value=0.3, step=0.01, label="edit strength", elem_id="strength", visible=False,
                                      info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
                                           "replaces it with a picture of its own")
-                add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (noise level σ, 0 = off)", info="the round trip with PSNR: noise is added to the centre square at the model's size (e.g. 32x32), then removed")
-                edit_steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps (sampled denoise, edit, inpaint)")
-                edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
-                edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)",
-                                     info="for sampled denoise, edit and inpaint; 0 = off")
+                add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (0 = off)", elem_id="add-noise",
+                                      info="noise level σ added, then removed (the round trip, with PSNR): works on the "
+                                           "centre square at the model's size, not your whole photo")
+                edit_steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps (sampled denoise, edit, inpaint)",
+                                       elem_id="edit-steps")
+                edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1],
+                                      elem_id="edit-seed")
+                edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance",
+                                     elem_id="edit-pag", info="perturbed-attention guidance (PAG), for sampled denoise, "
+                                                              "edit and inpaint; 0 = off")
     keep(c, locals())
 
 
-def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list) -> None:
-    """Which handler serves which of the Edit tab's events; `cleared`: the attention views a new run clears."""
+def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
+    """Which handler serves which of the Edit tab's events; `cleared`: the attention views a new run clears.
+    Returns the Run event (Stop cancels it)."""
     e = EditHandlers(h)
+    scope_inputs = [c.edit_model, c.operation, c.add_noise, c.upload]
     app.load(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
+    app.load(e.sizes, c.edit_model, c.edit_sizes, api_name=False)
+    app.load(e.scope, scope_inputs, c.edit_scope, api_name=False)
     c.edit_model.change(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
-    c.edit_class.change(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
-    # an upload, an example, or cleared; photo_shown: which upload the editor holds
+    c.edit_model.change(e.sizes, c.edit_model, c.edit_sizes, api_name=False, show_progress="hidden")
+    # a person's choice of model or class sets the guidance to the model's; "use these settings" keeps the result's
+    c.edit_model.input(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
+    c.edit_class.input(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
+    # an upload, an example, or cleared; photo_shown: which upload the editor holds; upload: the session's copy
     # unqueued: the photo (or why it cannot be used) shows at once, not after a running job's queue turn
-    c.photo.change(e.load_photo, c.photo, [c.editor, c.photo_text, c.photo_shown], api_name=False, queue=False)
+    c.photo.change(e.load_photo, [c.photo, c.upload, c.edit_model], [c.editor, c.photo_text, c.photo_shown, c.upload],
+                   api_name=False, queue=False).then(e.scope, scope_inputs, c.edit_scope, api_name=False, queue=False)
+    for control in (c.edit_model, c.operation, c.add_noise):  # Run's scope said before it runs
+        control.change(e.scope, scope_inputs, c.edit_scope, api_name=False, queue=False, show_progress="hidden")
+    form = [c.edit_model, c.edit_class, c.edit_guidance, c.operation, c.sigma, c.strength, c.add_noise, c.edit_steps,
+            c.edit_seed, c.edit_pag]  # EDIT_FORM's order
     c.editing = c.edit_run.click(
         e.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.sigma, c.strength, c.add_noise,
-                     c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown],
-        [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared, c.edit_status],
+                     c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown, c.upload],
+        [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared,
+         c.edit_preview, c.upload, c.edit_status],
         concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit")
+    c.edit_result.select(h.select_result, None, c.edit_selected, api_name=False)
+    c.edit_use.click(e.use_settings, [c.edit_result, c.edit_selected], [*form, c.edit_status], api_name=False)
     # each operation shows its own amount: the noise σ for denoise, the strength for edit
     c.operation.change(lambda op: (gr.update(visible=op.startswith("denoise")), gr.update(visible=op == "edit")),
                        c.operation, [c.sigma, c.strength], api_name=False, queue=False, show_progress="hidden")
+    return c.editing

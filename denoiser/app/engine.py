@@ -10,6 +10,7 @@ the exact weights of the sampling pass, rebuilt for the clicked pixel only (O(N�
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
@@ -19,8 +20,14 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from denoiser.app.budget import plan_work, work_of
-from denoiser.attention import AttentionRecord, capture_attention, identity_attention
+from denoiser.app.budget import Work, plan_work, work_of
+from denoiser.attention import (
+    AttentionRecord,
+    MultiHeadSelfAttention,
+    attention_layer_names,
+    capture_attention,
+    identity_attention,
+)
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
@@ -34,7 +41,7 @@ from denoiser.sampling import ModelDefaults, Plan, read_defaults, resolve, run
 from denoiser.tiles import TileOptions, count_tiles, denoise_photo
 from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
-__all__ = ["Engine", "Generation", "Restored", "Stages", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
+__all__ = ["Engine", "Generation", "Restored", "DenoisedTiles", "Stages", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
 
 # what the Edit tab does to a user's image (denoiser.restore) -> (operation, method); "denoise" is the one-step
 # MMSE estimate, "denoise (sampled)" the reverse chain
@@ -43,6 +50,12 @@ RESTORE_OPERATIONS = {"denoise": ("denoise", "mmse"), "denoise (sampled)": ("den
 
 # the samplers with integer timesteps: the attention view re-runs a step's exact UNet call
 SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
+
+# a tile's work besides its UNet call (cut, moved, blended), in work units: measured (bench/app_photo_limit.md), it is
+# 2.2 ms a tile on 2 cores, as much as 0.6 units of UNet work; small models (synthetic-shapes: 0.25 units a tile)
+# would otherwise get a megapixel limit 3x too high for the budget's time
+TILE_UNITS = 0.6
+PREVIEW_SIDE = 256  # a tiled denoise's live preview: at most this many pixels a side
 
 LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance_scale": (1.0, 10.0),
           "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0)}
@@ -94,6 +107,17 @@ class Restored:
     size: int  # the model's sample size it was resized and cropped to
     steps: int  # timesteps the chain visited
     psnr: tuple[float, float] | None  # (noisy, result) in dB against the image, when noise was added first
+    sigma: float | None = None  # the noise σ denoise removed ([0, 1] pixel scale: the one given, or estimated)
+
+
+@dataclass
+class DenoisedTiles:
+    """A photo denoised at its own size in tiles (Engine.denoise_tiles), for the page to show and say."""
+
+    image: Image.Image  # the result, at the photo's size
+    sigma: float  # the noise σ removed ([0, 1] pixel scale: the one given, or estimated on the photo)
+    tiles: int  # UNet images it took
+    tile: int  # tile side in pixels (the model's sample size)
 
 
 @dataclass
@@ -264,7 +288,7 @@ class Engine:
         )
         gen = Generation(model, res.result.images, inputs, timesteps, plan.labels, plan.guidance)
         noisy = None if res.noisy is None else _to_image(to_unit(res.noisy))
-        done = Restored(operation, image.size, unet.config.sample_size, len(timesteps), res.psnr())
+        done = Restored(operation, image.size, unet.config.sample_size, len(timesteps), res.psnr(), res.sigma)
         return gen, noisy, done
 
     def sampling_defaults(self, name: str) -> tuple[dict, bool]:
@@ -283,19 +307,50 @@ class Engine:
         the only sampling slot for long. DENOISER_WORK_BUDGET changes the budget."""
         work_of(unet, num_images, steps, guidance, timesteps).check()
 
+    def photo_work(self, model: str, width: int, height: int) -> Work:
+        """The work of denoising a width x height photo in tiles: one UNet call per tile by the budget's one rule
+        (work_of), plus TILE_UNITS a tile for cutting, moving and blending it."""
+        unet, _ = self.model(model)
+        work = work_of(unet, count_tiles(unet, height, width), 1)
+        return dataclasses.replace(work, per_step=work.per_step + TILE_UNITS)
+
+    def photo_limit(self, model: str) -> float:
+        """The most megapixels a photo may have for `model`'s tiled denoise within the work budget (a square photo's
+        tiles counted; a long thin one has a few more) and image_io's MAX_PIXELS: what the page shows before an upload."""
+        per_mp = self.photo_work(model, 1000, 1000).units  # the work of one (square) megapixel
+        return min(MAX_PIXELS / 1e6, self.photo_work(model, 1000, 1000).budget / per_mp)
+
+    def check_photo(self, model: str, width: int, height: int) -> None:
+        """Refuse, before any work, a photo whose tiled denoise is over the work budget: its size, the limit, the fix."""
+        work = self.photo_work(model, width, height)
+        if work.over:
+            raise ValueError(
+                f"your photo is {width}x{height} ({width * height / 1e6:.1f} megapixels): denoising it with {model} takes "
+                f"{work.num_images:,} tiles, over the work budget; at most about {self.photo_limit(model):.1f} megapixels "
+                "with this model: upload a smaller copy, or choose an operation that works on the centre square"
+            )
+
     def denoise_tiles(self, model: str, image: Image.Image, sigma: float | None = None,
-                      on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> Image.Image:
+                      on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> DenoisedTiles:
         """A picture of any size denoised at its own size (denoiser.tiles.denoise_photo); sigma None: estimated.
-        on_step(i, total, the input in [0, 1]) after each batch of tiles."""
+        Refused over the work budget before any work (check_photo). on_step(i, total, preview) after each batch of
+        tiles, i counting tiles (0-based: the last tile done) of `total`; preview (1, 3, h, w) in [0, 1]: the rows
+        finished so far over the rest of the photo, at most PREVIEW_SIDE pixels a side."""
         from torchvision.transforms.functional import pil_to_tensor
 
         unet, train_sched = self.model(model)
         photo = pil_to_tensor(image.convert("RGB"))  # (3, H, W) uint8
-        opts = TileOptions()
-        self.check_work(unet, count_tiles(unet, photo.shape[1], photo.shape[2], opts), 1)  # one UNet call per tile
-        shown = uint8_to_unit(photo[None])  # (1, 3, H, W): what the progress shows
-        progress = None if on_step is None else (lambda done, total: on_step(done - 1, total, shown))
-        return uint8_to_pil(denoise_photo(unet, train_sched, photo, sigma, options=opts, progress=progress).result)
+        self.check_photo(model, photo.shape[2], photo.shape[1])
+        out = photo.clone()  # filled with the result row band by row band: the preview shows how far it is
+        stride = max(1, -(-max(photo.shape[1:]) // PREVIEW_SIDE))  # every stride-th pixel: a cheap small preview
+
+        def progress(done: int, total: int) -> None:
+            on_step(done - 1, total, uint8_to_unit(out[None, :, ::stride, ::stride]))  # (1, 3, h, w)
+
+        res = denoise_photo(unet, train_sched, photo, sigma, options=TileOptions(), out=out,
+                            progress=None if on_step is None else progress)
+        return DenoisedTiles(uint8_to_pil(res.result), res.sigma, count_tiles(unet, *photo.shape[1:]),
+                             unet.config.sample_size)
 
     def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
         """Exact attention of step `step` for the whole batch (re-run under capture, cached per step)."""
@@ -319,29 +374,56 @@ class Engine:
         y, x = (_check_int("pixel y", pixel[0], 0, S - 1), _check_int("pixel x", pixel[1], 0, S - 1))
         return attention_panel(gen.images[image], self.records(gen, step), (y, x), batch_index=image)
 
+    def check_layer(self, gen: Generation, layer) -> int:
+        """The layer selector's value (an index among the generation's attention layers: an int, or text a person
+        typed such as "3") as that index; anything else is refused in words naming how many layers there are."""
+        count = len(attention_layer_names(self.model(gen.model)[0]))
+        try:
+            index = float(str(layer).strip()) if isinstance(layer, str) else float(layer)
+        except (TypeError, ValueError):
+            index = float("nan")
+        if isinstance(layer, bool) or not index.is_integer() or not 0 <= index < count:  # NaN fails too
+            raise ValueError(f"layer {str(layer)[:40]!r} is not one of this generation's {count} attention layers: "
+                             "pick one from the list")
+        return int(index)
+
     def layer_names(self, gen: Generation, step: int = 0) -> list[str]:
         return [layer_label(r) for r in self.records(gen, step)]
 
-    def mean_attention_maps(self, gen: Generation, image: int, pixel: tuple[int, int]) -> Image.Image:
-        """Every layer's attention of `pixel`, averaged over all denoising steps (one UNet call per step)."""
+    def mean_attention_maps(self, gen: Generation, image: int, pixel: tuple[int, int],
+                            on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> Image.Image:
+        """Every layer's attention of `pixel`, averaged over all denoising steps (one UNet call per step, the whole
+        batch with its guidance: refused over the work budget before any work). on_step(i, total, the image in
+        [0, 1]) after each step; raising from it stops the work."""
         image = _check_int("image", image, 0, gen.images.shape[0] - 1)
         S = gen.images.shape[-1]
         y, x = (_check_int("pixel y", pixel[0], 0, S - 1), _check_int("pixel x", pixel[1], 0, S - 1))
+        unet, _ = self.model(gen.model)
+        self.check_work(unet, gen.images.shape[0], gen.num_steps, gen.guidance)
         sums: dict[str, torch.Tensor] = {}
         for step in range(gen.num_steps):
             for rec in self.records(gen, step):
                 H, W = rec.size
                 w = rec.weights((y * H // S, x * W // S))[image]  # (h, H, W)
                 sums[layer_label(rec)] = sums.get(layer_label(rec), 0) + w / gen.num_steps
+            if on_step is not None:
+                on_step(step, gen.num_steps, gen.images[image : image + 1])
         return maps_panel(gen.images[image], list(sums.items()), (y, x))
 
-    def head_table(self, gen: Generation, image: int, timesteps=(800, 400, 100, 20)) -> tuple[list[LayerStats], Image.Image]:
-        """`attention_stats` of one generated image (its class, heads included) and the charts."""
+    def head_table(self, gen: Generation, image: int, timesteps=(800, 400, 100, 20),
+                   on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> tuple[list[LayerStats], Image.Image]:
+        """`attention_stats` of one generated image (its class, heads included) and the charts. Its UNet calls (per
+        noise level: one plain, then one per layer and per head switched off) are refused over the work budget
+        before any work; on_step(i, total, the image in [0, 1]) after each call, and raising from it stops the work."""
         image = _check_int("image", image, 0, gen.images.shape[0] - 1)
         unet, train_sched = self.model(gen.model)
+        calls = len(timesteps) * _stats_calls_per_timestep(unet)
+        self.check_work(unet, 1, calls)
         labels = None if gen.labels is None else gen.labels[image : image + 1]
         x0 = unit_to_model(gen.images[image : image + 1])  # (1, C, H, W)
-        rows = attention_stats(unet, train_sched, x0, labels, timesteps)
+        shown = gen.images[image : image + 1]
+        with _each_call(unet, None if on_step is None else (lambda i: on_step(i, calls, shown))):
+            rows = attention_stats(unet, train_sched, x0, labels, timesteps)
         return rows, stats_chart(rows)
 
     def ablate(self, gen: Generation, layers: list[str], heads: list[int] | None = None, on_step=None) -> Generation:
@@ -359,8 +441,7 @@ class Engine:
     ) -> tuple[Image.Image, Stages]:
         """Scores before softmax and weights after, for one pixel, layer and head, as a picture and as numbers."""
         recs = self.records(gen, step)
-        layer = _check_int("layer", layer, 0, len(recs) - 1)
-        rec = recs[layer]
+        rec = recs[self.check_layer(gen, layer)]
         head = _check_int("head", head, 0, rec.num_heads - 1)
         S = gen.images.shape[-1]
         H, W = rec.size
@@ -375,6 +456,34 @@ class Engine:
             weight_sum=float(weights.sum()),
             top=[((int(i) // W, int(i) % W), float(scores.flatten()[i]), float(w)) for w, i in zip(top.values, top.indices)],
         )
+
+
+def _stats_calls_per_timestep(unet) -> int:
+    """UNet calls attention_stats makes per noise level: the plain call, then each layer switched off, then each
+    head of a layer with several heads."""
+    layers = [m for m in unet.modules() if isinstance(m, MultiHeadSelfAttention)]
+    return 1 + sum(1 + (m.num_heads if m.num_heads > 1 else 0) for m in layers)
+
+
+@contextlib.contextmanager
+def _each_call(unet, after: Callable[[int], None] | None):
+    """after(i) once the i-th UNet call (0-based) made by this thread inside the context has returned; an exception
+    it raises ends the caller's work. Calls from other threads (other sessions) are not counted."""
+    if after is None:
+        yield
+        return
+    thread, count = threading.get_ident(), [0]
+
+    def hook(module, args, output) -> None:
+        if threading.get_ident() == thread:
+            count[0] += 1
+            after(count[0] - 1)
+
+    handle = unet.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _check_scales(guidance_scale, pag_scale, guide_scale) -> dict:

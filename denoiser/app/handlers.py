@@ -114,18 +114,6 @@ def _head_rows(rows) -> list[list]:
     return table
 
 
-def _layer_index(layer, count: int) -> int:
-    """The layer selector's value (its index among the generation's layers) checked: a clear message for anything
-    else, such as text typed into it."""
-    try:
-        index = int(layer or 0)
-    except (TypeError, ValueError):
-        index = -1
-    if not 0 <= index < count:
-        raise ValueError(f"layer {str(layer)[:40]!r} is not one of this generation's {count} attention layers: pick one from the list")
-    return index
-
-
 def _generation(gen):
     """The session's generation, or the one refusal every view of it gives before there is one (NO_GENERATION)."""
     if gen is None:
@@ -440,7 +428,7 @@ class Handlers:
         if gen is None:
             return None, "", gr.skip()
         records = self.engine.records(gen, step)
-        layer = _layer_index(layer, len(records))
+        layer = self.engine.check_layer(gen, layer)
         heads = records[layer].num_heads
         head = int(head) if head is not None and 0 <= int(head) < heads else 0
         choices = gr.update(choices=list(range(heads)), value=head)

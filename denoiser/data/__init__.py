@@ -6,7 +6,7 @@
 The data flow, one module each: the table of sources (sources.py: folder.py, cifar10.py, synthetic.py,
 hf_source.py, webdataset.py on the bases of base.py, images decoded by decode.py) -> the prepared store
 (store.py) or a stream of shards (stream.py) -> the order of the items (order.py) -> this process's StepBatch
-(training.py, images.py).
+(training.py, images.py), with each image's caption picked for the step when the data carries text (captions.py).
 """
 
 from __future__ import annotations

@@ -19,16 +19,20 @@ from pathlib import Path
 
 import numpy as np
 
+from denoiser.data.captions import Candidates, CaptionSpec
+
 __all__ = ["Chunk", "Source", "Shards", "gather", "labels_from", "slug", "content_key"]
 
 
 @dataclass
 class Chunk:
-    """Some items read: the usable ones' pixels (n, 3, S, S) uint8 and labels (n,), and the skipped ones."""
+    """Some items read: the usable ones' pixels (n, 3, S, S) uint8, labels (n,) and candidate captions, and the
+    skipped ones."""
 
     pixels: np.ndarray
     labels: np.ndarray
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (item, why)
+    candidates: list[Candidates] | None = None  # (n,) each image's caption groups; None: the source asks for no text
 
 
 class Source:
@@ -37,6 +41,7 @@ class Source:
     name = "source"
     classes: list[str]  # class names; empty for an unconditional set
     parallel = True  # worth decoding in worker processes
+    caption_spec: CaptionSpec | None = None  # the text asked for (data.caption_columns); None: no captions
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -50,12 +55,14 @@ class Source:
 
 class Shards:
     """Items of a sharded source, found without decoding: shard s holds `sizes[s]` items, item i labelled
-    `labels[s][i]`; `encoded(s, i)` reads one item's image (bytes or a file path) for `decode_image`."""
+    `labels[s][i]` with caption groups `candidates[s][i]` (small: read when indexing, like the labels);
+    `encoded(s, i)` reads one item's image (bytes or a file path) for `decode_image`."""
 
     where: str  # data.path, for messages
     classes: list[str]  # class names; empty for an unconditional set
     sizes: list[int]
     labels: list[np.ndarray]  # per shard, (sizes[s],) int64
+    candidates: list[list[Candidates]] | None = None  # per shard, each item's caption groups; None: no text asked for
     dropped: list[tuple[str, str]]  # items left out when indexing (item, why)
 
     def encoded(self, shard: int, item: int) -> bytes | str:
@@ -65,17 +72,21 @@ class Shards:
         raise NotImplementedError
 
 
-def gather(items: list[tuple[str, int]], size: int, decode: Callable[[str], np.ndarray]) -> Chunk:
-    """Decode (item, label) pairs with `decode(item) -> (3, S, S) uint8`, skipping the failures."""
-    pixels, labels, skipped = [], [], []
-    for item, label in items:
+def gather(items: list[tuple[str, int]], size: int, decode: Callable[[str], np.ndarray],
+           candidates: list[Candidates] | None = None) -> Chunk:
+    """Decode (item, label) pairs with `decode(item) -> (3, S, S) uint8`, skipping the failures; `candidates`, one per
+    item, travel with the items kept."""
+    pixels, labels, kept, skipped = [], [], [], []
+    for j, (item, label) in enumerate(items):
         try:
             pixels.append(decode(item))
             labels.append(label)
+            kept.append(j)
         except Exception as err:  # noqa: BLE001 - any failure of one item skips that item, with its reason
             skipped.append((item, f"{type(err).__name__}: {err}"))
     stacked = np.stack(pixels) if pixels else np.empty((0, 3, size, size), dtype=np.uint8)
-    return Chunk(stacked, np.asarray(labels, dtype=np.int64), skipped)
+    texts = None if candidates is None else [candidates[j] for j in kept]
+    return Chunk(stacked, np.asarray(labels, dtype=np.int64), skipped, texts)
 
 
 def labels_from(values: list, column: str, where: str) -> tuple[list[int], list[str]]:

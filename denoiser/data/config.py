@@ -3,7 +3,7 @@ of sources, denoiser/data/sources.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["DataConfig"]
 
@@ -19,6 +19,8 @@ class DataConfig:
     random_flip: bool = True  # random horizontal flips during training
     image_column: str = "image"  # "hf": the column holding the images
     label_column: str | None = "label"  # "hf", "webdataset" (extension; also .cls) and metadata.csv/jsonl: the class column; absent or null = unconditional
+    caption_columns: list[str] = field(default_factory=list)  # each image's candidate captions: "folder" metadata.csv/jsonl columns (e.g. [name, short_name, keywords, category]), "hf" columns, "webdataset" member extensions ([txt]); [] = no captions (denoiser/data/captions.py)
+    caption_separator: str | None = "|"  # splits a caption value into several candidates (the emoji set's keywords "fruit|red"); null: a value is one caption
     split: str = "train"  # "hf": the split of a DatasetDict or of a cached dataset name
     num_workers: int | None = None  # processes decoding images, for the store or a stream (None = every core; 1 = this process alone)
     streaming: bool = False  # "webdataset", "hf": read the shards as a stream while training, no store (docs/training-data.md, Streaming)

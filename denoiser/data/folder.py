@@ -4,6 +4,10 @@
 - a flat folder of images, unconditional;
 - Hugging Face's `imagefolder` convention: `root/metadata.csv` or `metadata.jsonl` with a `file_name`
   column (relative to root) and, optionally, a label column (`data.label_column`).
+
+Captions (`data.caption_columns`, denoiser/data/captions.py) come from the folder's metadata.csv or metadata.jsonl
+in any layout: its rows name their image in a `file_name` column (or `file`, as the emoji set's metadata.csv does),
+relative to root; an image no row names has no text. The metadata file is then part of the store's key.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from denoiser.data.base import Chunk, Source, content_key, gather, labels_from, slug
+from denoiser.data.captions import Candidates, CaptionSpec
 from denoiser.data.decode import decode_image, is_image_name
 
 __all__ = ["FolderSource", "list_folder"]
@@ -33,6 +38,8 @@ class FolderSource(Source):
     classes: list[str]
     key: str  # file names, sizes, mtimes and labels, hashed
     name: str = "folder"
+    caption_spec: CaptionSpec | None = None
+    candidates: list[Candidates] | None = None  # each file's caption groups (when caption_spec asks for text)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -46,7 +53,8 @@ class FolderSource(Source):
                 raise ValueError("not an image file (unknown extension)")
             return decode_image(self.root / rel, size)
 
-        return gather(list(zip(self.files[start:stop], self.labels[start:stop])), size, decode)
+        texts = None if self.candidates is None else self.candidates[start:stop]
+        return gather(list(zip(self.files[start:stop], self.labels[start:stop])), size, decode, texts)
 
 
 def _walk(folder: Path) -> list[Path]:
@@ -79,12 +87,14 @@ def _from_metadata(root: Path, meta: Path, label_column: str | None) -> tuple[li
     return files, labels, classes
 
 
-def list_folder(path: str | Path, label_column: str | None = "label") -> FolderSource:
-    """The files of an image folder in one of the three layouts (see the module docstring), with their labels."""
+def list_folder(path: str | Path, label_column: str | None = "label", captions: CaptionSpec | None = None) -> FolderSource:
+    """The files of an image folder in one of the three layouts (see the module docstring), with their labels, and
+    their caption groups when `captions` asks for text."""
     root = Path(path).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"data folder {str(root)!r} does not exist; set data.path to an image folder")
     meta = next((root / m for m in METADATA if (root / m).is_file() and _has_file_name(root / m)), None)
+    texts, text_key = (None, "") if captions is None else _captions(root, captions)
     if meta is not None:
         files, labels, classes = _from_metadata(root, meta, label_column)
         extra = hashlib.sha256(meta.read_bytes()).hexdigest()
@@ -104,7 +114,27 @@ def list_folder(path: str | Path, label_column: str | None = "label") -> FolderS
             f"no images found in {str(root)!r}: expected class sub-folders with .jpg/.png files "
             "(root/cat/001.png), images directly in the folder, or a metadata.csv with a file_name column"
         )
-    return FolderSource(root, files, labels, classes, _folder_key(root, files, labels, extra), name=slug(root.name))
+    candidates = None if texts is None else [texts.get(str(Path(f)), []) for f in files]
+    return FolderSource(root, files, labels, classes, _folder_key(root, files, labels, extra + text_key),
+                        name=slug(root.name), caption_spec=captions, candidates=candidates)
+
+
+def _captions(root: Path, spec: CaptionSpec) -> tuple[dict[str, Candidates], str]:
+    """(file relative to root -> caption groups, hash of the metadata file) from the folder's metadata.csv/jsonl."""
+    meta = next((root / m for m in METADATA if (root / m).is_file()), None)
+    if meta is None:
+        raise ValueError(f"data.caption_columns needs a metadata.csv or metadata.jsonl in {str(root)!r}, with a "
+                         f"file_name (or file) column naming each image and the text columns; there is none. Add one, "
+                         "or set data.caption_columns to [] for no captions")
+    rows = _read_metadata(meta)
+    columns = list(dict.fromkeys(c for r in rows for c in r))  # csv: the header; jsonl: every key seen
+    spec.check(columns, str(meta))
+    name = next((c for c in ("file_name", "file") if c in columns), None)
+    if name is None:
+        raise ValueError(f"{meta} has no file_name (or file) column to tell which image each row describes (its "
+                         f"columns: {', '.join(columns)}); add one, with each image's path relative to {str(root)!r}")
+    by_file = {str(Path(str(r[name]))): spec.candidates([r.get(c) for c in spec.columns]) for r in rows if r.get(name)}
+    return by_file, hashlib.sha256(meta.read_bytes()).hexdigest()
 
 
 def _has_file_name(meta: Path) -> bool:

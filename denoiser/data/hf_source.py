@@ -4,7 +4,7 @@ dataset name already in the local `datasets` cache (read offline; nothing is dow
 Images are read as their stored bytes (or path) and decoded by `denoiser.data.decode`, like a folder's
 files: the same EXIF handling, JPEG draft decoding and resize to `sample_size`. A `ClassLabel` column's
 names become the class names (the exported model's classes.txt); integer labels keep their values and
-string labels are sorted into names.
+string labels are sorted into names. Caption columns (`data.caption_columns`) hold a string or a list of strings.
 
 With `data.streaming: true` the dataset's files are a stream's shards instead (`HFShards`, one per file): the
 Arrow files behind a save_to_disk folder or a cached dataset, memory-mapped and read in place, or a folder's parquet
@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from denoiser.data.base import Chunk, Shards, Source, content_key, gather, labels_from, slug
+from denoiser.data.captions import CaptionSpec
 from denoiser.data.decode import decode_image
 
 __all__ = ["HFSource", "HFShards", "open_hf"]
@@ -66,10 +67,14 @@ def open_hf(path: str, split: str, cache_dir: str | None = None):
     return ds, key or ds._fingerprint
 
 
-def _check_columns(feats, path: str, image_column: str, label_column: str | None) -> bool:
-    """Check the image column is an Image feature; returns whether the label column is there."""
+def _check_columns(feats, path: str, image_column: str, label_column: str | None,
+                   captions: CaptionSpec | None = None) -> bool:
+    """Check the image column is an Image feature and the caption columns are there; returns whether the label
+    column is there."""
     from datasets import Image
 
+    if captions is not None:
+        captions.check(feats, repr(path))
     if image_column not in feats:
         raise ValueError(f"{path!r} has no column {image_column!r} (columns: {', '.join(feats)}); set data.image_column")
     if not isinstance(feats[image_column], Image):
@@ -98,11 +103,12 @@ class HFSource(Source):
     cache_dir: str | None = None
     name: str = "hf"
     label_map: dict | None = field(default=None, repr=False)  # stored label value -> class index (non-ClassLabel)
+    caption_spec: CaptionSpec | None = None
 
     def __post_init__(self):
         ds, self._key = open_hf(self.path, self.split, self.cache_dir)
         self.name = "hf-" + slug(Path(self.path).name or self.path)
-        self._labelled = _check_columns(ds.features, self.path, self.image_column, self.label_column)
+        self._labelled = _check_columns(ds.features, self.path, self.image_column, self.label_column, self.caption_spec)
         self.classes = []
         if self._labelled:
             values = ds.with_format("arrow")[self.label_column].to_pylist()
@@ -124,11 +130,15 @@ class HFSource(Source):
             labels = [self.label_map[v] for v in labels]
         names = [f"row {start + i}" for i in range(len(images))]
         by_name = dict(zip(names, images))
+        texts = None
+        if self.caption_spec is not None:
+            values = zip(*(rows[c].to_pylist() for c in self.caption_spec.columns))
+            texts = [self.caption_spec.candidates(v) for v in values]
 
         def decode(name: str) -> np.ndarray:
             return decode_image(_encoded(by_name[name]), size)
 
-        return gather(list(zip(names, labels)), size, decode)
+        return gather(list(zip(names, labels)), size, decode, texts)
 
 
 def _encoded(image: dict | None) -> bytes | str:
@@ -201,16 +211,19 @@ class _ParquetFile:
 class HFShards(Shards):
     """A Hugging Face dataset's files as a stream's shards (data.streaming: true), one shard per file: the Arrow
     files of a save_to_disk folder or cached dataset (memory-mapped), or a folder's .arrow or .parquet files. Only
-    the label column is read up front; labels and class names follow the store's rules (`_label_names`)."""
+    the label and caption columns are read up front; labels and class names follow the store's rules (`_label_names`)."""
 
     def __init__(self, path: str, image_column: str = "image", label_column: str | None = "label", split: str = "train",
-                 cache_dir: str | None = None):
+                 cache_dir: str | None = None, captions: CaptionSpec | None = None):
         self.where, self.image_column, self.dropped = path, image_column, []
         self.paths, self.parquet = _shard_files(path, split, cache_dir)
         self._pid, self._readers = os.getpid(), {}
         files = [self._reader(s) for s in range(len(self.paths))]
         features = files[0].features
-        labelled = _check_columns(features, path, image_column, label_column)
+        labelled = _check_columns(features, path, image_column, label_column, captions)
+        if captions is not None:  # small text, read up front as the labels are
+            self.candidates = [[captions.candidates(v) for v in zip(*(f.column(c) for c in captions.columns))]
+                               for f in files]
         self.sizes = [f.num_rows for f in files]
         values = [v for f in files for v in (f.column(label_column) if labelled else [0] * f.num_rows)]
         self.classes = []

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from denoiser.data.captions import CaptionTable
 from denoiser.pixels import to_model_range
 
 __all__ = ["ImageDataset", "MappedImages", "StepBatch", "split"]
@@ -70,12 +71,14 @@ class MappedImages:
 
 @dataclass
 class ImageDataset:
-    """Images (N, C, H, W) uint8 with labels (N,) and class names; `store` is the folder they are mapped from."""
+    """Images (N, C, H, W) uint8 with labels (N,) and class names; `store` is the folder they are mapped from;
+    `candidates`, each image's candidate captions (denoiser/data/captions.py), when the data carries text."""
 
     images: torch.Tensor | MappedImages
     labels: torch.Tensor
     classes: list[str]
     store: Path | None = None
+    candidates: CaptionTable | None = None
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -86,12 +89,13 @@ class ImageDataset:
     def subset(self, indices: torch.Tensor) -> ImageDataset:
         """Some rows: a view of a memory-mapped set, a copy of an in-memory one."""
         images = self.images.take(indices) if isinstance(self.images, MappedImages) else self.images[indices]
-        return ImageDataset(images, self.labels[indices], self.classes, self.store)
+        candidates = None if self.candidates is None else self.candidates.take(indices)
+        return ImageDataset(images, self.labels[indices], self.classes, self.store, candidates)
 
     def in_memory(self) -> ImageDataset:
         """The same set with its pixels copied into a tensor (for small sets: validation, FID references)."""
         if isinstance(self.images, MappedImages):
-            return ImageDataset(self.images[torch.arange(len(self))], self.labels, self.classes, self.store)
+            return ImageDataset(self.images[torch.arange(len(self))], self.labels, self.classes, self.store, self.candidates)
         return self
 
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +108,8 @@ class StepBatch:
     """This process's images of one optimizer step, in [accumulation step][image] order, from the store or a stream.
 
     The training loop draws each image's noise, timestep, flip and label drop: for `draw_size` images from a
-    generator keyed by `draw_key`, of which this process's images take positions `draw_rows`. With the store the
+    generator keyed by `draw_key`, of which this process's images take positions `draw_rows`. Captions are picked
+    (and dropped) here already, each by (seed, step, image id) alone (denoiser/data/captions.py). With the store the
     draws cover the step's whole global batch (key: the step), so any split over processes and accumulation
     steps slices the same numbers; a stream's ranks draw for their own images only (key: step, rank).
     """
@@ -115,7 +120,7 @@ class StepBatch:
     draw_key: tuple[int, ...]
     draw_size: int
     draw_rows: torch.Tensor  # (n,) positions among the draw_size draws
-    captions: list[str] | None = None  # one per image, for text-conditioned models; None: the data has no text
+    captions: list[str] | None = None  # one per image, picked for this step ("" = dropped, no condition); None: the data has no text
     skipped: list[tuple[str, str]] = field(default_factory=list)  # items that could not be decoded (item, why)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 __all__ = ["seed_of", "batch_indices", "buffer_order", "Cursor",
-           "SHARD_ORDER", "SHUFFLE_BUFFER", "DRAWS", "STORE_EPOCH", "DROPOUT"]
+           "SHARD_ORDER", "SHUFFLE_BUFFER", "DRAWS", "STORE_EPOCH", "DROPOUT", "CAPTIONS"]
 
 # What each seeded stream is for: the first part of its seed_of(...).
 SHARD_ORDER = 1  # a stream's shards of epoch e: (seed, e)
@@ -26,6 +26,7 @@ SHUFFLE_BUFFER = 2  # a stream's shuffle buffer of epoch e on rank r: (seed, e, 
 DRAWS = 3  # noise, timesteps, flips and label drops of a step's items (denoiser.train)
 STORE_EPOCH = 4  # the store's permutation of epoch e: (seed, e)
 DROPOUT = 5  # the torch seed of dropout at step s on rank r (denoiser.train)
+CAPTIONS = 6  # the caption of image i at step s, and whether it is dropped: (seed, s), then i (denoiser/data/captions.py)
 
 
 def seed_of(*parts: int) -> int:

@@ -1,13 +1,15 @@
 """The prepared store: a source decoded once at one size into an Arrow file that every process memory-maps.
 
     $DENOISER_CACHE/data/<name>-<size>px-<key>/   (default ~/.cache/denoiser/data/...)
-        data.arrow    a `datasets` Arrow file: `pixels` (3*S*S uint8, CHW) and `label`; open it with
+        data.arrow    a `datasets` Arrow file: `pixels` (3*S*S uint8, CHW) and `label`, and `captions` (each image's
+                      candidate captions, list<list<string>>) when the data config asks for text; open it with
                       datasets.Dataset.from_file
-        store.json    source, size, counts, classes
+        store.json    source, size, counts, classes, caption columns
         skipped.txt   every item left out, with the reason
 
-The key hashes the source's fingerprint (for a folder: every file's name, size, mtime and label) and the
-size, so a changed folder or another size is prepared again, next to the old store. Concurrent preparers
+The key hashes the source's fingerprint (for a folder: every file's name, size, mtime and label), the
+size, and the captions asked for (if any), so a changed folder, another size or other captions are prepared
+again, next to the old store. Concurrent preparers
 (processes of one run, runs on two machines over a shared filesystem) take an exclusive lock on
 `.<store>.lock`: one prepares into a temporary folder and renames it into place, the others wait for the
 lock and then open the finished store. A killed preparer leaves only a temporary folder, removed by the next.
@@ -35,6 +37,7 @@ import torch
 
 from denoiser.atomic import atomic_path, remove_temporaries
 from denoiser.data.base import Chunk, Source
+from denoiser.data.captions import CaptionTable
 from denoiser.data.images import ImageDataset, MappedImages
 
 __all__ = ["StoreInfo", "cache_root", "store_path", "prepare_store", "open_store"]
@@ -53,7 +56,8 @@ def cache_root() -> Path:
 
 
 def store_path(source: Source, size: int) -> Path:
-    key = hashlib.sha256(f"{FORMAT}\0{source.fingerprint()}\0{size}".encode()).hexdigest()[:16]
+    text = f"\0{source.caption_spec.key}" if source.caption_spec else ""  # none asked: the key stores had before captions
+    key = hashlib.sha256(f"{FORMAT}\0{source.fingerprint()}\0{size}{text}".encode()).hexdigest()[:16]
     return cache_root() / "data" / f"{source.name}-{size}px-{key}"
 
 
@@ -146,6 +150,8 @@ def _prepare(source: Source, size: int, path: Path, num_workers: int | None, pro
     remove_temporaries(path)  # a killed preparer's leftovers (we hold the lock)
     label = ClassLabel(names=source.classes) if source.classes else Value("int64")
     features = Features({"pixels": List(Value("uint8"), length=3 * size * size), "label": label})
+    if source.caption_spec:
+        features["captions"] = List(List(Value("string")))
     num_images, skipped = 0, []
     with atomic_path(path, tag=f"{socket.gethostname()}-{os.getpid()}") as tmp:  # readers see no store or a whole one
         tmp.mkdir()
@@ -154,8 +160,10 @@ def _prepare(source: Source, size: int, path: Path, num_workers: int | None, pro
         for chunk in _chunks(source, size, num_workers):
             if len(chunk.labels):
                 flat = pa.array(chunk.pixels.reshape(-1))  # (n, 3, S, S) -> n*3*S*S values, zero-copy
-                writer.write_table(pa.table({"pixels": pa.FixedSizeListArray.from_arrays(flat, 3 * size * size),
-                                             "label": pa.array(chunk.labels)}))
+                columns = {"pixels": pa.FixedSizeListArray.from_arrays(flat, 3 * size * size), "label": pa.array(chunk.labels)}
+                if source.caption_spec:
+                    columns["captions"] = pa.array(chunk.candidates, type=pa.list_(pa.list_(pa.string())))
+                writer.write_table(pa.table(columns))
             num_images += len(chunk.labels)
             skipped += chunk.skipped
             bar.update(len(chunk.labels) + len(chunk.skipped))
@@ -164,6 +172,7 @@ def _prepare(source: Source, size: int, path: Path, num_workers: int | None, pro
         (tmp / "skipped.txt").write_text("".join(f"{item}\t{why}\n" for item, why in skipped))
         meta = {"format": FORMAT, "source": source.name, "fingerprint": source.fingerprint(), "size": size,
                 "layout": "pixels: 3*size*size uint8 per image, (C, H, W) row-major", "classes": source.classes,
+                "caption_columns": list(source.caption_spec.columns) if source.caption_spec else [],
                 "num_items": len(source), "num_images": num_images, "skipped": len(skipped),
                 "prepared_seconds": round(time.monotonic() - started, 2), "workers": num_workers or len(os.sched_getaffinity(0))}
         (tmp / "store.json").write_text(json.dumps(meta, indent=1))
@@ -171,7 +180,8 @@ def _prepare(source: Source, size: int, path: Path, num_workers: int | None, pro
 
 
 def open_store(path: Path) -> ImageDataset:
-    """The store's images, memory-mapped (nothing decoded, nothing copied), with labels and class names."""
+    """The store's images, memory-mapped (nothing decoded, nothing copied), with labels, class names and candidate
+    captions (when it has them)."""
     from datasets import Dataset
 
     meta = json.loads((path / "store.json").read_text())
@@ -179,7 +189,8 @@ def open_store(path: Path) -> ImageDataset:
     table = Dataset.from_file(str(path / "data.arrow")).data.table  # memory-mapped Arrow
     chunks = [c.flatten().to_numpy(zero_copy_only=True).reshape(-1, 3, S, S) for c in table.column("pixels").chunks]
     labels = torch.from_numpy(table.column("label").to_numpy().astype(np.int64))
-    return ImageDataset(MappedImages(chunks), labels, list(meta["classes"]), store=path)
+    candidates = CaptionTable(table.column("captions")) if "captions" in table.column_names else None
+    return ImageDataset(MappedImages(chunks), labels, list(meta["classes"]), store=path, candidates=candidates)
 
 
 def _nothing_usable(path: Path) -> str:

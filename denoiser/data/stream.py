@@ -12,7 +12,8 @@ The order, for process r (global rank) of W, with n = train.batch_size / W image
   - the epochs follow one another without end: every rank takes as many steps as asked, however many items its
     shards hold;
   - step s is items [s·n, (s+1)·n) of rank r's stream; noise, timesteps, flips and label drops come from a
-    generator seeded by (train.seed, s, r) (denoiser.train).
+    generator seeded by (train.seed, s, r) (denoiser.train); each item's caption from (train.seed, s, its global
+    item number) (denoiser/data/captions.py).
 The order is computed in denoiser/data/order.py (`Cursor`); this module indexes the shards, holds out validation
 and decodes each step's items.
 
@@ -23,7 +24,7 @@ workers there are changes only who decodes a step, never what it holds.
 
 What resume guarantees. Resumed at step k, with the same shards (same files and contents), the same config and
 the same number of processes W, every rank replays its descriptors up to position k·n without reading an image and
-continues from there: each later step takes exactly the images, labels, noise, timesteps, flips and label drops of
+continues from there: each later step takes exactly the images, labels, captions, noise, timesteps, flips and label drops of
 the uninterrupted run, and the weights end equal to float tolerance (identical on the same machine and software).
 `data.num_workers` may differ between the sittings: it only changes who decodes a step. (Nor does a step's content
 depend on `train.gradient_accumulation_steps`, which only splits the rank's n images.) It does NOT hold:
@@ -53,6 +54,7 @@ import numpy as np
 import torch
 
 from denoiser.data.base import Shards
+from denoiser.data.captions import CaptionPick, CaptionTable
 from denoiser.data.config import DataConfig
 from denoiser.data.decode import decode_image
 from denoiser.data.images import ImageDataset, StepBatch
@@ -68,9 +70,11 @@ def _decode(shards: Shards, shard: int, item: int, size: int) -> np.ndarray:
     return decode_image(shards.encoded(shard, item), size)
 
 
-def decode_items(shards: Shards, items: np.ndarray, starts: np.ndarray, size: int, draw_key: tuple[int, ...]) -> StepBatch:
-    """Decode descriptors (k, 2) into a StepBatch whose draws are its own (keyed `draw_key`); a failed item's place
-    takes the next decodable one (cyclically)."""
+def decode_items(shards: Shards, items: np.ndarray, starts: np.ndarray, size: int, draw_key: tuple[int, ...],
+                 pick: CaptionPick | None = None) -> StepBatch:
+    """Decode descriptors (k, 2) into a StepBatch whose draws are its own (keyed `draw_key`, step first); a failed
+    item's place takes the next decodable one (cyclically). With `pick` and captioned shards, each image's caption is
+    picked for the step."""
     pixels: list[np.ndarray | None] = []
     skipped = []
     for s, i in items.tolist():
@@ -86,9 +90,13 @@ def decode_items(shards: Shards, items: np.ndarray, starts: np.ndarray, size: in
                          "check the shards, or remove the broken ones from data.path")
     take = [j if pixels[j] is not None else _next_good(j, good) for j in range(len(pixels))]
     labels = np.array([shards.labels[s][i] for s, i in items.tolist()], dtype=np.int64)
-    ids = starts[items[:, 0]] + items[:, 1]
-    return StepBatch(torch.from_numpy(ids[take]), torch.from_numpy(np.stack([pixels[j] for j in take])),
-                     torch.from_numpy(labels[take]), draw_key, len(take), torch.arange(len(take)), skipped=skipped)
+    ids = (starts[items[:, 0]] + items[:, 1])[take]
+    captions = None
+    if pick is not None and shards.candidates is not None:
+        kept = items[take].tolist()
+        captions = pick([shards.candidates[s][i] for s, i in kept], ids.tolist(), draw_key[0])
+    return StepBatch(torch.from_numpy(ids), torch.from_numpy(np.stack([pixels[j] for j in take])),
+                     torch.from_numpy(labels[take]), draw_key, len(take), torch.arange(len(take)), captions, skipped)
 
 
 def _next_good(j: int, good: list[int]) -> int:
@@ -108,8 +116,10 @@ def _holdout(sizes: list[int], val_size: int) -> list[int]:
 class Stream:
     """A sharded source opened as rank `rank` of `world`: shards indexed, validation items held out, counts checked."""
 
-    def __init__(self, shards: Shards, size: int, seed: int, rank: int, world: int, buffer: int, val_size: int):
+    def __init__(self, shards: Shards, size: int, seed: int, rank: int, world: int, buffer: int, val_size: int,
+                 caption_dropout: float = 0.0):
         self.shards, self.size, self.seed, self.rank, self.world, self.buffer = shards, size, seed, rank, world, buffer
+        self.pick = CaptionPick(seed, caption_dropout)
         sizes, total = shards.sizes, sum(shards.sizes)
         if val_size >= total:
             raise ValueError(f"data.val_size={val_size} leaves no training images (the shards of {shards.where!r} "
@@ -138,16 +148,18 @@ class Stream:
     def validation(self) -> ImageDataset:
         """The held-out items, decoded in order (those that fail are left out, with a warning)."""
         items = [(s, i) for s, k in enumerate(self.first) for i in range(k)]
-        pixels, labels, failed = [], [], 0
+        pixels, labels, texts, failed = [], [], [], 0
         for s, i in items:
             try:
                 pixels.append(_decode(self.shards, s, i, self.size))
                 labels.append(int(self.shards.labels[s][i]))
+                texts.append(self.shards.candidates[s][i] if self.shards.candidates is not None else [])
             except Exception as err:  # noqa: BLE001 - as for training items: skipped with the reason
                 failed += 1
                 logger.warning("validation item %s skipped: %s: %s", self.shards.item_name(s, i), type(err).__name__, err)
         images = torch.from_numpy(np.stack(pixels)) if pixels else torch.empty((0, 3, self.size, self.size), dtype=torch.uint8)
-        return ImageDataset(images, torch.tensor(labels, dtype=torch.int64), self.classes)
+        table = None if self.shards.candidates is None else CaptionTable(texts)
+        return ImageDataset(images, torch.tensor(labels, dtype=torch.int64), self.classes, candidates=table)
 
     def batches(self, per_step: int, workers: int) -> StreamBatches:
         """This rank's images, `per_step` per step, decoded by `workers` DataLoader workers (0: the caller)."""
@@ -165,7 +177,8 @@ class _StepImages(torch.utils.data.Dataset):
         if self.cursor is None:
             self.cursor = self.stream.cursor()
         items = self.cursor.take(step * self.per_step, self.per_step)
-        return decode_items(self.stream.shards, items, self.stream.starts, self.stream.size, (step, self.stream.rank))
+        return decode_items(self.stream.shards, items, self.stream.starts, self.stream.size, (step, self.stream.rank),
+                            self.stream.pick)
 
 
 class _From(torch.utils.data.Sampler):
@@ -224,10 +237,12 @@ def stream_workers(num_workers: int | None) -> int:
     return 0 if num_workers <= 1 else num_workers
 
 
-def open_stream(cfg: DataConfig, sample_size: int, seed: int, rank: int, world: int) -> Stream:
-    """Rank `rank` of `world`'s stream of a data config (`data.streaming: true`) at the model's `sample_size`."""
+def open_stream(cfg: DataConfig, sample_size: int, seed: int, rank: int, world: int,
+                caption_dropout: float = 0.0) -> Stream:
+    """Rank `rank` of `world`'s stream of a data config (`data.streaming: true`) at the model's `sample_size`;
+    captions, when the config asks for them, dropped with probability `caption_dropout`."""
     shards = open_shards(cfg)
     if shards.dropped and rank == 0:
         logger.warning("left out %d items without an image in %s (e.g. %s)", len(shards.dropped), shards.where,
                        shards.dropped[0][0])
-    return Stream(shards, sample_size, seed, rank, world, cfg.shuffle_buffer, cfg.val_size)
+    return Stream(shards, sample_size, seed, rank, world, cfg.shuffle_buffer, cfg.val_size, caption_dropout)

@@ -1,0 +1,274 @@
+"""The Edit tab (denoiser/app/edit.py): its handlers, and in a real headless Chromium the clicks of issue 41's
+Edit items: Stop keeps the last results, uploads outlive Gradio's cache sweep, photos at their own size under a
+megapixel limit shown before the upload, results that carry their settings, the σ estimated, the scope of Run said
+before it runs."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from denoiser.app.edit import CLEAN_SIGMA, EditHandlers, _photo_file, drop_upload, keep_upload
+from denoiser.app.engine import Engine
+from denoiser.app.handlers import Handlers
+from denoiser.image_io import read_settings, save_with_settings
+from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
+
+browser = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+
+
+def _photo(path: Path, size: tuple[int, int], seed: int = 0) -> Path:
+    """A smooth picture with visible noise on it, as a PNG."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.rand((1, 3, size[1] // 40 + 2, size[0] // 40 + 2), generator=g)
+    smooth = torch.nn.functional.interpolate(coarse, size=(size[1], size[0]), mode="bilinear")[0]
+    noisy = (smooth + 0.08 * torch.randn(smooth.shape, generator=g)).clamp(0, 1).mul(255).round().byte()
+    Image.fromarray(noisy.permute(1, 2, 0).numpy()).save(path)  # (3, H, W) -> (H, W, 3)
+    return path
+
+
+# ---- handlers ----------------------------------------------------------------------------------------------------
+
+
+def test_an_upload_is_copied_out_of_the_cache_and_removed_with_its_session(tmp_path, monkeypatch):
+    """Issue 41 item 4: Run reads the session's copy of the upload, so the cache sweep deleting the upload does not
+    matter; the copy goes when the photo is replaced or the session ends (the state's delete_callback)."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    (tmp_path / "gradio").mkdir()
+    upload = _photo(tmp_path / "upload.png", (40, 30))
+    kept = keep_upload(str(upload))
+    assert Path(kept["copy"]).read_bytes() == upload.read_bytes() and kept["source"] == str(upload)
+    upload.unlink()  # what the sweep does
+    assert _photo_file(str(upload), kept) == kept["copy"]
+    with pytest.raises(ValueError, match="your upload has expired .*upload the photo again"):
+        _photo_file(str(upload), None)  # the session's copy is gone too: say so, not "does not exist"
+    drop_upload(kept)
+    assert not Path(kept["copy"]).parent.exists()
+    drop_upload(None)  # nothing kept: nothing to do
+
+
+def test_use_these_settings_reads_the_result_whichever_picture_is_selected(weights, tmp_path):
+    """Issue 41 item 12: the Edit form refilled from the result's PNG; "your image" selected reads the result's."""
+    import gradio as gr
+
+    e = EditHandlers(Handlers(Engine(weights)))
+    settings = {"model": "tiny-classes", "operation": "edit", "class": "1", "guidance_scale": 2.0, "sigma": 0.0,
+                "strength": 0.4, "add_noise": 0.1, "steps": 7, "seed": 5, "pag_scale": 0.5, "chain": True}
+    result = save_with_settings(Image.new("RGB", (16, 16)), tmp_path, settings)
+    Image.new("RGB", (16, 16)).save(tmp_path / "your-image.png")
+    out = e.use_settings([(str(tmp_path / "your-image.png"), "your image"), (str(result), "result")], 0)
+    values = [o["value"] for o in out[:-1]]
+    assert values == ["tiny-classes", "1", 2.0, "edit", 0.0, 0.4, 0.1, 7, 5, 0.5] and "restored: press Run" in out[-1]
+    assert out[1]["choices"] == ["(any)", "0", "1", "2"]  # the class among its model's classes
+    plain = e.use_settings([(str(tmp_path / "your-image.png"), "your image")], 0)
+    assert plain[-1] == "this result carries no settings" and all(isinstance(o, type(gr.skip())) for o in plain[:-1])
+
+
+def test_run_says_before_it_runs_what_it_works_on(weights):
+    """Issue 41 item 10: "add noise first" makes denoise work on the centre square at the model's size: said when the
+    slider leaves 0, before Run (before: only in the result's text)."""
+    e = EditHandlers(Handlers(Engine(weights)))
+    assert "whole photo at its own size" in e.scope("tiny-classes", "denoise", 0, None)
+    noisy = e.scope("tiny-classes", "denoise", 0.2, None)
+    assert "centre square of your photo at the model's size (16x16)" in noisy and "not your whole photo" in noisy
+    assert "centre square" in e.scope("tiny-classes", "edit", 0, None)
+    limit = Engine(weights).photo_limit("tiny-classes")
+    assert f"up to **{limit:.1f} megapixels** with tiny-classes" in e.sizes("tiny-classes")
+
+
+# ---- in the browser ----------------------------------------------------------------------------------------------
+
+
+def _edit_tab(page):
+    page.get_by_role("tab", name="Edit").click()
+    page.locator("#edit-run").wait_for(timeout=30_000)
+
+
+def _upload(page, path: Path) -> None:
+    clear = page.locator("#photo").get_by_role("button", name="Clear")
+    if clear.count():
+        clear.first.click()
+    page.locator("#photo input[type=file]").set_input_files(str(path))
+    page.locator("#photo-text").get_by_text(re.compile(r"your photo: \d+x\d+|Too large")).wait_for(timeout=60_000)
+
+
+def _results(page) -> list[str]:
+    """The Edit gallery's picture addresses, in order."""
+    return page.evaluate("() => [...new Set([...document.querySelectorAll('#edit-result button.thumbnail-item img, "
+                         "#edit-result .thumbnail-item img')].map(i => i.src))]")
+
+
+def _png(url: str) -> Image.Image:
+    import httpx
+
+    return Image.open(io.BytesIO(httpx.get(url, timeout=30).content))
+
+
+def _set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _stop_during(page, running: str) -> None:
+    """Wait for the status line to show the run's progress, press Stop, wait for the status to say so."""
+    page.locator("#edit-status").get_by_text(re.compile(running)).wait_for(timeout=60_000)
+    page.locator("#edit-stop").click()
+    page.locator("#edit-status").get_by_text(re.compile(r"stopped at step \d+ / \d+")).wait_for(timeout=20_000)
+
+
+@browser
+def test_browser_stop_keeps_the_last_results_and_they_carry_their_settings(server, tmp_path):
+    """Issue 41 items 2, 11, 12, 14 (Edit gallery, labels): a finished denoise of an example picture shows the σ it
+    estimated (≈ 0: "already clean", with what to do); its result is named after and carries its settings, at the
+    picture's size; Stop of a tiled denoise and of an edit at 1000 steps leaves that result and its text (before: the
+    gallery showed "your image" + a noise "predicted x0", or the input alone), the live preview shows where it stopped;
+    "use these settings" refills the form; the gallery is no larger than its pictures."""
+    shots = screenshots(tmp_path)
+    big = _photo(tmp_path / "big.png", (1600, 1200))  # ~1.9 megapixels: enough tiles to press Stop during
+    with browser_page(server, height=900) as page:
+        _edit_tab(page)
+        assert page.get_by_text("noise level σ").count() >= 1  # the exact term kept beside the plain words
+        examples = page.locator("#photo").locator("xpath=ancestor::div[contains(@class,'column')][1]")
+        examples.locator(".gallery-item, tbody tr").first.click()  # cube.png: a clean drawing
+        page.locator("#photo-text").get_by_text("your photo: 256x256").wait_for(timeout=30_000)
+        page.locator("#edit-run").click()
+        page.locator("#edit-status").get_by_text("done: denoise").wait_for(timeout=120_000)
+        text = page.locator("#edit-text").inner_text()
+        assert re.search(r"Noise level σ removed: 0\.0\d\d", text) and "already clean" in text and "add noise first" in text
+        before = _results(page)
+        assert len(before) == 2
+        result = _png(before[-1])
+        settings = json.loads(result.text["denoiser"])
+        assert result.size == (256, 256) and settings["operation"] == "denoise" and settings["size"] == [256, 256]
+        assert settings["sigma_removed"] < CLEAN_SIGMA and re.search(r"/[\w.-]+-denoise-sigma[\d.]+-256x256\.png$", before[-1])
+        page.screenshot(path=str(shots / "app-edit-done.png"), full_page=True)
+        gallery = page.locator("#edit-result").bounding_box()  # sized to its pictures: no large empty area
+        bottom = max(b["y"] + b["height"] for b in (i.bounding_box() for i in page.locator("#edit-result img").all()))
+        assert gallery["y"] + gallery["height"] - bottom < 60, f"{gallery} ends far below its pictures ({bottom})"
+        no_errors(page)
+
+        # Stop a tiled denoise of a larger photo: the results and their text stay
+        _upload(page, big)
+        page.locator("#edit-run").click()
+        _stop_during(page, r"denoise \(tiles\): step \d+ / \d+")
+        page.wait_for_timeout(1000)
+        assert _results(page) == before and page.locator("#edit-text").inner_text() == text
+        assert "the results shown are from the run before" in page.locator("#edit-status").inner_text()
+        assert page.locator("#edit-preview img").count() == 1  # how far it got
+        page.screenshot(path=str(shots / "app-edit-stopped-tiles.png"), full_page=True)
+
+        # Stop an edit at 1000 steps, strength 1
+        page.get_by_role("radio", name="edit", exact=True).check()
+        _set_number(page, "strength", 1)
+        _set_number(page, "edit-steps", 1000)
+        page.locator("#edit-run").click()
+        _stop_during(page, r"edit: step \d+ / 1000")
+        page.wait_for_timeout(1000)
+        assert _results(page) == before and page.locator("#edit-text").inner_text() == text
+        assert page.locator("#edit-preview img").count() == 1
+        page.screenshot(path=str(shots / "app-edit-stopped.png"), full_page=True)
+        no_errors(page)
+
+        # the result's settings back into the form
+        page.locator("#edit-result img").first.click()  # "your image": the result's settings are read
+        page.keyboard.press("Escape")
+        page.locator("#edit-use-settings").click()
+        page.locator("#edit-status").get_by_text("restored: press Run").wait_for(timeout=10_000)
+        page.wait_for_function("() => document.querySelector('#edit-steps input[type=number]').value === '50'", timeout=10_000)
+        assert page.get_by_role("radio", name="denoise", exact=True).is_checked()
+        page.locator("#sigma").wait_for(state="visible", timeout=10_000)  # the operation's own slider
+        page.locator("#strength").wait_for(state="hidden", timeout=10_000)
+
+
+@browser
+def test_browser_an_upload_outlives_the_cache_sweep_and_denoises_at_its_own_size(server, demo, tmp_path, monkeypatch):
+    """Issue 41 items 4 and 9: upload, Gradio's sweep deletes the cached upload, Run still works (before: "the upload
+    does not exist"), and the photo is denoised at its own size, 700x500 (before: a copy cut to 512x366). The
+    megapixel limit shows before the upload; a photo over it is refused before any work, in words."""
+    from gradio.route_utils import delete_files_created_by_app
+
+    photo = _photo(tmp_path / "photo.png", (700, 500))
+    shots = screenshots(tmp_path)
+    with browser_page(server) as page:
+        _edit_tab(page)
+        sizes = page.locator("#edit-sizes").inner_text()
+        assert re.search(r"up to [\d.]+ megapixels with \S+", sizes), sizes  # the limit, before any upload
+        _upload(page, photo)
+        page.locator("#photo-text").get_by_text("your photo: 700x500").wait_for(timeout=30_000)
+        delete_files_created_by_app(demo, None)  # the sweep, at once: every file Gradio made, the upload included
+        page.locator("#edit-run").click()
+        page.locator("#edit-status").get_by_text("done: denoise").wait_for(timeout=120_000)
+        no_errors(page)
+        assert "700x500 input, denoised at its own size" in page.locator("#edit-text").inner_text()
+        assert _png(_results(page)[-1]).size == (700, 500)  # the download: full size
+        page.screenshot(path=str(shots / "app-edit-photo-own-size.png"), full_page=True)
+
+    monkeypatch.setenv("DENOISER_WORK_BUDGET", "300")  # the limit follows the server's budget: 700x500 is over it
+    with browser_page(server) as page:
+        _edit_tab(page)
+        limit = float(re.search(r"up to ([\d.]+) megapixels", page.locator("#edit-sizes").inner_text()).group(1))
+        assert limit < 0.35
+        _upload(page, photo)
+        page.locator("#photo-text").get_by_text("Too large to denoise at its own size").wait_for(timeout=30_000)
+        page.locator("#edit-run").click()
+        page.locator("#edit-status").get_by_text(re.compile(r"not started.*700x500")).wait_for(timeout=30_000)
+        assert _results(page) == []
+
+
+@browser
+def test_browser_add_noise_says_before_run_that_it_works_on_the_centre_square(server, tmp_path):
+    """Issue 41 item 10: moving "add noise first" off 0 says at once that denoise now works on the centre square at
+    the model's size (before: only the result's text said so, after the run)."""
+    with browser_page(server) as page:
+        _edit_tab(page)
+        page.locator("#edit-scope").get_by_text("denoise your whole photo at its own size").wait_for(timeout=30_000)
+        _set_number(page, "add-noise", 0.2)
+        page.locator("#edit-scope").get_by_text(re.compile(r"added to the centre square .* at the model's size "
+                                                           r"\(\d+x\d+\)")).wait_for(timeout=10_000)
+        assert "not your whole photo" in page.locator("#edit-scope").inner_text()
+        _set_number(page, "add-noise", 0)
+        page.locator("#edit-scope").get_by_text("denoise your whole photo").wait_for(timeout=10_000)
+
+
+@browser
+def test_browser_the_edit_tab_on_a_phone(server, tmp_path):
+    """The Edit tab at 390x844 and 1280x900, screenshots to look at: Run with its status and results together."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.app_browser import BROWSER_ARGS
+
+    shots = screenshots(tmp_path)
+    photo = _photo(tmp_path / "phone.png", (640, 480))
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        try:
+            for name, viewport in (("phone", {"width": 390, "height": 844}), ("wide", {"width": 1280, "height": 900})):
+                page = chromium.new_page(viewport=viewport)
+                page.goto(server)
+                _edit_tab(page)
+                _upload(page, photo)
+                page.locator("#edit-run").click()
+                page.locator("#edit-status").get_by_text("done: denoise").wait_for(timeout=120_000)
+                page.locator("#edit-run").scroll_into_view_if_needed()
+                run, results = page.locator("#edit-run").bounding_box(), page.locator("#edit-result").bounding_box()
+                assert 0 < results["y"] - run["y"] < 300, f"the results are far from Run: {run}, {results}"
+                page.screenshot(path=str(shots / f"app-edit-{name}.png"), full_page=True)
+                page.close()
+        finally:
+            chromium.close()
+
+
+def test_a_clean_picture_is_said_to_be_clean():
+    from denoiser.app.edit import _sigma_text
+
+    assert "already clean" in _sigma_text(0.002, 0.0) and "estimated" in _sigma_text(0.002, 0.0)
+    assert "already clean" not in _sigma_text(0.08, 0.0) and "20.4/255" in _sigma_text(0.08, 0.0)
+    assert read_settings(Path("/nonexistent.png")) == {}
