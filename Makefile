@@ -6,7 +6,7 @@ TORCH   := torch==2.14.1 torchvision==0.29.1
 RUN     ?= runs/demo
 NO_KERNEL_TESTS := tests/test_unet.py tests/test_attention.py tests/test_groupnorm.py tests/test_conv.py tests/test_sample.py
 
-.PHONY: venv kernels demo test lint app chromium compiler screenshots clean
+.PHONY: venv kernels demo test lint app chromium compiler screenshots walk clean
 
 venv: $(VENV_OK) kernels
 
@@ -55,6 +55,16 @@ demo: venv
 	@echo "demo outputs: $(RUN)/samples.png and $(RUN)/loss.png (the tiny model after 600 steps), $(RUN)/model (its diffusers"
 	@echo "              pipeline), $(RUN)/cifar10-samples.png (the shipped CIFAR-10 model, two of each class) and"
 	@echo "              $(RUN)/cifar10-attention.png (where its pixel 16,16 attends, layer by layer)"
+
+# a long seeded click-walk over the app (tests/test_app_walk.py; `make test` walks seed 41 for 40 actions): each seed
+# walks up to WALK_STEPS actions or WALK_SECONDS seconds; every failure is kept (the page reloaded after each) and
+# listed at the end with its seed and steps, to replay with DENOISER_WALK_SEED=N DENOISER_WALK_STEPS=M
+WALK_SEEDS   ?= 1,2,3,4,5
+WALK_STEPS   ?= 300
+WALK_SECONDS ?= 1200
+walk: venv chromium
+	DENOISER_WALK_SEED=$(WALK_SEEDS) DENOISER_WALK_STEPS=$(WALK_STEPS) DENOISER_WALK_SECONDS=$(WALK_SECONDS) \
+	DENOISER_WALK_KEEP_GOING=1 HF_HUB_OFFLINE=1 nice -n 10 $(PY) -m pytest -q tests/test_app_walk.py -k random_walk
 
 screenshots: venv chromium
 	DENOISER_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_app.py -k browser

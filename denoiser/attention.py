@@ -350,6 +350,13 @@ class MultiHeadCrossAttention(MultiHeadAttention):
         return out.masked_fill_(empty[:, None, None], 0.0)  # in place: out is the projection's own new tensor
 
 
+def _block_norm(channels: int, norm_num_groups: int) -> GroupNorm:
+    """The GroupNorm in front of a spatial attention block (self or cross), its groups checked against the channels."""
+    if channels % norm_num_groups:
+        raise ValueError(f"norm_num_groups={norm_num_groups} must divide the channels ({channels})")
+    return GroupNorm(norm_num_groups, channels, eps=1e-6)
+
+
 class SpatialSelfAttention(nn.Module):
     """Pixel attention block: GroupNorm -> H·W tokens -> multi-head attention -> back -> residual add.
 
@@ -365,9 +372,7 @@ class SpatialSelfAttention(nn.Module):
         fused_attn: bool | None = None,
     ) -> None:
         super().__init__()
-        if channels % norm_num_groups:
-            raise ValueError(f"norm_num_groups={norm_num_groups} must divide the channels ({channels})")
-        self.norm = GroupNorm(norm_num_groups, channels, eps=1e-6)
+        self.norm = _block_norm(channels, norm_num_groups)
         self.attention = MultiHeadSelfAttention(channels, num_heads, head_dim, fused_attn=fused_attn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -394,9 +399,7 @@ class SpatialCrossAttention(nn.Module):
         fused_attn: bool | None = None,
     ) -> None:
         super().__init__()
-        if channels % norm_num_groups:
-            raise ValueError(f"norm_num_groups={norm_num_groups} must divide the channels ({channels})")
-        self.norm = GroupNorm(norm_num_groups, channels, eps=1e-6)
+        self.norm = _block_norm(channels, norm_num_groups)
         self.attention = MultiHeadCrossAttention(channels, context_dim, num_heads, head_dim, fused_attn=fused_attn)
         nn.init.zeros_(self.attention.proj.weight)
         nn.init.zeros_(self.attention.proj.bias)

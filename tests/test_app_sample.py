@@ -18,6 +18,12 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test i
 CLASS_COLUMN = 5  # the rows' columns: model, scheduler, steps, seed, images, class, guidance, PAG, autoguidance
 
 
+def _set(page, elem_id: str, value: int) -> None:
+    """Type a number into a slider's box and confirm it, as a person does."""
+    page.locator(f"#{elem_id} input[type=number]").fill(str(value))
+    page.locator(f"#{elem_id} input[type=number]").press("Enter")
+
+
 def _rows(page):
     rows = page.get_by_text("try these").locator("xpath=ancestor::div[contains(@class,'block')][1]").locator("tbody tr")
     rows.first.wait_for(timeout=30_000)
@@ -70,8 +76,7 @@ def test_browser_a_try_these_row_shows_the_class_it_generates_with(server, tmp_p
             assert page.locator("#class input").input_value() == wanted, f"row {index}: shows another class"
             assert _first_result_settings(page, tmp_path)["class"] == wanted
         # Generate now makes what the form shows
-        page.locator("#steps input[type=number]").fill("2")
-        page.locator("#steps input[type=number]").press("Enter")
+        _set(page, "steps", 2)
         before = page.locator("#gallery img").first.get_attribute("src")
         page.locator("#generate").click()
         page.wait_for_function("b => document.querySelector('#gallery img').src !== b", arg=before, timeout=60_000)
@@ -96,15 +101,12 @@ def test_browser_a_refused_request_says_why_without_an_error_pill(server, tmp_pa
     red "Error" pill over stale text; "Error" also flashed on it after each Stop."""
     shots = screenshots(tmp_path)
     with browser_page(server) as page:
-        page.locator("#steps input[type=number]").fill("2")
-        page.locator("#steps input[type=number]").press("Enter")
+        _set(page, "steps", 2)
         page.locator("#generate").click()
         page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
         shown = page.locator("#gallery img").first.get_attribute("src")
-        page.locator("#num-images input[type=number]").fill("64")
-        page.locator("#num-images input[type=number]").press("Enter")
-        page.locator("#steps input[type=number]").fill("1000")
-        page.locator("#steps input[type=number]").press("Enter")
+        _set(page, "num-images", 64)
+        _set(page, "steps", 1000)
         page.locator("#budget").get_by_text("over the work budget").wait_for(timeout=30_000)
         page.locator("#generate").click()
         page.locator("#status").get_by_text("not started").wait_for(timeout=30_000)
@@ -114,10 +116,8 @@ def test_browser_a_refused_request_says_why_without_an_error_pill(server, tmp_pa
         assert not _status_error_shown(page)
         assert page.locator("#gallery img").first.get_attribute("src") == shown  # the results shown stay
         # Stop: watched every 50 ms from the click until the status line says where it stopped
-        page.locator("#steps input[type=number]").fill("400")
-        page.locator("#steps input[type=number]").press("Enter")
-        page.locator("#num-images input[type=number]").fill("8")
-        page.locator("#num-images input[type=number]").press("Enter")
+        _set(page, "steps", 400)
+        _set(page, "num-images", 8)
         page.locator("#budget").get_by_text("work:").wait_for(timeout=30_000)
         page.locator("#generate").click()
         page.locator("#status").get_by_text("denoising: step").wait_for(timeout=30_000)
@@ -144,8 +144,7 @@ def test_browser_on_a_phone_the_model_and_class_come_before_the_results(server, 
             page.goto(server)
             page.wait_for_function("() => { const c = document.querySelector('#class input'); "
                                    "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
-            page.locator("#steps input[type=number]").fill("2")
-            page.locator("#steps input[type=number]").press("Enter")
+            _set(page, "steps", 2)
             page.locator("#generate").click()
             page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
             top = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#generate", "#preview", "#class", "#gallery")}

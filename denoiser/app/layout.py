@@ -20,12 +20,13 @@ from denoiser.request import TIMESTEP_SPACINGS
 __all__ = ["build_app", "LAUNCH"]
 
 # a model's images are 16-64 pixels: enlarged in the galleries, each pixel stays a sharp square
-# the status lines say in words what happened (a refusal, a stop); Gradio's own red "Error" pill over them would
-# repeat the toast over stale text, so it is not drawn there
+# every failure reaches the page as a toast that stays (streaming.user_error) and the status lines say in words what
+# happened (a refusal, a stop); Gradio's red "Error" pill, drawn over each output of a failed event, would repeat it
+# over pictures and text that are still true (the ones from before), so it is not drawn
 # on a phone the Sample tab's two columns stack: Generate, its status and the live preview first, then the model, class
 # and sliders, then the results (the results column is dissolved into the row so its pieces can take that order)
-CSS = ("#gallery img, #earlier img, #edit-result img, #preview img { image-rendering: pixelated; }\n"
-       "#status .error, #edit-status .error, #mean-status .error, #stats-status .error { display: none; }\n"
+CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-preview img { image-rendering: pixelated; }\n"
+       "[data-testid=status-tracker] .error { display: none; }\n"
        "@media (max-width: 700px) { #sample-main { display: contents; } #sample-main > * { flex: 1 1 100%; }\n"
        "  #sample-settings { order: 1; } #gallery, #use-settings, #earlier, #use-earlier { order: 2; } }")
 # a "try these" row was clicked far below: bring Generate's status line and live preview into view
@@ -90,12 +91,14 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                 use_earlier = gr.Button("use these settings (the selected earlier result's)", size="sm",
                                         elem_id="use-earlier", visible=False)
             with gr.Column(scale=1, elem_id="sample-settings"):
-                model = gr.Dropdown(models, value=default, label="model", info="each is a trained model folder (weights/)")
+                model = gr.Dropdown(models, value=default, label="model", info="each is a trained model folder (weights/)",
+                                    elem_id="model")
                 scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
                 steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps",
                                   info="25-50 are good; fewer than 10 leave noise")
                 with gr.Row():
-                    seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1])
+                    seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1],
+                                     elem_id="seed")
                     randomise = gr.Button("🎲 randomise", size="sm")
                 num_images = gr.Slider(*LIMITS["num_images"], value=8, step=1, label="images", elem_id="num-images")
                 budget = gr.Markdown(elem_id="budget")  # this request's work against the server's budget
