@@ -120,6 +120,8 @@ def _set_number(page, elem_id: str, value) -> None:
 def _stop_during(page, running: str) -> None:
     """Wait for the status line to show the run's progress, press Stop, wait for the status to say so."""
     page.locator("#edit-status").get_by_text(re.compile(running)).wait_for(timeout=60_000)
+    # the live preview's first picture may come a moment after the first progress line (a busy CI machine)
+    page.locator("#edit-preview img").wait_for(timeout=60_000)
     page.locator("#edit-stop").click()
     page.locator("#edit-status").get_by_text(re.compile(r"stopped at step \d+ / \d+")).wait_for(timeout=20_000)
 
