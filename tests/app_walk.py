@@ -36,6 +36,7 @@ ALLOWED = [
     r"is not one of this generation's \d+ attention layers",  # a layer typed into the Attention tab
     r"heads must be 'all' or comma-separated numbers",  # the Heads tab's heads text
     r"generate images first",  # a view of a generation before there is one
+    r"click a pixel of the image first",  # "average the maps over every step" before a pixel is chosen
     r"choose at least one attention layer to switch off",
     r"an edit has no seed to repeat",  # switching layers off after an edit
     r"no safetensors weights|is not valid JSON|does not load",  # the two broken model folders the fixture serves
