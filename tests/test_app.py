@@ -372,6 +372,9 @@ def _upload_photo(page, path: Path) -> None:
     clear = page.locator("#photo").get_by_role("button", name="Clear")
     if clear.count():
         clear.first.click()
+        # the box shows its empty state (a new file input) before a file is chosen: on a busy machine a file set
+        # into the old input in between is lost
+        page.locator("#photo").get_by_role("button", name="Clear").wait_for(state="detached", timeout=30_000)
     page.locator("#photo input[type=file]").set_input_files(str(path))
 
 
