@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-__all__ = ["keep", "run_controls"]
+__all__ = ["SESSION_TTL_S", "keep", "run_controls"]
+
+SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is dropped this long after its last update
 
 
 def keep(c: SimpleNamespace, scope: dict) -> None:

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import gradio as gr
 from PIL import Image
 
-from denoiser.app.controls import keep, run_controls
+from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
 from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, DenoisedTiles, Restored
 from denoiser.app.handlers import NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.streaming import not_started, relay, stream, user_error
@@ -323,7 +323,6 @@ class EditHandlers:
 
 def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
     """The Edit tab's components, onto `c` (layout.keep)."""
-    from denoiser.app.layout import SESSION_TTL_S  # layout builds this tab: imported once it is loaded
 
     # the session's copy of its upload (keep_upload): removed when the session ends or its photo is replaced
     upload = gr.State(None, time_to_live=SESSION_TTL_S, delete_callback=drop_upload)

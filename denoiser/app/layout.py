@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from denoiser.app.cache_sweep import sweep_safe, whole_files
-from denoiser.app.controls import keep, run_controls
+from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import LIMITS, SCHEDULERS, Engine
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, Handlers, guidance_info
@@ -40,7 +40,6 @@ SHOW_RUN = ("() => { document.querySelector('#generate').scrollIntoView({block: 
 # state_session_capacity: the sessions whose generations stay in memory (oldest dropped first; app.py's
 # --max-sessions); with the work budget, one generation holds at most ~200 MB of step inputs (the 16x16 model: 64 images x 1000 steps)
 LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32, "css": CSS}
-SESSION_TTL_S = 1800  # a session's generation is dropped this long after its last update
 
 
 def build_app(engine: Engine) -> gr.Blocks:
