@@ -45,6 +45,8 @@ def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: boo
     s.add_argument("--class-label", default=None,
                    help="class of a class-conditional model: a name (classes.txt) or index, a comma-separated one per "
                         "image, or 'spread' (0, 1, ..., K-1, 0, ...); unset: no class")
+    s.add_argument("--prompt", default=None, help='a text model\'s prompt, e.g. "red apple" ("" or unset: no condition)')
+    s.add_argument("--negative-prompt", default=None, help="what a text model's guidance steers away from (default: \"\")")
     s.add_argument("--scheduler", default=None, choices=list(SCHEDULERS), help="default: the model folder's (ddim)")
     s.add_argument("--steps", type=int, default=None, help="sampling steps; default: the folder's sampling.json, else 50")
     s.add_argument("--timestep-spacing", default=None, choices=list(TIMESTEP_SPACINGS),
@@ -77,6 +79,7 @@ def _request(args, **fields):
     asked = dict(
         num_images=getattr(args, "num_images", 1), batch_size=getattr(args, "batch_size", None), seed=args.seed,
         classes=_classes(args.class_label), scheduler=getattr(args, "scheduler", None), steps=getattr(args, "steps", None),
+        prompts=getattr(args, "prompt", None), negative_prompts=getattr(args, "negative_prompt", None),
         timestep_spacing=getattr(args, "timestep_spacing", None), eta=getattr(args, "eta", 0.0),
         guidance_scale=args.guidance_scale,
         pag_scale=args.pag_scale, pag_layers=args.pag_layers, guide_model=args.guide_model, guide_scale=args.guide_scale,
@@ -197,6 +200,8 @@ def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
                    help="FID of --num-samples generated images against --reference instead: the images `denoiser sample` "
                         "gives with the same flags (classes spread evenly unless --class-label says otherwise)")
     p.add_argument("--num-samples", type=int, default=1000, help="generated images for --fid (report FID-N with N)")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="a text model's --fid prompts, one per line, cycled over the images (e.g. the held-out images' names)")
     p.add_argument("--reference", default=None, metavar="STATS.safetensors",
                    help="reference statistics for --fid; computed once from --data (its --val-size split) when missing")
     p.add_argument("--samples", default=None, metavar="IMAGES.npy",
@@ -431,9 +436,12 @@ def cmd_fid(args) -> None:
         own = (unet, sched)  # loaded above; a guide model (if any) loads from its own folder
         load = lambda path: own if Path(path).resolve() == Path(args.model).resolve() else load_model(path)  # noqa: E731
         classes = _classes(args.class_label) if unet.config.num_class_embeds else None  # "spread" needs classes
-        plan = resolve(_request(args, num_images=args.num_samples, classes=classes), args.model, load=load)
+        prompts = _fid_prompts(args, unet)
+        fields = {"prompts": prompts} if prompts is not None else {}
+        plan = resolve(_request(args, num_images=args.num_samples, classes=classes, **fields), args.model, load=load)
         images = to_uint8(run(plan, progress=True).images)
-        how = f"{plan.describe()}, classes {args.class_label}"
+        how = f"{plan.describe()}, " + (f"prompts {args.prompts or repr(args.prompt)}" if unet.config.cross_attention_dim
+                                        else f"classes {args.class_label}")
     size = images.shape[-1]
     if ref.image_size is not None and ref.image_size != size:
         logger.warning("the reference statistics are of %dx%d images and these are %dx%d: the FID also measures the "
@@ -443,6 +451,24 @@ def cmd_fid(args) -> None:
     print(json.dumps({"fid": round(score, 3), "num_samples": len(images), "samples": how,
                       "reference": {"path": args.reference, "num_images": ref.num_images, "image_size": ref.image_size}},
                      indent=1))
+
+
+def _fid_prompts(args, unet) -> list[str] | None:
+    """A text model's FID prompts: --prompts FILE's lines cycled over the images (e.g. the held-out images' own
+    captions), else --prompt for all; None for a class model (its classes)."""
+    if unet.config.cross_attention_dim is None:
+        if args.prompts:
+            raise ValueError("--prompts is for a text model; this one has classes (--class-label)")
+        return None
+    if not args.prompts:
+        if args.prompt is None:
+            raise ValueError("a text model's FID needs prompts: --prompts FILE (one per line, cycled over the images; "
+                             "e.g. the validation images' names) or --prompt TEXT for all")
+        return None
+    lines = [line.strip() for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"--prompts {args.prompts}: no prompts in it (one per line)")
+    return [lines[k % len(lines)] for k in range(args.num_samples)]
 
 
 def cmd_evaluate(args) -> None:

@@ -1,7 +1,7 @@
 """Typed run configs: YAML sections mapped onto dataclasses, with every mistake reported up front.
 
 A config file has the sections `model:` (exactly the `UNet` constructor arguments), `data:`,
-`diffusion:` and `train:`. Unknown keys and wrong types are errors, never silently ignored.
+`diffusion:`, `train:` and, for a text model (`model.cross_attention_dim`), `text:`. Unknown keys and wrong types are errors, never silently ignored.
 `--set key=value` overrides use dotted (`train.lr=2e-4`) or bare (`lr=2e-4`) keys.
 """
 
@@ -73,7 +73,28 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # recompute each block in the backward pass: less memory, ~1/3 more time
 
 
-SECTIONS = {"data": DataConfig, "diffusion": DiffusionConfig, "train": TrainConfig}
+@dataclass
+class TextConfig:
+    """The tokenizer and text encoder of a text model (denoiser/text.py); used when model.cross_attention_dim is set,
+    which must equal hidden_size. Their arguments are written into the model folder (tokenizer/, text_encoder/)."""
+
+    num_buckets: int = 16384  # hashed n-gram buckets (the embedding table's rows)
+    min_n: int = 2  # shortest character n-gram of a word
+    max_n: int = 4  # longest character n-gram of a word
+    max_ngrams: int = 24  # n-grams per word, the word itself included
+    max_length: int = 32  # words per prompt; later words are dropped (with a warning where prompts are typed)
+    hidden_size: int = 256  # token vector width = model.cross_attention_dim
+    num_layers: int = 2  # transformer layers over the words
+    num_heads: int = 4
+
+    def tokenizer_args(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("num_buckets", "min_n", "max_n", "max_length", "max_ngrams")}
+
+    def encoder_args(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("num_buckets", "hidden_size", "num_layers", "num_heads", "max_length")}
+
+
+SECTIONS = {"data": DataConfig, "diffusion": DiffusionConfig, "train": TrainConfig, "text": TextConfig}
 
 
 @dataclass
@@ -82,6 +103,12 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+
+    @property
+    def prompted(self) -> bool:
+        """A text model: the UNet has cross-attention, fed by the text encoder from the data's captions."""
+        return self.model.get("cross_attention_dim") is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": dict(self.model), **{k: dataclasses.asdict(getattr(self, k)) for k in SECTIONS}}
@@ -133,7 +160,7 @@ def _build(raw: dict[str, Any], source: str) -> RunConfig:
         raise ValueError(f"{source}: a config must be a mapping with sections model/data/diffusion/train")
     unknown = set(raw) - {"model", *SECTIONS}
     if unknown:
-        raise ValueError(f"{source}: unknown section(s) {sorted(unknown)}; allowed: model, data, diffusion, train")
+        raise ValueError(f"{source}: unknown section(s) {sorted(unknown)}; allowed: model, data, diffusion, train, text")
     errors = []
     model = raw.get("model") or {}
     params = _model_signature()
@@ -194,7 +221,7 @@ def _check_values(cfg: RunConfig, source: str) -> None:
         (diff.beta_schedule in ("linear", "cosine"), f"diffusion.beta_schedule must be linear or cosine, got {diff.beta_schedule!r}"),
         (diff.prediction_type in ("epsilon", "v_prediction"), f"diffusion.prediction_type must be epsilon or v_prediction, got {diff.prediction_type!r}"),
     ]
-    errors = [msg for ok, msg in checks if not ok] + _data_source_errors(d)
+    errors = [msg for ok, msg in checks if not ok] + _data_source_errors(d) + _text_errors(cfg)
     if errors:
         raise ValueError(f"{source}: invalid config:\n  " + "\n  ".join(errors))
     # The UNet checks its own arguments (divisibility of sample_size, groups, ...); build it on meta.
@@ -207,6 +234,28 @@ def _check_values(cfg: RunConfig, source: str) -> None:
             UNet(**cfg.model)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{source}: invalid model section: {err}") from None
+
+
+def _text_errors(cfg: RunConfig) -> list[str]:
+    """A text model needs captions and a text encoder as wide as its cross-attention."""
+    x, D = cfg.text, cfg.model.get("cross_attention_dim")
+    if D is None:
+        return []
+    errors = []
+    if D != x.hidden_size:
+        errors.append(f"model.cross_attention_dim ({D}) must equal text.hidden_size ({x.hidden_size}), the width of "
+                      "the text encoder's token vectors: set both to the same value")
+    if cfg.train.fid_every:
+        errors.append("train.fid_every: FID during training is for class models; score a text model after training with "
+                      "`denoiser evaluate --fid --prompts ...`, and set train.fid_every: 0")
+    if not cfg.data.caption_columns:
+        errors.append("model.cross_attention_dim makes a text model, which learns from captions: set data.caption_columns "
+                      "(e.g. [name, keywords] of a folder's metadata.csv), or remove model.cross_attention_dim")
+    if x.num_buckets < 2 or not 1 <= x.min_n <= x.max_n or x.max_length < 1 or x.max_ngrams < 1 or x.num_layers < 0:
+        errors.append("text: need num_buckets >= 2, 1 <= min_n <= max_n, max_length >= 1, max_ngrams >= 1, num_layers >= 0")
+    if x.num_heads < 1 or x.hidden_size % x.num_heads:
+        errors.append(f"text.hidden_size ({x.hidden_size}) must be divisible by text.num_heads ({x.num_heads})")
+    return errors
 
 
 def _data_source_errors(d: DataConfig) -> list[str]:
@@ -225,7 +274,7 @@ def _data_source_errors(d: DataConfig) -> list[str]:
     if d.caption_columns and not kind.text:
         errors.append(f"data.caption_columns: dataset {d.dataset!r} carries no text; use a folder with a metadata.csv, "
                       f"an hf dataset or WebDataset shards, or set data.caption_columns: []")
-    if kind.local_path and d.path and not Path(d.path).exists():
+    if kind.local_path and d.path and not Path(d.path).expanduser().exists():
         errors.append(f"data.path {d.path!r} does not exist: point it at an image folder (class sub-folders)")
     return errors
 
@@ -241,12 +290,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             section, name = key.split(".", 1)
         else:
             owners = [s for s, cls in SECTIONS.items() if name_in(cls, key)] + (["model"] if key in _model_signature() else [])
+            if "text" in owners and len(owners) > 1:  # num_heads, ...: bare keys keep meaning what they meant before text
+                owners.remove("text")
             if len(owners) != 1:
                 where = "no section" if not owners else f"several sections ({', '.join(owners)})"
                 raise ValueError(f"--set {key}: found in {where}; write it as section.{key}")
             section, name = owners[0], key
         if section not in ("model", *SECTIONS):
-            raise ValueError(f"--set {key}: unknown section {section!r} (model, data, diffusion, train)")
+            raise ValueError(f"--set {key}: unknown section {section!r} (model, data, diffusion, train, text)")
         raw.setdefault(section, {})
         if raw[section] is None:
             raw[section] = {}

@@ -123,8 +123,10 @@ class Diffusion:
         noise: torch.Tensor | None = None,
         timesteps: torch.Tensor | None = None,
         snr_gamma: float | None = None,
+        unet_kwargs: dict | None = None,
     ) -> torch.Tensor:
         """The mean (optionally min-SNR-γ weighted) MSE between the UNet output and its target.
+        unet_kwargs: passed on to the UNet call (a text model's prompt tokens, denoiser.text.PromptedUNet).
 
         `noise` and `timesteps` may be given (the training loop draws them for the global batch so
         that any number of processes sees the same numbers); otherwise they come from `generator`.
@@ -135,7 +137,7 @@ class Diffusion:
         if timesteps is None:
             timesteps = self.sample_timesteps(B, generator, x0.device)
         x_t = self.add_noise(x0, noise, timesteps)
-        pred = unet(x_t, timesteps, class_labels=class_labels).sample
+        pred = unet(x_t, timesteps, class_labels=class_labels, **(unet_kwargs or {})).sample
         per_image = (pred.float() - self.target(x0, noise, timesteps).float()).pow(2).flatten(1).mean(1)  # (B,)
         if snr_gamma is not None:
             snr = self.snr(timesteps).to(per_image)

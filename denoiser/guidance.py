@@ -2,9 +2,9 @@
 
     out = ε_u + w·(ε_c − ε_u)  +  s·(ε_c − ε_p)  +  (a − 1)·(ε_c − ε_g)
 
-- ε_c: the model with the class (or "no class" when none is given): the plain prediction.
-- ε_u: the model with the "no class" row — classifier-free guidance, scale w (Ho & Salimans 2022);
-  without it the first term is just ε_c.
+- ε_c: the model with the class (or "no class" when none is given) or the prompt: the plain prediction.
+- ε_u: the model with the "no class" row, or a text model with the negative prompt ("" = no condition) —
+  classifier-free guidance, scale w (Ho & Salimans 2022); without it the first term is just ε_c.
 - ε_p: the model with chosen self-attention layers' weights replaced by the identity, each pixel
   attending only to itself — perturbed-attention guidance, scale s (Ahn et al. 2024, eq. 11 combines it
   with CFG exactly this way: both directions start at the conditional prediction).
@@ -34,7 +34,42 @@ from torch import nn
 
 from denoiser.attention import attention_layer_names, identity_attention
 
-__all__ = ["Guidance", "default_pag_layers", "check_guide"]
+__all__ = ["Guidance", "TextCondition", "default_pag_layers", "check_guide"]
+
+
+@dataclass
+class TextCondition:
+    """A text model's prompts for one batch, encoded: what its UNet calls take as encoder_hidden_states/_attention_mask.
+    The negative prompts are the classifier-free guidance's unconditional rows ("": all padding, no condition)."""
+
+    states: torch.Tensor  # (B, L, D) the prompts' token vectors
+    mask: torch.Tensor  # (B, L) bool, True = a word
+    negative_states: torch.Tensor  # (B, L', D) the negative prompts'
+    negative_mask: torch.Tensor  # (B, L') bool
+
+    @classmethod
+    def encode(cls, tokenizer, text_encoder: nn.Module, prompts: Sequence[str], negative: Sequence[str] | None = None,
+               ) -> TextCondition:
+        from denoiser.text import encode_prompts
+
+        negative = [""] * len(prompts) if negative is None else list(negative)
+        with torch.inference_mode():
+            states, mask = encode_prompts(tokenizer, text_encoder, list(prompts))
+            neg, neg_mask = encode_prompts(tokenizer, text_encoder, negative)
+        return cls(states, mask.bool(), neg, neg_mask.bool())
+
+    def kwargs(self, rows: str) -> dict[str, torch.Tensor]:
+        """UNet keyword arguments for a batch of row groups: "c" the prompts, "u" the negative prompts, e.g. "cuc"
+        for [cond, uncond, perturbed]; token axes padded to the longest (padding has weight exactly 0)."""
+        parts = [(self.states, self.mask) if r == "c" else (self.negative_states, self.negative_mask) for r in rows]
+        L = max(m.shape[1] for _, m in parts)
+        states = torch.cat([nn.functional.pad(x, (0, 0, 0, L - x.shape[1])) for x, _ in parts])  # (n·B, L, D)
+        mask = torch.cat([nn.functional.pad(m, (0, L - m.shape[1])) for _, m in parts])  # (n·B, L)
+        return {"encoder_hidden_states": states, "encoder_attention_mask": mask}
+
+    def to(self, device, dtype=None) -> TextCondition:
+        return TextCondition(self.states.to(device, dtype), self.mask.to(device), self.negative_states.to(device, dtype),
+                             self.negative_mask.to(device))
 
 
 def default_pag_layers(unet: nn.Module) -> tuple[str, ...]:
@@ -113,9 +148,11 @@ class Guidance:
         t = float(torch.as_tensor(t).reshape(-1)[0])
         return self.interval[0] <= t <= self.interval[1]
 
-    def check(self, unet: nn.Module, labels: torch.Tensor | None) -> None:
+    def check(self, unet: nn.Module, labels: torch.Tensor | None, text: TextCondition | None = None) -> None:
         """Before any work: the model can give what each term needs."""
-        if self.classifier_free and labels is None:
+        if text is not None and getattr(unet.config, "cross_attention_dim", None) is None:
+            raise ValueError("a prompt was given but this model takes no text (it has no cross-attention): use its classes")
+        if self.classifier_free and labels is None and text is None:
             raise ValueError(
                 "guidance needs a class: classifier-free guidance (guidance_scale != 1) needs a class-conditional model "
                 "and a class label; pick a class or set guidance to 1 (perturbed-attention guidance and autoguidance "
@@ -143,18 +180,20 @@ class Guidance:
         guided = sum(self.applies_at(t) for t in timesteps) / max(len(timesteps), 1)
         return 1.0 + guided * extra
 
-    def main_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None) -> list[torch.Tensor]:
+    def main_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None,
+                  text: TextCondition | None = None) -> list[torch.Tensor]:
         """The main model's outputs [ε_c, (ε_u), (ε_p)] from one batched call; [ε_c] alone outside the interval."""
         if not self.applies_at(t):
-            return [unet(x, t, class_labels=labels).sample]
-        return self._guided_pass(unet, x, t, labels)
+            return [unet(x, t, class_labels=labels, **_text(text, "c")).sample]
+        return self._guided_pass(unet, x, t, labels, text)
 
-    def _guided_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None) -> list[torch.Tensor]:
+    def _guided_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None,
+                     text: TextCondition | None = None) -> list[torch.Tensor]:
         """[ε_c, (ε_u), (ε_p)]: the rows each term needs, batched into one UNet call."""
         B = x.shape[0]
         n = self.main_passes
         batch_labels = labels
-        if self.classifier_free:
+        if self.classifier_free and labels is not None:
             null = torch.full_like(labels, unet.config.num_class_embeds)  # the "no class" embedding row
             batch_labels = torch.cat([labels, null] + ([labels] if self.pag else []))  # (n·B,)
         elif self.pag and labels is not None:
@@ -163,28 +202,34 @@ class Guidance:
         switch = (
             identity_attention(unet, self.layers_for(unet), batch_start=(n - 1) * B) if self.pag else contextlib.nullcontext()
         )
+        rows = "c" + "u" * self.classifier_free + "c" * self.pag  # which prompts each row group takes
         with switch:
-            out = unet(x_in, t, class_labels=batch_labels).sample
+            out = unet(x_in, t, class_labels=batch_labels, **_text(text, rows)).sample
         return list(out.split(B))  # n x (B, C, H, W)
 
-    def predictor(self, unet: nn.Module, labels: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def predictor(self, unet: nn.Module, labels: torch.Tensor | None, text: TextCondition | None = None,
+                  ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """predict(x, t) -> the guided output for one step (see the module docstring)."""
-        self.check(unet, labels)
+        self.check(unet, labels, text)
 
         def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             if not self.applies_at(t):
-                return unet(x, t, class_labels=labels).sample  # outside the interval: ε_c alone, one pass
-            parts = self._guided_pass(unet, x, t, labels)
+                return unet(x, t, class_labels=labels, **_text(text, "c")).sample  # outside the interval: ε_c alone
+            parts = self._guided_pass(unet, x, t, labels, text)
             cond = parts[0]
             out = parts[1] + self.scale * (cond - parts[1]) if self.classifier_free else cond
             if self.pag:
                 out = out + self.pag_scale * (cond - parts[-1])
             if self.autoguidance:
-                guided = self.guide(x, t, class_labels=labels).sample
+                guided = self.guide(x, t, class_labels=labels, **_text(text, "c")).sample
                 out = out + (self.guide_scale - 1.0) * (cond - guided)
             return out
 
         return predict
+
+
+def _text(text: TextCondition | None, rows: str) -> dict[str, torch.Tensor]:
+    return {} if text is None else text.kwargs(rows)
 
 
 def check_guide(unet: nn.Module, scheduler_config, guide: nn.Module, guide_scheduler_config, name: str = "guide") -> None:

@@ -1,7 +1,9 @@
 """Starting a training run from another model's weights (`denoiser train --init-from FOLDER`): fine-tuning.
 
-The folder's architecture is checked against the config before any work (only the class count may differ),
-and the class embedding is adapted to the new number of classes (`adapt_classes`).
+The folder's architecture is checked against the config before any work (only the class count may differ, and a
+model without cross-attention may gain it), and the class embedding is adapted to the new number of classes
+(`adapt_classes`). A class model becoming a text model keeps every weight it had: its cross-attention blocks start
+from their own (zero-output) initialisation, so the new model starts as the old one (`load_into`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from safetensors.torch import load_file
 from denoiser.config import RunConfig
 from denoiser.unet import UNet
 
-__all__ = ["load_init_weights", "adapt_classes"]
+__all__ = ["load_init_weights", "adapt_classes", "load_into", "init_text_encoder"]
 
 
 def load_init_weights(cfg: RunConfig, init_from: str) -> dict[str, torch.Tensor]:
@@ -30,7 +32,9 @@ def load_init_weights(cfg: RunConfig, init_from: str) -> dict[str, torch.Tensor]
     saved = {k: v for k, v in json.loads(config_file.read_text()).items() if not k.startswith("_")}
     with torch.device("meta"):  # the full argument set, defaults included, without allocating weights
         wanted = {k: v for k, v in UNet(**cfg.model).config.items() if not k.startswith("_")}
-    differ = sorted(k for k in wanted if k in saved and _norm(saved[k]) != _norm(wanted[k]) and k != "num_class_embeds")
+    gains_text = saved.get("cross_attention_dim") is None  # a class model may gain cross-attention; no other change
+    differ = sorted(k for k in wanted if k in saved and _norm(saved[k]) != _norm(wanted[k]) and k != "num_class_embeds"
+                    and not (k == "cross_attention_dim" and gains_text))
     if differ:
         detail = ", ".join(f"{k}: {saved[k]!r} there, {wanted[k]!r} here" for k in differ)
         raise ValueError(f"--init-from {init_from!r} has another architecture ({detail}); copy its model section into the config")
@@ -61,6 +65,30 @@ def adapt_classes(state: dict[str, torch.Tensor], num_classes: int | None) -> di
         rows[:kept] = table[:kept]
     state["class_embed.weight"] = rows
     return state
+
+
+def load_into(unet: torch.nn.Module, state: dict[str, torch.Tensor]) -> list[str]:
+    """Load `state` into `unet`; only cross-attention weights may be missing (they keep their initialisation).
+    Returns the names of those that were missing."""
+    missing, unexpected = unet.load_state_dict(state, strict=False)
+    wrong = list(unexpected) + [k for k in missing if not _is_cross(k)]
+    if wrong:
+        raise ValueError(f"--init-from weights do not fit this model: {wrong[:6]}; copy the folder's model section into the config")
+    return list(missing)
+
+
+def _is_cross(key: str) -> bool:
+    return ".cross." in key or key.startswith("mid_cross.")
+
+
+def init_text_encoder(text_encoder: torch.nn.Module, init_from: str) -> bool:
+    """Load the folder's text encoder into `text_encoder` when it has one (a text model continued); False when it has
+    none (a class model becoming a text model: the encoder starts fresh)."""
+    weights = Path(init_from) / "text_encoder" / "diffusion_pytorch_model.safetensors"
+    if not weights.is_file():
+        return False
+    text_encoder.load_state_dict({k: v.float() for k, v in load_file(str(weights)).items()})
+    return True
 
 
 def _norm(value):

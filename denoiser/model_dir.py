@@ -98,6 +98,23 @@ def load_model(
     return unet, scheduler
 
 
+def load_text(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple | None:
+    """(tokenizer, text encoder in fp32, eval mode) of a text model's folder; None for a folder without text_encoder/."""
+    from denoiser.text import HashTextEncoder, WordHashTokenizer
+
+    folder = Path(model_dir)
+    if not (folder / "text_encoder" / "config.json").is_file():
+        return None
+    if not (folder / "tokenizer" / WordHashTokenizer.config_name).is_file():
+        raise ValueError(f"model folder {folder.name!r} has a text_encoder/ but no tokenizer/{WordHashTokenizer.config_name}; "
+                         "re-export the model (save_pipeline with its tokenizer)")
+    try:
+        encoder = HashTextEncoder.from_pretrained(folder / "text_encoder", use_safetensors=True, torch_dtype=torch.float32)
+    except (TypeError, KeyError, OSError, RuntimeError) as err:
+        raise ValueError(f"model folder {folder.name!r}: text_encoder/ does not load ({type(err).__name__}: {str(err)[:300]})") from None
+    return WordHashTokenizer.from_pretrained(folder / "tokenizer"), encoder.to(device).eval()
+
+
 def _known_keys(cls, config: dict) -> dict:
     """The keys of a scheduler config that `cls` takes (a DDIM config holds set_alpha_to_one, which DDPM lacks)."""
     return {k: v for k, v in config.items() if k in inspect.signature(cls.__init__).parameters}

@@ -23,6 +23,7 @@ from denoiser.atomic import atomic_path
 from denoiser.model_dir import CLASSES_FILE, load_model
 from denoiser.request import SampleRequest
 from denoiser.sampling import ModelDefaults, read_defaults, resolve, run
+from denoiser.text import HashTextEncoder, WordHashTokenizer
 from denoiser.unet import UNet
 
 __all__ = ["DenoiserPipeline", "save_pipeline"]
@@ -42,12 +43,19 @@ class DenoiserPipeline(DiffusionPipeline):
     (`pipe.classes`).
     """
 
-    model_cpu_offload_seq = "unet"
+    model_cpu_offload_seq = "text_encoder->unet"
     _callback_tensor_inputs = ["latents"]
+    _optional_components = ["text_encoder", "tokenizer"]  # a text model's (denoiser.text); None for a class model
 
-    def __init__(self, unet: UNet, scheduler: SchedulerMixin):
+    def __init__(self, unet: UNet, scheduler: SchedulerMixin, text_encoder: HashTextEncoder | None = None,
+                 tokenizer: WordHashTokenizer | None = None):
         super().__init__()
-        self.register_modules(unet=unet, scheduler=scheduler)
+        if (text_encoder is None) != (tokenizer is None):
+            raise ValueError("a text model needs both its text_encoder and its tokenizer (or neither, for a class model)")
+        if text_encoder is not None and unet.config.cross_attention_dim != text_encoder.config.hidden_size:
+            raise ValueError(f"the text encoder's width {text_encoder.config.hidden_size} must equal the UNet's "
+                             f"cross_attention_dim {unet.config.cross_attention_dim}")
+        self.register_modules(unet=unet, scheduler=scheduler, text_encoder=text_encoder, tokenizer=tokenizer)
         self._classes: tuple[str, ...] | None = None
         self._guides: dict[str, tuple] = {}
 
@@ -100,10 +108,15 @@ class DenoiserPipeline(DiffusionPipeline):
         callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",),
         guidance_interval: Sequence[float] | None = None,  # from here on: new arguments, the earlier keep their positions
         timestep_spacing: str | None = None,
+        prompt: str | Sequence[str] | None = None,
+        negative_prompt: str | Sequence[str] | None = None,
     ) -> ImagePipelineOutput | tuple:
         """Generate `batch_size` images.
 
         class_labels: an int, a class name (`pipe.classes`), one per image, or "spread"; None samples "no class".
+        prompt, negative_prompt (a text model): one for all images or one per image ("" or None: no condition);
+        a list of prompts with batch_size left at 1 gives one image per prompt. guidance_scale steers from the
+        negative prompt towards the prompt (as diffusers' text-to-image pipelines).
         guidance_scale (classifier-free, needs a class), pag_scale/pag_layers (perturbed-attention),
         guide_model/guide_scale (autoguidance, a folder), guidance_interval ([lo, hi] timesteps the guidance
         applies at): denoiser.guidance; None takes sampling.json's value. num_inference_steps None: sampling.json's,
@@ -118,15 +131,19 @@ class DenoiserPipeline(DiffusionPipeline):
         unknown = set(callback_on_step_end_tensor_inputs) - set(self._callback_tensor_inputs)
         if unknown:
             raise ValueError(f"callback_on_step_end_tensor_inputs: only {self._callback_tensor_inputs} exist, got {sorted(unknown)}")
+        if prompt is not None and not isinstance(prompt, str) and batch_size == 1:
+            batch_size = len(prompt)  # diffusers' convention: a list of prompts, one image each
         request = SampleRequest(
-            num_images=batch_size, classes=class_labels, batch_size=batch_size, steps=num_inference_steps,
+            num_images=batch_size, classes=class_labels, batch_size=batch_size, prompts=prompt,
+            negative_prompts=negative_prompt, steps=num_inference_steps,
             timestep_spacing=timestep_spacing, eta=eta, guidance_scale=guidance_scale, pag_scale=pag_scale,
             pag_layers=pag_layers, guide_model=None if guide_model is None else str(guide_model), guide_scale=guide_scale,
             guidance_interval=guidance_interval,
             seed=int(torch.randint(0, 2**31 - 1, ())) if generator is None else 0,  # None: a random seed, as diffusers
         )
+        text = (self.tokenizer, self.text_encoder) if self.text_encoder is not None else None
         plan = resolve(request, self.folder, unet=self.unet, scheduler=self.scheduler, load=self._load_guide,
-                       class_names=self._classes)  # names set on this pipeline win over the folder's
+                       class_names=self._classes, text=text)  # names set on this pipeline win over the folder's
 
         def after_step(i: int, x: torch.Tensor) -> torch.Tensor:
             if callback_on_step_end is not None:  # sample() has set the scheduler's timesteps by now
@@ -159,12 +176,14 @@ class DenoiserPipeline(DiffusionPipeline):
 
 def save_pipeline(
     unet: UNet, scheduler: DDPMScheduler, out_dir: str | Path, dtype: torch.dtype | None = None,
-    classes: Sequence[str] | None = None,
+    classes: Sequence[str] | None = None, text_encoder: HashTextEncoder | None = None,
+    tokenizer: WordHashTokenizer | None = None,
 ) -> Path:
     """Write a DenoiserPipeline folder to a temporary sibling, then swap it into place (denoiser.atomic).
 
     An existing folder is only replaced once the new one is complete; `dtype` (e.g. torch.float16)
-    shrinks the shipped weights, and `load_model` upcasts them again; `classes` names the class labels.
+    shrinks the shipped weights, and `load_model` upcasts them again; `classes` names the class labels;
+    `text_encoder` and `tokenizer` make a text model's folder (text_encoder/, tokenizer/).
     The folder's scheduler is DDIM on the training scheduler's noise schedule (and its timestep spacing):
     what every front door, diffusers' `from_pretrained` included, samples with unless told otherwise.
     """
@@ -172,7 +191,10 @@ def save_pipeline(
     unet = copy.deepcopy(unet).to(memory_format=torch.contiguous_format)
     if dtype is not None:
         unet = unet.to(dtype=dtype)
-    pipe = DenoiserPipeline(unet=unet, scheduler=DDIMScheduler.from_config(scheduler.config))
+    if text_encoder is not None:
+        text_encoder = copy.deepcopy(text_encoder).to(dtype=dtype) if dtype is not None else text_encoder
+    pipe = DenoiserPipeline(unet=unet, scheduler=DDIMScheduler.from_config(scheduler.config), text_encoder=text_encoder,
+                            tokenizer=tokenizer)
     if classes is not None:
         pipe.classes = classes
     with atomic_path(out_dir) as tmp:

@@ -38,6 +38,8 @@ class SampleRequest:
 
     num_images: int = 16
     classes: int | str | Sequence[int | str] | None = None  # a label or name for all, one per image, "spread"; None: no class
+    prompts: str | Sequence[str] | None = None  # a text model's prompt for all images or one per image; None or "": no condition
+    negative_prompts: str | Sequence[str] | None = None  # what guidance steers away from (one, or one per image); None: ""
     seed: int = 0  # image k is drawn from a generator seeded seed + k
     batch_size: int | None = None  # images per UNet batch (BUILT_IN)
     scheduler: str | None = None  # one of SCHEDULERS; None: the folder's scheduler, else BUILT_IN

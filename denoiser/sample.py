@@ -30,7 +30,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from denoiser.attention import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
-from denoiser.guidance import Guidance
+from denoiser.guidance import Guidance, TextCondition
 from denoiser.pixels import to_unit
 from denoiser.request import SCHEDULERS, SPREAD, check_timestep_spacing
 from denoiser.unet import UNet
@@ -174,6 +174,7 @@ def sample(
     x_init: torch.Tensor | None = None,
     after_step: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
+    text: TextCondition | None = None,
 ) -> SampleResult:
     """Generate `num_images` images; the same generators and settings as a diffusers pipeline -> the same images.
 
@@ -188,6 +189,7 @@ def sample(
     (in the model's input scale); `after_step(i, x)` may replace the x each step produces.
 
     class_labels: one for all images or one per image, read by `class_label_tensor` (None: no class).
+    text: a text model's encoded prompts and negative prompts, one per image (denoiser.guidance.TextCondition).
     seed: image k's noise (its start and every step's) comes from a CPU generator seeded seed + k
     (`image_generators`), so neither the batch size nor the other images change it. generator: draws the noise
     instead (diffusers' pipelines take one for the batch or one per image; `image_generators(s, range(n))`
@@ -199,7 +201,11 @@ def sample(
     labels = class_label_tensor(class_labels, num_images, config.num_class_embeds)
     labels = None if labels is None else labels.to(device)
     guidance = guidance or Guidance()
-    predict = guidance.predictor(unet, labels)
+    if text is not None:
+        if text.states.shape[0] != num_images:
+            raise ValueError(f"give one prompt per image: {text.states.shape[0]} prompts for {num_images} images")
+        text = text.to(device, dtype)
+    predict = guidance.predictor(unet, labels, text)
     if generator is None:
         generator = image_generators(seed, range(num_images))
     shape = (num_images, config.in_channels, config.sample_size, config.sample_size)

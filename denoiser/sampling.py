@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from denoiser.guidance import Guidance, check_guide
-from denoiser.model_dir import CLASSES_FILE, load_model
+from denoiser.guidance import TextCondition
+from denoiser.model_dir import CLASSES_FILE, load_model, load_text
 from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
 from denoiser.sample import (
     SampleResult,
@@ -39,6 +41,8 @@ from denoiser.sample import (
 
 # spread_labels lives in denoiser.sample; named here too for the scripts that import it from this module
 __all__ = ["Plan", "ModelDefaults", "read_defaults", "resolve", "run", "spread_labels", "SAMPLING_FILE"]
+
+logger = logging.getLogger(__name__)
 
 SAMPLING_FILE = "sampling.json"  # a model folder's measured best: its guidance and step count
 SAMPLING_KEYS = {"guidance_scale", "pag_scale", "pag_layers", "guide_model", "guide_scale", "guidance_interval",
@@ -88,6 +92,9 @@ class Plan:
     num_images: int
     batch_size: int
     classes: tuple[str, ...] = ()  # the model's class names by label
+    prompts: tuple[str, ...] = ()  # a text model's prompt per image ("" = no condition); () for a class model
+    negative_prompts: tuple[str, ...] = ()  # per image, the classifier-free guidance's unconditional prompt
+    text: tuple | None = None  # (tokenizer, text encoder) of a text model
 
     @property
     def scheduler_name(self) -> str:
@@ -97,6 +104,14 @@ class Plan:
         """The timesteps the sampler will visit (what the app's work budget counts)."""
         self.scheduler.set_timesteps(self.steps)
         return [int(t) for t in self.scheduler.timesteps]
+
+    def text_condition(self, indices: Sequence[int]) -> TextCondition | None:
+        """The encoded prompts of images `indices` (None for a class model)."""
+        if self.text is None:
+            return None
+        tokenizer, encoder = self.text
+        return TextCondition.encode(tokenizer, encoder, [self.prompts[k] for k in indices],
+                                    [self.negative_prompts[k] for k in indices])
 
     def class_name(self, k: int) -> str | None:
         """Image k's class name, or None when it has no class."""
@@ -118,6 +133,7 @@ def resolve(
     scheduler=None,
     load: Callable[[Path], tuple] = load_model,
     class_names: Sequence[str] | None = None,
+    text: tuple | None = None,
 ) -> Plan:
     """`request` for the model in `folder`, checked before any work; unset fields from the folder, else built in.
 
@@ -125,6 +141,7 @@ def resolve(
     pipeline's own, which its user may have swapped); default: `load(folder)` and the folder's sampler.
     load(folder) -> (unet, training scheduler): how models and guide models are loaded (the app's is cached).
     class_names: the classes' names instead of the folder's classes.txt (a pipeline's own).
+    text: a text model's (tokenizer, text encoder) (a pipeline's own); default: the folder's (`load_text`).
     """
     given = unet is not None
     if not given:
@@ -138,7 +155,8 @@ def resolve(
         defaults = dataclasses.replace(defaults, classes=tuple(class_names))
     sched = _scheduler(request, defaults.scheduler, scheduler, given)
     labels = class_label_tensor(request.classes, request.num_images, unet.config.num_class_embeds, defaults.classes)
-    guidance = _guidance(request, defaults, folder, unet, sched.config, labels is not None, load)
+    prompts, negative, text = _prompts(request, unet, folder, text)
+    guidance = _guidance(request, defaults, folder, unet, sched.config, labels is not None or any(prompts), load)
     steps = request.steps if request.steps is not None else defaults.steps
     batch_size = request.batch_size if request.batch_size is not None else BUILT_IN["batch_size"]
     for name, value in (("number of images", request.num_images), ("batch size", batch_size)):
@@ -147,7 +165,35 @@ def resolve(
     if not isinstance(steps, int) or not 1 <= steps <= sched.config.num_train_timesteps:
         raise ValueError(f"steps must be a whole number in 1..{sched.config.num_train_timesteps}, got {steps!r}")
     return Plan(unet, sched, steps, float(request.eta), guidance, labels, int(request.seed), request.num_images,
-                batch_size, defaults.classes)
+                batch_size, defaults.classes, prompts, negative, text)
+
+
+def _prompts(request: SampleRequest, unet: nn.Module, folder, text: tuple | None) -> tuple[tuple, tuple, tuple | None]:
+    """(prompt per image, negative prompt per image, (tokenizer, encoder)) for a text model; ((), (), None) otherwise.
+    Words past the tokenizer's max_length are dropped with a warning."""
+    n = request.num_images
+    if getattr(unet.config, "cross_attention_dim", None) is None:
+        if request.prompts not in (None, "") or request.negative_prompts not in (None, ""):
+            raise ValueError("this model takes no prompt (it was trained without text): leave the prompt out"
+                             + (" and pick a class" if unet.config.num_class_embeds else ""))
+        return (), (), None
+    if text is None:
+        text = load_text(folder, unet.device) if folder is not None else None
+        if text is None:
+            raise ValueError("this UNet has cross-attention but no text encoder was found: load it from its model folder "
+                             "(text_encoder/, tokenizer/)")
+    per_image = []
+    for name, value in (("prompt", request.prompts), ("negative prompt", request.negative_prompts)):
+        given = [""] if value is None else [value] if isinstance(value, str) else list(value)
+        if len(given) not in (1, n) or not all(isinstance(p, str) for p in given):
+            raise ValueError(f"pass one {name} or one per image ({n}), as text; got {len(given)} of "
+                             f"{sorted({type(p).__name__ for p in given})}")
+        for p in dict.fromkeys(given):
+            if dropped := text[0].dropped(p):
+                logger.warning("the %s is cut at %d words; the model does not see: %s", name, text[0].config.max_length,
+                               " ".join(dropped)[:200])
+        per_image.append(tuple(given * n if len(given) == 1 else given))
+    return per_image[0], per_image[1], text
 
 
 def run(
@@ -190,6 +236,7 @@ def run(
         res = sample(
             plan.unet, plan.scheduler, len(batch), plan.steps, eta=plan.eta, generator=gens, guidance=plan.guidance,
             class_labels=None if plan.labels is None else plan.labels[batch], callback=callback, after_step=after_step,
+            text=plan.text_condition(batch),
             capture_steps=capture_steps if first else (), trajectory_every=trajectory_every if first else 0,
         )
         if first:

@@ -49,11 +49,12 @@ from denoiser.diffusion import Diffusion
 from denoiser.fast import malloc
 from denoiser.fast.groupnorm import default_channels_last
 from denoiser.image_io import save_grid
-from denoiser.init_from import load_init_weights
+from denoiser.init_from import init_text_encoder, load_init_weights, load_into
 from denoiser.pipeline import save_pipeline
 from denoiser.pixels import to_model_range, to_uint8
 from denoiser.run_dir import prepare_output_dir, read_losses, record_loss, truncate_losses, write_run_info
 from denoiser.sample import make_sampler, sample
+from denoiser.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
 from denoiser.unet import UNet
 from denoiser.visualize import loss_curve
 
@@ -171,24 +172,25 @@ class TrainLoop:
         acc.wait_for_everyone()
         # images per process and accumulation step (checked before anything is read)
         self.micro = per_process_batch(cfg.train.batch_size, self.world, cfg.train.gradient_accumulation_steps)
-        unet = self._build_model(init_weights, init_from)
+        model = self._build_model(init_weights, init_from)
+        unet = model.unet if isinstance(model, PromptedUNet) else model
         t = cfg.train
         self.data = open_training_data(cfg.data, unet.config.sample_size, seed=t.seed, batch_size=t.batch_size,
                                        accumulation=t.gradient_accumulation_steps, rank=self.rank, world=self.world,
                                        caption_dropout=t.caption_dropout)  # captions: where the data carries text
         _check_data(cfg, self.data)
-        self._build_optimizer(unet)
+        self._build_optimizer(model)
         self.step = self._resume(resume_dir)
 
-    def _build_model(self, init_weights: dict[str, torch.Tensor] | None, init_from: str | None) -> UNet:
-        """The seeded (or initialised) UNet in its training layout."""
+    def _build_model(self, init_weights: dict[str, torch.Tensor] | None, init_from: str | None) -> UNet | PromptedUNet:
+        """The seeded (or initialised) UNet in its training layout; for a text model, paired with its text encoder."""
         train_cfg = self.train_cfg
         torch.manual_seed(train_cfg.seed)
         unet = UNet(**self.cfg.model)
         if init_weights is not None:
-            unet.load_state_dict(init_weights)
+            fresh = load_into(unet, init_weights)  # only cross-attention may be missing: a class model gaining text
             if self.is_main:
-                logger.warning("initialised from %s", init_from)
+                logger.warning("initialised from %s%s", init_from, f" ({len(fresh)} cross-attention tensors start fresh)" if fresh else "")
         self.conditional = bool(unet.config.num_class_embeds)
         self.channels_last = train_cfg.channels_last
         if self.channels_last is None:
@@ -197,9 +199,16 @@ class TrainLoop:
             unet = unet.to(memory_format=torch.channels_last)
         if train_cfg.gradient_checkpointing:
             unet.enable_gradient_checkpointing()
+        self.tokenizer = None
+        if self.cfg.prompted:  # a text model: the UNet and its text encoder train together, from the data's captions
+            self.tokenizer = WordHashTokenizer(**self.cfg.text.tokenizer_args())
+            text_encoder = HashTextEncoder(**self.cfg.text.encoder_args())
+            if init_from is not None and init_text_encoder(text_encoder, init_from) and self.is_main:
+                logger.warning("text encoder initialised from %s", init_from)
+            return PromptedUNet(unet, text_encoder)
         return unet
 
-    def _build_optimizer(self, unet: UNet) -> None:
+    def _build_optimizer(self, unet: UNet | PromptedUNet) -> None:
         """Objective, AdamW, LR schedule and EMA; the model and optimizer prepared by Accelerate."""
         train_cfg, acc = self.train_cfg, self.accelerator
         self.diffusion = Diffusion.from_config(self.cfg.diffusion)
@@ -215,7 +224,7 @@ class TrainLoop:
         if train_cfg.ema:
             self.ema = EMAModel(
                 unet.parameters(), decay=train_cfg.ema_max_decay, use_ema_warmup=True, inv_gamma=train_cfg.ema_inv_gamma,
-                power=train_cfg.ema_power, model_cls=UNet, model_config=unet.config,
+                power=train_cfg.ema_power, model_cls=UNet, model_config=getattr(unet, "unet", unet).config,
             )
         model_fwd = torch.compile(unet) if train_cfg.compile else unet
         self.model, self.optimizer = acc.prepare(model_fwd, optimizer)
@@ -301,13 +310,14 @@ class TrainLoop:
     def _batch(self, step: int) -> tuple[torch.Tensor, ...]:
         """This process's images of step `step` with their draws (on the prefetch thread); in pinned memory for an
         asynchronous copy to a GPU."""
-        batch = _with_draws(self.data.batch(step), self.diffusion, self.cfg, self.conditional)
+        batch = _with_draws(self.data.batch(step), self.diffusion, self.cfg, self.conditional, self.tokenizer)
         return tuple(v.pin_memory() for v in batch) if self.accelerator.device.type == "cuda" else batch
 
     def _micro_step(self, batch: tuple[torch.Tensor, ...], a: int) -> torch.Tensor:
         """Forward and backward on this process's slice of accumulation step `a`; gradients sync on the last."""
         acc, A, micro = self.accelerator, self.train_cfg.gradient_accumulation_steps, self.micro
-        idx, x0, labels, noise, timesteps = (v[a * micro : (a + 1) * micro] for v in batch)  # this process's [accum][micro]
+        idx, x0, labels, noise, timesteps, *tokens = (v[a * micro : (a + 1) * micro] for v in batch)  # this process's [accum][micro]
+        text = dict(zip(TOKEN_KEYS, (v.to(acc.device, non_blocking=True) for v in tokens)))  # a text model's prompt tokens
         self.seen += torch.tensor([micro, float(idx.double().mul(self.step + 1).sum())], dtype=torch.float64)
         x0 = x0.to(acc.device, non_blocking=True, memory_format=torch.channels_last if self.channels_last else torch.preserve_format)
         labels = labels.to(acc.device, non_blocking=True)
@@ -316,7 +326,7 @@ class TrainLoop:
             loss = self.diffusion.training_loss(
                 self.model, x0, labels if self.conditional else None, noise=noise.to(x0, non_blocking=True),
                 timesteps=timesteps.to(x0.device, non_blocking=True),
-                snr_gamma=self.train_cfg.snr_gamma,
+                snr_gamma=self.train_cfg.snr_gamma, unet_kwargs=text,
             )
             acc.backward(loss / A)
         return loss.detach()
@@ -350,7 +360,8 @@ class TrainLoop:
         last = step == train_cfg.max_steps or out_of_time
         if train_cfg.sample_every and (step % train_cfg.sample_every == 0 or last):
             if self.is_main:
-                _sample_grid(acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.out, step)
+                _sample_grid(acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.out, step,
+                             list(self.data.classes))
             acc.wait_for_everyone()
         if train_cfg.fid_every and (step % train_cfg.fid_every == 0 or last):
             if self.is_main:
@@ -382,10 +393,11 @@ class TrainLoop:
             skipped = acc.gather(torch.tensor([len(self.data.skipped)], device=acc.device)).cpu()
         model_dir = self.out / "model"
         if self.is_main:
-            final = _export_unet(acc.unwrap_model(self.model), self.ema)
+            final, text_encoder = _export(acc.unwrap_model(self.model), self.ema)
             names = list(self.data.classes)
             classes = names if len(names) == (final.config.num_class_embeds or 0) else None
-            save_pipeline(final, self.diffusion.scheduler, model_dir, classes=classes)
+            save_pipeline(final, self.diffusion.scheduler, model_dir, classes=classes, text_encoder=text_encoder,
+                          tokenizer=self.tokenizer)
             (self.out / "train_summary.json").write_text(json.dumps(self._summary(all_seen, skipped), indent=1))
         acc.wait_for_everyone()
         acc.end_training()
@@ -412,8 +424,13 @@ class TrainLoop:
         }
 
 
-def _with_draws(batch: StepBatch, diffusion: Diffusion, cfg: RunConfig, conditional: bool):
-    """Ids, images in [-1, 1], labels, noise and timesteps of a StepBatch. Noise, timesteps, flips and label drops are
+TOKEN_KEYS = ("input_ids", "ngram_mask", "attention_mask")  # a text model's batch ends with its captions' tokens
+
+
+def _with_draws(batch: StepBatch, diffusion: Diffusion, cfg: RunConfig, conditional: bool,
+                tokenizer: WordHashTokenizer | None = None):
+    """Ids, images in [-1, 1], labels, noise and timesteps of a StepBatch, then for a text model (`tokenizer`) its
+    captions' tokens (TOKEN_KEYS; a dropped caption is "": padding only, no condition). Noise, timesteps, flips and label drops are
     drawn, in that order, for the batch's `draw_size` images from a generator seeded by its draw key, and its images
     take rows `draw_rows`: a pure function of (seed, key), whatever the split over processes and accumulation."""
     gen = torch.Generator().manual_seed(seed_of(DRAWS, cfg.train.seed, *batch.draw_key))
@@ -428,7 +445,12 @@ def _with_draws(batch: StepBatch, diffusion: Diffusion, cfg: RunConfig, conditio
     labels = batch.labels
     if conditional:
         labels = torch.where(drop, cfg.model["num_class_embeds"], labels)  # the "no class" row
-    return batch.ids, x0, labels, noise, timesteps
+    if tokenizer is None:
+        return batch.ids, x0, labels, noise, timesteps
+    if batch.captions is None:
+        raise TrainingError("this text model's data gave no captions: set data.caption_columns to the data's text columns")
+    tokens = tokenizer(batch.captions)
+    return (batch.ids, x0, labels, noise, timesteps, *(tokens[k] for k in TOKEN_KEYS))
 
 
 def _out_of_time(train_cfg, started: float) -> bool:
@@ -442,23 +464,45 @@ def _last(out: Path) -> str:
 
 def _export_unet(unet: UNet, ema: EMAModel | None) -> UNet:
     """A plain fp32 copy of the trained UNet (with the EMA weights when EMA is on), contiguous."""
-    unet = getattr(unet, "_orig_mod", unet)  # torch.compile wrapper
-    final = UNet.from_config(unet.config)
-    final.load_state_dict({k: v.detach().float().contiguous() for k, v in unet.state_dict().items()})
+    return _export(unet, ema)[0]
+
+
+def _export(model: UNet | PromptedUNet, ema: EMAModel | None) -> tuple[UNet, HashTextEncoder | None]:
+    """Plain fp32 copies of the trained UNet and text encoder (None: not a text model), with the EMA weights when
+    EMA is on (it covers both), contiguous, in eval mode."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    if isinstance(model, PromptedUNet):
+        final = PromptedUNet(UNet.from_config(model.unet.config), HashTextEncoder.from_config(model.text_encoder.config))
+    else:
+        final = UNet.from_config(model.config)
+    final.load_state_dict({k: v.detach().float().contiguous() for k, v in model.state_dict().items()})
     if ema is not None:
         ema.copy_to(final.parameters())
-    return final.eval()
+    final.eval()
+    return (final.unet, final.text_encoder) if isinstance(final, PromptedUNet) else (final, None)
 
 
-def _sample_grid(unet: UNet, ema: EMAModel | None, diffusion: Diffusion, cfg: RunConfig, out: Path, step: int) -> None:
-    """A fixed-seed DDIM grid from the (EMA) weights, and the loss curve so far."""
-    final = _export_unet(unet, ema).to(unet.device)
+def _sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Diffusion, cfg: RunConfig, out: Path,
+                 step: int, prompts: list[str] | None = None) -> None:
+    """A fixed-seed DDIM grid from the (EMA) weights, and the loss curve so far; a text model draws `prompts`
+    (the data's class names), cycled over the grid."""
+    device = next(model.parameters()).device
+    final, text_encoder = _export(model, ema)
+    final = final.to(device)
     scheduler = make_sampler("ddim", diffusion.scheduler.config)
     train_cfg = cfg.train
-    labels = None
+    labels, text = None, None
     if final.config.num_class_embeds:  # one row per class, as far as the grid has room
         labels = torch.arange(train_cfg.num_sample_images) % final.config.num_class_embeds
-    result = sample(final, scheduler, train_cfg.num_sample_images, train_cfg.sample_steps, seed=0, class_labels=labels)
+    if text_encoder is not None:
+        from denoiser.guidance import TextCondition
+
+        names = prompts or [""]
+        grid = [names[k % len(names)] for k in range(train_cfg.num_sample_images)]
+        tokenizer = WordHashTokenizer(**cfg.text.tokenizer_args())
+        text = TextCondition.encode(tokenizer, text_encoder.to(device), grid)
+    result = sample(final, scheduler, train_cfg.num_sample_images, train_cfg.sample_steps, seed=0, class_labels=labels,
+                    text=text)
     save_grid(result.images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
     steps, losses = read_losses(out)
     loss_curve(steps, losses).save(out / "loss.png")

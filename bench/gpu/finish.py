@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from denoiser.model_dir import load_model
-from denoiser.pipeline import save_pipeline
+from denoiser.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.request import SPREAD, SampleRequest
 from denoiser.sampling import resolve, run
 
@@ -30,14 +30,23 @@ BATCH = 250  # images per UNet batch: speed only (image k is seeded k whatever i
 
 
 def candidate_folder(run_dir: Path, shipped: Path, device: str) -> Path:
-    """`shipped` with the run's UNet (fp16) in place of its own: same scheduler, sampling.json, classes, card."""
-    unet, sched = load_model(run_dir / "model", device=device)
+    """`shipped` with the run's UNet (fp16) in place of its own: same scheduler, sampling.json, classes, card.
+    A text model's run (text_encoder/ in its model folder) brings its text encoder and tokenizer too, and drops
+    the shipped classes.txt (it has no classes)."""
+    pipe = DenoiserPipeline.from_pretrained(run_dir / "model")
     fp16 = run_dir / "model-fp16"
-    save_pipeline(unet, sched, fp16, dtype=torch.float16)
+    save_pipeline(pipe.unet, pipe.scheduler, fp16, dtype=torch.float16, text_encoder=pipe.text_encoder,
+                  tokenizer=pipe.tokenizer)
     out = run_dir / "candidate"
     shutil.copytree(shipped, out, dirs_exist_ok=True)
-    shutil.rmtree(out / "unet")
-    shutil.copytree(fp16 / "unet", out / "unet")
+    for part in ("unet", "text_encoder", "tokenizer", "model_index.json"):
+        if (out / part).is_dir():
+            shutil.rmtree(out / part)
+        if (fp16 / part).is_dir():
+            shutil.copytree(fp16 / part, out / part)
+    shutil.copy(fp16 / "model_index.json", out / "model_index.json")
+    if pipe.text_encoder is not None:
+        (out / "classes.txt").unlink(missing_ok=True)
     return out
 
 
@@ -62,7 +71,7 @@ def main(run_folder: str, name: str, out: str, num_samples: str, shipped_dir: st
         for extra in ("config.yaml", "loss.csv", "train_summary.json", "loss.png", "run_info.json", "samples", "train.log"):
             if (run_dir / extra).exists():
                 tar.add(run_dir / extra, arcname=extra)
-    for suffix, folder in (("new", candidate), ("shipped", shipped)):
+    for suffix, folder in (("new", candidate), ("shipped", shipped)) if int(num_samples) else ():  # 0: score elsewhere
         np.save(out_dir / f"{name}-{suffix}.npy", draw(folder, int(num_samples), device))
 
 
