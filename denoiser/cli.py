@@ -145,9 +145,15 @@ def _add_sample_args(p: argparse.ArgumentParser) -> None:
 
 def _add_attention_args(p: argparse.ArgumentParser) -> None:
     _add_model(p)
-    p.add_argument("--pixel", type=_pixel, required=True, help="query pixel Y,X in image coordinates")
+    p.add_argument("--pixel", type=_pixel, default=None,
+                   help="query pixel Y,X in image coordinates: its self-attention at every layer; on a text model also "
+                        "its weights over the prompt's words (OUT-words.png)")
+    p.add_argument("--word", default=None,
+                   help="a word of --prompt (text models): its cross-attention map at every cross-attention layer")
     p.add_argument("--out", required=True, help="output PNG")
     p.add_argument("--at-step", type=int, default=None, help="sampling step to inspect (default: the last)")
+    p.add_argument("--every-step", action="store_true",
+                   help="with --word: one row per sampling step over that step's predicted x0 (rows = steps, columns = layers)")
     _add_sampling(p, "image", images=False)
 
 
@@ -270,21 +276,68 @@ def cmd_sample(args) -> None:
 
 
 def cmd_attention(args) -> None:
-    from denoiser.image_io import save_png
-    from denoiser.sampling import resolve, run
-    from denoiser.visualize import attention_panel
+    from denoiser.sampling import resolve
 
+    if (args.pixel is None) == (args.word is None):
+        raise ValueError("say what to look at, one of: --pixel Y,X (one pixel's attention at every layer) or --word WORD "
+                         "(a word of a text model's --prompt: its map at every cross-attention layer)")
+    if args.every_step and (args.word is None or args.at_step is not None):
+        raise ValueError("--every-step draws a --word's maps at every step: give --word, and leave out --at-step")
     plan = resolve(_request(args, num_images=1), args.model)
+    at = plan.steps - 1 if args.at_step is None else args.at_step
+    if not 0 <= at < plan.steps:
+        raise ValueError(f"--at-step must be in 0..{plan.steps - 1}, got {at}")
+    if args.word is not None:
+        return _attention_word(args, plan, at)
+    return _attention_pixel(args, plan, at)
+
+
+def _attention_pixel(args, plan, at: int) -> None:
+    """`attention --pixel`: the pixel's self-attention panel; on a text model also its weights over the words."""
+    from denoiser.image_io import save_png
+    from denoiser.sampling import run
+    from denoiser.visualize import attention_panel, token_weights_panel
+
     size = plan.unet.config.sample_size
     y, x = args.pixel
     if not (0 <= y < size and 0 <= x < size):
         raise ValueError(f"--pixel {y},{x} is outside the {size}x{size} image; use 0..{size - 1}")
-    at = plan.steps - 1 if args.at_step is None else args.at_step
-    if not 0 <= at < plan.steps:
-        raise ValueError(f"--at-step must be in 0..{plan.steps - 1}, got {at}")
     res = run(plan, capture_steps=[at])
-    panel = attention_panel(res.images[0], res.attention[at], (y, x))
-    print(f"attention: {save_png(panel, args.out)} ({len(res.attention[at])} layers, step {at} of {plan.steps})")
+    records = res.attention[at]
+    self_layers = sum(r.kind == "self" for r in records)
+    panel = attention_panel(res.images[0], records, (y, x))
+    print(f"attention: {save_png(panel, args.out)} ({self_layers} layers, step {at} of {plan.steps})")
+    if plan.text is not None and plan.prompts[0]:
+        words = plan.text[0].tokens(plan.prompts[0])
+        out = Path(args.out).with_name(f"{Path(args.out).stem}-words.png")
+        save_png(token_weights_panel(res.images[0], records, (y, x), words), out)
+        print(f"weights over the words {' '.join(words)!r}: {out} ({len(records) - self_layers} cross-attention layers)")
+
+
+def _attention_word(args, plan, at: int) -> None:
+    """`attention --word`: one prompt word's map at every cross-attention layer, at one step or every step."""
+    from denoiser.image_io import save_png
+    from denoiser.sampling import run
+    from denoiser.visualize import find_word, word_maps_grid, word_maps_panel
+
+    if plan.text is None:
+        raise ValueError("--word picks a word of a text model's --prompt; this model takes no text "
+                         "(it has no cross-attention): use --pixel Y,X")
+    words = plan.text[0].tokens(plan.prompts[0])
+    if not words:
+        raise ValueError(f'--word {args.word!r} needs a prompt that contains it, e.g. --prompt "red apple" --word apple')
+    token = find_word(words, args.word)
+    steps = range(plan.steps) if args.every_step else [at]
+    res = run(plan, capture_steps=steps, trajectory_every=1 if args.every_step else 0)
+    if args.every_step:  # each step's row over that step's predicted x0: where the object is forming
+        rows = [(f"step {i} (t={t}): predicted x0", x0[0], res.attention[i]) for i, (t, _, x0) in enumerate(res.trajectory)]
+        panel = word_maps_grid(rows, token, words[token])
+    else:
+        panel = word_maps_panel(res.images[0], res.attention[at], token, words[token])
+    layers = sum(r.kind == "cross" for r in res.attention[at])
+    when = f"{plan.steps} steps" if args.every_step else f"step {at} of {plan.steps}"
+    print(f"word map of {words[token]!r} in {plan.prompts[0]!r}: {save_png(panel, args.out)} ({layers} cross-attention "
+          f"layers, {when})")
 
 
 def _read_image(path: str, what: str = "image", min_side: int | None = None):

@@ -25,8 +25,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from denoiser.guidance import Guidance, check_guide
-from denoiser.guidance import TextCondition
+from denoiser.guidance import Guidance, TextCondition, check_guide
 from denoiser.model_dir import CLASSES_FILE, load_model, load_text
 from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
 from denoiser.sample import (

@@ -1,8 +1,9 @@
 """Pictures people would rather look at than read: attention overlays and loss curves, as PIL images.
 
 Pure PIL and torch (no plotting library): a perceptual heat colormap, heatmaps upsampled to the
-image and blended over it with the query pixel marked, a labelled panel of every attention layer,
-and a loss curve with log-scaled y axis.
+image and blended over it with the query pixel marked, a labelled panel of every self-attention layer,
+a text model's word maps (one prompt word's cross-attention at every layer, at one step or every step)
+and one pixel's weights over the prompt's words as bar charts, and a loss curve with log-scaled y axis.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.attention import AttentionRecord
 from denoiser.pixels import to_uint8
+from denoiser.text import words as split_words
 
 __all__ = [
-    "heat_colormap", "overlay", "layer_label", "tiles_image", "with_colour_scale", "attention_panel", "stages_panel", "loss_curve",
+    "heat_colormap", "overlay", "layer_label", "tiles_image", "with_colour_scale", "with_title", "attention_panel",
+    "stages_panel", "find_word", "word_maps", "word_maps_panel", "word_maps_grid", "token_weights", "token_weights_panel",
+    "loss_curve",
 ]
 
 # Anchor colours of a dark-to-bright heat map (black-purple-red-orange-yellow-white), our own choice.
@@ -36,15 +40,16 @@ def heat_colormap(values: torch.Tensor) -> torch.Tensor:
     return rgb.permute(2, 0, 1)  # (3, H, W)
 
 
-def overlay(image: torch.Tensor, heat: torch.Tensor, query: tuple[int, int] | None = None, alpha: float = 0.6) -> torch.Tensor:
+def overlay(image: torch.Tensor, heat: torch.Tensor, query: tuple[int, int] | None = None, alpha: float = 0.6,
+            vmax: float | None = None) -> torch.Tensor:
     """Blend a heatmap over an image. image (3, S, S) in [0, 1]; heat (h, w) any scale -> (3, S, S).
 
-    The heatmap is normalised to its max and upsampled (nearest: each cell is one attended pixel of
-    the layer's grid); `query` (y, x) in image pixels is marked with a cyan box.
+    The heatmap is divided by `vmax` (default: its own max, so every map uses the whole colour scale) and upsampled
+    (nearest: each cell is one attended pixel of the layer's grid); `query` (y, x) in image pixels is marked cyan.
     """
     S_h, S_w = image.shape[-2:]
     heat = heat.float()
-    heat = heat / heat.max().clamp(min=1e-12)
+    heat = heat / (heat.max().clamp(min=1e-12) if vmax is None else vmax)
     up = F.interpolate(heat[None, None], size=(S_h, S_w), mode="nearest")[0, 0]  # (S, S)
     out = (1 - alpha) * image.float() + alpha * heat_colormap(up)
     if query is not None:
@@ -124,14 +129,15 @@ def attention_panel(
     per_head: bool = True,
     cell: int = 96,
 ) -> Image.Image:
-    """One row per attention layer: the image, the head-averaged map, then each head's map.
+    """One row per self-attention layer: the image, the head-averaged map, then each head's map.
 
     `query` is (y, x) in image pixels; each layer maps it onto its own grid. Exact weights are
-    rebuilt from the captured q and k.
+    rebuilt from the captured q and k. Cross-attention records (a text model's) are skipped: their
+    weights are over the prompt's words, not the pixels (`token_weights_panel` draws those).
     """
     S = image.shape[-1]
     maps = []
-    for rec in records:
+    for rec in _of_kind(records, "self"):
         H, W = rec.size
         maps.append((layer_label(rec), rec.weights((query[0] * H // S, query[1] * W // S))[batch_index]))  # (h, H, W)
     return maps_panel(image, maps, query, per_head, cell)
@@ -161,6 +167,129 @@ def stages_panel(image: torch.Tensor, scores: torch.Tensor, weights: torch.Tenso
     score_tile = F.interpolate(heat_colormap(s)[None], size=(S, S), mode="nearest")[0]  # (3, S, S)
     row = [("scores q.k^T / sqrt(d)", score_tile), ("softmax weights", overlay(image, weights, query, alpha=0.85))]
     return with_colour_scale(tiles_image([row], max(1, 160 // S)), "lowest", "highest (each map)")
+
+
+def with_title(panel: Image.Image, title: str, pad: int = 4) -> Image.Image:
+    """The panel under a title (wrapped to the panel's width)."""
+    font = _font(13)
+    lines = _wrap(title, panel.width - 2 * pad, font)
+    out = Image.new("RGB", (panel.width, panel.height + 17 * len(lines) + pad), "white")
+    ImageDraw.Draw(out).multiline_text((pad, pad), "\n".join(lines), fill="black", font=font, spacing=4)
+    out.paste(panel, (0, out.height - panel.height))
+    return out
+
+
+def _of_kind(records: Sequence[AttentionRecord], kind: str) -> list[AttentionRecord]:
+    """The records of "self" or "cross" layers; an error naming the captured layers when there are none."""
+    chosen = [r for r in records if r.kind == kind]
+    if not chosen:
+        names = ", ".join(r.name for r in records) or "none"
+        raise ValueError(f"no {kind}-attention layer was captured (captured: {names})"
+                         + ("; word maps need a text model (one with cross_attention_dim)" if kind == "cross" else ""))
+    return chosen
+
+
+def find_word(words: Sequence[str], word: str) -> int:
+    """The index of `word` among a prompt's words (`WordHashTokenizer.tokens`), normalised as the tokenizer
+    normalises them (case, accents: "Café" finds "cafe"); the first where it occurs twice."""
+    wanted = split_words(word)
+    if len(wanted) != 1 or wanted[0] not in words:
+        raise ValueError(f"{word!r} is not a word of the prompt; pick one of its words: {', '.join(words) or '(none)'}")
+    return list(words).index(wanted[0])
+
+
+def word_maps(records: Sequence[AttentionRecord], token: int, batch_index: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """(layer label, (H, W) map) of prompt token `token` at every cross-attention layer: the share of each pixel's
+    cross-attention that goes to the token, averaged over the heads; in [0, 1], and the words' maps sum to one."""
+    return [(layer_label(r), r.token_map(token)[batch_index].mean(0)) for r in _of_kind(records, "cross")]  # (h, H, W) -> (H, W)
+
+
+def _word_row(image: torch.Tensor, records: Sequence[AttentionRecord], token: int, image_label: str,
+              names: bool = True) -> list:
+    """The image, then the token's map over it at each cross-attention layer. Each map is stretched from its lowest
+    share to its highest, and its label gives the two: a prompt's words often share every pixel nearly evenly
+    (0.45 to 0.55 of two words), which one absolute scale would draw as one flat colour. names=False: the ranges alone."""
+    row = [(image_label, image)]
+    for label, m in word_maps(records, token):
+        lo, hi = m.min().item(), m.max().item()
+        row.append((f"{label if names else ''} {lo:.2f}-{hi:.2f}".strip(), overlay(image, m - lo)))
+    return row
+
+
+_WORD_SCALE = ("lowest share", "highest (each map)")
+_WORD_TITLE = "the share of each pixel's cross-attention that goes to it (mean of heads; each map from its lowest to " \
+              "its highest share, the two in its label)"
+
+
+def word_maps_panel(image: torch.Tensor, records: Sequence[AttentionRecord], token: int, word: str,
+                    cell: int = 128) -> Image.Image:
+    """The image and prompt word `word` (token `token`)'s map at every cross-attention layer: the down path and the
+    middle in the first row, the up path in the second. image (3, S, S) in [0, 1]; records: one step's capture."""
+    tiles = _word_row(image, records, token, "generated image")
+    cut = next((i for i, (label, _) in enumerate(tiles) if label.startswith("up.")), len(tiles))
+    rows = [tiles[:cut]] + ([[("up path:", image)] + tiles[cut:]] if cut < len(tiles) else [])
+    panel = tiles_image(rows, max(1, cell // image.shape[-1]))
+    return with_title(with_colour_scale(panel, *_WORD_SCALE), f'where "{word}" is attended: {_WORD_TITLE}')
+
+
+def word_maps_grid(steps: Sequence[tuple[str, torch.Tensor, Sequence[AttentionRecord]]], token: int, word: str,
+                   cell: int = 96) -> Image.Image:
+    """Rows = sampling steps, columns = cross-attention layers: (label, image (3, S, S), records) per step, each
+    row's maps over its own image (e.g. that step's predicted x0). The layers are named in the first row only."""
+    rows = [_word_row(image, records, token, label, names=r == 0) for r, (label, image, records) in enumerate(steps)]
+    panel = tiles_image(rows, max(1, cell // steps[0][1].shape[-1]))
+    title = f'where "{word}" is attended at each step (rows, first to last) and layer (columns): {_WORD_TITLE}'
+    return with_title(with_colour_scale(panel, *_WORD_SCALE), title)
+
+
+def token_weights(records: Sequence[AttentionRecord], query: tuple[int, int], image_size: int,
+                  batch_index: int = 0) -> list[tuple[str, torch.Tensor]]:
+    """(layer label, (L,) weights) of image pixel `query` (y, x) over the prompt's tokens at every cross-attention
+    layer, averaged over the heads; each layer maps the pixel onto its own grid."""
+    out = []
+    for rec in _of_kind(records, "cross"):
+        H, W = rec.size
+        w = rec.weights((query[0] * H // image_size, query[1] * W // image_size))[batch_index]  # (h, L)
+        out.append((layer_label(rec), w.mean(0)))  # (L,)
+    return out
+
+
+def _bar_chart(title: str, weights: Sequence[float], words: Sequence[str], label_w: int, bar_w: int = 120) -> Image.Image:
+    """One layer's horizontal bars: a word, its weight as a bar on a 0-to-1 frame, the number."""
+    font, line = _font(11), 16
+    img = Image.new("RGB", (label_w + bar_w + 40, 18 + line * len(words) + 6), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((0, 0), title, fill="black", font=font)
+    for i, (word, w) in enumerate(zip(words, weights)):
+        y = 18 + line * i
+        draw.text((label_w - 6 - draw.textlength(word, font=font), y), word, fill="black", font=font)
+        draw.rectangle([label_w, y + 2, label_w + bar_w, y + line - 3], outline=(200, 200, 200))  # weight 1
+        draw.rectangle([label_w, y + 2, label_w + round(w * bar_w), y + line - 3], fill=(220, 70, 50))
+        draw.text((label_w + bar_w + 4, y), f"{w:.2f}", fill="black", font=font)
+    return img
+
+
+def token_weights_panel(image: torch.Tensor, records: Sequence[AttentionRecord], query: tuple[int, int],
+                        words: Sequence[str], columns: int = 4, pad: int = 8) -> Image.Image:
+    """The image with pixel `query` marked, then a bar chart per cross-attention layer: the pixel's weight on each
+    word of the prompt (`words`, the tokenizer's, in order). image (3, S, S) in [0, 1]."""
+    S = image.shape[-1]
+    font = _font(11)
+    label_w = 6 + max(int(ImageDraw.Draw(Image.new("1", (1, 1))).textlength(w, font=font)) for w in words)
+    charts = [_bar_chart(label, w[: len(words)].tolist(), words, label_w)
+              for label, w in token_weights(records, query, S)]  # weights past the words: padding (a batch's)
+    marked = image.float().clone()
+    marked[:, query[0], query[1]] = torch.tensor([0.0, 1.0, 1.0])  # cyan, as `overlay` marks a query
+    marked = _to_pil(marked, max(1, 96 // S))
+    cells = [marked] + charts
+    cw, ch = max(c.width for c in cells), max(c.height for c in cells)
+    rows = math.ceil(len(cells) / columns)
+    panel = Image.new("RGB", (columns * (cw + pad) + pad, rows * (ch + pad) + pad), "white")
+    for i, c in enumerate(cells):
+        panel.paste(c, (pad + (i % columns) * (cw + pad), pad + (i // columns) * (ch + pad)))
+    title = (f"pixel (y={query[0]}, x={query[1]}, cyan): its cross-attention weights over the prompt's words at each "
+             "layer (mean of heads; each layer's weights sum to 1)")
+    return with_title(panel, title)
 
 
 def loss_curve(steps: Sequence[int], losses: Sequence[float], title: str = "training loss", size=(640, 360)) -> Image.Image:

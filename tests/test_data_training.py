@@ -136,3 +136,8 @@ def test_the_training_loop_knows_one_way_in():
     tree = ast.parse((Path(__file__).parents[1] / "denoiser" / "train.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert "denoiser.data.stream" not in imported and "denoiser.data.store" not in imported
+
+
+def test_a_split_smaller_than_one_batch_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="fewer than one batch of 8: lower train.batch_size"):
+        batch_indices(5, 8, step=0, seed=0)

@@ -47,3 +47,26 @@ def test_tile_labels_stay_over_their_own_tile():
         gap = panel[:, pad + tile : pad + tile + pad]  # between the two tiles, every row
         assert (gap == 255).all(), f"{label!r} runs into the next tile's label"
         assert (panel[:pad + 13, pad : pad + tile] < 128).any()  # the label is drawn (its first line)
+
+
+def test_attention_panel_draws_the_self_attention_layers_only():
+    """A text model's capture holds cross-attention records too (weights over words, not pixels): the pixel panel
+    skips them, and one without any self-attention layer says so."""
+    import pytest
+
+    from denoiser import UNet
+    from denoiser.attention import capture_attention
+    from denoiser.visualize import attention_panel
+    from tests.conftest import TINY
+
+    torch.manual_seed(0)
+    unet = UNet(**TINY, cross_attention_dim=12).eval()
+    states, mask = torch.randn(1, 3, 12), torch.ones(1, 3, dtype=torch.bool)
+    with torch.no_grad(), capture_attention(unet) as records:
+        unet(torch.randn(1, 3, 16, 16), 10, encoder_hidden_states=states, encoder_attention_mask=mask)
+    assert {r.kind for r in records} == {"self", "cross"}
+    image = torch.rand(3, 16, 16)
+    own = [r for r in records if r.kind == "self"]
+    assert attention_panel(image, records, (3, 4)).tobytes() == attention_panel(image, own, (3, 4)).tobytes()
+    with pytest.raises(ValueError, match="no self-attention layer was captured"):
+        attention_panel(image, [r for r in records if r.kind == "cross"], (3, 4))

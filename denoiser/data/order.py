@@ -38,6 +38,9 @@ def seed_of(*parts: int) -> int:
 def batch_indices(num_images: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
     """Rows of the global batch of optimizer step `step`: epochs are seeded permutations, last partial batch dropped."""
     per_epoch = num_images // batch_size
+    if per_epoch == 0:
+        raise ValueError(f"the training split has {num_images} images, fewer than one batch of {batch_size}: lower "
+                         "train.batch_size (or data.val_size)")
     epoch, b = divmod(step, per_epoch)
     perm = torch.randperm(num_images, generator=torch.Generator().manual_seed(seed_of(STORE_EPOCH, seed, epoch)))
     return perm[b * batch_size : (b + 1) * batch_size]
