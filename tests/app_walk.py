@@ -60,9 +60,11 @@ FORM = {"model": ("model", "model", None), "scheduler": ("scheduler", "scheduler
         "seed": ("seed", "seed", None), "num_images": ("num-images", "images", None), "class": ("class", "class", None),
         "guidance_scale": ("cfg", "guidance (with a class)", None), "pag_scale": ("pag", "attention guidance (PAG)", None),
         "timestep_spacing": ("spacing", "timestep spacing", MODELS_OWN), "eta": ("eta", "", 0.0),
-        "guidance_interval": ("interval", "", ""), "pag_layers": ("pag-layers", "", "")}
+        "guidance_interval": ("interval", "", ""), "pag_layers": ("pag-layers", "", ""),
+        "prompt": ("prompt", "prompt", ""), "negative_prompt": ("negative-prompt", "", "")}  # a text model's
 # what picking a model (its best) or a class (its guidance) sets on the form besides itself (layout._wire)
-CASCADE = {"model": {"class", "guidance_scale", "scheduler", "steps", "pag_scale", "guide_scale"}, "class": {"guidance_scale"}}
+CASCADE = {"model": {"class", "guidance_scale", "scheduler", "steps", "pag_scale", "guide_scale", "prompt", "negative_prompt"},
+           "class": {"guidance_scale"}}
 TABS = ("Sample", "Edit", "Attention", "Heads")
 SETTLE_S = 120  # the longest a settled action may take (a Generate of the walk's sizes on a busy 2-core machine)
 QUIET_S = 1.0  # settled: no job queued or running and no progress shown for this long
@@ -650,7 +652,7 @@ class Walk:
             self.reference, self.touched = self.settings(files[0]), set()
             problems += self._earlier_problems(self.reference)
         self.gallery = files
-        done = re.match(r"done: (\d+) image\(s\), (\d+) steps", status)
+        done = re.match(r"done: (\d+) image\(s\)(?: of “.*”)?, (\d+) steps", status, re.DOTALL)
         if done:
             n, steps = map(int, done.groups())
             made = self.settings(files[0]) if files else {}

@@ -253,7 +253,7 @@ def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_pat
     assert read_settings(files[0])["timestep_spacing"] == "trailing" and "pag_layers" not in read_settings(files[0])
     updates = h.use_settings(files, 0)
     values = [u["value"] for u in updates[:-1]]
-    assert values == ["tiny-classes", "ddim", 3, 1, 2, "blue", 2.0, 1.0, 1.0, "trailing", 0.5, "0, 600", ""]
+    assert values == ["tiny-classes", "ddim", 3, 1, 2, "blue", 2.0, 1.0, 1.0, "trailing", 0.5, "0, 600", "", "", ""]  # the prompts: none for a class model
 
 
 def test_denoise_sigma_and_edit_strength_are_separate_checked_settings(weights):

@@ -23,7 +23,7 @@ from PIL import Image
 
 from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
 from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, DenoisedTiles, Restored
-from denoiser.app.handlers import NO_CLASS, Handlers, enlarge, guidance_info
+from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.image_io import open_image, read_settings, save_with_settings, to_pil
 
@@ -199,7 +199,7 @@ class EditHandlers:
                 image, mask = _edit_input(editor, source, photo, shown, operation)
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
-            yield (*(gr.skip(),) * 14, not_started(error.message))  # the status line says why ...
+            yield (*(gr.skip(),) * (N_VIEWS + 4), not_started(error.message))  # the status line says why ...
             raise error from None  # ... and the toast (an API caller gets the error)
         if operation == "denoise" and not form["add_noise"]:
             return (yield from self._denoise_in_tiles(form, image, upload, progress))
@@ -209,7 +209,7 @@ class EditHandlers:
                                        form["add_noise"], steps, seed, label, guidance_scale, on_step=on_step,
                                        pag_scale=pag_scale)
 
-        gen, noisy, done = yield from _preview_last(relay(stream(job, progress, operation), 14, self._preview, status=True))
+        gen, noisy, done = yield from _preview_last(relay(stream(job, progress, operation), N_VIEWS + 4, self._preview, status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         square = _centre_square(image)  # what the model sees: "your image" in the result's framing
         shown = [(_write_png(square, folder, "your-image.png"), "your image")]
@@ -250,13 +250,13 @@ class EditHandlers:
         def job(on_step):
             return self.engine.denoise_tiles(form["model"], image, form["sigma"] or None, on_step=on_step)
 
-        done = yield from _preview_last(relay(stream(job, progress, "denoise (tiles)"), 14, self._tiles_preview,
+        done = yield from _preview_last(relay(stream(job, progress, "denoise (tiles)"), N_VIEWS + 4, self._tiles_preview,
                                                    status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         settings = {**form, "sigma_removed": round(done.sigma, 4), "chain": False, "size": list(image.size)}
         shown = [(_write_png(image, folder, "your-image.png"), "your image"),
                  (str(save_with_settings(done.image, folder, settings)), "result")]
-        yield (shown, tiles_text(image.size, done, form["sigma"]), *(gr.skip(),) * 10, gr.update(visible=False), upload,
+        yield (shown, tiles_text(image.size, done, form["sigma"]), *(gr.skip(),) * N_VIEWS, gr.update(visible=False), upload,
                f"done: denoise with {form['model']}, at {image.width}x{image.height}")
 
     def load_photo(self, path, upload=None, model=None):

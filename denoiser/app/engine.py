@@ -30,7 +30,7 @@ from denoiser.attention import (
 )
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.diffusion import Diffusion
-from denoiser.guidance import Guidance
+from denoiser.guidance import Guidance, TextCondition
 from denoiser.image_io import MAX_PIXELS, uint8_to_pil
 from denoiser.model_dir import list_models, load_model, model_roots, resolve_model_dir
 from denoiser.pixels import to_uint8, to_unit, uint8_to_unit, unit_to_model
@@ -92,6 +92,9 @@ class Generation:
     guidance: Guidance = field(default_factory=Guidance)  # what the images were sampled with
     replay: dict | None = None  # generate()'s arguments, to sample the same seed again (None: an edit)
     attention: StepAttention = field(default_factory=StepAttention, repr=False)  # the latest step's records
+    text: TextCondition | None = None  # a text model's encoded prompts (the attention view's re-runs take them)
+    prompt: str = ""  # a text model's prompt, the same for every image ("" = no condition)
+    words: tuple[str, ...] = ()  # the prompt's words the model sees: one token, one cross-attention map each
 
     @property
     def num_steps(self) -> int:
@@ -202,28 +205,34 @@ class Engine:
         timestep_spacing: str | None = None,
         guidance_interval: str | tuple[float, float] | None = None,
         pag_layers: str | tuple[str, ...] | None = None,
+        prompt: str | None = None,
+        negative_prompt: str | None = None,
     ) -> Generation:
         """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step.
 
         guidance_scale, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
         (denoiser.guidance); autoguidance uses the guide named in the model folder's sampling.json.
         timestep_spacing, guidance_interval ("lo, hi" timesteps), pag_layers ("a,b"): None or empty, the model's.
-        A request over the work budget is refused before any work (plan_work)."""
+        prompt, negative_prompt: a text model's (None or empty: no condition; classifier-free guidance steers from
+        the negative prompt to the prompt). A request over the work budget is refused before any work (plan_work)."""
         form = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label,
                     eta=eta, guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
-                    timestep_spacing=timestep_spacing, guidance_interval=guidance_interval, pag_layers=pag_layers)
+                    timestep_spacing=timestep_spacing, guidance_interval=guidance_interval, pag_layers=pag_layers,
+                    prompt=prompt, negative_prompt=negative_prompt)
         plan = self.sample_plan(model, **form)
         plan_work(plan).check()
         inputs, timesteps = [], []
         record = _recorder(inputs, timesteps, on_step, lambda i: plan.steps)
         res = run(plan, callback=record)
         replay = {**form, "steps": plan.steps}  # the request again: ablate samples it with layers off
-        return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay)
+        return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay,
+                          **_text_fields(plan))
 
     def sample_plan(self, model: str, scheduler: str | None, steps: int | None, seed: int, num_images: int,
                     class_label: int | None, eta: float, guidance_scale: float, pag_scale: float, guide_scale: float,
                     timestep_spacing: str | None, guidance_interval: str | tuple[float, float] | None,
-                    pag_layers: str | tuple[str, ...] | None) -> Plan:
+                    pag_layers: str | tuple[str, ...] | None, prompt: str | None = None,
+                    negative_prompt: str | None = None) -> Plan:
         """generate()'s arguments checked (each against the page's LIMITS) and resolved against the model's folder:
         the plan generate samples, and whose work (plan_work) the page's budget note shows."""
         if steps is not None:  # None: the folder's (sampling.json), else BUILT_IN
@@ -240,7 +249,9 @@ class Engine:
         timestep_spacing = check_timestep_spacing(timestep_spacing)
         if not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
             raise ValueError(f"eta must be a number in 0..1, got {eta!r}")
-        request = SampleRequest(num_images=num_images, classes=class_label, seed=seed, batch_size=num_images,
+        prompt, negative_prompt = _check_prompt("prompt", prompt), _check_prompt("negative prompt", negative_prompt)
+        request = SampleRequest(num_images=num_images, classes=class_label, prompts=prompt, negative_prompts=negative_prompt,
+                                seed=seed, batch_size=num_images,
                                 scheduler=scheduler, steps=steps, timestep_spacing=timestep_spacing, eta=float(eta),
                                 guidance_interval=guidance_interval or None, pag_layers=pag_layers or None, **scales)
         return self.plan(model, request)
@@ -273,8 +284,12 @@ class Engine:
         kind, method, steps, seed = _restore_request(operation, image, steps, seed, sigma, strength, add_noise)
         if class_label is not None:
             class_label = _check_int("class", class_label, 0, 2**31 - 1)
+        scales = _check_scales(guidance_scale, pag_scale, guide_scale)
+        if scales["guidance_scale"] != 1.0 and self.is_text(model):  # restore takes no prompt: the model runs unconditioned
+            raise ValueError(f"{model} is a text model and the Edit tab runs it without a prompt (unconditional), where "
+                             "classifier-free guidance has nothing to steer by: set guidance to 1")
         # the guidance and class as for sampling; the chain itself is the restore operation's
-        plan = self.plan(model, SampleRequest(num_images=1, classes=class_label, **_check_scales(guidance_scale, pag_scale, guide_scale)))
+        plan = self.plan(model, SampleRequest(num_images=1, classes=class_label, **scales))
         unet, train_sched = self.model(model)
         self.check_work(unet, 1, steps, plan.guidance)
         # steps the chain will take (denoiser.restore visits at most this many timesteps), for progress
@@ -352,20 +367,22 @@ class Engine:
         return DenoisedTiles(uint8_to_pil(res.result), res.sigma, count_tiles(unet, *photo.shape[1:]),
                              unet.config.sample_size)
 
-    def records(self, gen: Generation, step: int) -> list[AttentionRecord]:
-        """Exact attention of step `step` for the whole batch (re-run under capture, cached per step)."""
+    def records(self, gen: Generation, step: int, kind: str = "self") -> list[AttentionRecord]:
+        """Exact attention of step `step` for the whole batch (re-run under capture, cached per step): the pixel-to-pixel
+        ("self") layers, or a text model's pixel-to-word ("cross") layers."""
         step = _check_int("step", step, 0, gen.num_steps - 1)
-        return gen.attention.get(step, lambda: self._capture(gen, step))
+        return [r for r in gen.attention.get(step, lambda: self._capture(gen, step)) if r.kind == kind]
 
     def _capture(self, gen: Generation, step: int) -> list[AttentionRecord]:
         unet, _ = self.model(gen.model)
         # the sampling pass's setup (packed weights): the same arithmetic, so the same q and k
         x, labels, B = gen.inputs[step], gen.labels, gen.images.shape[0]
-        # the guided call as sampled: the images' own rows first, then "no class" and perturbed rows
+        # the guided call as sampled: the images' own rows first, then "no class" (the negative prompt) and perturbed rows
         with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
-            gen.guidance.main_pass(unet, x, gen.timesteps[step], labels)
+            gen.guidance.main_pass(unet, x, gen.timesteps[step], labels, gen.text)
         # the images' own half, copied: a slice would keep the whole qkv projection (and v) alive
-        return [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone()) for r in recs]
+        return [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone(),
+                                    key_mask=None if r.key_mask is None else r.key_mask[:B].clone()) for r in recs]
 
     def attention_maps(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> Image.Image:
         """Every layer's attention of `pixel` (y, x in image coordinates) as overlays, labelled."""
@@ -373,6 +390,36 @@ class Engine:
         S = gen.images.shape[-1]
         y, x = (_check_int("pixel y", pixel[0], 0, S - 1), _check_int("pixel x", pixel[1], 0, S - 1))
         return attention_panel(gen.images[image], self.records(gen, step), (y, x), batch_index=image)
+
+    def is_text(self, name: str) -> bool:
+        """Whether a model takes a prompt (its UNet has cross-attention) rather than classes."""
+        return getattr(self.model(name)[0].config, "cross_attention_dim", None) is not None
+
+    def _word(self, gen: Generation, word) -> int:
+        if not gen.words:
+            raise ValueError("this generation has no prompt: its words' maps need a text model and a prompt")
+        return _check_int(f"word (0..{len(gen.words) - 1}, of {' '.join(gen.words)[:80]!r})", word, 0, len(gen.words) - 1)
+
+    def word_maps(self, gen: Generation, image: int, step: int, word: int) -> list[tuple[str, torch.Tensor]]:
+        """Word `word` of the prompt: its map over the pixels in every cross-attention layer at `step`, as
+        (layer label, weights (h, H, W)): each pixel's share of attention that goes to the word."""
+        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
+        j = self._word(gen, word)
+        return [(layer_label(r), r.token_map(j)[image]) for r in self.records(gen, step, "cross")]
+
+    def word_weights(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> list[tuple[str, torch.Tensor]]:
+        """One pixel's weights over the prompt's words in every cross-attention layer at `step`, as (layer label,
+        weights (h, words)); empty for a generation without a prompt."""
+        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
+        S = gen.images.shape[-1]
+        y, x = (_check_int("pixel y", pixel[0], 0, S - 1), _check_int("pixel x", pixel[1], 0, S - 1))
+        if not gen.words:
+            return []
+        out = []
+        for r in self.records(gen, step, "cross"):
+            H, W = r.size
+            out.append((layer_label(r), r.weights((y * H // S, x * W // S))[image, :, : len(gen.words)]))  # (h, words)
+        return out
 
     def check_layer(self, gen: Generation, layer) -> int:
         """The layer selector's value (an index among the generation's attention layers: an int, or text a person
@@ -484,6 +531,28 @@ def _each_call(unet, after: Callable[[int], None] | None):
         yield
     finally:
         handle.remove()
+
+
+MAX_PROMPT_CHARS = 1000  # a prompt longer than this is refused (the tokenizer keeps its first max_length words anyway)
+
+
+def _check_prompt(name: str, value) -> str | None:
+    """A prompt from the page: text of at most MAX_PROMPT_CHARS; None or blank: no prompt."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the {name} must be text of at most {MAX_PROMPT_CHARS} characters, got "
+                         f"{type(value).__name__} of length {len(str(value))}")
+    return value.strip() or None
+
+
+def _text_fields(plan: Plan) -> dict:
+    """A Generation's text fields from its plan: the encoded prompts of the whole batch, the prompt, its words."""
+    if plan.text is None:
+        return {}
+    prompt = plan.prompts[0] if plan.prompts else ""
+    return dict(text=plan.text_condition(range(plan.num_images)), prompt=prompt,
+                words=tuple(plan.text[0].tokens(prompt)))
 
 
 def _check_scales(guidance_scale, pag_scale, guide_scale) -> dict:

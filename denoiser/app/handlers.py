@@ -6,6 +6,7 @@ denoiser/app/streaming.py.
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import re
@@ -21,30 +22,38 @@ from denoiser.app.budget import plan_work
 from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Stages
 from denoiser.app.kept import recall, remember
 from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
-from denoiser.image_io import read_settings, save_with_settings, to_pil
+from denoiser.app.words import word_maps_panel, word_weights_chart
+from denoiser.image_io import read_settings, save_with_settings, settings_name, to_pil
 from denoiser.request import BUILT_IN
 
-__all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "HEAD_COLUMNS", "NO_CLASS", "MODELS_OWN"]
+__all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "HEAD_COLUMNS", "NO_CLASS", "MODELS_OWN",
+           "N_VIEWS", "PROMPTS"]
 
 log = logging.getLogger("denoiser.app")
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
+N_VIEWS = 6 + len(CLEARED_VIEWS) + 3  # what generation_views sets: the generation, its sliders and views, its words' views
+# example prompts a text model's Sample tab offers to click (tried on weights/emoji with guidance 3: each gives
+# recognisable pictures)
+PROMPTS = ("red apple", "grinning face", "red heart", "pizza", "rocket", "cat", "sun", "ghost")
 NO_CLASS = "(any)"
 MODELS_OWN = "(the model's)"  # an advanced setting left to the model folder (its scheduler config, sampling.json)
 # the Sample tab's form as a result's PNG carries it (layout._wire orders the form's controls the same way), and the
 # values of settings a result written before them lacks
 SETTINGS_FORM = {"model": None, "scheduler": None, "steps": None, "seed": None, "num_images": None, "class": None,
                  "guidance_scale": None, "pag_scale": None, "guide_scale": None, "timestep_spacing": MODELS_OWN,
-                 "eta": 0.0, "guidance_interval": "", "pag_layers": ""}
+                 "eta": 0.0, "guidance_interval": "", "pag_layers": "", "prompt": "", "negative_prompt": ""}
 STOP_SETTLE_S = 0.5  # after Stop, the status line is written this long after the cancel
 FEW_STEPS = 10  # sampling with fewer steps than this leaves visible noise (DDIM on the shipped models)
 NO_GENERATION = "generate images first (Sample tab), or run the Edit tab: this view is of a generation"
 RUNNING = ("denoising", "averaging", "measuring", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 
 
-def guidance_info(interval=None) -> str:
-    """The classifier-free guidance slider's note; names the steps a model's sampling.json limits guidance to."""
-    text = "classifier-free guidance: 2-3 makes the class clearer, 1 = off, needs a class"
+def guidance_info(interval=None, prompt: bool = False) -> str:
+    """The classifier-free guidance slider's note (for a text model's prompt with `prompt`); names the steps a model's
+    sampling.json limits guidance to."""
+    what = "prompt" if prompt else "class"
+    text = f"classifier-free guidance: 2-3 makes the {what} clearer, 1 = off, needs a {what}"
     if interval:
         text += f"; this model guides steps t = {interval[0]:g}..{interval[1]:g} only (its measured interval)"
     return text
@@ -56,10 +65,17 @@ def _result_files(images: torch.Tensor, settings: dict) -> list[str]:
     folder = tempfile.mkdtemp(prefix="results-", dir=os.environ.get("GRADIO_TEMP_DIR"))
     files = []
     for i in range(images.shape[0]):
-        path = save_with_settings(to_pil(images[i : i + 1], nrow=1, padding=0), folder,
-                                  {**settings, "index": i, "count": images.shape[0]})
+        each = {**settings, "index": i, "count": images.shape[0]}
+        path = save_with_settings(to_pil(images[i : i + 1], nrow=1, padding=0), folder, each)
+        if each.get("prompt"):  # named after its prompt where a class result names its class (settings_name has no prompt)
+            path = path.rename(path.with_name(settings_name({**each, "class": each["prompt"][:60]})))
         files.append(str(path))  # no caption over the picture: the file's name says it on download
     return files
+
+
+def _escape(text: str) -> str:
+    """A person's text (a prompt) shown in Markdown as itself: no HTML, no emphasis, no links."""
+    return re.sub(r"([\\`*_{}\[\]()#+!|~-])", r"\\\1", html.escape(text[:200], quote=False))
 
 
 def few_steps_note(steps: int) -> str:
@@ -179,57 +195,72 @@ class Handlers:
         value = current if current in names else (names[0] if names else NO_CLASS)
         return gr.update(choices=[NO_CLASS] + names, value=value, visible=bool(names))
 
+    def is_text(self, model) -> bool:
+        """Whether `model` takes a prompt (False for a class model and for a folder that does not load)."""
+        try:
+            return bool(model) and self.engine.is_text(model)
+        except (ValueError, OSError):
+            return False
+
     def example_row(self, model: str, seed: int) -> list:
-        """A "try these" row for `model`: everything the Sample tab sets, at the model's best (a class, its
-        sampling.json's guidance)."""
+        """A "try these" row for `model`: everything the Sample tab sets, at the model's best (a class or, for a text
+        model, a prompt; its sampling.json's guidance)."""
         names = self._class_names(model)
         d, has_guide = self.model_defaults(model)
+        text = self.is_text(model)
         class_name = names[seed % len(names)] if names else NO_CLASS
-        guidance_scale = d.get("guidance_scale", 1.0) if names else 1.0
-        return [model, "ddim", 25, seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0), d.get("guide_scale", 1.0) if has_guide else 1.0]
+        prompt = PROMPTS[seed % len(PROMPTS)] if text else ""
+        guidance_scale = d.get("guidance_scale", 1.0) if names or text else 1.0
+        return [model, "ddim", 25, seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0),
+                d.get("guide_scale", 1.0) if has_guide else 1.0, prompt]
 
     def _sample_form(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale, guide_scale,
-                     timestep_spacing, eta, guidance_interval, pag_layers) -> dict:
+                     timestep_spacing, eta, guidance_interval, pag_layers, prompt="", negative_prompt="") -> dict:
         """The Sample tab's form as the engine's arguments (Engine.generate, Engine.sample_plan): the class by name as
         its label, checked against the model's classes; the advanced settings (timestep spacing, eta, guidance
         interval "lo, hi", PAG layers "a,b") left at MODELS_OWN or empty as None, the model's own (its scheduler
-        config, sampling.json)."""
+        config, sampling.json). The prompts only for a text model (a class model's page hides and empties them)."""
         classes = self.engine.classes(model) if model else []
+        text = self.is_text(model)
         if class_name not in (None, "", NO_CLASS) and class_name not in classes:
             raise ValueError(f"class {str(class_name)[:40]!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
         return dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images,
                     class_label=classes.index(class_name) if class_name in classes else None, eta=float(eta or 0),
                     guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
                     timestep_spacing=None if timestep_spacing in (None, "", MODELS_OWN) else timestep_spacing,
-                    guidance_interval=guidance_interval, pag_layers=pag_layers)
+                    guidance_interval=guidance_interval, pag_layers=pag_layers,
+                    prompt=(prompt or None) if text else None, negative_prompt=(negative_prompt or None) if text else None)
 
     def generate(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0,
-                 timestep_spacing=MODELS_OWN, eta=0.0, guidance_interval="", pag_layers="", progress=gr.Progress()):
+                 timestep_spacing=MODELS_OWN, eta=0.0, guidance_interval="", pag_layers="", prompt="", negative_prompt="",
+                 progress=gr.Progress()):
         """The Sample tab's Generate (the form as _sample_form reads it)."""
         try:  # the request checked before any work (the engine checks it again): a refusal is a message, not a failure
             form = self._sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale,
-                                     guide_scale, timestep_spacing, eta, guidance_interval, pag_layers)
+                                     guide_scale, timestep_spacing, eta, guidance_interval, pag_layers, prompt, negative_prompt)
             plan_work(self.engine.sample_plan(model, **form)).check()
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
-            yield (*(gr.skip(),) * 12, not_started(error.message))  # the page's status line says why...
+            yield (*(gr.skip(),) * (N_VIEWS + 2), not_started(error.message))  # the page's status line says why...
             raise error from None  # ... and an API caller gets the error (the page shows it as a toast that stays)
         label = form["class_label"]
 
         def job(on_step):
             return self.engine.generate(model, **form, on_step=on_step)
 
-        gen = yield from relay(stream(job, progress, "denoising"), 13, enlarge, status=True)
+        gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
         settings = dict(model=model, seed=int(seed), scheduler=scheduler, steps=int(steps), num_images=int(num_images),
                         guidance_scale=float(guidance_scale), pag_scale=float(pag_scale), guide_scale=float(guide_scale),
                         **{"class": None if label is None else class_name})
         advanced = dict(timestep_spacing=timestep_spacing or MODELS_OWN, eta=float(eta or 0),
-                        guidance_interval=guidance_interval or "", pag_layers=pag_layers or "")
+                        guidance_interval=guidance_interval or "", pag_layers=pag_layers or "",
+                        prompt=form["prompt"] or "", negative_prompt=form["negative_prompt"] or "")
         settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
         gallery = _result_files(gen.images, settings)
+        of = f" of “{_escape(gen.prompt)}”" if gen.prompt else ""
         yield (
             enlarge(to_pil(gen.images)), gallery, *self.generation_views(gen),
-            f"done: {gen.images.shape[0]} image(s), {gen.num_steps} steps" + few_steps_note(gen.num_steps),
+            f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps" + few_steps_note(gen.num_steps),
         )
 
     @staticmethod
@@ -266,6 +297,9 @@ class Handlers:
         updates = {k: gr.update(value=v) for k, v in values.items()}
         names = self._class_names(values["model"])  # "(any)" stays what it was: the result was made without a class
         updates["class"] = gr.update(choices=[NO_CLASS] + names, value=values["class"], visible=bool(names))
+        text = self.is_text(values["model"])
+        for key in ("prompt", "negative_prompt"):
+            updates[key] = gr.update(value=values[key] or "", visible=text)
         return (*updates.values(), f"settings of {path.name} restored: press Generate")
 
     @staticmethod
@@ -287,8 +321,10 @@ class Handlers:
         """What a new generation sets on the page (after its pictures): the generation itself, the image and step
         sliders over it (its last step chosen), its first image to click, its layers and heads, and the attention
         views of the previous one cleared."""
+        words = gr.update(choices=[(w, j) for j, w in enumerate(gen.words)], value=None, visible=bool(gen.words))
+        shown = gr.update(value=None, visible=bool(gen.words))
         return (gen, _index_slider(gen.images.shape[0], 0), _index_slider(gen.num_steps, gen.num_steps - 1),
-                _display(gen, 0, None), *self._layer_choices(gen), *CLEARED_VIEWS)
+                _display(gen, 0, None), *self._layer_choices(gen), *CLEARED_VIEWS, words, shown, shown)
 
     def _layer_choices(self, gen) -> tuple[dict, dict]:
         """A new generation's layer selector (its last step's layers, the first chosen) and head selector (the
@@ -326,6 +362,24 @@ class Handlers:
             return _display(gen, int(image), None), None, None, ""
         return self.at_pixel(gen, image, step, pixel[0], pixel[1], layer, head)[3:]
 
+    @friendly
+    def word_views(self, gen, image, step, pixel, word):
+        """A text model's cross-attention at (image, step): the chosen word's map in every cross-attention layer, and
+        the clicked pixel's weights over the prompt's words; None where there is no word or pixel (or no prompt)."""
+        if gen is None or not gen.words:
+            return None, None
+        try:
+            maps = None
+            if word is not None:
+                panel = self.engine.word_maps(gen, image, step, word)
+                maps = word_maps_panel(gen.images[int(image)], panel, None if pixel is None else tuple(pixel))
+            weights = None
+            if pixel is not None:
+                weights = word_weights_chart(self.engine.word_weights(gen, image, step, pixel), gen.words)
+        except ValueError as err:
+            raise user_error(err) from None
+        return maps, weights
+
     def mean_maps(self, gen, image, pixel, progress=gr.Progress()):
         """The clicked pixel's maps averaged over every step of the chain: long work (one UNet call per step), so a
         job like Generate (the one-job queue, the work budget, progress, Stop). Outputs: maps, status line."""
@@ -351,7 +405,8 @@ class Handlers:
             return {}, False
 
     def budget_note(self, model, steps, num_images, class_name, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0,
-                    scheduler=None, timestep_spacing=MODELS_OWN, guidance_interval="", pag_layers="") -> str:
+                    scheduler=None, timestep_spacing=MODELS_OWN, guidance_interval="", pag_layers="", prompt="",
+                    negative_prompt="") -> str:
         """The work Generate would do with this form against the server's budget, shown under the sliders before
         Generate: the plan Generate samples (the model folder's guidance interval and guide included) counted by the
         rule its refusal uses (denoiser.app.budget), so the note says "over" exactly when Generate refuses. Nothing for
@@ -359,7 +414,7 @@ class Handlers:
         reads them (_sample_form): left unset, the model's own."""
         try:
             form = self._sample_form(model, scheduler, steps, 0, num_images, class_name, guidance_scale, pag_scale,
-                                     guide_scale, timestep_spacing, 0.0, guidance_interval, pag_layers)
+                                     guide_scale, timestep_spacing, 0.0, guidance_interval, pag_layers, prompt, negative_prompt)
             work = plan_work(self.engine.sample_plan(model, **form))
         except (ValueError, TypeError, OSError):
             return ""
@@ -379,16 +434,36 @@ class Handlers:
             return (class_update, *(gr.skip(),) * 5)
         d, has_guide = self.model_defaults(model)
         scheduler = own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"]  # the app's samplers only
-        return (class_update, self.cfg_default(model, class_update["value"]), gr.update(value=scheduler),
+        return (class_update, self.sample_cfg_default(model, class_update["value"]), gr.update(value=scheduler),
                 gr.update(value=own.steps), gr.update(value=d.get("pag_scale", 0.0)),
                 gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))
 
     def cfg_default(self, model, class_name):
         """The model's classifier-free scale once a class is chosen; 1 (off) for "(any)", which it needs. The
-        slider's note names the steps the model guides when its sampling.json limits them."""
+        slider's note names the steps the model guides when its sampling.json limits them. (The Edit tab's: it runs
+        a text model without a prompt, so there it stays 1 and says so.)"""
         d = self.model_defaults(model)[0]
+        if self.is_text(model):
+            return gr.update(value=1.0, label="guidance (with a class)", info="this text model runs here without a prompt "
+                             "(unconditional): no classifier-free guidance, keep 1")
         scale = d.get("guidance_scale", 1.0) if class_name not in (None, "", NO_CLASS) else 1.0
-        return gr.update(value=scale, info=guidance_info(d.get("guidance_interval")))
+        return gr.update(value=scale, label="guidance (with a class)", info=guidance_info(d.get("guidance_interval")))
+
+    def sample_cfg_default(self, model, class_name):
+        """The Sample tab's guidance for the chosen model: a class model's as cfg_default; a text model's is its
+        sampling.json's scale for a prompt (1 where it names none), on a slider that says it steers by the prompt."""
+        if not self.is_text(model):
+            return self.cfg_default(model, class_name)
+        d = self.model_defaults(model)[0]
+        return gr.update(value=d.get("guidance_scale", 1.0), label="guidance (with a prompt)",
+                         info=guidance_info(d.get("guidance_interval"), prompt=True))
+
+    def text_controls(self, model):
+        """The Sample tab's prompt, negative prompt and example prompts: shown for a text model; hidden and emptied for
+        a class model (what it samples takes no prompt)."""
+        if self.is_text(model):
+            return gr.update(visible=True), gr.update(visible=True), gr.update(visible=True)
+        return gr.update(value="", visible=False), gr.update(value="", visible=False), gr.update(visible=False)
 
     def head_stats(self, gen, image, progress=gr.Progress()):
         """The Heads tab's statistics of one generated image: long work (a UNet call per noise level, layer and head),
@@ -402,8 +477,9 @@ class Handlers:
             return self.engine.head_table(gen, image, on_step=on_step)
 
         rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
+        unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
         yield (chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows))),
-               f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} noise levels")
+               f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} noise levels{unprompted}")
 
     def switch_off(self, gen, layers, heads, progress=gr.Progress()):
         try:

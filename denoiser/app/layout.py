@@ -13,7 +13,7 @@ from denoiser.app.cache_sweep import sweep_safe, whole_files
 from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import LIMITS, SCHEDULERS, Engine
-from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, Handlers, guidance_info
+from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info
 from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.request import TIMESTEP_SPACINGS
 
@@ -71,7 +71,7 @@ def build_app(engine: Engine) -> gr.Blocks:
 
 def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str | None) -> None:
     first = [m for m in sorted(models, key=lambda m: m != default) if h.loads(m)][:3]  # the default model first
-    rows = [h.example_row(m, k) for k, m in enumerate(first)]  # "try these": everything set, a class included
+    rows = [h.example_row(m, k) for k, m in enumerate(first)]  # "try these": everything set, a class or prompt included
     with gr.Tab("Sample"):
         with gr.Row():
             # first (left; on a phone, on top): Generate, Stop, the progress and the live preview stay together
@@ -101,6 +101,12 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                     randomise = gr.Button("🎲 randomise", size="sm")
                 num_images = gr.Slider(*LIMITS["num_images"], value=8, step=1, label="images", elem_id="num-images")
                 budget = gr.Markdown(elem_id="budget")  # this request's work against the server's budget
+                # a text model's prompt in place of the class (handlers.text_controls shows one or the other)
+                prompt = gr.Textbox("", label="prompt", elem_id="prompt", visible=False, max_lines=2,
+                                    placeholder="what to draw, e.g. red apple; empty: anything (no condition)",
+                                    info="a text model sees each word as one token (the Attention tab shows each word's map)")
+                with gr.Column(visible=False, min_width=0) as prompt_examples_box:
+                    gr.Examples([[p] for p in PROMPTS], [prompt], label="example prompts", examples_per_page=len(PROMPTS))
                 # custom values allowed: choices follow the chosen model; generate() validates them
                 # the rows' classes among the first choices, so that the "try these" table shows them
                 class_name = gr.Dropdown(list(dict.fromkeys([NO_CLASS] + [r[5] for r in rows])), value=NO_CLASS,
@@ -123,12 +129,15 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                                     info="fresh noise at each DDIM step; 0 = deterministic")
                     interval = gr.Textbox("", label="guidance interval: timesteps lo, hi", elem_id="interval",
                                           placeholder="e.g. 70, 550; empty: the model's (or every step)")
+                    negative_prompt = gr.Textbox("", label="negative prompt", elem_id="negative-prompt", visible=False,
+                                                 max_lines=2, placeholder="empty: no condition",
+                                                 info="what guidance steers away from (a text model, guidance above 1)")
                     pag_layers = gr.Textbox("", label="PAG layers", elem_id="pag-layers",
                                             placeholder="comma-separated, as the Heads tab names them (e.g. mid_attn); "
                                                         "empty: the low-resolution decoder attention")
         # full width, under both columns: a click sets everything (a class included) and generates (_wire)
         c.sample_examples = gr.Examples(
-            rows, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w], label="try these",
+            rows, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w, prompt], label="try these",
         ) if rows else None
     keep(c, locals())
 
@@ -150,14 +159,25 @@ def _attention_tab(c: SimpleNamespace) -> None:
                     show_btn = gr.Button("show", size="sm")
                 # custom values allowed: a session's API call may name a layer before its page has listed any (the handlers
                 # refuse one that is not a layer of the generation, in words: handlers._layer_index)
+                # a text model's generation: its prompt's words (handlers.generation_views shows them)
+                words = gr.Radio([], label="the prompt's words", elem_id="words", visible=False,
+                                 info="click a word: its map in each cross-attention layer; click a pixel: its weights "
+                                      "over the words (both on the right, at the chosen step)")
                 layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
                 head = gr.Dropdown([0], value=0, label="head (four stages)", elem_id="head")  # the layer's heads
                 # long work (one U-Net call per step): a job of its own, with progress and Stop
                 mean_run, mean_stop, mean_status = run_controls("average the maps over every step", "mean-run",
                                                                 "mean-stop", "mean-status")
             with gr.Column(scale=2):
+                # a text model's cross-attention, above its self-attention: the chosen word's map, the pixel's words
+                word_maps = gr.Image(label="the chosen word's map: one row per cross-attention layer, mean of heads, "
+                                     "then each head", format="png", type="pil", interactive=False, elem_id="word-maps",
+                                     visible=False)
+                word_weights = gr.Image(label="the clicked pixel's weights over the words (mean of heads; a row sums "
+                                        "to 1)", format="png", type="pil", interactive=False, elem_id="word-weights",
+                                        visible=False)
                 # titles above the images: a floating label would cover the first row's layer names
-                gr.Markdown("**Attention of the clicked pixel**: one row per layer, mean of heads, then each head")
+                gr.Markdown("**Attention of the clicked pixel** (pixels to pixels): one row per layer, mean of heads, then each head")
                 maps = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="maps")
                 gr.Markdown("**The four stages** for one layer and head")
                 stages = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stages")
@@ -199,6 +219,10 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # .change of the model would race it: it reads the class shown before the row's arrived)
     model_form = [c.class_name, c.guidance, c.scheduler, c.steps, c.pag, c.guide_w]
     app.load(h.model_form, [c.model, c.class_name], model_form, api_name=False)
+    # a text model's prompt in place of the class: shown with its model, however the model was set
+    text_controls = [c.prompt, c.negative_prompt, c.prompt_examples_box]
+    app.load(h.text_controls, c.model, text_controls, api_name=False)
+    c.model.change(h.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
     c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
     heads = c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers,
@@ -207,7 +231,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text],
                     concurrency_limit=1, concurrency_id="sampling", api_name="switch_off")
     work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.scheduler, c.spacing, c.interval,
-            c.pag_layers]  # what Generate reads, in budget_note's order
+            c.pag_layers, c.prompt, c.negative_prompt]  # what Generate reads, in budget_note's order
     app.load(h.budget_note, work, c.budget, api_name=False, concurrency_id="budget-note", concurrency_limit=1)
     for control in work:  # one queue for all of them: two quick changes end with the note of the later one
         control.change(h.budget_note, work, c.budget, api_name=False, show_progress="hidden", concurrency_id="budget-note",
@@ -215,10 +239,11 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.gallery.select(h.select_result, None, c.selected, api_name=False)
     # the Sample tab's form, in SETTINGS_FORM's order: Generate reads it, "use these settings" fills it
     form = [c.model, c.scheduler, c.steps, c.seed, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.spacing,
-            c.eta, c.interval, c.pag_layers]
+            c.eta, c.interval, c.pag_layers, c.prompt, c.negative_prompt]
     c.use_settings.click(h.use_settings, [c.gallery, c.selected], [*form, c.status], api_name=False)
     c.randomise.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, api_name=False)
-    cleared = [c.pixel_state, c.maps, c.stages, c.stage_text]  # a new generation: no pixel, no maps of the old one
+    # a new generation: no pixel, no maps of the old one; its prompt's words (if any), no word chosen
+    cleared = [c.pixel_state, c.maps, c.stages, c.stage_text, c.words, c.word_maps, c.word_weights]
     sample_inputs = form
     sample_outputs = [c.preview, c.gallery, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared, c.status]
     # progress and errors show on the status line only: a failed or stopped run leaves the pictures shown without
@@ -252,11 +277,16 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
             h.stopped, line, line, api_name=False, show_progress="hidden")
     pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]
     views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
-    c.image_idx.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False)
-    c.step.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name="refresh")
-    c.clickable.select(h.click, [c.gen_state, c.image_idx, c.step, c.layer, c.head], pixel_outputs, api_name=False)
+    # a text model's words: the chosen word's maps and the pixel's weights over the words follow every change of view
+    word_views = dict(fn=h.word_views, inputs=[c.gen_state, c.image_idx, c.step, c.pixel_state, c.words],
+                      outputs=[c.word_maps, c.word_weights], api_name=False)
+    c.image_idx.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False).then(**word_views)
+    c.step.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name="refresh").then(**word_views)
+    c.clickable.select(h.click, [c.gen_state, c.image_idx, c.step, c.layer, c.head], pixel_outputs,
+                       api_name=False).then(**word_views)
     c.show_btn.click(h.at_pixel, [c.gen_state, c.image_idx, c.step, c.py, c.px, c.layer, c.head],
-                     pixel_outputs, api_name="attention")
+                     pixel_outputs, api_name="attention").then(**word_views)
+    c.words.input(**word_views)
     stage_inputs = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
     # another layer: its stages, and the head selector offers its heads; another head: its stages
     c.layer.change(h.restage, stage_inputs, [c.stages, c.stage_text, c.head], api_name=False)

@@ -1,0 +1,77 @@
+"""Pictures of a text model's cross-attention for the Attention tab: a word's map over the image in every
+cross-attention layer, and one pixel's weights over the prompt's words as a table of bars.
+
+The maps reuse denoiser.visualize's panel (overlays on the image, one row per layer); the bar table is drawn
+here in plain PIL, as visualize draws its pictures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from PIL import Image, ImageDraw, ImageFont
+
+from denoiser.visualize import overlay, tiles_image, with_colour_scale
+
+__all__ = ["word_maps_panel", "word_weights_chart"]
+
+_BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
+_PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 20, 170, 96
+_TOP = 30  # the page's label sits over the picture's top-left corner: the table starts below it
+
+
+def word_maps_panel(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]], pixel: tuple[int, int] | None = None,
+                    ) -> Image.Image:
+    """One row per cross-attention layer: the image, the word's head-averaged map, then each head's. maps: (layer
+    label, (h, H, W)) as Engine.word_maps gives them; pixel (y, x) in image pixels, marked when given.
+
+    Each map is stretched from its lowest weight to its highest: with a few words every pixel gives each word a
+    large share (two words: about half each), so a map scaled from 0 would be bright everywhere."""
+    S = image.shape[-1]
+    rows = []
+    for label, w in maps:
+        row = [(label, image), ("mean of heads", overlay(image, _stretch(w.mean(0)), pixel))]
+        if w.shape[0] > 1:
+            row += [(f"head {i}", overlay(image, _stretch(w[i]), pixel)) for i in range(w.shape[0])]
+        rows.append(row)
+    return with_colour_scale(tiles_image(rows, max(1, 96 // S)), "the map's lowest weight", "its highest")
+
+
+def _stretch(heat: torch.Tensor) -> torch.Tensor:
+    """A map shifted to start at 0 (overlay scales it to its largest value): its lowest weight dark, its highest bright."""
+    heat = heat.float()
+    return heat - heat.min()
+
+
+def word_weights_chart(rows: Sequence[tuple[str, torch.Tensor]], words: Sequence[str]) -> Image.Image:
+    """A table of bars: one row per cross-attention layer, one column per word; each cell is the pixel's weight on
+    that word (mean of heads: a row sums to 1) as a bar and a number. rows: (layer label, weights (h, words))."""
+    font = ImageFont.load_default(size=12)
+    width = _LABEL_W + _CELL_W * len(words) + 2 * _PAD
+    height = _TOP + _ROW_H * (len(rows) + 1) + 2 * _PAD
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    for j, word in enumerate(words):  # the header: the prompt's words
+        draw.text((_PAD + _LABEL_W + j * _CELL_W + 2, _TOP + _PAD + 3), _fit(draw, word, _CELL_W - 4, font), fill="black", font=font)
+    for i, (label, w) in enumerate(rows):
+        y0 = _TOP + _PAD + (i + 1) * _ROW_H
+        draw.line([(_PAD, y0), (width - _PAD, y0)], fill=(225, 225, 225))
+        draw.text((_PAD, y0 + 3), _fit(draw, label, _LABEL_W - 6, font), fill="black", font=font)
+        mean = w.float().mean(0)  # (words,)
+        for j, value in enumerate(mean.tolist()):
+            x0 = _PAD + _LABEL_W + j * _CELL_W
+            bar = round(value * (_CELL_W - 8))
+            if bar > 0:
+                draw.rectangle([x0, y0 + 4, x0 + bar, y0 + _ROW_H - 4], fill=_BAR)
+            draw.text((x0 + 2, y0 + 3), f"{value:.2f}", fill="black" if bar < 30 else "white", font=font)
+    return img
+
+
+def _fit(draw: ImageDraw.ImageDraw, text: str, width: float, font) -> str:
+    """`text` cut with an ellipsis to fit `width` pixels."""
+    if draw.textlength(text, font=font) <= width:
+        return text
+    while text and draw.textlength(text + "…", font=font) > width:
+        text = text[:-1]
+    return text + "…"

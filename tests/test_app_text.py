@@ -1,0 +1,149 @@
+"""The app with a text model: the prompt reaches the images, each word's map is the captured record's, and the
+page offers a prompt instead of a class."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from diffusers import DDPMScheduler
+
+from denoiser import UNet
+from denoiser.app.engine import Engine
+from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
+from denoiser.image_io import read_settings
+from denoiser.pipeline import save_pipeline
+from denoiser.request import SampleRequest
+from denoiser.sampling import resolve, run
+from denoiser.text import HashTextEncoder
+from tests.app_browser import CHROMIUM, browser_page, no_errors
+from tests.conftest import TINY
+from tests.test_text import TEXT, D, _tokenizer, _wake_cross
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """A tiny text model ("words": live cross-attention, guidance 2.5 in its sampling.json) and a class model."""
+    root = tmp_path_factory.mktemp("weights")
+    torch.manual_seed(0)
+    unet = _wake_cross(UNet(**TINY, cross_attention_dim=D).eval())
+    save_pipeline(unet, DDPMScheduler(), root / "words", text_encoder=HashTextEncoder(**TEXT).eval(),
+                  tokenizer=_tokenizer())
+    (root / "words" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5}))
+    save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes")
+    return root
+
+
+def test_prompt_reaches_the_images(weights):
+    ex = Engine(weights)
+    gen = ex.generate("words", "ddim", steps=3, seed=5, num_images=2, prompt="red apple", guidance_scale=2.0)
+    plan = resolve(SampleRequest(num_images=2, prompts="red apple", seed=5, scheduler="ddim", steps=3, guidance_scale=2.0,
+                                 batch_size=2), weights / "words")
+    assert torch.equal(gen.images, run(plan).images)
+    assert gen.prompt == "red apple" and gen.words == ("red", "apple")
+    other = ex.generate("words", "ddim", steps=3, seed=5, num_images=2, prompt="blue car", guidance_scale=2.0)
+    assert not torch.allclose(other.images, gen.images)  # the prompt changes the pictures
+
+
+def test_word_map_and_pixel_weights_are_the_records(weights):
+    ex = Engine(weights)
+    gen = ex.generate("words", "ddim", steps=3, seed=0, num_images=2, prompt="red apple", guidance_scale=2.0)
+    cross = ex.records(gen, 1, "cross")
+    assert cross and all(r.kind == "cross" for r in cross)
+    assert all(r.kind == "self" for r in ex.records(gen, 1))  # the pixel-to-pixel views never see a cross layer
+    maps = ex.word_maps(gen, 1, 1, 1)  # image 1, step 1, "apple"
+    assert len(maps) == len(cross)
+    for (label, m), r in zip(maps, cross):
+        assert r.name in label
+        torch.testing.assert_close(m, r.token_map(1)[1])
+    weights_ = ex.word_weights(gen, 1, 1, (5, 9))
+    for (_, w), r in zip(weights_, cross):
+        H, W = r.size
+        S = gen.images.shape[-1]
+        torch.testing.assert_close(w, r.weights((5 * H // S, 9 * W // S))[1, :, :2])
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[0]))  # every head's weights are on the two words
+    with pytest.raises(ValueError, match="word"):
+        ex.word_maps(gen, 0, 1, 2)  # the prompt has two words
+
+
+def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    h = Handlers(Engine(weights))
+    prompt, negative, examples = h.text_controls("words")
+    assert prompt["visible"] and negative["visible"] and examples["visible"]
+    prompt, negative, examples = h.text_controls("tiny-classes")
+    assert not prompt["visible"] and prompt["value"] == "" and not examples["visible"]
+    class_update, guidance, *_ = h.model_form("words")
+    assert not class_update["visible"]
+    assert guidance["value"] == 2.5 and "prompt" in guidance["label"]  # the folder's sampling.json, for a prompt
+    assert h.cfg_default("words", "(any)")["value"] == 1.0  # the Edit tab runs a text model without a prompt
+    row = h.example_row("words", 0)
+    assert row[5] == "(any)" and row[-1] and row[6] == 2.5  # a prompt, not a class
+    *_, last = h.generate("words", "ddim", 2, 3, 2, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
+    assert len(last) == N_VIEWS + 3
+    gallery, gen, status = last[1], last[2], last[-1]
+    assert gen.prompt == "red apple" and "red apple" in status
+    settings = read_settings(gallery[0])
+    assert settings["prompt"] == "red apple" and "negative_prompt" not in settings
+    assert "red_apple" in gallery[0]
+    words = last[2 + 6 + 4]  # after the generation's sliders, views and cleared views: the words
+    assert words["choices"] == [("red", 0), ("apple", 1)] and words["visible"]
+    restored = h.use_settings(gallery, 0)
+    form = dict(zip(SETTINGS_FORM, restored))
+    assert form["prompt"]["value"] == "red apple" and form["prompt"]["visible"]
+    word_map, pixel_weights = h.word_views(gen, 0, 1, (3, 4), 1)
+    assert word_map is not None and pixel_weights is not None
+    assert h.word_views(gen, 0, 1, None, None) == (None, None)
+
+
+def test_class_model_ignores_a_hidden_prompt(weights, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    h = Handlers(Engine(weights))
+    *_, last = h.generate("tiny-classes", "ddim", 2, 0, 1, "(any)", 1.0, 0.0, 1.0, "(the model's)",
+                          0.0, "", "", "left over", "")
+    assert "prompt" not in read_settings(last[1][0])
+    assert not last[2].words
+
+
+def test_edit_and_heads_run_a_text_model_unconditioned(weights):
+    from PIL import Image
+
+    ex = Engine(weights)
+    photo = Image.new("RGB", (16, 16), (200, 40, 40))
+    gen, _, done = ex.restore("words", "edit", photo, strength=0.5, steps=4)
+    assert gen.images.shape == (1, 3, 16, 16) and not gen.words
+    with pytest.raises(ValueError, match="without a prompt"):
+        ex.restore("words", "edit", photo, strength=0.5, steps=4, guidance_scale=2.0)
+    rows, _ = ex.head_table(gen, 0, timesteps=(500,))
+    assert rows
+    sampled = ex.generate("words", "ddim", steps=2, seed=0, num_images=1, prompt="red apple")
+    assert ex.attention_maps(sampled, 0, 1, (2, 3)) is not None  # the self-attention views as for any model
+    assert ex.ablate(sampled, ["mid_attn"]).images.shape == sampled.images.shape
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_a_typed_prompt_is_what_the_result_shows(server, tmp_path):
+    """Pick the text model, type a prompt, Generate: the status line, the result's PNG and the Attention tab's words
+    are the prompt's; the class selector is hidden."""
+    with browser_page(server) as page:
+        page.locator("#model input").click()
+        page.locator("#model").get_by_role("option", name="words").click()
+        page.locator("#prompt textarea").wait_for(state="visible", timeout=30_000)
+        assert not page.locator("#class").is_visible()
+        page.locator("#prompt textarea").fill("red apple")
+        page.locator("#steps input[type=number]").fill("2")
+        page.locator("#steps input[type=number]").press("Enter")
+        page.locator("#budget").get_by_text("work:").wait_for(timeout=30_000)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=120_000)
+        assert "red apple" in page.locator("#status").inner_text()
+        src = page.locator("#gallery img").first.get_attribute("src")
+        (tmp_path / "first.png").write_bytes(httpx.get(src, timeout=30).content)
+        assert read_settings(tmp_path / "first.png")["prompt"] == "red apple"
+        page.get_by_role("tab", name="Attention").click()
+        page.locator("#words").get_by_text("apple").click()
+        page.locator("#word-maps img").wait_for(timeout=60_000)
+        no_errors(page)
