@@ -169,13 +169,16 @@ SETTINGS_KEY = "denoiser"  # the PNG text chunk that holds how an image was made
 
 
 def settings_name(settings: dict) -> str:
-    """A file name that says how an image was made: 'cifar10-seed3-cat-ddim25-cfg3-2of8.png' for a sample,
+    """A file name that says how an image was made: 'cifar10-seed3-cat-ddim25-cfg3-2of8.png' for a sample (a text
+    model's: its prompt where the class goes, 'emoji-seed0-red_apple-unipc10-cfg3-1of8.png'),
     'cifar10-denoise-sigma0.1-seed0-1024x768.png' for an edit of a user's picture (settings with an "operation")."""
     if "operation" in settings:
         return _edit_name(settings)
     parts = [str(settings.get(k, "")) for k in ("model",)] + [f"seed{settings.get('seed')}"]
     if settings.get("class") not in (None, ""):
         parts.append(str(settings["class"]))
+    if settings.get("prompt"):
+        parts.append(str(settings["prompt"])[:60])
     parts.append(f"{settings.get('scheduler')}{settings.get('steps')}")
     parts += _guidance_parts(settings)
     if "index" in settings:

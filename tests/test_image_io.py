@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from denoiser.image_io import MAX_PIXELS, image_to_model, mask_to_model, open_image
+from denoiser.image_io import MAX_PIXELS, image_to_model, mask_to_model, open_image, settings_name
 from tests.conftest import ROOT
 
 
@@ -154,3 +154,10 @@ def test_pictures_from_tensors_saturate_instead_of_wrapping():
     u8 = torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     back = torch.from_numpy(np.asarray(uint8_to_pil(u8))).permute(2, 0, 1)  # (H, W, 3) -> (3, H, W)
     assert uint8_to_pil(u8).size == (7, 5) and torch.equal(back, u8)
+
+
+def test_a_text_models_file_name_carries_its_prompt_where_a_class_would_go():
+    settings = {"model": "emoji", "seed": 0, "prompt": "red apple: big!", "scheduler": "unipc", "steps": 10,
+                "guidance_scale": 3.0, "index": 0, "count": 8}
+    assert settings_name(settings) == "emoji-seed0-red_apple__big_-unipc10-cfg3-1of8.png"
+    assert len(settings_name({**settings, "prompt": "x" * 500})) < 120  # a long prompt is cut

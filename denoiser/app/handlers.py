@@ -23,7 +23,7 @@ from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Stages
 from denoiser.app.kept import recall, remember
 from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
 from denoiser.app.words import word_maps_panel, word_weights_chart
-from denoiser.image_io import read_settings, save_with_settings, settings_name, to_pil
+from denoiser.image_io import read_settings, save_with_settings, to_pil
 from denoiser.request import BUILT_IN
 
 __all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "HEAD_COLUMNS", "NO_CLASS", "MODELS_OWN",
@@ -67,8 +67,6 @@ def _result_files(images: torch.Tensor, settings: dict) -> list[str]:
     for i in range(images.shape[0]):
         each = {**settings, "index": i, "count": images.shape[0]}
         path = save_with_settings(to_pil(images[i : i + 1], nrow=1, padding=0), folder, each)
-        if each.get("prompt"):  # named after its prompt where a class result names its class (settings_name has no prompt)
-            path = path.rename(path.with_name(settings_name({**each, "class": each["prompt"][:60]})))
         files.append(str(path))  # no caption over the picture: the file's name says it on download
     return files
 
