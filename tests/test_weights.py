@@ -91,7 +91,8 @@ def test_every_front_door_samples_with_the_folders_measured_best(name, monkeypat
     doors = {
         "sample": lambda: main(["sample", "--model", str(folder), "--num-images", "1", "--out", str(tmp_path / "s.png")]),
         "evaluate --fid": lambda: main(["evaluate", "--model", str(folder), "--fid", "--num-samples", "2",
-                                        "--reference", str(tmp_path / "none.safetensors")]),
+                                        "--reference", str(tmp_path / "none.safetensors")]
+                                       + (["--prompt", "red apple"] if (folder / "text_encoder").is_dir() else [])),
         "pipeline": lambda: DiffusionPipeline.from_pretrained(folder)(1),
     }
     monkeypatch.setattr("denoiser.fid.reference_statistics", lambda *a, **k: None)

@@ -12,6 +12,7 @@ machine, so the two FIDs scored later on a CPU (`denoiser evaluate --fid --sampl
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import tarfile
@@ -44,7 +45,9 @@ def candidate_folder(run_dir: Path, shipped: Path, device: str) -> Path:
             shutil.rmtree(out / part)
         if (fp16 / part).is_dir():
             shutil.copytree(fp16 / part, out / part)
-    shutil.copy(fp16 / "model_index.json", out / "model_index.json")
+    index = json.loads((fp16 / "model_index.json").read_text())  # the shipped folder's sampler stays (its scheduler/)
+    index["scheduler"] = json.loads((shipped / "model_index.json").read_text())["scheduler"]
+    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     if pipe.text_encoder is not None:
         (out / "classes.txt").unlink(missing_ok=True)
     return out
