@@ -207,7 +207,8 @@ def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
                         "gives with the same flags (classes spread evenly unless --class-label says otherwise)")
     p.add_argument("--num-samples", type=int, default=1000, help="generated images for --fid (report FID-N with N)")
     p.add_argument("--prompts", default=None, metavar="FILE",
-                   help="a text model's --fid prompts, one per line, cycled over the images (e.g. the held-out images' names)")
+                   help="a text model's prompts, one per line, cycled over the images: the --fid samples' prompts, or the prompt "
+                        "each --data image's bound is conditioned on (line k for image k: e.g. the held-out images' names)")
     p.add_argument("--reference", default=None, metavar="STATS.safetensors",
                    help="reference statistics for --fid; computed once from --data (its --val-size split) when missing")
     p.add_argument("--samples", default=None, metavar="IMAGES.npy",
@@ -506,22 +507,22 @@ def cmd_fid(args) -> None:
                      indent=1))
 
 
-def _fid_prompts(args, unet) -> list[str] | None:
-    """A text model's FID prompts: --prompts FILE's lines cycled over the images (e.g. the held-out images' own
-    captions), else --prompt for all; None for a class model (its classes)."""
+def _fid_prompts(args, unet, n: int | None = None) -> list[str] | None:
+    """A text model's prompts for `n` images (default --num-samples): --prompts FILE's lines cycled over the images
+    (e.g. the held-out images' own names), else None (--prompt for all); None for a class model (its classes)."""
     if unet.config.cross_attention_dim is None:
         if args.prompts:
             raise ValueError("--prompts is for a text model; this one has classes (--class-label)")
         return None
     if not args.prompts:
         if args.prompt is None:
-            raise ValueError("a text model's FID needs prompts: --prompts FILE (one per line, cycled over the images; "
-                             "e.g. the validation images' names) or --prompt TEXT for all")
+            raise ValueError("a text model's evaluation needs prompts: --prompts FILE (one per line, cycled over the "
+                             "images; e.g. the validation images' names) or --prompt TEXT for all (\"\": no condition)")
         return None
     lines = [line.strip() for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
     if not lines:
         raise ValueError(f"--prompts {args.prompts}: no prompts in it (one per line)")
-    return [lines[k % len(lines)] for k in range(args.num_samples)]
+    return [lines[k % len(lines)] for k in range(args.num_samples if n is None else n)]
 
 
 def cmd_evaluate(args) -> None:
@@ -546,8 +547,20 @@ def cmd_evaluate(args) -> None:
     x, labels = ds.batch(torch.arange(n))
     if not unet.config.num_class_embeds:
         labels = None
+    text = {}
+    if unet.config.cross_attention_dim:  # a text model: the bound given each image's prompt
+        from denoiser.model_dir import load_text
+        from denoiser.text import encode_prompts
+
+        prompts = _fid_prompts(args, unet, n) or [args.prompt] * n
+        if (text_parts := load_text(args.model)) is None:
+            raise ValueError(f"{args.model}: this UNet has cross-attention but the folder has no text_encoder/ and tokenizer/")
+        tokenizer, encoder = text_parts
+        with torch.no_grad():
+            states, mask = encode_prompts(tokenizer, encoder, prompts)
+        text = {"encoder_hidden_states": states, "encoder_attention_mask": mask.bool()}  # (N, L, D), (N, L)
     res = Diffusion(sched).evaluate(unet, x, labels, batch_size=args.batch_size or 64, num_timesteps=args.num_timesteps,
-                                    seed=args.seed)
+                                    seed=args.seed, unet_kwargs=text)
     print(json.dumps(res.to_dict(), indent=1))
 
 

@@ -135,7 +135,10 @@ def _type_ok(value: Any, annotation: Any) -> bool:
 
 
 def _coerce(value: Any, annotation: Any) -> Any:
-    """YAML 1.1 reads `1e-4` (no dot) as a string; accept it where a float is expected."""
+    """YAML 1.1 reads `1e-4` (no dot) as a string; accept it where a float is expected. It also reads a bare
+    `no`/`off` as False and `yes`/`on` as True: where a string is expected (mixed_precision: no), give the word back."""
+    if isinstance(value, bool) and annotation is str:
+        return "no" if value is False else "yes"
     if isinstance(value, str) and _type_ok(1.5, annotation) and not _type_ok(value, annotation):
         try:
             return float(value)

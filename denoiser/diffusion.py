@@ -188,10 +188,16 @@ class Diffusion:
         num_timesteps: int | None = None,
         seed: int = 0,
         progress=None,
+        unet_kwargs: dict[str, torch.Tensor] | None = None,
     ) -> EvalResult:
-        """The bound and per-timestep MSE on `images` (N, C, H, W) in [-1, 1]; see the module docstring."""
+        """The bound and per-timestep MSE on `images` (N, C, H, W) in [-1, 1]; see the module docstring.
+        unet_kwargs: per-image tensors (N, ...) the UNet also takes, sliced with the images: a text model's
+        encoder_hidden_states and encoder_attention_mask, so the bound is the one given each image's prompt."""
         if images.ndim != 4:
             raise ValueError(f"images must be (N, C, H, W), got shape {tuple(images.shape)}")
+        for name, value in (unet_kwargs or {}).items():
+            if value.shape[0] != images.shape[0]:
+                raise ValueError(f"unet_kwargs[{name!r}] has {value.shape[0]} rows for {images.shape[0]} images: one per image")
         device = next(unet.parameters()).device
         N, D = images.shape[0], images[0].numel()
         steps, weights = _timestep_grid(self.T, num_timesteps)
@@ -213,7 +219,8 @@ class Diffusion:
                 tt = torch.full((x0.shape[0],), t, dtype=torch.long)
                 x_t = self.add_noise(x0, eps, tt)
                 labels = None if class_labels is None else class_labels[s : s + batch_size].to(device)
-                out = unet(x_t.float().to(device), tt.to(device), class_labels=labels).sample.double().cpu()
+                extra = {k: v[s : s + batch_size].to(device) for k, v in (unet_kwargs or {}).items()}
+                out = unet(x_t.float().to(device), tt.to(device), class_labels=labels, **extra).sample.double().cpu()
                 errs.append((self.predict_eps(x_t, out, tt) - eps).pow(2).flatten(1).mean(1))  # ε-MSE for ε and v models
                 x0_pred = self.predict_x0(x_t, out, tt).clamp(-1, 1)
                 model_mean, logvar = self._posterior(x0_pred, x_t, t)

@@ -48,6 +48,25 @@ def seeded_noise(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.cat([torch.randn((1, *shape[1:]), generator=g) for g in generators(seed, shape[0])])
 
 
+def random_text_model(folder: Path, width: int = 12) -> Path:
+    """A tiny text model folder (UNet with cross-attention, hashed-word encoder of `width`, tokenizer) with random
+    weights everywhere, the zero-initialised output projections included, so maps and bounds are not flat."""
+    from diffusers import DDPMScheduler
+
+    from denoiser import UNet
+    from denoiser.pipeline import save_pipeline
+    from denoiser.text import HashTextEncoder, WordHashTokenizer
+
+    torch.manual_seed(0)
+    unet = UNet(**TINY, cross_attention_dim=width).eval()
+    encoder = HashTextEncoder(num_buckets=64, hidden_size=width, num_layers=1, num_heads=2).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in [*unet.parameters(), *encoder.parameters()]:
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return save_pipeline(unet, DDPMScheduler(), folder, text_encoder=encoder, tokenizer=WordHashTokenizer(num_buckets=64))
+
+
 @pytest.fixture
 def tiny_unet():
     torch.manual_seed(0)

@@ -402,7 +402,7 @@ def test_long_attention_work_is_refused_over_the_budget_before_any_unet_call(wei
 def test_long_attention_work_reports_every_step_and_stops_when_asked(weights):
     """on_step sees every step of "averaged over every step" and every UNet call of the Heads statistics, with the
     generated image as preview; the results are those without on_step; raising from on_step stops the work."""
-    from denoiser.app.engine import _stats_calls_per_timestep
+    from denoiser.app.attention_views import _stats_calls_per_timestep
 
     ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=2)

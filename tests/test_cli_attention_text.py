@@ -9,15 +9,14 @@ import torch
 from diffusers import DDPMScheduler
 from PIL import Image
 
-from denoiser import UNet
 from denoiser.cli import main
 from denoiser.pipeline import save_pipeline
 from denoiser.pixels import to_uint8
 from denoiser.request import SampleRequest
 from denoiser.sampling import resolve, run
-from denoiser.text import HashTextEncoder, WordHashTokenizer
+from denoiser.text import WordHashTokenizer
 from denoiser.visualize import find_word, overlay, token_weights, word_maps, word_maps_panel
-from tests.conftest import TINY
+from tests.conftest import random_text_model
 
 D = 12  # the text encoder's width = the UNet's cross_attention_dim
 CROSS_LAYERS = ["down.1.cross.0", "mid_cross", "up.0.cross.0", "up.0.cross.1"]  # TINY's, in call order
@@ -25,16 +24,7 @@ CROSS_LAYERS = ["down.1.cross.0", "mid_cross", "up.0.cross.0", "up.0.cross.1"]  
 
 @pytest.fixture(scope="module")
 def text_model(tmp_path_factory):
-    """A tiny text model folder: random weights everywhere, so the maps are not flat."""
-    torch.manual_seed(0)
-    unet = UNet(**TINY, cross_attention_dim=D).eval()
-    encoder = HashTextEncoder(num_buckets=64, hidden_size=D, num_layers=1, num_heads=2).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # the zero-initialised output projections included, or they hide everything
-        for p in [*unet.parameters(), *encoder.parameters()]:
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    folder = tmp_path_factory.mktemp("text") / "model"
-    return save_pipeline(unet, DDPMScheduler(), folder, text_encoder=encoder, tokenizer=WordHashTokenizer(num_buckets=64))
+    return random_text_model(tmp_path_factory.mktemp("text") / "model", D)
 
 
 @pytest.fixture(scope="module")

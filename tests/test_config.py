@@ -49,6 +49,16 @@ def test_bad_configs_are_explained(raw, message):
         config_from_dict(raw, "test")
 
 
+def test_yaml_no_is_the_word_where_a_string_is_expected():
+    # YAML 1.1 reads a bare `no` as False: `mixed_precision: no` (as the configs' comments suggest) means "no"
+    raw = yaml.safe_load("train:\n  mixed_precision: no\n")
+    assert raw == {"train": {"mixed_precision": False}}
+    assert config_from_dict(raw).train.mixed_precision == "no"
+    assert config_from_dict(apply_overrides({}, ["train.mixed_precision=no"])).train.mixed_precision == "no"
+    with pytest.raises(ValueError, match="must be no, bf16 or fp16"):  # `yes` is no precision: said, not guessed
+        config_from_dict({"train": {"mixed_precision": True}})
+
+
 def test_overrides_dotted_and_bare():
     raw = apply_overrides({}, ["train.lr=1e-4", "batch_size=8", "model.sample_size=16", "ema=false"])
     assert raw == {"train": {"lr": "1e-4", "batch_size": 8, "ema": False}, "model": {"sample_size": 16}}

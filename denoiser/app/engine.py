@@ -1,6 +1,8 @@
 """The web app's engine, without the web: models by name, generation with previews, your images restored,
 then any pixel's attention, the heads' statistics and layers switched off. Returns tensors, images and
 plain data; the words and Markdown a page shows are the handlers' (denoiser/app/handlers.py).
+The attention views and the Generation they read are in denoiser/app/attention_views.py (AttentionViews, a
+mixin Engine inherits).
 
 Sampling runs the fused attention path and keeps only the model inputs x_t of every step (a few MB).
 Opening the attention view for a step re-runs that step's UNet call on the same batch under
@@ -10,36 +12,27 @@ the exact weights of the sampling pass, rebuilt for the clicked pixel only (O(N�
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from PIL import Image
 
+from denoiser.app.attention_views import AttentionViews, Generation, Stages, check_int
 from denoiser.app.budget import Work, plan_work, work_of
-from denoiser.attention import (
-    AttentionRecord,
-    MultiHeadSelfAttention,
-    attention_layer_names,
-    capture_attention,
-    identity_attention,
-)
-from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.diffusion import Diffusion
-from denoiser.guidance import Guidance, TextCondition
+from denoiser.guidance import Guidance
 from denoiser.image_io import MAX_PIXELS, uint8_to_pil
 from denoiser.model_dir import list_models, load_model, model_roots, resolve_model_dir
-from denoiser.pixels import to_uint8, to_unit, uint8_to_unit, unit_to_model
+from denoiser.pixels import to_uint8, to_unit, uint8_to_unit
 from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
 from denoiser.restore import restore
-from denoiser.sample import SAMPLERS, sampling_context
+from denoiser.sample import SAMPLERS
 from denoiser.sampling import ModelDefaults, Plan, read_defaults, resolve, run
 from denoiser.tiles import TileOptions, count_tiles, denoise_photo
-from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
 __all__ = ["Engine", "Generation", "Restored", "DenoisedTiles", "Stages", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
 
@@ -59,46 +52,6 @@ PREVIEW_SIDE = 256  # a tiled denoise's live preview: at most this many pixels a
 
 LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance_scale": (1.0, 10.0),
           "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0)}
-
-
-class StepAttention:
-    """The exact attention of one denoising step of a generation, kept until another step is asked for: a
-    session's memory stays bounded however many steps it opens."""
-
-    def __init__(self) -> None:
-        self._step: int | None = None
-        self._records: list[AttentionRecord] = []
-
-    def get(self, step: int, capture: Callable[[], list[AttentionRecord]]) -> list[AttentionRecord]:
-        """Step `step`'s records, from `capture()` unless they are the ones kept."""
-        if step != self._step:
-            self._step, self._records = None, []  # the old step's records go before the new ones are made
-            self._records, self._step = capture(), step
-        return self._records
-
-    def __len__(self) -> int:
-        return 0 if self._step is None else 1
-
-
-@dataclass
-class Generation:
-    """One sampling run of one session: final images and every step's model input."""
-
-    model: str
-    images: torch.Tensor  # (B, 3, H, W) in [0, 1]
-    inputs: list[torch.Tensor]  # x_t fed to the UNet at each step, (B, C, H, W)
-    timesteps: list[int]
-    labels: torch.Tensor | None
-    guidance: Guidance = field(default_factory=Guidance)  # what the images were sampled with
-    replay: dict | None = None  # generate()'s arguments, to sample the same seed again (None: an edit)
-    attention: StepAttention = field(default_factory=StepAttention, repr=False)  # the latest step's records
-    text: TextCondition | None = None  # a text model's encoded prompts (the attention view's re-runs take them)
-    prompt: str = ""  # a text model's prompt, the same for every image ("" = no condition)
-    words: tuple[str, ...] = ()  # the prompt's words the model sees: one token, one cross-attention map each
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.timesteps)
 
 
 @dataclass
@@ -123,34 +76,7 @@ class DenoisedTiles:
     tile: int  # tile side in pixels (the model's sample size)
 
 
-@dataclass
-class Stages:
-    """One pixel's attention in one layer and head, stage by stage, for the page to show."""
-
-    layer: str
-    head: int
-    query: tuple[int, int]  # (y, x) on the layer's grid
-    grid: tuple[int, int]  # (H, W) of the layer
-    head_dim: int
-    step: int
-    timestep: int
-    score_range: tuple[float, float]  # stage (2): min, max of q·kᵀ/√d
-    weight_sum: float  # stage (3): the softmax's weights sum to this (1)
-    top: list[tuple[tuple[int, int], float, float]]  # the most attended pixels: ((y, x), score, weight)
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    """A whole number in lo..hi (ints, integral floats from sliders, numeric strings), else a clear error."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = float("nan")
-    if not v.is_integer() or not lo <= v <= hi:
-        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
-    return int(v)
-
-
-class Engine:
+class Engine(AttentionViews):
     """Models under folders of model folders, loaded once; generation and attention views."""
 
     def __init__(self, weights_dir: str | Path | Sequence[str | Path] | None = None) -> None:
@@ -236,15 +162,15 @@ class Engine:
         """generate()'s arguments checked (each against the page's LIMITS) and resolved against the model's folder:
         the plan generate samples, and whose work (plan_work) the page's budget note shows."""
         if steps is not None:  # None: the folder's (sampling.json), else BUILT_IN
-            steps = _check_int("steps", steps, *LIMITS["steps"])
-        num_images = _check_int("number of images", num_images, *LIMITS["num_images"])
-        seed = _check_int("seed", seed, *LIMITS["seed"])
+            steps = check_int("steps", steps, *LIMITS["steps"])
+        num_images = check_int("number of images", num_images, *LIMITS["num_images"])
+        seed = check_int("seed", seed, *LIMITS["seed"])
         if scheduler is None:  # the folder's sampler where the attention view can replay it, else BUILT_IN's
             scheduler = own if (own := self.defaults(model).scheduler) in SCHEDULERS else BUILT_IN["scheduler"]
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes
-            class_label = _check_int("class", class_label, 0, 2**31 - 1)
+            class_label = check_int("class", class_label, 0, 2**31 - 1)
         scales = _check_scales(guidance_scale, pag_scale, guide_scale)
         timestep_spacing = check_timestep_spacing(timestep_spacing)
         if not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
@@ -283,7 +209,7 @@ class Engine:
         """
         kind, method, steps, seed = _restore_request(operation, image, steps, seed, sigma, strength, add_noise)
         if class_label is not None:
-            class_label = _check_int("class", class_label, 0, 2**31 - 1)
+            class_label = check_int("class", class_label, 0, 2**31 - 1)
         scales = _check_scales(guidance_scale, pag_scale, guide_scale)
         if scales["guidance_scale"] != 1.0 and self.is_text(model):  # restore takes no prompt: the model runs unconditioned
             raise ValueError(f"{model} is a text model and the Edit tab runs it without a prompt (unconditional), where "
@@ -367,171 +293,6 @@ class Engine:
         return DenoisedTiles(uint8_to_pil(res.result), res.sigma, count_tiles(unet, *photo.shape[1:]),
                              unet.config.sample_size)
 
-    def records(self, gen: Generation, step: int, kind: str = "self") -> list[AttentionRecord]:
-        """Exact attention of step `step` for the whole batch (re-run under capture, cached per step): the pixel-to-pixel
-        ("self") layers, or a text model's pixel-to-word ("cross") layers."""
-        step = _check_int("step", step, 0, gen.num_steps - 1)
-        return [r for r in gen.attention.get(step, lambda: self._capture(gen, step)) if r.kind == kind]
-
-    def _capture(self, gen: Generation, step: int) -> list[AttentionRecord]:
-        unet, _ = self.model(gen.model)
-        # the sampling pass's setup (packed weights): the same arithmetic, so the same q and k
-        x, labels, B = gen.inputs[step], gen.labels, gen.images.shape[0]
-        # the guided call as sampled: the images' own rows first, then "no class" (the negative prompt) and perturbed rows
-        with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
-            gen.guidance.main_pass(unet, x, gen.timesteps[step], labels, gen.text)
-        # the images' own half, copied: a slice would keep the whole qkv projection (and v) alive
-        return [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone(),
-                                    key_mask=None if r.key_mask is None else r.key_mask[:B].clone()) for r in recs]
-
-    def attention_maps(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> Image.Image:
-        """Every layer's attention of `pixel` (y, x in image coordinates) as overlays, labelled."""
-        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
-        S = gen.images.shape[-1]
-        y, x = (_check_int("pixel y", pixel[0], 0, S - 1), _check_int("pixel x", pixel[1], 0, S - 1))
-        return attention_panel(gen.images[image], self.records(gen, step), (y, x), batch_index=image)
-
-    def is_text(self, name: str) -> bool:
-        """Whether a model takes a prompt (its UNet has cross-attention) rather than classes."""
-        return getattr(self.model(name)[0].config, "cross_attention_dim", None) is not None
-
-    def _word(self, gen: Generation, word) -> int:
-        if not gen.words:
-            raise ValueError("this generation has no prompt: its words' maps need a text model and a prompt")
-        return _check_int(f"word (0..{len(gen.words) - 1}, of {' '.join(gen.words)[:80]!r})", word, 0, len(gen.words) - 1)
-
-    def word_maps(self, gen: Generation, image: int, step: int, word: int) -> list[tuple[str, torch.Tensor]]:
-        """Word `word` of the prompt: its map over the pixels in every cross-attention layer at `step`, as
-        (layer label, weights (h, H, W)): each pixel's share of attention that goes to the word."""
-        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
-        j = self._word(gen, word)
-        return [(layer_label(r), r.token_map(j)[image]) for r in self.records(gen, step, "cross")]
-
-    def word_weights(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> list[tuple[str, torch.Tensor]]:
-        """One pixel's weights over the prompt's words in every cross-attention layer at `step`, as (layer label,
-        weights (h, words)); empty for a generation without a prompt."""
-        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
-        S = gen.images.shape[-1]
-        y, x = (_check_int("pixel y", pixel[0], 0, S - 1), _check_int("pixel x", pixel[1], 0, S - 1))
-        if not gen.words:
-            return []
-        out = []
-        for r in self.records(gen, step, "cross"):
-            H, W = r.size
-            out.append((layer_label(r), r.weights((y * H // S, x * W // S))[image, :, : len(gen.words)]))  # (h, words)
-        return out
-
-    def check_layer(self, gen: Generation, layer) -> int:
-        """The layer selector's value (an index among the generation's attention layers: an int, or text a person
-        typed such as "3") as that index; anything else is refused in words naming how many layers there are."""
-        count = len(attention_layer_names(self.model(gen.model)[0]))
-        try:
-            index = float(str(layer).strip()) if isinstance(layer, str) else float(layer)
-        except (TypeError, ValueError):
-            index = float("nan")
-        if isinstance(layer, bool) or not index.is_integer() or not 0 <= index < count:  # NaN fails too
-            raise ValueError(f"layer {str(layer)[:40]!r} is not one of this generation's {count} attention layers: "
-                             "pick one from the list")
-        return int(index)
-
-    def layer_names(self, gen: Generation, step: int = 0) -> list[str]:
-        return [layer_label(r) for r in self.records(gen, step)]
-
-    def mean_attention_maps(self, gen: Generation, image: int, pixel: tuple[int, int],
-                            on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> Image.Image:
-        """Every layer's attention of `pixel`, averaged over all denoising steps (one UNet call per step, the whole
-        batch with its guidance: refused over the work budget before any work). on_step(i, total, the image in
-        [0, 1]) after each step; raising from it stops the work."""
-        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
-        S = gen.images.shape[-1]
-        y, x = (_check_int("pixel y", pixel[0], 0, S - 1), _check_int("pixel x", pixel[1], 0, S - 1))
-        unet, _ = self.model(gen.model)
-        self.check_work(unet, gen.images.shape[0], gen.num_steps, gen.guidance)
-        sums: dict[str, torch.Tensor] = {}
-        for step in range(gen.num_steps):
-            for rec in self.records(gen, step):
-                H, W = rec.size
-                w = rec.weights((y * H // S, x * W // S))[image]  # (h, H, W)
-                sums[layer_label(rec)] = sums.get(layer_label(rec), 0) + w / gen.num_steps
-            if on_step is not None:
-                on_step(step, gen.num_steps, gen.images[image : image + 1])
-        return maps_panel(gen.images[image], list(sums.items()), (y, x))
-
-    def head_table(self, gen: Generation, image: int, timesteps=(800, 400, 100, 20),
-                   on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> tuple[list[LayerStats], Image.Image]:
-        """`attention_stats` of one generated image (its class, heads included) and the charts. Its UNet calls (per
-        noise level: one plain, then one per layer and per head switched off) are refused over the work budget
-        before any work; on_step(i, total, the image in [0, 1]) after each call, and raising from it stops the work."""
-        image = _check_int("image", image, 0, gen.images.shape[0] - 1)
-        unet, train_sched = self.model(gen.model)
-        calls = len(timesteps) * _stats_calls_per_timestep(unet)
-        self.check_work(unet, 1, calls)
-        labels = None if gen.labels is None else gen.labels[image : image + 1]
-        x0 = unit_to_model(gen.images[image : image + 1])  # (1, C, H, W)
-        shown = gen.images[image : image + 1]
-        with _each_call(unet, None if on_step is None else (lambda i: on_step(i, calls, shown))):
-            rows = attention_stats(unet, train_sched, x0, labels, timesteps)
-        return rows, stats_chart(rows)
-
-    def ablate(self, gen: Generation, layers: list[str], heads: list[int] | None = None, on_step=None) -> Generation:
-        """The same seed and settings sampled again with `layers` (or their `heads`) switched to identity."""
-        if gen.replay is None:
-            raise ValueError("switching layers off samples the same seed again: generate images first (an edit has no seed to repeat)")
-        if not layers:
-            raise ValueError("choose at least one attention layer to switch off")
-        unet, _ = self.model(gen.model)
-        with identity_attention(unet, layers, heads):
-            return self.generate(gen.model, **gen.replay, on_step=on_step)
-
-    def four_stages(
-        self, gen: Generation, image: int, step: int, pixel: tuple[int, int], layer: int, head: int
-    ) -> tuple[Image.Image, Stages]:
-        """Scores before softmax and weights after, for one pixel, layer and head, as a picture and as numbers."""
-        recs = self.records(gen, step)
-        rec = recs[self.check_layer(gen, layer)]
-        head = _check_int("head", head, 0, rec.num_heads - 1)
-        S = gen.images.shape[-1]
-        H, W = rec.size
-        yq, xq = pixel[0] * H // S, pixel[1] * W // S
-        scores = rec.scores((yq, xq))[image, head]  # (H, W), stage (2)
-        weights = rec.weights((yq, xq))[image, head]  # (H, W), stage (3)
-        panel = stages_panel(gen.images[image], scores, weights, (pixel[0], pixel[1]))
-        top = torch.topk(weights.flatten(), k=min(5, weights.numel()))
-        return panel, Stages(
-            layer=layer_label(rec), head=head, query=(yq, xq), grid=(H, W), head_dim=rec.q.shape[-1], step=step,
-            timestep=gen.timesteps[step], score_range=(float(scores.min()), float(scores.max())),
-            weight_sum=float(weights.sum()),
-            top=[((int(i) // W, int(i) % W), float(scores.flatten()[i]), float(w)) for w, i in zip(top.values, top.indices)],
-        )
-
-
-def _stats_calls_per_timestep(unet) -> int:
-    """UNet calls attention_stats makes per noise level: the plain call, then each layer switched off, then each
-    head of a layer with several heads."""
-    layers = [m for m in unet.modules() if isinstance(m, MultiHeadSelfAttention)]
-    return 1 + sum(1 + (m.num_heads if m.num_heads > 1 else 0) for m in layers)
-
-
-@contextlib.contextmanager
-def _each_call(unet, after: Callable[[int], None] | None):
-    """after(i) once the i-th UNet call (0-based) made by this thread inside the context has returned; an exception
-    it raises ends the caller's work. Calls from other threads (other sessions) are not counted."""
-    if after is None:
-        yield
-        return
-    thread, count = threading.get_ident(), [0]
-
-    def hook(module, args, output) -> None:
-        if threading.get_ident() == thread:
-            count[0] += 1
-            after(count[0] - 1)
-
-    handle = unet.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
 
 MAX_PROMPT_CHARS = 1000  # a prompt longer than this is refused (the tokenizer keeps its first max_length words anyway)
 
@@ -578,8 +339,8 @@ def _restore_request(operation: str, image: Image.Image | None, steps, seed, sig
         raise ValueError("upload an image first")
     if image.width * image.height > MAX_PIXELS:
         raise ValueError(f"the image is {image.width}x{image.height}: at most {MAX_PIXELS // 1_000_000} megapixels")
-    steps = _check_int("steps", steps, *LIMITS["steps"])
-    seed = _check_int("seed", seed, *LIMITS["seed"])
+    steps = check_int("steps", steps, *LIMITS["steps"])
+    seed = check_int("seed", seed, *LIMITS["seed"])
     for name, value in (("noise σ", sigma), ("strength", strength), ("added noise σ", add_noise)):
         if not isinstance(value, (int, float)) or not 0 <= value <= 1:  # NaN fails too
             raise ValueError(f"{name} must be a number in 0..1, got {value!r}")
