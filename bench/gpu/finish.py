@@ -27,6 +27,7 @@ from denoiser.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.request import SPREAD, SampleRequest
 from denoiser.sampling import resolve, run
 
+TEXT_PROMPTS = Path("bench/emoji_text/val500_prompts.txt")  # a text model's FID prompts: held-out image k's name, cycled
 BATCH = 250  # images per UNet batch: speed only (image k is seeded k whatever its batch)
 
 
@@ -56,8 +57,14 @@ def candidate_folder(run_dir: Path, shipped: Path, device: str) -> Path:
 def draw(folder: Path, num_samples: int, device: str) -> np.ndarray:
     """The images `denoiser evaluate --model folder --fid --num-samples N` scores, uint8 (N, H, W, 3)."""
     load = lambda path: load_model(path, device=device)  # noqa: E731  (resolve takes the folder's own sampler)
-    classes = SPREAD if load(folder)[0].config.num_class_embeds else None
-    plan = resolve(SampleRequest(num_images=num_samples, classes=classes, seed=0, batch_size=BATCH), folder, load=load)
+    unet = load(folder)[0]
+    classes = SPREAD if unet.config.num_class_embeds else None
+    prompts = ()  # as `evaluate --fid --prompts TEXT_PROMPTS` for a text model (unconditioned samples would score otherwise)
+    if unet.config.cross_attention_dim:
+        lines = [line.strip() for line in TEXT_PROMPTS.read_text(encoding="utf-8").splitlines() if line.strip()]
+        prompts = [lines[k % len(lines)] for k in range(num_samples)]
+    plan = resolve(SampleRequest(num_images=num_samples, classes=classes, prompts=prompts, seed=0, batch_size=BATCH),
+                   folder, load=load)
     tic = time.perf_counter()
     images = run(plan).images.mul(255).round().to(torch.uint8)
     dt = time.perf_counter() - tic
