@@ -33,8 +33,10 @@ from pathlib import Path
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from denoiser.atomic import atomic_path
 from denoiser.data.decode import decode_image
 from denoiser.fid import InceptionFeatures, features
 from denoiser.pixels import to_uint8
@@ -70,13 +72,13 @@ def gallery_features(data: Path, rows: list[dict], extractor: InceptionFeatures,
     cache.mkdir(exist_ok=True)
     out = []
     for start in tqdm(range(0, len(rows), chunk), desc="gallery", unit="chunk", dynamic_ncols=True):
-        path = cache / f"{start:05d}.pt"
+        path = cache / f"{start:05d}.safetensors"  # safetensors: a cache is read back without unpickling
         if not path.is_file():
             images = torch.stack([torch.from_numpy(decode_image(data / r["file"], SIZE).copy())
                                   for r in rows[start : start + chunk]])  # (n, 3, S, S) uint8
-            torch.save(extractor(images), path.with_suffix(".tmp"))
-            path.with_suffix(".tmp").rename(path)
-        out.append(torch.load(path))
+            with atomic_path(path) as tmp:
+                save_file({"features": extractor(images)}, str(tmp))
+        out.append(load_file(path)["features"])
     return torch.cat(out)
 
 
@@ -142,13 +144,15 @@ def sampled_features(model: str, prompts: list[str], guidance: float, extractor:
     """sample()'s images, their features and the sampling seconds, cached under /tmp by the model's weights."""
     weights = Path(model) / "unet" / "diffusion_pytorch_model.safetensors"
     stamp = f"{Path(model).resolve()}|{weights.stat().st_mtime_ns}|{guidance}|{PER_PROMPT}|{'|'.join(prompts)}"
-    cache = Path(f"/tmp/emoji_prompt_fidelity_{hashlib.sha1(stamp.encode()).hexdigest()[:16]}.pt")
+    cache = Path(f"/tmp/emoji_prompt_fidelity_{hashlib.sha1(stamp.encode()).hexdigest()[:16]}.safetensors")
     if cache.is_file():
-        return torch.load(cache)
+        saved = load_file(cache)
+        return saved["images"], saved["features"], float(saved["seconds"])
     images, seconds = sample(model, prompts, guidance, PER_PROMPT)
-    out = (images, features(to_uint8(images), extractor, desc=f"generated w={guidance:g}"), seconds)
-    torch.save(out, cache)
-    return out
+    feats = features(to_uint8(images), extractor, desc=f"generated w={guidance:g}")
+    with atomic_path(cache) as tmp:
+        save_file({"images": images.contiguous(), "features": feats.contiguous(), "seconds": torch.tensor(seconds)}, str(tmp))
+    return images, feats, seconds
 
 
 # --------------------------------------------------------------------------------------------
