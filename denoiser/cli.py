@@ -490,7 +490,7 @@ def cmd_fid(args) -> None:
         own = (unet, sched)  # loaded above; a guide model (if any) loads from its own folder
         load = lambda path: own if Path(path).resolve() == Path(args.model).resolve() else load_model(path)  # noqa: E731
         classes = _classes(args.class_label) if unet.config.num_class_embeds else None  # "spread" needs classes
-        prompts = _fid_prompts(args, unet)
+        prompts = _prompts(args, unet, args.num_samples)
         fields = {"prompts": prompts} if prompts is not None else {}
         plan = resolve(_request(args, num_images=args.num_samples, classes=classes, **fields), args.model, load=load)
         images = to_uint8(run(plan, progress=True).images)
@@ -507,9 +507,9 @@ def cmd_fid(args) -> None:
                      indent=1))
 
 
-def _fid_prompts(args, unet, n: int | None = None) -> list[str] | None:
-    """A text model's prompts for `n` images (default --num-samples): --prompts FILE's lines cycled over the images
-    (e.g. the held-out images' own names), else None (--prompt for all); None for a class model (its classes)."""
+def _prompts(args, unet, n: int) -> list[str] | None:
+    """A text model's prompts for `n` images: --prompts FILE's lines cycled over the images (e.g. the held-out
+    images' own names), else None (--prompt for all); None for a class model (its classes)."""
     if unet.config.cross_attention_dim is None:
         if args.prompts:
             raise ValueError("--prompts is for a text model; this one has classes (--class-label)")
@@ -519,10 +519,9 @@ def _fid_prompts(args, unet, n: int | None = None) -> list[str] | None:
             raise ValueError("a text model's evaluation needs prompts: --prompts FILE (one per line, cycled over the "
                              "images; e.g. the validation images' names) or --prompt TEXT for all (\"\": no condition)")
         return None
-    lines = [line.strip() for line in Path(args.prompts).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not lines:
-        raise ValueError(f"--prompts {args.prompts}: no prompts in it (one per line)")
-    return [lines[k % len(lines)] for k in range(args.num_samples if n is None else n)]
+    from denoiser.text import prompts_from_file
+
+    return prompts_from_file(args.prompts, n)
 
 
 def cmd_evaluate(args) -> None:
@@ -552,7 +551,7 @@ def cmd_evaluate(args) -> None:
         from denoiser.model_dir import load_text
         from denoiser.text import encode_prompts
 
-        prompts = _fid_prompts(args, unet, n) or [args.prompt] * n
+        prompts = _prompts(args, unet, n) or [args.prompt] * n
         if (text_parts := load_text(args.model)) is None:
             raise ValueError(f"{args.model}: this UNet has cross-attention but the folder has no text_encoder/ and tokenizer/")
         tokenizer, encoder = text_parts

@@ -18,13 +18,14 @@ import functools
 import os
 import re
 import unicodedata
+from pathlib import Path
 
 import torch
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-__all__ = ["words", "fnv1a", "WordHashTokenizer", "HashTextEncoder", "encode_prompts", "PromptedUNet"]
+__all__ = ["words", "fnv1a", "WordHashTokenizer", "HashTextEncoder", "encode_prompts", "prompts_from_file", "PromptedUNet"]
 
 MAX_WORD_CHARS = 64  # a 10,000-letter "word" costs what a 64-letter one does
 
@@ -162,6 +163,15 @@ def encode_prompts(tokenizer: WordHashTokenizer, text_encoder: HashTextEncoder, 
     device = device if device is not None else text_encoder.device
     tokens = {k: v.to(device) for k, v in tokens.items()}
     return text_encoder(**tokens), tokens["attention_mask"]
+
+
+def prompts_from_file(path: str | os.PathLike, n: int) -> list[str]:
+    """`n` prompts from a file of one per line (blank lines skipped), cycled: image k gets line k mod the count
+    (`denoiser evaluate --prompts`, bench/gpu/finish.py: e.g. the held-out images' names, line k for image k)."""
+    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"--prompts {path}: no prompts in it (one per line)")
+    return [lines[k % len(lines)] for k in range(n)]
 
 
 class PromptedUNet(nn.Module):

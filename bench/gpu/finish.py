@@ -26,6 +26,7 @@ from denoiser.model_dir import load_model
 from denoiser.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.request import SPREAD, SampleRequest
 from denoiser.sampling import resolve, run
+from denoiser.text import prompts_from_file
 
 TEXT_PROMPTS = Path("bench/emoji_text/val500_prompts.txt")  # a text model's FID prompts: held-out image k's name, cycled
 BATCH = 250  # images per UNet batch: speed only (image k is seeded k whatever its batch)
@@ -59,10 +60,8 @@ def draw(folder: Path, num_samples: int, device: str) -> np.ndarray:
     load = lambda path: load_model(path, device=device)  # noqa: E731  (resolve takes the folder's own sampler)
     unet = load(folder)[0]
     classes = SPREAD if unet.config.num_class_embeds else None
-    prompts = ()  # as `evaluate --fid --prompts TEXT_PROMPTS` for a text model (unconditioned samples would score otherwise)
-    if unet.config.cross_attention_dim:
-        lines = [line.strip() for line in TEXT_PROMPTS.read_text(encoding="utf-8").splitlines() if line.strip()]
-        prompts = [lines[k % len(lines)] for k in range(num_samples)]
+    # a text model: as `evaluate --fid --prompts TEXT_PROMPTS` (unconditioned samples would score otherwise)
+    prompts = prompts_from_file(TEXT_PROMPTS, num_samples) if unet.config.cross_attention_dim else ()
     plan = resolve(SampleRequest(num_images=num_samples, classes=classes, prompts=prompts, seed=0, batch_size=BATCH),
                    folder, load=load)
     tic = time.perf_counter()

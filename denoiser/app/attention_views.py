@@ -34,6 +34,7 @@ from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_
 
 __all__ = ["AttentionViews", "Generation", "StepAttention", "Stages", "check_int"]
 
+
 def check_int(name: str, value, lo: int, hi: int) -> int:
     """A whole number in lo..hi (ints, integral floats from sliders, numeric strings), else a clear error."""
     try:
