@@ -65,12 +65,13 @@ def no_errors(page) -> None:
     """No error toast and no red "Error" badge anywhere on the page. Gradio's screen-reader live region (a 1-pixel
     `.sr-only` status at the page's root) is not one: it announces each event's status for a second, and after
     Stop it can announce the cancelled run as "Error" (Gradio's client, not a handler: no toast, no badge, no
-    server traceback; seen in CI under load). What a person sees is checked here."""
+    server traceback; seen in CI under load). What a person sees is checked here: an element the page's CSS hides
+    (layout.CSS draws no red pill over a status block, which Gradio may still put in the page after Stop) is not."""
     # one pass over the page (the live region's text lasts a second): each innermost element whose text is "Error",
     # with its owner (the nearest id, or the toast and its text), what surrounds it, and its tags and classes
     found = page.evaluate("""() => [...document.querySelectorAll('body *')]
         .filter(e => e.textContent.trim() === 'Error' && ![...e.children].some(c => c.textContent.trim() === 'Error'))
-        .filter(e => !e.closest('.sr-only'))
+        .filter(e => !e.closest('.sr-only') && e.checkVisibility())
         .map(e => {
             const toast = e.closest('[class*=toast-item], [class*=toast-body]');
             const path = [];

@@ -19,6 +19,7 @@ import pytest
 from PIL import Image
 
 from denoiser.app import handlers
+from denoiser.app.layout import CSS
 from denoiser.model_dir import WEIGHTS_DIR
 from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, free_port, screenshots
 from tests.app_browser import choose as _choose
@@ -376,6 +377,26 @@ def _upload_photo(page, path: Path) -> None:
         # into the old input in between is lost
         page.locator("#photo").get_by_role("button", name="Clear").wait_for(state="detached", timeout=30_000)
     page.locator("#photo input[type=file]").set_input_files(str(path))
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_no_errors_sees_a_shown_error_and_not_one_the_css_hides():
+    """The check every browser test ends with: a red "Error" a person can see fails it; the pill layout.CSS hides
+    (Gradio may put it on a status block after Stop) does not."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_content('<div id="status"><div data-testid="status-tracker"><span class="error">Error</span>'
+                             f'</div></div><style>{CSS}</style>')
+            _no_errors(page)
+            page.set_content('<div id="status"><span class="error">Error</span></div>')
+            with pytest.raises(AssertionError, match="an error is shown on \\['status'\\]"):
+                _no_errors(page)
+        finally:
+            browser.close()
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")

@@ -132,7 +132,9 @@ def test_browser_a_typed_prompt_is_what_the_result_shows(server, tmp_path):
         page.locator("#model input").click()
         page.locator("#model").get_by_role("option", name="words").click()
         page.locator("#prompt textarea").wait_for(state="visible", timeout=30_000)
-        assert not page.locator("#class").is_visible()
+        # the class selector is hidden by the model's form (a queued event of its own, after the prompt shows): wait
+        # for it, a timeout fails the test
+        page.locator("#class").wait_for(state="hidden", timeout=30_000)
         page.locator("#prompt textarea").fill("red apple")
         page.locator("#steps input[type=number]").fill("2")
         page.locator("#steps input[type=number]").press("Enter")
