@@ -548,13 +548,11 @@ def cmd_evaluate(args) -> None:
         labels = None
     text = {}
     if unet.config.cross_attention_dim:  # a text model: the bound given each image's prompt
-        from denoiser.model_dir import load_text
+        from denoiser.model_dir import require_text
         from denoiser.text import encode_prompts
 
         prompts = _prompts(args, unet, n) or [args.prompt] * n
-        if (text_parts := load_text(args.model)) is None:
-            raise ValueError(f"{args.model}: this UNet has cross-attention but the folder has no text_encoder/ and tokenizer/")
-        tokenizer, encoder = text_parts
+        tokenizer, encoder = require_text(args.model)
         with torch.no_grad():
             states, mask = encode_prompts(tokenizer, encoder, prompts)
         text = {"encoder_hidden_states": states, "encoder_attention_mask": mask.bool()}  # (N, L, D), (N, L)

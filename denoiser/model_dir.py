@@ -20,7 +20,7 @@ from denoiser.unet import UNet
 
 __all__ = [
     "load_model", "find_model", "model_roots", "resolve_model_dir", "list_models", "WEIGHTS_DIR",
-    "WEIGHTS_ENV", "CLASSES_FILE",
+    "WEIGHTS_ENV", "CLASSES_FILE", "load_text", "require_text",
 ]
 
 CLASSES_FILE = "classes.txt"  # one class name per line, in label order
@@ -113,6 +113,17 @@ def load_text(model_dir: str | Path, device: str | torch.device = "cpu") -> tupl
     except (TypeError, KeyError, OSError, RuntimeError) as err:
         raise ValueError(f"model folder {folder.name!r}: text_encoder/ does not load ({type(err).__name__}: {str(err)[:300]})") from None
     return WordHashTokenizer.from_pretrained(folder / "tokenizer"), encoder.to(device).eval()
+
+
+def require_text(model_dir: str | Path | None, device: str | torch.device = "cpu") -> tuple:
+    """load_text for a UNet with cross-attention, which cannot run without its text encoder: a clear error where the
+    folder (or, None, the caller) gives none."""
+    text = load_text(model_dir, device) if model_dir is not None else None
+    if text is None:
+        where = f"model folder {Path(model_dir).name!r}: " if model_dir is not None else ""
+        raise ValueError(f"{where}this UNet has cross-attention but no text encoder was found: load it from its model "
+                         "folder (text_encoder/, tokenizer/)")
+    return text
 
 
 def _known_keys(cls, config: dict) -> dict:

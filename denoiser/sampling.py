@@ -26,7 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from denoiser.guidance import Guidance, TextCondition, check_guide
-from denoiser.model_dir import CLASSES_FILE, load_model, load_text
+from denoiser.model_dir import CLASSES_FILE, load_model, require_text
 from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
 from denoiser.sample import (
     SampleResult,
@@ -177,10 +177,7 @@ def _prompts(request: SampleRequest, unet: nn.Module, folder, text: tuple | None
                              + (" and pick a class" if unet.config.num_class_embeds else ""))
         return (), (), None
     if text is None:
-        text = load_text(folder, unet.device) if folder is not None else None
-        if text is None:
-            raise ValueError("this UNet has cross-attention but no text encoder was found: load it from its model folder "
-                             "(text_encoder/, tokenizer/)")
+        text = require_text(folder, unet.device)
     per_image = []
     for name, value in (("prompt", request.prompts), ("negative prompt", request.negative_prompts)):
         given = [""] if value is None else [value] if isinstance(value, str) else list(value)

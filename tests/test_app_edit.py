@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from denoiser.app.edit import CLEAN_SIGMA, EditHandlers, _photo_file, drop_upload, keep_upload
+from denoiser.app.edit import CLEAN_SIGMA, EditHandlers
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers
+from denoiser.app.photo import drop_upload, keep_upload, photo_file
 from denoiser.image_io import read_settings, save_with_settings
 from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
 
@@ -46,9 +47,9 @@ def test_an_upload_is_copied_out_of_the_cache_and_removed_with_its_session(tmp_p
     kept = keep_upload(str(upload))
     assert Path(kept["copy"]).read_bytes() == upload.read_bytes() and kept["source"] == str(upload)
     upload.unlink()  # what the sweep does
-    assert _photo_file(str(upload), kept) == kept["copy"]
+    assert photo_file(str(upload), kept) == kept["copy"]
     with pytest.raises(ValueError, match="your upload has expired .*upload the photo again"):
-        _photo_file(str(upload), None)  # the session's copy is gone too: say so, not "does not exist"
+        photo_file(str(upload), None)  # the session's copy is gone too: say so, not "does not exist"
     drop_upload(kept)
     assert not Path(kept["copy"]).parent.exists()
     drop_upload(None)  # nothing kept: nothing to do

@@ -96,6 +96,8 @@ def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     assert form["prompt"]["value"] == "red apple" and form["prompt"]["visible"]
     word_map, pixel_weights = h.word_views(gen, 0, 1, (3, 4), 1)
     assert word_map is not None and pixel_weights is not None
+    each_head, _ = h.word_views(gen, 0, 1, (3, 4), 1, True)  # "each head": a row per layer
+    assert each_head.height > word_map.height
     assert h.word_views(gen, 0, 1, None, None) == (None, None)
 
 
@@ -148,4 +150,8 @@ def test_browser_a_typed_prompt_is_what_the_result_shows(server, tmp_path):
         page.get_by_role("tab", name="Attention").click()
         page.locator("#words").get_by_text("apple").click()
         page.locator("#word-maps img").wait_for(timeout=60_000)
+        two_rows = page.locator("#word-maps img").evaluate("img => img.decode().then(() => img.naturalHeight)")
+        page.locator("#word-heads input").check()  # a row per layer, each head's map in it
+        page.wait_for_function(f"() => {{ const i = document.querySelector('#word-maps img'); "
+                               f"return i && i.complete && i.naturalHeight > {two_rows}; }}", timeout=60_000)
         no_errors(page)

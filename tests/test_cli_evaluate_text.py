@@ -69,3 +69,15 @@ def test_unet_kwargs_need_one_row_per_image(text_model):
     with pytest.raises(ValueError, match="one per image"):
         Diffusion(sched).evaluate(unet, torch.zeros(3, 3, 16, 16), num_timesteps=2,
                                   unet_kwargs={"encoder_hidden_states": torch.zeros(2, 1, 12)})
+
+
+def test_a_text_model_folder_without_its_encoder_is_named(text_model, images, tmp_path, capsys):
+    import shutil
+
+    bare = tmp_path / "no-encoder"
+    shutil.copytree(text_model, bare)
+    shutil.rmtree(bare / "text_encoder")
+    assert main(["evaluate", "--model", str(bare), "--data", str(images), "--num-images", "2", "--num-timesteps", "2",
+                 "--prompt", "red apple"]) == 2
+    err = capsys.readouterr().err
+    assert "'no-encoder'" in err and "no text encoder was found" in err and "text_encoder/, tokenizer/" in err

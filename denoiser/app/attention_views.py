@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from PIL import Image
 
+from denoiser.app.limits import check_int
 from denoiser.attention import (
     AttentionRecord,
     MultiHeadSelfAttention,
@@ -32,18 +33,7 @@ from denoiser.pixels import unit_to_model
 from denoiser.sample import sampling_context
 from denoiser.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
-__all__ = ["AttentionViews", "Generation", "StepAttention", "Stages", "check_int"]
-
-
-def check_int(name: str, value, lo: int, hi: int) -> int:
-    """A whole number in lo..hi (ints, integral floats from sliders, numeric strings), else a clear error."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = float("nan")
-    if not v.is_integer() or not lo <= v <= hi:
-        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
-    return int(v)
+__all__ = ["AttentionViews", "Generation", "StepAttention", "Stages"]
 
 
 class StepAttention:

@@ -2,10 +2,9 @@
 Its components (edit_tab), its handlers (EditHandlers) and which handler serves which of its events (wire_edit);
 the page around it is denoiser/app/layout.py, the work the engine's (denoiser/app/engine.py).
 
-An upload is copied into a folder of the session's own at once (`keep_upload`): Gradio's cache sweep
-(layout's `delete_cache`) removes the uploaded file after ~15 minutes, the copy lives as long as the session
-(a gr.State whose delete_callback removes it). A run streams its progress into the tab's live preview; the
-results and the text under them change only when a run finishes, so after Stop they are still the last run's.
+The photo (its upload kept for the session, the copy the editor paints on) is denoiser/app/photo.py's. A run
+streams its progress into the tab's live preview; the results and the text under them change only when a run
+finishes, so after Stop they are still the last run's.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import html
 import logging
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,102 +20,30 @@ import gradio as gr
 from PIL import Image
 
 from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
-from denoiser.app.engine import LIMITS, RESTORE_OPERATIONS, DenoisedTiles, Restored
+from denoiser.app.engine import RESTORE_OPERATIONS, DenoisedTiles, Restored
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
+from denoiser.app.limits import LIMITS
+from denoiser.app.photo import (
+    centre_square,
+    drop_upload,
+    edit_input,
+    editor_layers,
+    keep_upload,
+    photo_file,
+    photo_preview,
+)
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.image_io import open_image, read_settings, save_with_settings, to_pil
 
-__all__ = ["edit_tab", "wire_edit", "EditHandlers", "photo_preview", "restored_text", "tiles_text", "keep_upload",
-           "drop_upload", "EXAMPLES", "CLEAN_SIGMA"]
+__all__ = ["edit_tab", "wire_edit", "EditHandlers", "restored_text", "tiles_text", "EXAMPLES", "CLEAN_SIGMA"]
 
 log = logging.getLogger("denoiser.app")
-# the editor paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the editor
-# holds as PNG on every run (a 2400x1800 JPEG of 600 KB became 8.4 MB), a copy this size stays ~1 MB. Denoise
-# reads the photo itself, at its own size; the other operations work at the model's size (16-64 pixels).
-EDIT_PREVIEW = 512
 # pictures for the Edit tab's examples, drawn for this project (MIT, like the code); shipped in the package
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 # a noise level σ below this ([0, 1] pixel scale, ~2.5/255) is a clean picture: denoising leaves it as it is
 CLEAN_SIGMA = 0.01
 # the Edit form as a result's PNG carries it (denoiser.image_io.save_with_settings), in wire_edit's order
 EDIT_FORM = ("model", "class", "guidance_scale", "operation", "sigma", "strength", "add_noise", "steps", "seed", "pag_scale")
-
-
-def keep_upload(path: str) -> dict:
-    """A copy of an uploaded file in a folder of its own, outside Gradio's swept cache: {"source": the upload,
-    "copy": the copy}. The session's state holds it; drop_upload removes it."""
-    folder = Path(tempfile.mkdtemp(prefix="upload-", dir=os.environ.get("GRADIO_TEMP_DIR")))
-    copy = folder / ("photo" + Path(path).suffix.lower()[:8])
-    shutil.copyfile(path, copy)
-    return {"source": str(path), "copy": str(copy)}
-
-
-def drop_upload(upload) -> None:
-    """Remove a kept upload's copy (a session that ended, a photo replaced or cleared)."""
-    if isinstance(upload, dict) and upload.get("copy"):
-        shutil.rmtree(Path(upload["copy"]).parent, ignore_errors=True)
-
-
-def _photo_file(photo: str | None, upload) -> str | None:
-    """The file to read the photo from: the session's copy of the upload the page shows, or the upload itself when
-    its copy is not made yet (Run pressed as the upload arrives)."""
-    if not photo:
-        return None
-    if isinstance(upload, dict) and upload.get("source") == photo and Path(upload["copy"]).is_file():
-        return upload["copy"]
-    if not Path(photo).is_file():
-        raise ValueError("your upload has expired (kept while the page is in use, at most 30 minutes idle): "
-                         "upload the photo again")
-    return photo
-
-
-def _editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
-    """The ImageEditor's uploaded image and the painted mask (opaque brush pixels: white), or None."""
-    if not value or value.get("background") is None:
-        return None, None
-    image = value["background"]
-    if all(band == (255, 255) for band in image.convert("RGB").getextrema()):  # the editor's blank white canvas
-        raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
-    painted = [layer for layer in value.get("layers") or [] if layer is not None]
-    if not painted:
-        return image, None
-    alpha = Image.new("L", painted[0].size, 0)
-    for layer in painted:
-        alpha = Image.composite(Image.new("L", layer.size, 255), alpha, layer.convert("RGBA").getchannel("A"))
-    return image, alpha
-
-
-def _edit_input(editor, source: str | None, photo: str | None, shown: str | None, operation: str):
-    """(image, mask) to process at the model's size: the photo's small copy (as the editor shows it, `photo_preview`)
-    and the mask painted on it; without an upload (an API call), the editor's own picture."""
-    if not source:
-        return _editor_layers(editor)
-    image, _ = photo_preview(source)
-    if shown != photo:  # the editor still holds the previous upload: its paint belongs to that one
-        if operation == "inpaint":
-            raise ValueError("the new photo is still loading into the editor: paint the area to regenerate on it, then Run")
-        return image, None
-    return image, _editor_layers(editor)[1]
-
-
-def _centre_square(image: Image.Image) -> Image.Image:
-    """The centre square of a picture: the part the model's size keeps (denoiser.image_io.image_to_model)."""
-    side = min(image.size)
-    left, top = (image.width - side) // 2, (image.height - side) // 2
-    return image.crop((left, top, left + side, top + side))
-
-
-def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
-    """An uploaded photo file -> (an RGB copy at most EDIT_PREVIEW pixels a side to paint on, a line saying so).
-    Decoded with bounded memory (denoiser.image_io); a file that is no image raises a sentence without a path."""
-    if path is None:
-        return None, ""
-    img = open_image(path, min_long_side=EDIT_PREVIEW, what="the upload")  # a JPEG decodes at a reduced scale
-    w, h = img.info["source_size"]
-    img.thumbnail((EDIT_PREVIEW, EDIT_PREVIEW), Image.Resampling.LANCZOS)
-    img.info["source_size"] = (w, h)
-    return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}. Denoise works on the photo at its own size; "
-                 "the other operations on its centre square at the model's size. To inpaint, paint over what to regenerate.")
 
 
 def _sigma_text(sigma: float | None, given: float) -> str:
@@ -187,7 +113,7 @@ class EditHandlers:
         try:
             classes = self.engine.classes(model) if model else []
             label = classes.index(class_name) if class_name in classes else None
-            source = _photo_file(photo, upload)
+            source = photo_file(photo, upload)
             form = dict(model=model, operation=operation, sigma=float(sigma or 0), add_noise=float(add_noise or 0),
                         guidance_scale=float(guidance_scale or 1), pag_scale=float(pag_scale or 0), steps=int(steps),
                         seed=int(seed), **{"class": None if label is None else class_name})
@@ -196,7 +122,7 @@ class EditHandlers:
             if operation == "denoise" and not form["add_noise"]:  # at the picture's own size, in tiles
                 image = self._whole_photo(model, source, editor)
             else:
-                image, mask = _edit_input(editor, source, photo, shown, operation)
+                image, mask = edit_input(editor, source, photo, shown, operation)
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
             yield (*(gr.skip(),) * (N_VIEWS + 4), not_started(error.message))  # the status line says why ...
@@ -211,7 +137,7 @@ class EditHandlers:
 
         gen, noisy, done = yield from _preview_last(relay(stream(job, progress, operation), N_VIEWS + 4, self._preview, status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
-        square = _centre_square(image)  # what the model sees: "your image" in the result's framing
+        square = centre_square(image)  # what the model sees: "your image" in the result's framing
         shown = [(_write_png(square, folder, "your-image.png"), "your image")]
         if noisy is not None:
             shown.append((_write_png(noisy, folder, "noisy.png"), f"noisy (σ {form['add_noise']:g} added)"))
@@ -224,7 +150,7 @@ class EditHandlers:
     def _whole_photo(self, model, source: str | None, editor) -> Image.Image:
         """The photo at its own size for the tiled denoise, refused over the work budget before it is decoded."""
         if not source:  # an API call: the editor's picture
-            image = _editor_layers(editor)[0]
+            image = editor_layers(editor)[0]
             if image is None:
                 raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
         else:

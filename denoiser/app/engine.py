@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from denoiser.app.attention_views import AttentionViews, Generation, Stages, check_int
+from denoiser.app.attention_views import AttentionViews, Generation, Stages
 from denoiser.app.budget import Work, plan_work, work_of
+from denoiser.app.limits import LIMITS, check_int, check_scales
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
 from denoiser.image_io import MAX_PIXELS, uint8_to_pil
@@ -34,7 +35,7 @@ from denoiser.sample import SAMPLERS
 from denoiser.sampling import ModelDefaults, Plan, read_defaults, resolve, run
 from denoiser.tiles import TileOptions, count_tiles, denoise_photo
 
-__all__ = ["Engine", "Generation", "Restored", "DenoisedTiles", "Stages", "LIMITS", "SCHEDULERS", "RESTORE_OPERATIONS"]
+__all__ = ["Engine", "Generation", "Restored", "DenoisedTiles", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS"]
 
 # what the Edit tab does to a user's image (denoiser.restore) -> (operation, method); "denoise" is the one-step
 # MMSE estimate, "denoise (sampled)" the reverse chain
@@ -49,10 +50,6 @@ SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
 # would otherwise get a megapixel limit 3x too high for the budget's time
 TILE_UNITS = 0.6
 PREVIEW_SIDE = 256  # a tiled denoise's live preview: at most this many pixels a side
-
-LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance_scale": (1.0, 10.0),
-          "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0)}
-
 
 @dataclass
 class Restored:
@@ -171,7 +168,7 @@ class Engine(AttentionViews):
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes
             class_label = check_int("class", class_label, 0, 2**31 - 1)
-        scales = _check_scales(guidance_scale, pag_scale, guide_scale)
+        scales = check_scales(guidance_scale, pag_scale, guide_scale)
         timestep_spacing = check_timestep_spacing(timestep_spacing)
         if not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
             raise ValueError(f"eta must be a number in 0..1, got {eta!r}")
@@ -210,7 +207,7 @@ class Engine(AttentionViews):
         kind, method, steps, seed = _restore_request(operation, image, steps, seed, sigma, strength, add_noise)
         if class_label is not None:
             class_label = check_int("class", class_label, 0, 2**31 - 1)
-        scales = _check_scales(guidance_scale, pag_scale, guide_scale)
+        scales = check_scales(guidance_scale, pag_scale, guide_scale)
         if scales["guidance_scale"] != 1.0 and self.is_text(model):  # restore takes no prompt: the model runs unconditioned
             raise ValueError(f"{model} is a text model and the Edit tab runs it without a prompt (unconditional), where "
                              "classifier-free guidance has nothing to steer by: set guidance to 1")
@@ -314,21 +311,6 @@ def _text_fields(plan: Plan) -> dict:
     prompt = plan.prompts[0] if plan.prompts else ""
     return dict(text=plan.text_condition(range(plan.num_images)), prompt=prompt,
                 words=tuple(plan.text[0].tokens(prompt)))
-
-
-def _check_scales(guidance_scale, pag_scale, guide_scale) -> dict:
-    """The page's guidance sliders as SampleRequest fields, each within the page's limits."""
-    values = {}
-    for name, value in (("guidance_scale", guidance_scale), ("pag_scale", pag_scale), ("guide_scale", guide_scale)):
-        try:
-            values[name] = float(value)
-        except (TypeError, ValueError):
-            values[name] = float("nan")
-        lo, hi = LIMITS[name]
-        if not lo <= values[name] <= hi:  # NaN fails too
-            label = {"guidance_scale": "guidance"}.get(name, name.replace("_", " "))  # as the page's sliders say
-            raise ValueError(f"{label} must be a number in {lo:g}..{hi:g}, got {value!r}")
-    return values
 
 
 def _restore_request(operation: str, image: Image.Image | None, steps, seed, sigma, strength, add_noise) -> tuple:

@@ -32,7 +32,7 @@ __all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_inf
 log = logging.getLogger("denoiser.app")
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
-N_VIEWS = 6 + len(CLEARED_VIEWS) + 3  # what generation_views sets: the generation, its sliders and views, its words' views
+N_VIEWS = 6 + len(CLEARED_VIEWS) + 4  # what generation_views sets: the generation, its sliders and views, its words' views
 # example prompts a text model's Sample tab offers to click (tried on weights/emoji with guidance 3: each gives
 # recognisable pictures)
 PROMPTS = ("red apple", "grinning face", "red heart", "pizza", "rocket", "cat", "sun", "ghost")
@@ -321,8 +321,9 @@ class Handlers:
         views of the previous one cleared."""
         words = gr.update(choices=[(w, j) for j, w in enumerate(gen.words)], value=None, visible=bool(gen.words))
         shown = gr.update(value=None, visible=bool(gen.words))
+        heads = gr.update(visible=bool(gen.words))  # the word maps' "each head": as the person left it
         return (gen, _index_slider(gen.images.shape[0], 0), _index_slider(gen.num_steps, gen.num_steps - 1),
-                _display(gen, 0, None), *self._layer_choices(gen), *CLEARED_VIEWS, words, shown, shown)
+                _display(gen, 0, None), *self._layer_choices(gen), *CLEARED_VIEWS, words, shown, shown, heads)
 
     def _layer_choices(self, gen) -> tuple[dict, dict]:
         """A new generation's layer selector (its last step's layers, the first chosen) and head selector (the
@@ -361,16 +362,18 @@ class Handlers:
         return self.at_pixel(gen, image, step, pixel[0], pixel[1], layer, head)[3:]
 
     @friendly
-    def word_views(self, gen, image, step, pixel, word):
-        """A text model's cross-attention at (image, step): the chosen word's map in every cross-attention layer, and
-        the clicked pixel's weights over the prompt's words; None where there is no word or pixel (or no prompt)."""
+    def word_views(self, gen, image, step, pixel, word, heads=False):
+        """A text model's cross-attention at (image, step): the chosen word's map, all layers together and in every
+        cross-attention layer (heads: each head's too), and the clicked pixel's weights over the prompt's words;
+        None where there is no word or pixel (or no prompt)."""
         if gen is None or not gen.words:
             return None, None
         try:
             maps = None
             if word is not None:
                 panel = self.engine.word_maps(gen, image, step, word)
-                maps = word_maps_panel(gen.images[int(image)], panel, None if pixel is None else tuple(pixel))
+                maps = word_maps_panel(gen.images[int(image)], panel, None if pixel is None else tuple(pixel),
+                                       heads=bool(heads))
             weights = None
             if pixel is not None:
                 weights = word_weights_chart(self.engine.word_weights(gen, image, step, pixel), gen.words)

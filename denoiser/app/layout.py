@@ -12,9 +12,10 @@ import gradio as gr
 from denoiser.app.cache_sweep import sweep_safe, whole_files
 from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
-from denoiser.app.engine import LIMITS, SCHEDULERS, Engine
+from denoiser.app.engine import SCHEDULERS, Engine
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info
 from denoiser.app.kept import KEEP, STORAGE_KEY
+from denoiser.app.limits import LIMITS
 from denoiser.request import TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
@@ -163,6 +164,8 @@ def _attention_tab(c: SimpleNamespace) -> None:
                 words = gr.Radio([], label="the prompt's words", elem_id="words", visible=False,
                                  info="click a word: its map in each cross-attention layer; click a pixel: its weights "
                                       "over the words (both on the right, at the chosen step)")
+                word_heads = gr.Checkbox(False, label="each head of the word's map", elem_id="word-heads", visible=False,
+                                         info="a row per layer: the mean of heads, then each head")
                 layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
                 head = gr.Dropdown([0], value=0, label="head (four stages)", elem_id="head")  # the layer's heads
                 # long work (one U-Net call per step): a job of its own, with progress and Stop
@@ -170,9 +173,9 @@ def _attention_tab(c: SimpleNamespace) -> None:
                                                                 "mean-stop", "mean-status")
             with gr.Column(scale=2):
                 # a text model's cross-attention, above its self-attention: the chosen word's map, the pixel's words
-                word_maps = gr.Image(label="the chosen word's map: one row per cross-attention layer, mean of heads, "
-                                     "then each head", format="png", type="pil", interactive=False, elem_id="word-maps",
-                                     visible=False)
+                word_maps = gr.Image(label="the chosen word's map: all cross-attention layers together, then each "
+                                     "layer's (mean of heads)", format="png", type="pil", interactive=False,
+                                     elem_id="word-maps", visible=False)
                 word_weights = gr.Image(label="the clicked pixel's weights over the words (mean of heads; a row sums "
                                         "to 1)", format="png", type="pil", interactive=False, elem_id="word-weights",
                                         visible=False)
@@ -243,7 +246,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.use_settings.click(h.use_settings, [c.gallery, c.selected], [*form, c.status], api_name=False)
     c.randomise.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, api_name=False)
     # a new generation: no pixel, no maps of the old one; its prompt's words (if any), no word chosen
-    cleared = [c.pixel_state, c.maps, c.stages, c.stage_text, c.words, c.word_maps, c.word_weights]
+    cleared = [c.pixel_state, c.maps, c.stages, c.stage_text, c.words, c.word_maps, c.word_weights, c.word_heads]
     sample_inputs = form
     sample_outputs = [c.preview, c.gallery, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared, c.status]
     # progress and errors show on the status line only: a failed or stopped run leaves the pictures shown without
@@ -278,7 +281,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]
     views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
     # a text model's words: the chosen word's maps and the pixel's weights over the words follow every change of view
-    word_views = dict(fn=h.word_views, inputs=[c.gen_state, c.image_idx, c.step, c.pixel_state, c.words],
+    word_views = dict(fn=h.word_views, inputs=[c.gen_state, c.image_idx, c.step, c.pixel_state, c.words, c.word_heads],
                       outputs=[c.word_maps, c.word_weights], api_name=False)
     c.image_idx.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False).then(**word_views)
     c.step.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name="refresh").then(**word_views)
@@ -287,6 +290,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.show_btn.click(h.at_pixel, [c.gen_state, c.image_idx, c.step, c.py, c.px, c.layer, c.head],
                      pixel_outputs, api_name="attention").then(**word_views)
     c.words.input(**word_views)
+    c.word_heads.input(**word_views)
     stage_inputs = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
     # another layer: its stages, and the head selector offers its heads; another head: its stages
     c.layer.change(h.restage, stage_inputs, [c.stages, c.stage_text, c.head], api_name=False)

@@ -1,8 +1,8 @@
 """Pictures of a text model's cross-attention for the Attention tab: a word's map over the image in every
 cross-attention layer, and one pixel's weights over the prompt's words as a table of bars.
 
-The maps reuse denoiser.visualize's panel (overlays on the image, one row per layer); the bar table is drawn
-here in plain PIL, as visualize draws its pictures.
+The maps reuse denoiser.visualize's tiles (overlays on the image): all layers together and each layer's in two
+rows, or each head's in a row per layer; the bar table is drawn here in plain PIL, as visualize draws its pictures.
 """
 
 from __future__ import annotations
@@ -10,31 +10,53 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.visualize import overlay, tiles_image, with_colour_scale
 
-__all__ = ["word_maps_panel", "word_weights_chart"]
+__all__ = ["word_maps_panel", "all_layers_map", "word_weights_chart"]
 
 _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
 _PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 20, 170, 96
 _TOP = 30  # the page's label sits over the picture's top-left corner: the table starts below it
 
 
+def all_layers_map(maps: Sequence[tuple[str, torch.Tensor]], size: int) -> torch.Tensor:
+    """Where the word lands in the picture, all cross-attention layers together: each layer's head-averaged map
+    upsampled to the image's (size, size) grid (nearest: each cell is one pixel of the layer's grid) and averaged
+    over the layers. maps: (layer label, (h, H, W)) as Engine.word_maps gives them. Each layer's maps of the prompt's
+    words sum to one at every pixel, so this map's do too."""
+    up = [F.interpolate(w.float().mean(0)[None, None], size=(size, size), mode="nearest")[0, 0] for _, w in maps]  # (S, S)
+    return torch.stack(up).mean(0)  # (layers, S, S) -> (S, S)
+
+
 def word_maps_panel(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]], pixel: tuple[int, int] | None = None,
-                    ) -> Image.Image:
-    """One row per cross-attention layer: the image, the word's head-averaged map, then each head's. maps: (layer
-    label, (h, H, W)) as Engine.word_maps gives them; pixel (y, x) in image pixels, marked when given.
+                    heads: bool = False) -> Image.Image:
+    """The word's map over the image. maps: (layer label, (h, H, W)) as Engine.word_maps gives them; pixel (y, x) in
+    image pixels, marked when given.
+
+    heads=False: two rows, the image, all layers together (`all_layers_map`), then each layer's head-averaged map,
+    the down path and the middle in the first row, the up path in the second. heads=True: one row per layer, the
+    image, the head-averaged map, then each head's.
 
     Each map is stretched from its lowest weight to its highest: with a few words every pixel gives each word a
     large share (two words: about half each), so a map scaled from 0 would be bright everywhere."""
     S = image.shape[-1]
-    rows = []
-    for label, w in maps:
-        row = [(label, image), ("mean of heads", overlay(image, _stretch(w.mean(0)), pixel))]
-        if w.shape[0] > 1:
-            row += [(f"head {i}", overlay(image, _stretch(w[i]), pixel)) for i in range(w.shape[0])]
-        rows.append(row)
+    if heads:
+        rows = []
+        for label, w in maps:
+            row = [(label, image), ("mean of heads", overlay(image, _stretch(w.mean(0)), pixel))]
+            if w.shape[0] > 1:
+                row += [(f"head {i}", overlay(image, _stretch(w[i]), pixel)) for i in range(w.shape[0])]
+            rows.append(row)
+    else:
+        tiles = [(label, overlay(image, _stretch(w.mean(0)), pixel)) for label, w in maps]
+        cut = next((i for i, (label, _) in enumerate(tiles) if label.startswith("up.")), len(tiles))
+        rows = [[("image", image), ("all layers", overlay(image, _stretch(all_layers_map(maps, S)), pixel))]
+                + tiles[:cut]]
+        if cut < len(tiles):
+            rows.append([("up path:", image)] + tiles[cut:])
     return with_colour_scale(tiles_image(rows, max(1, 96 // S)), "the map's lowest weight", "its highest")
 
 

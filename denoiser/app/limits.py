@@ -1,0 +1,39 @@
+"""What the page's form may ask for, and the checks of its values.
+
+The sliders are drawn from LIMITS (layout, edit) and the engine checks every value against the same LIMITS, so an
+API call that skips the page is held to what the page allows. A value out of range is refused with its name, its
+range and what was given.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LIMITS", "check_int", "check_scales"]
+
+LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance_scale": (1.0, 10.0),
+          "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0)}
+
+
+def check_int(name: str, value, lo: int, hi: int) -> int:
+    """A whole number in lo..hi (ints, integral floats from sliders, numeric strings), else a clear error."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not v.is_integer() or not lo <= v <= hi:
+        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
+    return int(v)
+
+
+def check_scales(guidance_scale, pag_scale, guide_scale) -> dict:
+    """The page's guidance sliders as SampleRequest fields, each within LIMITS."""
+    values = {}
+    for name, value in (("guidance_scale", guidance_scale), ("pag_scale", pag_scale), ("guide_scale", guide_scale)):
+        try:
+            values[name] = float(value)
+        except (TypeError, ValueError):
+            values[name] = float("nan")
+        lo, hi = LIMITS[name]
+        if not lo <= values[name] <= hi:  # NaN fails too
+            label = {"guidance_scale": "guidance"}.get(name, name.replace("_", " "))  # as the page's sliders say
+            raise ValueError(f"{label} must be a number in {lo:g}..{hi:g}, got {value!r}")
+    return values

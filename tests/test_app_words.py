@@ -1,0 +1,34 @@
+"""denoiser.app.words: a word's map with all cross-attention layers together, and the two layouts of its panel."""
+
+import torch
+
+from denoiser.app.words import all_layers_map, word_maps_panel
+
+
+def _maps(words: int, heads: int = 2) -> list[list[tuple[str, torch.Tensor]]]:
+    """Per word: (layer label, (h, H, W)) at three layers of 4x4, 2x2 and 4x4 cells, each pixel's weights a softmax
+    over the words, as cross-attention's are."""
+    g = torch.Generator().manual_seed(0)
+    layers = [("down.1.cross.0 (4x4)", 4), ("mid_cross (2x2)", 2), ("up.0.cross.0 (4x4)", 4)]
+    weights = [torch.randn(heads, s, s, words, generator=g).softmax(-1) for _, s in layers]  # (h, H, W, words)
+    return [[(label, w[..., j]) for (label, _), w in zip(layers, weights)] for j in range(words)]
+
+
+def test_all_layers_is_the_mean_of_the_upsampled_layer_maps_and_the_words_share_each_pixel():
+    per_word = _maps(words=3)
+    got = [all_layers_map(maps, 8) for maps in per_word]
+    assert got[0].shape == (8, 8)
+    torch.testing.assert_close(sum(got), torch.ones(8, 8))  # every pixel's attention goes to the words, all of it
+    mid = per_word[1][1][1].mean(0)  # the 2x2 layer of word 1, mean of heads: each cell covers 4x4 image pixels
+    down, up = per_word[1][0][1].mean(0), per_word[1][2][1].mean(0)
+    want = (down[1, 2] + mid[0, 1] + up[1, 2]) / 3  # image pixel (3, 5): cell (1, 2) of the 4x4s, (0, 1) of the 2x2
+    torch.testing.assert_close(got[1][3, 5], want)
+
+
+def test_the_panel_is_two_rows_unless_each_head_is_asked_for():
+    image = torch.rand(3, 8, 8)
+    maps = _maps(words=2, heads=4)[0]
+    compact, heads = word_maps_panel(image, maps), word_maps_panel(image, maps, pixel=(3, 5), heads=True)
+    only_down = word_maps_panel(image, maps[:2])  # no up path: one row
+    assert only_down.height < compact.height < heads.height  # rows: 1 (down and middle), 2 (and the up path), 3 layers
+    assert only_down.width == compact.width < heads.width  # image, all layers, 2 layers; image, mean, 4 heads
