@@ -517,8 +517,10 @@ def test_browser_a_second_visitor_sees_the_queue_position(server):
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
-def test_browser_examples_fill_the_settings_and_a_picture(server, demo, tmp_path):
+def test_browser_examples_fill_the_settings_and_a_picture(server, demo, weights, tmp_path):
     from gradio.route_utils import delete_files_created_by_app
+
+    from denoiser.app.engine import Engine
 
     shots = screenshots(tmp_path)
     with browser_page(server, height=1000) as page:
@@ -528,9 +530,13 @@ def test_browser_examples_fill_the_settings_and_a_picture(server, demo, tmp_path
         assert rows.count() == 2  # the two models that load: the broken folders are not offered
         # issue 35 item 5: a class of the first model chosen, then a row of the other model: it sets its own class
         _choose(page, "class", 2)
+        model, scheduler, steps = (rows.nth(1).locator("td").nth(k).inner_text().strip() for k in range(3))
+        own = Engine(weights).defaults(model)  # the row samples at the model's measured best, as picking it does
+        assert (scheduler, int(steps)) == (own.scheduler, own.steps)
         rows.nth(1).click()  # a row sets everything and generates (issue 35 item 10)
-        page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '25'", timeout=10_000)
-        page.locator("#status").get_by_text("done: 8 image(s), 25 steps").wait_for(timeout=120_000)
+        page.wait_for_function(f"() => document.querySelector('#steps input[type=number]').value === '{steps}'",
+                               timeout=10_000)
+        page.locator("#status").get_by_text(f"done: 8 image(s), {steps} steps").wait_for(timeout=120_000)
         page.locator("#steps input[type=number]").fill("3")
         page.locator("#steps input[type=number]").press("Enter")
         page.locator("#generate").click()  # the issue's failing step: Generate after the switch

@@ -82,6 +82,8 @@ def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     assert h.cfg_default("words", "(any)")["value"] == 1.0  # the Edit tab runs a text model without a prompt
     row = h.example_row("words", 0)
     assert row[5] == "(any)" and row[-1] and row[6] == 2.5  # a prompt, not a class
+    _, _, scheduler, steps, *_ = h.model_form("words")
+    assert row[1:3] == [scheduler["value"], steps["value"]]  # "try these" samples as the model's own form does
     *_, last = h.generate("words", "ddim", 2, 3, 2, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
     assert len(last) == N_VIEWS + 3
     gallery, gen, status = last[1], last[2], last[-1]

@@ -80,7 +80,7 @@ def few_steps_note(steps: int) -> str:
     """A warning for settings that give noise rather than pictures."""
     if steps >= FEW_STEPS:
         return ""
-    return f" · **only {steps} step(s): the images are still mostly noise; use 25 or more**"
+    return f" · **only {steps} step(s): the images are still mostly noise; use {FEW_STEPS} or more**"
 
 
 def _display(gen, image: int, pixel: tuple[int, int] | None) -> Image.Image:
@@ -209,8 +209,17 @@ class Handlers:
         class_name = names[seed % len(names)] if names else NO_CLASS
         prompt = PROMPTS[seed % len(PROMPTS)] if text else ""
         guidance_scale = d.get("guidance_scale", 1.0) if names or text else 1.0
-        return [model, "ddim", 25, seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0),
+        return [model, *self._own_sampler(model), seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0),
                 d.get("guide_scale", 1.0) if has_guide else 1.0, prompt]
+
+    def _own_sampler(self, model) -> tuple[str, int]:
+        """(scheduler, steps): the model folder's measured best, its sampler where the app can run it (SCHEDULERS),
+        else the built-in one; the built-in ones for a folder that does not load (the page says so when used)."""
+        try:
+            own = self.engine.defaults(model)
+        except (ValueError, OSError):
+            return BUILT_IN["scheduler"], BUILT_IN["steps"]
+        return (own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"]), own.steps
 
     def _sample_form(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale, guide_scale,
                      timestep_spacing, eta, guidance_interval, pag_layers, prompt="", negative_prompt="") -> dict:
@@ -430,13 +439,13 @@ class Handlers:
         its sampling.json's attention guidance and autoguidance (that slider only where it ships a guide)."""
         class_update = self.sample_class_choices(model, current_class)
         try:
-            own = self.engine.defaults(model)
+            self.engine.defaults(model)
         except (ValueError, OSError):  # a model that does not load: the page says so when it is used
             return (class_update, *(gr.skip(),) * 5)
         d, has_guide = self.model_defaults(model)
-        scheduler = own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"]  # the app's samplers only
+        scheduler, steps = self._own_sampler(model)
         return (class_update, self.sample_cfg_default(model, class_update["value"]), gr.update(value=scheduler),
-                gr.update(value=own.steps), gr.update(value=d.get("pag_scale", 0.0)),
+                gr.update(value=steps), gr.update(value=d.get("pag_scale", 0.0)),
                 gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))
 
     def cfg_default(self, model, class_name):

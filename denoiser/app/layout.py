@@ -95,7 +95,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                                     elem_id="model")
                 scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
                 steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps",
-                                  info="25-50 are good; fewer than 10 leave noise")
+                                  info="set to the model's measured best when you pick it; fewer than 10 leave noise")
                 with gr.Row():
                     seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1],
                                      elem_id="seed")

@@ -19,7 +19,7 @@ __all__ = ["word_maps_panel", "all_layers_map", "word_weights_chart"]
 
 _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
 _PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 20, 170, 96
-_TOP = 30  # the page's label sits over the picture's top-left corner: the table starts below it
+_TOP = 30  # the page's label sits over the picture's top-left corner: the table and the maps start below it
 
 
 def all_layers_map(maps: Sequence[tuple[str, torch.Tensor]], size: int) -> torch.Tensor:
@@ -57,7 +57,10 @@ def word_maps_panel(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]
                 + tiles[:cut]]
         if cut < len(tiles):
             rows.append([("up path:", image)] + tiles[cut:])
-    return with_colour_scale(tiles_image(rows, max(1, 96 // S)), "the map's lowest weight", "its highest")
+    panel = with_colour_scale(tiles_image(rows, max(1, 96 // S)), "the map's lowest weight", "its highest")
+    framed = Image.new("RGB", (panel.width, panel.height + _TOP), "white")  # the first row's names below the page's label
+    framed.paste(panel, (0, _TOP))
+    return framed
 
 
 def _stretch(heat: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,326 @@
+"""The actions of tests/app_walk.py's walk: a person's clicks on each of the app's four tabs, each returning what it
+did in words (the replay's numbered list). A mixin of `Walk`, which supplies the page, the random draws and the
+page helpers (fill, pick, options, number).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+from PIL import Image
+
+from tests.app_walk_checks import NO_CLASS
+
+__all__ = ["TABS", "WalkActions"]
+
+# what picking a model (its best) or a class (its guidance) sets on the form besides itself (layout._wire)
+CASCADE = {"model": {"class", "guidance_scale", "scheduler", "steps", "pag_scale", "guide_scale", "prompt", "negative_prompt"},
+           "class": {"guidance_scale"}}
+TABS = ("Sample", "Edit", "Attention", "Heads")
+
+
+class WalkActions:
+    """The actions of `Walk` (tests/app_walk.py), drawn by weight from `<tab>_actions()`."""
+
+    # ---- actions: moving between tabs -------------------------------------------------------------------------
+
+    def switch_tab(self) -> str:
+        name = self.rng.choice([t for t in TABS if t != self.tab])
+        self.page.get_by_role("tab", name=name, exact=True).click()
+        self.tab = name
+        return f"open the {name} tab"
+
+    # ---- actions: Sample tab ----------------------------------------------------------------------------------
+
+    def sample_actions(self) -> list:
+        return [(self.pick_model, 3), (self.pick_class, 3), (self.type_class, 1), (self.move_slider, 8), (self.type_seed, 1),
+                (self.dice, 1), (self.advanced, 2), (self.generate, 8), (self.generate_and_stop, 2), (self.try_row, 2),
+                (self.select_result, 2), (self.use_settings, 2), (self.use_earlier, 1)]
+
+    def _touch(self, name: str) -> None:
+        self.touched |= {name} | CASCADE.get(name, set())
+
+    def pick_model(self) -> str:
+        loading = [m for m, c in self.models.items() if c is not None]
+        broken = [m for m, c in self.models.items() if c is None]
+        name = self.rng.choice(broken) if broken and self.rng.random() < 0.1 else self.rng.choice(loading)
+        chosen = self.pick("model", name)
+        self._touch("model")
+        self.typed.pop("class", None)
+        return f"pick model {chosen!r}"
+
+    def pick_class(self) -> str:
+        if not self.page.locator("#class").is_visible():
+            return "(no class selector: the model has no classes)"
+        chosen = self.pick("class")
+        self._touch("class")
+        return f"pick class {chosen!r}"
+
+    def type_class(self) -> str:
+        text = self.rng.choice(["zzz", "1", NO_CLASS, "circle"])
+        if not self.page.locator("#class").is_visible():
+            return "(no class selector: the model has no classes)"
+        self.fill("class", text)
+        self._touch("class")
+        self.typed["class"] = text
+        return f"type {text!r} into class"
+
+    def move_slider(self) -> str:
+        key, name, value = self.rng.choice([
+            ("steps", "steps", self.number(1, 8) if self.rng.random() < 0.9 else self.rng.choice([30, 1000])),
+            ("num-images", "num_images", self.number(1, 4) if self.rng.random() < 0.9 else self.rng.choice([16, 64])),
+            ("cfg", "guidance_scale", self.number(1, 4, 0.5)),
+            ("pag", "pag_scale", self.number(0, 2, 0.25)),
+        ])
+        self.fill(key, value)
+        self.touched.add(name)
+        return f"set {key} to {value}"
+
+    def type_seed(self) -> str:
+        value = self.rng.choice([0, 1, 7, 12345, 2**32 - 1])
+        self.fill("seed", value)
+        self.touched.add("seed")
+        return f"type seed {value}"
+
+    def dice(self) -> str:
+        self.page.get_by_role("button", name=re.compile("randomise")).click()
+        self.touched.add("seed")
+        return "click 🎲 randomise"
+
+    def advanced(self) -> str:
+        """One of the folded-away settings (the accordion opened first)."""
+        if not self.page.locator("#spacing").is_visible():
+            self.page.locator("#advanced").get_by_role("button").first.click()
+            self.page.locator("#spacing").wait_for(timeout=10_000)
+        key, name, text = self.rng.choice([
+            ("interval", "guidance_interval", self.rng.choice(["zzz", "70, 550", "", "900, 100"])),
+            ("pag-layers", "pag_layers", self.rng.choice(["zzz", "mid_attn", ""])),
+            ("eta", "eta", self.rng.choice([0, 0.5, 1])),
+            ("spacing", "timestep_spacing", None),
+        ])
+        if text is None:
+            text = self.pick("spacing")
+        else:
+            self.fill(key, text)
+        self.touched.add(name)
+        return f"set {key} (advanced) to {text!r}"
+
+    def generate(self) -> str:
+        self.before_run = self.files("gallery")
+        self.page.locator("#generate").click()
+        return "click Generate"
+
+    def generate_and_stop(self) -> str:
+        """A long run stopped part-way: many steps, then Stop after a moment."""
+        for key, name, value in (("steps", "steps", 400), ("num-images", "num_images", 8)):
+            self.fill(key, value)
+            self.touched.add(name)
+        self.before_run = self.files("gallery")
+        self.page.locator("#generate").click()
+        wait = self.rng.uniform(0.3, 3.0)
+        time.sleep(wait)
+        self.page.locator("#stop").click()
+        return f"set steps 400, images 8, click Generate, click Stop after {wait:.1f} s"
+
+    def try_row(self) -> str:
+        rows = self.page.get_by_text("try these").locator("xpath=ancestor::div[contains(@class,'block')][1]").locator("tbody tr")
+        if not rows.count():
+            return "no 'try these' rows"
+        k = self.rng.randrange(rows.count())
+        self.before_run = self.files("gallery")
+        rows.nth(k).click()
+        self.typed.pop("class", None)
+        return f"click 'try these' row {k + 1}"
+
+    def select_result(self) -> str:
+        thumbs = self.page.locator("#gallery button.thumbnail-item")
+        if not thumbs.count():
+            return "no result to select"
+        k = self.rng.randrange(thumbs.count())
+        thumbs.nth(k).click()
+        self.page.keyboard.press("Escape")
+        return f"click result {k + 1}"
+
+    def use_settings(self) -> str:
+        self.page.locator("#use-settings").click()
+        return "click 'use these settings'"
+
+    def use_earlier(self) -> str:
+        thumbs = self.page.locator("#earlier button.thumbnail-item")
+        if not thumbs.count() or not self.page.locator("#use-earlier").is_visible():
+            return "no earlier results"
+        self.earlier_pick = self.rng.randrange(thumbs.count())
+        thumbs.nth(self.earlier_pick).click()
+        self.page.keyboard.press("Escape")
+        self.page.locator("#use-earlier").click()
+        return f"click earlier result {self.earlier_pick + 1}, then its 'use these settings'"
+
+    # ---- actions: Edit tab ------------------------------------------------------------------------------------
+
+    def edit_actions(self) -> list:
+        return [(self.example_picture, 3), (self.upload_result, 2), (self.upload_photo, 1), (self.operation, 3),
+                (self.edit_model, 2), (self.edit_slider, 3), (self.edit_run, 6), (self.edit_run_and_stop, 2)]
+
+    def _photo_input(self, path: Path) -> None:
+        clear = self.page.locator("#photo").get_by_role("button", name="Clear")
+        if clear.count():
+            clear.first.click()
+        self.page.locator("#photo input[type=file]").set_input_files(str(path))
+
+    def example_picture(self) -> str:
+        column = self.page.locator("#photo").locator("xpath=ancestor::div[contains(@class,'column')][1]")
+        items = column.locator(".gallery-item, tbody tr")
+        if not items.count():
+            return "no example pictures"
+        k = self.rng.randrange(items.count())
+        items.nth(k).click()
+        return f"click example picture {k + 1}"
+
+    def upload_result(self) -> str:
+        """A generated PNG, as downloaded from the Sample gallery, uploaded as the photo."""
+        if not self.gallery:
+            return self.upload_photo()
+        url = self.rng.choice(self.gallery)
+        path = self.tmp / f"result-{len(self.steps)}.png"
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            path.write_bytes(answer.read())
+        self._photo_input(path)
+        return f"upload the generated {url.rsplit('/', 1)[-1]}"
+
+    def upload_photo(self) -> str:
+        w, h = self.rng.choice([(40, 30), (16, 16), (300, 200)])
+        path = self.tmp / f"photo-{len(self.steps)}.png"
+        rng = random.Random(len(self.steps))
+        Image.frombytes("RGB", (w, h), bytes(rng.randrange(256) for _ in range(w * h * 3))).save(path)
+        self._photo_input(path)
+        return f"upload a {w}x{h} noise photo"
+
+    def operation(self) -> str:
+        op = self.rng.choice(["denoise", "denoise (sampled)", "edit", "inpaint"])
+        self.page.get_by_role("radio", name=op, exact=True).check()
+        self.edit_touched.add("operation")
+        return f"choose operation {op!r}"
+
+    def edit_model(self) -> str:
+        loading = [m for m, c in self.models.items() if c is not None]
+        chosen = self.pick("edit-model", self.rng.choice(loading))
+        self.edit_touched.add("model")
+        return f"pick Edit model {chosen!r}"
+
+    def edit_slider(self) -> str:
+        key, value = self.rng.choice([
+            ("sigma", self.number(0, 0.3, 0.01)), ("strength", self.number(0.05, 1, 0.05)),
+            (r"add noise.*", self.rng.choice([0, 0, 0.1, 0.3])), (r"steps \(.*", self.number(1, 8)),
+        ])
+        block = self.block(key)
+        if not block.count() or not block.is_visible():
+            return f"({key} not shown)"
+        self.fill(key, value)
+        self.edit_touched.add(key)
+        return f"set {key.split(' ')[0].rstrip('.*')} to {value}"
+
+    def edit_run(self) -> str:
+        self.before_edit = self.files("edit-result")
+        self.page.locator("#edit-run").click()
+        return "click Run"
+
+    def edit_run_and_stop(self) -> str:
+        """An edit of a long chain stopped part-way (sampled denoise stops early on a clean picture: edit does not)."""
+        self.page.get_by_role("radio", name="edit", exact=True).check()
+        self.page.locator("#strength").wait_for(state="visible", timeout=10_000)
+        self.fill("strength", 1)
+        self.fill(r"steps \(.*", 600)
+        self.edit_touched |= {"operation", "strength", "steps"}
+        self.before_edit = self.files("edit-result")
+        self.page.locator("#edit-run").click()
+        wait = self.rng.uniform(0.3, 3.0)
+        time.sleep(wait)
+        self.page.locator("#edit-stop").click()
+        return f"choose operation 'edit', set strength 1, steps 600, click Run, click Stop after {wait:.1f} s"
+
+    # ---- actions: Attention tab -------------------------------------------------------------------------------
+
+    def attention_actions(self) -> list:
+        return [(self.click_image, 5), (self.attention_slider, 3), (self.pick_layer, 2), (self.type_layer, 1),
+                (self.pick_head, 2), (self.mean_maps, 1), (self.mean_maps_and_stop, 1), (self.show_pixel, 1)]
+
+    def click_image(self) -> str:
+        image = self.page.locator("#clickable img")
+        if not image.count():
+            return "no image to click"
+        fx, fy = self.rng.random(), self.rng.random()
+        box = image.bounding_box()
+        image.click(position={"x": box["width"] * fx, "y": box["height"] * fy})
+        return f"click the image at ({fx:.2f}, {fy:.2f})"
+
+    def attention_slider(self) -> str:
+        key = self.rng.choice(["image", "denoising step"])
+        block = self.block(key)
+        if not block.count() or not block.is_visible():
+            return f"({key} slider not shown)"
+        hi = float(block.locator("input[type=range]").get_attribute("max") or 1)
+        value = self.rng.randint(0, int(hi))
+        self.fill(key, value)
+        return f"set {key} to {value}"
+
+    def pick_layer(self) -> str:
+        return f"pick layer {self.pick('layer')!r}"
+
+    def type_layer(self) -> str:
+        text = self.rng.choice(["zzz", "1", "99"])
+        self.fill("layer", text)
+        self.typed["layer"] = text
+        return f"type {text!r} into layer"
+
+    def pick_head(self) -> str:
+        return f"pick head {self.pick('head')!r}"
+
+    def mean_maps(self) -> str:
+        self.page.locator("#mean-run").click()
+        return "click 'average the maps over every step'"
+
+    def mean_maps_and_stop(self) -> str:
+        self.page.locator("#mean-run").click()
+        wait = self.rng.uniform(0.2, 1.5)
+        time.sleep(wait)
+        self.page.locator("#mean-stop").click()
+        return f"click 'average the maps over every step', click its Stop after {wait:.1f} s"
+
+    def show_pixel(self) -> str:
+        y, x = self.rng.choice([(0, 0), (3, 5), (15, 15), (40, 2)])
+        self.fill("pixel y", y)
+        self.fill("pixel x", x)
+        self.page.get_by_role("button", name="show", exact=True).click()
+        return f"type pixel ({y}, {x}), click show"
+
+    # ---- actions: Heads tab -----------------------------------------------------------------------------------
+
+    def heads_actions(self) -> list:
+        return [(self.stats, 3), (self.stats_and_stop, 1), (self.off_layers, 2), (self.off_heads, 1), (self.switch_off, 2)]
+
+    def stats(self) -> str:
+        self.page.locator("#stats-run").click()
+        return "click Compute statistics"
+
+    def stats_and_stop(self) -> str:
+        self.page.locator("#stats-run").click()
+        wait = self.rng.uniform(0.2, 1.5)
+        time.sleep(wait)
+        self.page.locator("#stats-stop").click()
+        return f"click Compute statistics, click its Stop after {wait:.1f} s"
+
+    def off_layers(self) -> str:
+        return f"choose layer {self.pick('off-layers')!r} to switch off"
+
+    def off_heads(self) -> str:
+        text = self.rng.choice(["all", "0", "0,1", "zzz"])
+        self.fill("off-heads", text)
+        return f"type {text!r} into heads to switch off"
+
+    def switch_off(self) -> str:
+        self.page.locator("#off-run").click()
+        return "click Switch off and regenerate"
