@@ -179,6 +179,10 @@ def _add_restore_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--strength", type=float, default=0.6, help="0 keeps the image, 1 samples anew")
     if name == "inpaint":
         p.add_argument("--mask", required=True, help="mask image of the input's size: white = regenerate, black = keep")
+    if name in ("edit", "inpaint"):  # what the redrawn pixels should show; denoising keeps the picture's own content
+        p.add_argument("--prompt", default=None, help='a text model\'s prompt the redrawn pixels follow, e.g. "red apple" '
+                       "(unset: no condition; guidance from the folder's sampling.json, as for sampling)")
+        p.add_argument("--negative-prompt", default=None, help="what a text model's guidance steers away from (default: \"\")")
 
 
 def _add_attention_stats_args(p: argparse.ArgumentParser) -> None:
@@ -371,7 +375,8 @@ def cmd_restore(args) -> None:
     own = {k: getattr(args, k) for k in ("method", "strength") if hasattr(args, k)}  # this subcommand's flags only
     res = restore(
         unet, Diffusion(sched), img, args.command, mask=mask, sigma=args.add_noise if getattr(args, "sigma", None) is None else args.sigma,
-        noise_first=args.add_noise, steps=args.steps, seed=args.seed, class_label=plan.labels, guidance=plan.guidance, **own,
+        noise_first=args.add_noise, steps=args.steps, seed=args.seed, class_label=plan.labels, guidance=plan.guidance,
+        text=plan.text_condition([0]) if plan.prompts and plan.prompts[0] else None, **own,
     )
     print(f"{args.command}: {save_grid(res.result.images, args.out)}")
     if args.compare:

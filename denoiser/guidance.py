@@ -153,6 +153,9 @@ class Guidance:
         if text is not None and getattr(unet.config, "cross_attention_dim", None) is None:
             raise ValueError("a prompt was given but this model takes no text (it has no cross-attention): use its classes")
         if self.classifier_free and labels is None and text is None:
+            if getattr(unet.config, "cross_attention_dim", None) is not None:
+                raise ValueError("classifier-free guidance (guidance_scale != 1) on a text model needs a prompt: give "
+                                 "one, or set guidance to 1")
             raise ValueError(
                 "guidance needs a class: classifier-free guidance (guidance_scale != 1) needs a class-conditional model "
                 "and a class label; pick a class or set guidance to 1 (perturbed-attention guidance and autoguidance "

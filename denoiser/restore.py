@@ -13,7 +13,8 @@ strength and regenerates from there (SDEdit, Meng et al. 2022); `inpaint` regene
 while the known ones are put back, re-noised to each step's level (the replacement method behind
 RePaint, Lugmayr et al. 2022, without its resampling jumps). All three are `sample()` started from the
 user's image on DDPM's ancestral steps (the scheduler that takes custom timesteps), so classifier-free
-guidance and class labels work as for sampling. Images are (B, 3, H, W) in [-1, 1]; results come back
+guidance, class labels and a text model's prompts (`text`: "red apple" steers an edit or an inpainted hole toward
+it) work as for sampling. Images are (B, 3, H, W) in [-1, 1]; results come back
 in [0, 1] like `sample()`'s.
 
 Every noise drawn here follows the seed rule (`denoiser.sample.image_generators`): image k's (an edit's
@@ -35,7 +36,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from denoiser.diffusion import Diffusion
-from denoiser.guidance import Guidance
+from denoiser.guidance import Guidance, TextCondition
 from denoiser.image_io import image_to_model, mask_to_model
 from denoiser.pixels import to_unit
 from denoiser.sample import SampleResult, image_generators, sample
@@ -69,7 +70,7 @@ def restore(
     unet, diffusion: Diffusion, image: Image.Image, operation: str, *, mask: Image.Image | None = None,
     sigma: float | None = None, method: str = "mmse", strength: float = 0.6, noise_first: float | None = None,
     steps: int = 50, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
-    empty_mask_ok: bool = True,
+    empty_mask_ok: bool = True, text: TextCondition | None = None,
 ) -> Restoration:
     """A user's picture through `operation` ("denoise", "edit" or "inpaint"), checked before any work.
 
@@ -77,7 +78,8 @@ def restore(
     of another size is stretched onto it (white or opaque painted pixels are regenerated). `noise_first`
     adds Gaussian noise of that σ (pixel scale) first, seeded (the round trip, scored by `Restoration.psnr`).
     sigma: the noise σ `denoise` removes (None: estimated); method: "mmse" or "sample" (denoise only).
-    class_label: as for sampling (`denoiser.sample.class_label_tensor`; the CLI and the app pass a plan's labels).
+    class_label: as for sampling (`denoiser.sample.class_label_tensor`; the CLI and the app pass a plan's labels);
+    text: a text model's encoded prompt (`Plan.text_condition`), None: unconditioned.
     empty_mask_ok=False refuses a mask that marks nothing on the model's grid (the app: nothing painted); the
     default passes the image through, as a script asked.
     """
@@ -93,7 +95,7 @@ def restore(
     if m is not None and not empty_mask_ok and not m.any():
         raise ValueError("the mask is empty: paint the area to regenerate")
     x = clean if noise_first is None else add_noise(clean, noise_first, seed)
-    common = dict(steps=steps, seed=seed, class_label=class_label, guidance=guidance, callback=callback)
+    common = dict(steps=steps, seed=seed, class_label=class_label, guidance=guidance, callback=callback, text=text)
     if operation == "denoise":
         sigma = float(estimate_sigma(x).mean()) if sigma is None else float(sigma)  # as denoise() estimates it
         res = denoise(unet, diffusion, x, sigma=sigma, method=method, **common)
@@ -151,6 +153,7 @@ def _chain(t_start: int, steps: int) -> list[int]:
 def denoise(
     unet, diffusion: Diffusion, images: torch.Tensor, sigma: float | None = None, method: str = "mmse",
     steps: int = 50, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
+    text: TextCondition | None = None,
 ) -> SampleResult:
     """Remove Gaussian noise of std `sigma` (pixel scale; None: estimated per batch, `estimate_sigma`)."""
     _check(unet, images)
@@ -165,13 +168,13 @@ def denoise(
     return sample(
         unet, _ancestral(diffusion), images.shape[0], seed=seed, timesteps=timesteps,
         x_init=abar**0.5 * images, class_labels=class_label, guidance=guidance,
-        callback=callback,
+        callback=callback, text=text,
     )
 
 
 def edit(
     unet, diffusion: Diffusion, images: torch.Tensor, strength: float = 0.6, steps: int = 50, seed: int = 0,
-    class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
+    class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None, text: TextCondition | None = None,
 ) -> SampleResult:
     """SDEdit: noise to t = strength·(T − 1) with seeded noise, then the reverse chain (strength 0: unchanged)."""
     _check(unet, images)
@@ -187,13 +190,13 @@ def edit(
     return sample(
         unet, _ancestral(diffusion), images.shape[0], generator=generators,
         timesteps=_chain(t, max(1, round(steps * strength))), x_init=x_t.to(images),
-        class_labels=class_label, guidance=guidance, callback=callback,
+        class_labels=class_label, guidance=guidance, callback=callback, text=text,
     )
 
 
 def inpaint(
     unet, diffusion: Diffusion, images: torch.Tensor, mask: torch.Tensor, steps: int = 50, seed: int = 0,
-    class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
+    class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None, text: TextCondition | None = None,
 ) -> SampleResult:
     """Fill the pixels where `mask` is 1 (B or 1, 1, H, W); the others stay the input's, exactly at the end."""
     _check(unet, images)
@@ -216,7 +219,7 @@ def inpaint(
 
     return sample(
         unet, _ancestral(diffusion), images.shape[0], generator=generators, timesteps=timesteps,
-        class_labels=class_label, guidance=guidance, after_step=put_back_known, callback=callback,
+        class_labels=class_label, guidance=guidance, after_step=put_back_known, callback=callback, text=text,
     )
 
 

@@ -368,8 +368,9 @@ def _other_layer_and_head_then_mean(page) -> None:
     assert page.locator("#stages img").count() == 1 and page.locator("#clickable img").count() == 1
 
 
-def _upload_photo(page, path: Path) -> None:
-    """Choose a file in the Edit tab's photo input, as a person does (removing the one shown first, with its ×)."""
+def _upload_photo(page, path: Path, until_named: bool = False) -> None:
+    """Choose a file in the Edit tab's photo input, as a person does (removing the one shown first, with its ×);
+    until_named: until the box names it (a file the app takes)."""
     clear = page.locator("#photo").get_by_role("button", name="Clear")
     if clear.count():
         clear.first.click()
@@ -377,6 +378,13 @@ def _upload_photo(page, path: Path) -> None:
         # into the old input in between is lost
         page.locator("#photo").get_by_role("button", name="Clear").wait_for(state="detached", timeout=30_000)
     page.locator("#photo input[type=file]").set_input_files(str(path))
+    if until_named:
+        # on a loaded machine Gradio's file box sometimes drops a file chosen while it re-renders: a person sees
+        # no name in the box and chooses the file again, and so does this (once)
+        try:
+            page.locator("#photo").get_by_text(path.name).wait_for(timeout=20_000)
+        except Exception:  # noqa: BLE001 (playwright's TimeoutError)
+            page.locator("#photo input[type=file]").set_input_files(str(path))
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
@@ -628,7 +636,7 @@ def _run_right_after_a_new_upload(page, tmp_path: Path) -> None:
     result and "your image" are both the new picture's, and the status gives its size."""
     blue = tmp_path / "blue.png"
     Image.new("RGB", (64, 48), (20, 40, 220)).save(blue)
-    _upload_photo(page, blue)
+    _upload_photo(page, blue, until_named=True)
     page.locator("#photo").get_by_text("blue.png").wait_for(timeout=30_000)
     page.locator("#edit-run").click()
     page.locator("#edit-text").get_by_text("64x48 input").wait_for(timeout=60_000)

@@ -66,7 +66,7 @@ def test_use_these_settings_reads_the_result_whichever_picture_is_selected(weigh
     Image.new("RGB", (16, 16)).save(tmp_path / "your-image.png")
     out = e.use_settings([(str(tmp_path / "your-image.png"), "your image"), (str(result), "result")], 0)
     values = [o["value"] for o in out[:-1]]
-    assert values == ["tiny-classes", "1", 2.0, "edit", 0.0, 0.4, 0.1, 7, 5, 0.5] and "restored: press Run" in out[-1]
+    assert values == ["tiny-classes", "1", 2.0, "edit", 0.0, 0.4, 0.1, 7, 5, 0.5, ""] and "restored: press Run" in out[-1]
     assert out[1]["choices"] == ["(any)", "0", "1", "2"]  # the class among its model's classes
     plain = e.use_settings([(str(tmp_path / "your-image.png"), "your image")], 0)
     assert plain[-1] == "this result carries no settings" and all(isinstance(o, type(gr.skip())) for o in plain[:-1])

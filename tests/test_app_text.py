@@ -157,3 +157,49 @@ def test_browser_a_typed_prompt_is_what_the_result_shows(server, tmp_path):
         page.wait_for_function(f"() => {{ const i = document.querySelector('#word-maps img'); "
                                f"return i && i.complete && i.naturalHeight > {two_rows}; }}", timeout=60_000)
         no_errors(page)
+
+
+def test_the_edit_tab_takes_a_prompt_for_edit_and_inpaint(weights, tmp_path, monkeypatch):
+    """A text model's prompt box on the Edit tab: shown for edit and inpaint (emptied otherwise), a typed prompt sets
+    the model's guidance, the result's PNG carries the prompt and "use these settings" reads it back."""
+    from PIL import Image
+
+    from denoiser.app.edit import EDIT_FORM, EditHandlers
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    h = Handlers(Engine(weights))
+    e = EditHandlers(h)
+    assert e.prompt_box("words", "edit")["visible"] and e.prompt_box("words", "inpaint")["visible"]
+    for model, operation in (("words", "denoise"), ("words", "denoise (sampled)"), ("tiny-classes", "edit")):
+        box = e.prompt_box(model, operation)
+        assert not box["visible"] and box["value"] == ""
+    assert e.prompt_cfg("words", "(any)", "red apple")["value"] == 2.5  # the folder's sampling.json
+    assert e.prompt_cfg("words", "(any)", "  ")["value"] == 1.0  # no prompt: unconditioned, CFG off
+    photo = Image.new("RGB", (16, 16), (200, 40, 40))
+    editor = {"background": photo, "layers": [], "composite": photo}
+    *_, last = e.run_edit("words", "(any)", 2.5, editor, "edit", 0.0, 0.6, 0.0, 4, 0, prompt="red apple")
+    gallery, gen = last[0], last[2]
+    assert gen.words == ("red", "apple") and last[-1].startswith("done: edit")
+    out = e.use_settings(gallery, 0)
+    form = dict(zip(EDIT_FORM, out[:-1]))
+    assert form["prompt"]["value"] == "red apple" and form["guidance_scale"]["value"] == 2.5
+
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_the_edit_tabs_prompt_box_follows_the_model_and_operation(server):
+    with browser_page(server) as page:
+        page.get_by_role("tab", name="Edit").click()
+        page.locator("#edit-model input").click()
+        page.locator("#edit-model").get_by_role("option", name="words").click()
+        page.locator("#operation").get_by_text("edit", exact=True).click()
+        page.locator("#edit-prompt textarea").wait_for(state="visible", timeout=30_000)
+        page.locator("#edit-prompt textarea").press_sequentially("red apple")  # typed, as a person does
+        page.wait_for_function("() => document.querySelector('#edit-cfg input[type=number]').value === '2.5'",
+                               timeout=30_000)  # a typed prompt: the model's guidance
+        page.locator("#operation").get_by_text("denoise", exact=True).click()
+        page.locator("#edit-prompt textarea").wait_for(state="hidden", timeout=30_000)
+        page.locator("#operation").get_by_text("inpaint", exact=True).click()
+        page.locator("#edit-prompt textarea").wait_for(state="visible", timeout=30_000)
+        assert page.locator("#edit-prompt textarea").input_value() == ""  # emptied while hidden: what runs is shown
+        no_errors(page)

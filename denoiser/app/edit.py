@@ -20,7 +20,7 @@ import gradio as gr
 from PIL import Image
 
 from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
-from denoiser.app.engine import RESTORE_OPERATIONS, DenoisedTiles, Restored
+from denoiser.app.engine import RESTORE_OPERATIONS, DenoisedTiles, Restored, restore_prompts
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.limits import LIMITS
 from denoiser.app.photo import (
@@ -43,7 +43,8 @@ EXAMPLES = Path(__file__).resolve().parent / "examples"
 # a noise level σ below this ([0, 1] pixel scale, ~2.5/255) is a clean picture: denoising leaves it as it is
 CLEAN_SIGMA = 0.01
 # the Edit form as a result's PNG carries it (denoiser.image_io.save_with_settings), in wire_edit's order
-EDIT_FORM = ("model", "class", "guidance_scale", "operation", "sigma", "strength", "add_noise", "steps", "seed", "pag_scale")
+EDIT_FORM = ("model", "class", "guidance_scale", "operation", "sigma", "strength", "add_noise", "steps", "seed", "pag_scale",
+             "prompt")
 
 
 def _sigma_text(sigma: float | None, given: float) -> str:
@@ -106,17 +107,21 @@ class EditHandlers:
         self.h, self.engine = h, h.engine
 
     def run_edit(self, model, class_name, guidance_scale, editor, operation, sigma, strength, add_noise, steps, seed,
-                 pag_scale=0.0, photo=None, shown=None, upload=None, progress=gr.Progress()):
+                 pag_scale=0.0, photo=None, shown=None, upload=None, prompt=None, progress=gr.Progress()):
         """photo: the uploaded file; shown: the upload the editor holds (it may still hold the previous one while
-        a new upload loads); upload: the session's copy of it (keep_upload). The results, their text and the
-        attention views change only once the run has finished; while it runs, the live preview shows how far it is."""
+        a new upload loads); upload: the session's copy of it (keep_upload); prompt: a text model's, for edit and
+        inpaint. The results, their text and the attention views change only once the run has finished; while it
+        runs, the live preview shows how far it is."""
         try:
             classes = self.engine.classes(model) if model else []
             label = classes.index(class_name) if class_name in classes else None
             source = photo_file(photo, upload)
+            prompt, _ = restore_prompts(operation, prompt, None)
             form = dict(model=model, operation=operation, sigma=float(sigma or 0), add_noise=float(add_noise or 0),
                         guidance_scale=float(guidance_scale or 1), pag_scale=float(pag_scale or 0), steps=int(steps),
                         seed=int(seed), **{"class": None if label is None else class_name})
+            if prompt:
+                form["prompt"] = prompt
             if operation == "edit":
                 form["strength"] = float(strength or 0)
             if operation == "denoise" and not form["add_noise"]:  # at the picture's own size, in tiles
@@ -133,7 +138,7 @@ class EditHandlers:
         def job(on_step):
             return self.engine.restore(model, operation, image, mask, form["sigma"], float(strength or 0),
                                        form["add_noise"], steps, seed, label, guidance_scale, on_step=on_step,
-                                       pag_scale=pag_scale)
+                                       pag_scale=pag_scale, prompt=prompt)
 
         gen, noisy, done = yield from _preview_last(relay(stream(job, progress, operation), N_VIEWS + 4, self._preview, status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
@@ -229,6 +234,22 @@ class EditHandlers:
                     "by PSNR): not your whole photo. Set add noise first to 0 to denoise the photo at its own size.")
         return "Run: **denoise your whole photo at its own size**, in tiles of the model's size."
 
+    def prompt_box(self, model, operation):
+        """The prompt box: shown for a text model's edit and inpaint; hidden and emptied otherwise (what runs then
+        takes no prompt)."""
+        if self.h.is_text(model) and RESTORE_OPERATIONS.get(operation, ("",))[0] in ("edit", "inpaint"):
+            return gr.update(visible=True)
+        return gr.update(value="", visible=False)
+
+    def prompt_cfg(self, model, class_name, prompt):
+        """The guidance once a prompt is typed: the model's classifier-free scale (its sampling.json); without a
+        prompt what cfg_default gives (a text model: 1, which an unconditioned run needs)."""
+        if not (self.h.is_text(model) and str(prompt or "").strip()):
+            return self.h.cfg_default(model, class_name)
+        scale = self.h.model_defaults(model)[0].get("guidance_scale", 1.0)
+        return gr.update(value=scale, label="guidance (with a prompt)",
+                         info="classifier-free guidance toward the prompt (the model's own scale); 1 = off")
+
     def use_settings(self, gallery, selected) -> tuple:
         """The Edit form refilled from the selected result's PNG (the result when "your image" is selected): EDIT_FORM's
         fields (the class among its model's choices), and a status line saying so."""
@@ -244,6 +265,7 @@ class EditHandlers:
         path, s = found[0]
         updates = {k: gr.update(value=s[k]) if k in s else gr.skip() for k in EDIT_FORM}
         updates["class"] = self.h.class_choices(s.get("model"), s.get("class") or NO_CLASS)  # among its model's classes
+        updates["prompt"] = gr.update(value=s.get("prompt", ""))  # none in the PNG: the run had no prompt
         return (*updates.values(), f"settings of {path.name} restored: press Run")
 
 
@@ -289,6 +311,11 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
                 edit_model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
                 edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
                                          visible=False, allow_custom_value=True, elem_id="edit-class")
+                # a text model's prompt: what edit and inpaint redraw toward (shown for those, emptied when hidden)
+                edit_prompt = gr.Textbox("", label="prompt (edit, inpaint)", elem_id="edit-prompt", visible=False,
+                                         max_lines=2, placeholder="e.g. red apple; empty: no condition",
+                                         info="what the redrawn pixels should show; typing one sets the guidance to "
+                                              "the model's")
                 edit_guidance = gr.Slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
                                           elem_id="edit-cfg", info=guidance_info())
                 # one slider per meaning, the one the operation uses shown
@@ -330,10 +357,17 @@ def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
     for control in (c.edit_model, c.operation, c.add_noise):  # Run's scope said before it runs
         control.change(e.scope, scope_inputs, c.edit_scope, api_name=False, queue=False, show_progress="hidden")
     form = [c.edit_model, c.edit_class, c.edit_guidance, c.operation, c.sigma, c.strength, c.add_noise, c.edit_steps,
-            c.edit_seed, c.edit_pag]  # EDIT_FORM's order
+            c.edit_seed, c.edit_pag, c.edit_prompt]  # EDIT_FORM's order
+    # a text model's prompt box for edit and inpaint, however the model or operation was set; a typed prompt sets
+    # the guidance to the model's (cleared: 1, what an unconditioned run needs)
+    for control in (c.edit_model, c.operation):
+        control.change(e.prompt_box, [c.edit_model, c.operation], c.edit_prompt, api_name=False, queue=False,
+                       show_progress="hidden")
+    c.edit_prompt.input(e.prompt_cfg, [c.edit_model, c.edit_class, c.edit_prompt], c.edit_guidance, api_name=False,
+                        trigger_mode="always_last")  # typing fast: the last keystroke's text decides
     c.editing = c.edit_run.click(
         e.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.sigma, c.strength, c.add_noise,
-                     c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown, c.upload],
+                     c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown, c.upload, c.edit_prompt],
         [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared,
          c.edit_preview, c.upload, c.edit_status],
         concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit")

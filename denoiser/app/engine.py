@@ -35,7 +35,8 @@ from denoiser.sample import SAMPLERS
 from denoiser.sampling import ModelDefaults, Plan, read_defaults, resolve, run
 from denoiser.tiles import TileOptions, count_tiles, denoise_photo
 
-__all__ = ["Engine", "Generation", "Restored", "DenoisedTiles", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS"]
+__all__ = ["Engine", "Generation", "Restored", "DenoisedTiles", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS",
+           "restore_prompts"]
 
 # what the Edit tab does to a user's image (denoiser.restore) -> (operation, method); "denoise" is the one-step
 # MMSE estimate, "denoise (sampled)" the reverse chain
@@ -195,12 +196,16 @@ class Engine(AttentionViews):
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
         pag_scale: float = 0.0,
         guide_scale: float = 1.0,
+        prompt: str | None = None,
+        negative_prompt: str | None = None,
     ) -> tuple[Generation, Image.Image | None, Restored]:
         """Denoise, edit or inpaint the user's image (`denoiser.restore.restore`) as a Generation the attention
         view opens.
 
         operation: one of RESTORE_OPERATIONS. sigma: the noise σ of the image for denoising (0: estimated).
         strength: how far "edit" noises the image before redrawing it (0..1). mask: for "inpaint", white (or painted, opaque) pixels are regenerated.
+        prompt, negative_prompt: a text model's, for edit and inpaint (what the redrawn pixels follow; None or
+        empty: unconditioned, where classifier-free guidance has nothing to steer by).
         Returns the generation (its image, every step's model input), the noisy input when `add_noise` > 0,
         and what was done.
         """
@@ -208,11 +213,13 @@ class Engine(AttentionViews):
         if class_label is not None:
             class_label = check_int("class", class_label, 0, 2**31 - 1)
         scales = check_scales(guidance_scale, pag_scale, guide_scale)
-        if scales["guidance_scale"] != 1.0 and self.is_text(model):  # restore takes no prompt: the model runs unconditioned
-            raise ValueError(f"{model} is a text model and the Edit tab runs it without a prompt (unconditional), where "
-                             "classifier-free guidance has nothing to steer by: set guidance to 1")
-        # the guidance and class as for sampling; the chain itself is the restore operation's
-        plan = self.plan(model, SampleRequest(num_images=1, classes=class_label, **scales))
+        prompt, negative_prompt = restore_prompts(operation, prompt, negative_prompt)
+        if scales["guidance_scale"] != 1.0 and self.is_text(model) and not prompt:
+            raise ValueError(f"{model} is a text model: without a prompt it runs unconditioned, where classifier-free "
+                             "guidance has nothing to steer by: type a prompt (edit, inpaint) or set guidance to 1")
+        # the guidance, class and prompt as for sampling; the chain itself is the restore operation's
+        plan = self.plan(model, SampleRequest(num_images=1, classes=class_label, prompts=prompt,
+                                              negative_prompts=negative_prompt, **scales))
         unet, train_sched = self.model(model)
         self.check_work(unet, 1, steps, plan.guidance)
         # steps the chain will take (denoiser.restore visits at most this many timesteps), for progress
@@ -223,8 +230,10 @@ class Engine(AttentionViews):
             unet, Diffusion(train_sched), image, kind, mask=mask, sigma=sigma if sigma > 0 else None, method=method,
             strength=strength, noise_first=add_noise if add_noise > 0 else None, steps=steps, seed=seed,
             class_label=plan.labels, guidance=plan.guidance, callback=record, empty_mask_ok=False,
+            text=plan.text_condition([0]) if prompt else None,
         )
-        gen = Generation(model, res.result.images, inputs, timesteps, plan.labels, plan.guidance)
+        gen = Generation(model, res.result.images, inputs, timesteps, plan.labels, plan.guidance,
+                         **(_text_fields(plan) if prompt else {}))
         noisy = None if res.noisy is None else _to_image(to_unit(res.noisy))
         done = Restored(operation, image.size, unet.config.sample_size, len(timesteps), res.psnr(), res.sigma)
         return gen, noisy, done
@@ -302,6 +311,16 @@ def _check_prompt(name: str, value) -> str | None:
         raise ValueError(f"the {name} must be text of at most {MAX_PROMPT_CHARS} characters, got "
                          f"{type(value).__name__} of length {len(str(value))}")
     return value.strip() or None
+
+
+def restore_prompts(operation: str, prompt, negative_prompt) -> tuple[str | None, str | None]:
+    """The Edit form's prompts, checked before any work: for edit and inpaint (what the redrawn pixels follow); a
+    denoise keeps what the picture shows, so it takes none."""
+    prompt, negative_prompt = _check_prompt("prompt", prompt), _check_prompt("negative prompt", negative_prompt)
+    if (prompt or negative_prompt) and RESTORE_OPERATIONS.get(operation, ("",))[0] == "denoise":
+        raise ValueError("a prompt steers edit and inpaint; denoise removes the noise and keeps what your picture "
+                         "shows: leave the prompt empty, or pick edit or inpaint")
+    return prompt, negative_prompt
 
 
 def _text_fields(plan: Plan) -> dict:

@@ -450,12 +450,12 @@ class Handlers:
 
     def cfg_default(self, model, class_name):
         """The model's classifier-free scale once a class is chosen; 1 (off) for "(any)", which it needs. The
-        slider's note names the steps the model guides when its sampling.json limits them. (The Edit tab's: it runs
-        a text model without a prompt, so there it stays 1 and says so.)"""
+        slider's note names the steps the model guides when its sampling.json limits them. (The Edit tab's: a text
+        model runs unconditioned until a prompt is typed, so there it starts at 1 and says so.)"""
         d = self.model_defaults(model)[0]
         if self.is_text(model):
-            return gr.update(value=1.0, label="guidance (with a class)", info="this text model runs here without a prompt "
-                             "(unconditional): no classifier-free guidance, keep 1")
+            return gr.update(value=1.0, label="guidance (with a prompt)", info="a text model: without a prompt it runs "
+                             "unconditioned, keep 1; a prompt typed (edit, inpaint) sets the model's scale")
         scale = d.get("guidance_scale", 1.0) if class_name not in (None, "", NO_CLASS) else 1.0
         return gr.update(value=scale, label="guidance (with a class)", info=guidance_info(d.get("guidance_interval")))
 
