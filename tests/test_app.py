@@ -368,6 +368,11 @@ def _other_layer_and_head_then_mean(page) -> None:
     assert page.locator("#stages img").count() == 1 and page.locator("#clickable img").count() == 1
 
 
+def _file_name(path: Path) -> re.Pattern:
+    """A file's name as Gradio's file box shows it: its stem and its extension in two spans ("blue .png" as text)."""
+    return re.compile(rf"{re.escape(path.stem)}\s*{re.escape(path.suffix)}")
+
+
 def _upload_photo(page, path: Path, until_named: bool = False) -> None:
     """Choose a file in the Edit tab's photo input, as a person does (removing the one shown first, with its ×);
     until_named: until the box names it (a file the app takes)."""
@@ -382,7 +387,7 @@ def _upload_photo(page, path: Path, until_named: bool = False) -> None:
         # on a loaded machine Gradio's file box sometimes drops a file chosen while it re-renders: a person sees
         # no name in the box and chooses the file again, and so does this (once)
         try:
-            page.locator("#photo").get_by_text(path.name).wait_for(timeout=20_000)
+            page.locator("#photo").get_by_text(_file_name(path)).wait_for(timeout=20_000)
         except Exception:  # noqa: BLE001 (playwright's TimeoutError)
             page.locator("#photo input[type=file]").set_input_files(str(path))
 
@@ -637,7 +642,7 @@ def _run_right_after_a_new_upload(page, tmp_path: Path) -> None:
     blue = tmp_path / "blue.png"
     Image.new("RGB", (64, 48), (20, 40, 220)).save(blue)
     _upload_photo(page, blue, until_named=True)
-    page.locator("#photo").get_by_text("blue.png").wait_for(timeout=30_000)
+    page.locator("#photo").get_by_text(_file_name(blue)).wait_for(timeout=30_000)
     page.locator("#edit-run").click()
     page.locator("#edit-text").get_by_text("64x48 input").wait_for(timeout=60_000)
     for which in ("first", "last"):  # "your image", then the result
