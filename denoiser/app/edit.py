@@ -20,7 +20,7 @@ import gradio as gr
 from PIL import Image
 
 from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
-from denoiser.app.engine import RESTORE_OPERATIONS, DenoisedTiles, Restored, restore_prompts
+from denoiser.app.engine import RESTORE_OPERATIONS, DenoisedTiles, Restored, restore_prompts, takes_prompt
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.limits import LIMITS
 from denoiser.app.photo import (
@@ -237,7 +237,7 @@ class EditHandlers:
     def prompt_box(self, model, operation):
         """The prompt box: shown for a text model's edit and inpaint; hidden and emptied otherwise (what runs then
         takes no prompt)."""
-        if self.h.is_text(model) and RESTORE_OPERATIONS.get(operation, ("",))[0] in ("edit", "inpaint"):
+        if self.h.is_text(model) and takes_prompt(operation):
             return gr.update(visible=True)
         return gr.update(value="", visible=False)
 

@@ -36,7 +36,7 @@ from denoiser.sampling import ModelDefaults, Plan, read_defaults, resolve, run
 from denoiser.tiles import TileOptions, count_tiles, denoise_photo
 
 __all__ = ["Engine", "Generation", "Restored", "DenoisedTiles", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS",
-           "restore_prompts"]
+           "restore_prompts", "takes_prompt"]
 
 # what the Edit tab does to a user's image (denoiser.restore) -> (operation, method); "denoise" is the one-step
 # MMSE estimate, "denoise (sampled)" the reverse chain
@@ -222,6 +222,7 @@ class Engine(AttentionViews):
                                               negative_prompts=negative_prompt, **scales))
         unet, train_sched = self.model(model)
         self.check_work(unet, 1, steps, plan.guidance)
+        text = _text_fields(plan) if prompt else {}  # the prompt encoded once: the chain and the attention views
         # steps the chain will take (denoiser.restore visits at most this many timesteps), for progress
         expected = {"denoise": 1 if method == "mmse" else steps, "edit": max(1, round(steps * strength))}.get(kind, steps)
         inputs, timesteps = [], []
@@ -230,10 +231,9 @@ class Engine(AttentionViews):
             unet, Diffusion(train_sched), image, kind, mask=mask, sigma=sigma if sigma > 0 else None, method=method,
             strength=strength, noise_first=add_noise if add_noise > 0 else None, steps=steps, seed=seed,
             class_label=plan.labels, guidance=plan.guidance, callback=record, empty_mask_ok=False,
-            text=plan.text_condition([0]) if prompt else None,
+            text=text.get("text"),
         )
-        gen = Generation(model, res.result.images, inputs, timesteps, plan.labels, plan.guidance,
-                         **(_text_fields(plan) if prompt else {}))
+        gen = Generation(model, res.result.images, inputs, timesteps, plan.labels, plan.guidance, **text)
         noisy = None if res.noisy is None else _to_image(to_unit(res.noisy))
         done = Restored(operation, image.size, unet.config.sample_size, len(timesteps), res.psnr(), res.sigma)
         return gen, noisy, done
@@ -313,11 +313,17 @@ def _check_prompt(name: str, value) -> str | None:
     return value.strip() or None
 
 
+def takes_prompt(operation: str) -> bool:
+    """Whether a restore operation follows a text model's prompt: edit and inpaint redraw pixels; a denoise keeps
+    what the picture shows."""
+    return RESTORE_OPERATIONS.get(operation, ("",))[0] in ("edit", "inpaint")
+
+
 def restore_prompts(operation: str, prompt, negative_prompt) -> tuple[str | None, str | None]:
     """The Edit form's prompts, checked before any work: for edit and inpaint (what the redrawn pixels follow); a
     denoise keeps what the picture shows, so it takes none."""
     prompt, negative_prompt = _check_prompt("prompt", prompt), _check_prompt("negative prompt", negative_prompt)
-    if (prompt or negative_prompt) and RESTORE_OPERATIONS.get(operation, ("",))[0] == "denoise":
+    if (prompt or negative_prompt) and not takes_prompt(operation):
         raise ValueError("a prompt steers edit and inpaint; denoise removes the noise and keeps what your picture "
                          "shows: leave the prompt empty, or pick edit or inpaint")
     return prompt, negative_prompt

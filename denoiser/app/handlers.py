@@ -209,16 +209,17 @@ class Handlers:
         class_name = names[seed % len(names)] if names else NO_CLASS
         prompt = PROMPTS[seed % len(PROMPTS)] if text else ""
         guidance_scale = d.get("guidance_scale", 1.0) if names or text else 1.0
-        return [model, *self._own_sampler(model), seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0),
+        sampler = self._own_sampler(model) or (BUILT_IN["scheduler"], BUILT_IN["steps"])
+        return [model, *sampler, seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0),
                 d.get("guide_scale", 1.0) if has_guide else 1.0, prompt]
 
-    def _own_sampler(self, model) -> tuple[str, int]:
+    def _own_sampler(self, model) -> tuple[str, int] | None:
         """(scheduler, steps): the model folder's measured best, its sampler where the app can run it (SCHEDULERS),
-        else the built-in one; the built-in ones for a folder that does not load (the page says so when used)."""
+        else the built-in one; None for a folder that does not load (the page says so when it is used)."""
         try:
             own = self.engine.defaults(model)
         except (ValueError, OSError):
-            return BUILT_IN["scheduler"], BUILT_IN["steps"]
+            return None
         return (own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"]), own.steps
 
     def _sample_form(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale, guide_scale,
@@ -438,12 +439,10 @@ class Handlers:
         (sample_class_choices), its classifier-free scale (cfg_default), its folder's sampler and step count, and
         its sampling.json's attention guidance and autoguidance (that slider only where it ships a guide)."""
         class_update = self.sample_class_choices(model, current_class)
-        try:
-            self.engine.defaults(model)
-        except (ValueError, OSError):  # a model that does not load: the page says so when it is used
+        if (sampler := self._own_sampler(model)) is None:  # a model that does not load: the page says so when used
             return (class_update, *(gr.skip(),) * 5)
         d, has_guide = self.model_defaults(model)
-        scheduler, steps = self._own_sampler(model)
+        scheduler, steps = sampler
         return (class_update, self.sample_cfg_default(model, class_update["value"]), gr.update(value=scheduler),
                 gr.update(value=steps), gr.update(value=d.get("pag_scale", 0.0)),
                 gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))

@@ -43,15 +43,15 @@ def word_maps_panel(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]
     Each map is stretched from its lowest weight to its highest: with a few words every pixel gives each word a
     large share (two words: about half each), so a map scaled from 0 would be bright everywhere."""
     S = image.shape[-1]
+    tiles = [(label, overlay(image, _stretch(w.mean(0)), pixel)) for label, w in maps]  # each layer's mean of heads
     if heads:
         rows = []
-        for label, w in maps:
-            row = [(label, image), ("mean of heads", overlay(image, _stretch(w.mean(0)), pixel))]
+        for (label, w), (_, mean) in zip(maps, tiles):
+            row = [(label, image), ("mean of heads", mean)]
             if w.shape[0] > 1:
                 row += [(f"head {i}", overlay(image, _stretch(w[i]), pixel)) for i in range(w.shape[0])]
             rows.append(row)
     else:
-        tiles = [(label, overlay(image, _stretch(w.mean(0)), pixel)) for label, w in maps]
         cut = next((i for i, (label, _) in enumerate(tiles) if label.startswith("up.")), len(tiles))
         rows = [[("image", image), ("all layers", overlay(image, _stretch(all_layers_map(maps, S)), pixel))]
                 + tiles[:cut]]
