@@ -25,6 +25,12 @@ zero; a prompt of nothing but padding attends nowhere, so its cross-attention ad
 matrix) without touching the computation, so any query pixel's exact weights can be rebuilt later, and
 for a cross-attention layer any prompt token's map over the pixels (`AttentionRecord.token_map`).
 
+`edit_attention(model, self_edit, cross_edit)` changes the weights after the softmax by one rule
+(`denoiser.attention_edit.AttentionEdit`: a factor per key, and weights taken from another batch row): prompt
+weighting and prompt-to-prompt editing (`denoiser.prompt_edit`). The readable path applies it to the explicit
+weights, the fast path moves it onto the values and stays fused; captures record it, so the maps are the weights
+that ran.
+
 `identity_attention(model, layers)` is the one switch that turns chosen self-attention layers' (or heads')
 weights into the identity matrix: each pixel attends only to itself, so stages (2)-(4) return v. Perturbed-attention
 guidance (Ahn et al. 2024) and the attention ablations (denoiser.attention_stats) use it; `batch_start`
@@ -42,6 +48,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from denoiser.attention_edit import AttentionEdit
 from denoiser.fast.attention import sdpa as fast_sdpa
 from denoiser.groupnorm import GroupNorm
 
@@ -58,6 +65,7 @@ __all__ = [
     "AttentionRecord",
     "capture_attention",
     "identity_attention",
+    "edit_attention",
     "attention_layer_names",
     "to_tokens",
     "from_tokens",
@@ -256,12 +264,20 @@ class MultiHeadAttention(nn.Module):
         q (B, h, L, d), k and v (B, h, S, d) -> (B, L, C). key_mask (B, S) bool, True = attend: what a capture
         records; attend_mask (B, S): the mask the attention runs with (default: key_mask).
         """
+        edits = _EDITS.get()
+        edit = None if edits is None else edits.get(self)
         if self._recorder is not None:
-            self._recorder(q, k, self.scale, spatial_size, key_mask)
+            self._recorder(q, k, self.scale, spatial_size, key_mask, edit)
         switch = _IDENTITY.get()
         identity = None if switch is None else switch.get(self)
-        if identity is None:
-            out = self._attend(q, k, v, key_mask if attend_mask is None else attend_mask)  # (B, h, L, d)
+        mask = key_mask if attend_mask is None else attend_mask
+        if edit is not None:
+            if identity is not None:
+                raise ValueError("an attention layer cannot be switched to identity weights and edited in one call: "
+                                 "prompt-to-prompt editing runs without perturbed-attention guidance (set PAG to 0)")
+            out = self._attend_edited(q, k, v, mask, edit)  # (B, h, L, d)
+        elif identity is None:
+            out = self._attend(q, k, v, mask)  # (B, h, L, d)
         else:
             out = _identity_rows(self._attend, q, k, v, *identity)  # (B, h, L, d)
         B, h, L, d = out.shape
@@ -276,6 +292,19 @@ class MultiHeadAttention(nn.Module):
         if self._use_fused(q):
             return fused_attention(q, k, v, mask)
         return scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def _attend_edited(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, edit: AttentionEdit
+    ) -> torch.Tensor:
+        """(2)-(4) with the weights edited after (3): on the fast path the edit moves onto the values (still fused
+        SDPA); on the readable path it is applied to the explicit weights. (B, h, L, d), (B, h, S, d) -> (B, h, L, d)."""
+        if self._use_fused(q):
+            return edit.fused(self._attend, q, k, v, key_mask)
+        out_dtype = q.dtype
+        q, k, v = _at_least_fp32(q), _at_least_fp32(k), _at_least_fp32(v)
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
+        weights = attention_weights(attention_scores(q, k, mask), masked=mask is not None)  # (2), (3): (B, h, L, S)
+        return (edit.apply(weights) @ v).to(out_dtype)  # the edit, then (4)
 
 
 class MultiHeadSelfAttention(MultiHeadAttention):
@@ -455,6 +484,21 @@ def attention_layer_names(module: nn.Module, kind: str = "self") -> list[str]:
 
 
 _IDENTITY: contextvars.ContextVar[dict | None] = contextvars.ContextVar("denoiser_identity_attention", default=None)
+_EDITS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("denoiser_attention_edits", default=None)
+
+
+@contextlib.contextmanager
+def edit_attention(
+    module: nn.Module, self_edit: AttentionEdit | None = None, cross_edit: AttentionEdit | None = None
+) -> Iterator[None]:
+    """Within, every self-attention layer of `module` runs with `self_edit` and every cross-attention layer with
+    `cross_edit` (None: unedited), each call's batch rows as the edit's. A context variable, as captures."""
+    edits = {m: self_edit if m.kind == "self" else cross_edit for m in _attention_modules(module).values()}
+    token = _EDITS.set({**(_EDITS.get() or {}), **{m: e for m, e in edits.items() if e is not None}})
+    try:
+        yield
+    finally:
+        _EDITS.reset(token)
 
 
 @contextlib.contextmanager
@@ -519,6 +563,7 @@ class AttentionRecord:
     size: tuple[int, int] | None  # (H, W) for pixel attention, None for plain token attention
     kind: str = "self"  # "self" or "cross", as the layer's `MultiHeadAttention.kind`
     key_mask: torch.Tensor | None = None  # (B, S) bool, True = attended; None: every key
+    edit: AttentionEdit | None = None  # how the weights were changed after the softmax (weighting, prompt-to-prompt)
 
     @property
     def num_heads(self) -> int:
@@ -544,6 +589,11 @@ class AttentionRecord:
         mask = None if self.key_mask is None else self.key_mask[:, None, None, :]  # (B, 1, 1, S)
         return attention_scores(_at_least_fp32(q), _at_least_fp32(self.k), mask, scale=self.scale)
 
+    def _weights(self, q: torch.Tensor) -> torch.Tensor:
+        """Stage (3) for queries q (B, h, L, d), and the call's edit after it: the weights that ran, (B, h, L, S)."""
+        weights = attention_weights(self._scores(q))
+        return weights if self.edit is None else self.edit.apply(weights)
+
     def _on_pixels(self, row: torch.Tensor) -> torch.Tensor:
         """(B, h, N) values on the pixels -> (B, h, H, W) where the layer has a grid."""
         return row if self.size is None else row.reshape(*row.shape[:2], *self.size)
@@ -561,9 +611,10 @@ class AttentionRecord:
 
     def weights(self, query: int | tuple[int, int]) -> torch.Tensor:
         """Stage (3) for one query: its softmax weights over all keys. Each head's weights sum to one; padding
-        tokens get zero, and a prompt of nothing but padding all zeros (its cross-attention adds nothing)."""
+        tokens get zero, and a prompt of nothing but padding all zeros (its cross-attention adds nothing). A call
+        that ran edited (weighted words, prompt-to-prompt) gives the edited weights, the ones that ran."""
         n = self._row(query)
-        weights = attention_weights(self._scores(self.q[:, :, n : n + 1]))  # (B, h, 1, S)
+        weights = self._weights(self.q[:, :, n : n + 1])  # (B, h, 1, S)
         return self._on_keys(weights.squeeze(2))
 
     def token_map(self, token: int) -> torch.Tensor:
@@ -576,7 +627,7 @@ class AttentionRecord:
         S = self.k.shape[2]
         if not 0 <= token < S:
             raise ValueError(f"token {token} is outside 0..{S - 1} for layer {self.name} ({S} keys)")
-        weights = attention_weights(self._scores(self.q))  # (B, h, N, S)
+        weights = self._weights(self.q)  # (B, h, N, S)
         return self._on_pixels(weights[..., token])
 
 
@@ -606,9 +657,9 @@ def capture_attention(module: nn.Module) -> Iterator[list[AttentionRecord]]:
         raise ValueError(f"{type(module).__name__} contains no attention layers to capture")
 
     def make_recorder(name: str, kind: str):
-        def record(q, k, scale, size, key_mask):
+        def record(q, k, scale, size, key_mask, edit):
             mask = None if key_mask is None else key_mask.detach()
-            records.append(AttentionRecord(name, len(records), q.detach(), k.detach(), scale, size, kind, mask))
+            records.append(AttentionRecord(name, len(records), q.detach(), k.detach(), scale, size, kind, mask, edit))
 
         return record
 

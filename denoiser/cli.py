@@ -313,7 +313,7 @@ def _attention_pixel(args, plan, at: int) -> None:
     panel = attention_panel(res.images[0], records, (y, x))
     print(f"attention: {save_png(panel, args.out)} ({self_layers} layers, step {at} of {plan.steps})")
     if plan.text is not None and plan.prompts[0]:
-        words = plan.text[0].tokens(plan.prompts[0])
+        words = list(plan.words(0))
         out = Path(args.out).with_name(f"{Path(args.out).stem}-words.png")
         save_png(token_weights_panel(res.images[0], records, (y, x), words), out)
         print(f"weights over the words {' '.join(words)!r}: {out} ({len(records) - self_layers} cross-attention layers)")
@@ -328,7 +328,7 @@ def _attention_word(args, plan, at: int) -> None:
     if plan.text is None:
         raise ValueError("--word picks a word of a text model's --prompt; this model takes no text "
                          "(it has no cross-attention): use --pixel Y,X")
-    words = plan.text[0].tokens(plan.prompts[0])
+    words = list(plan.words(0))
     if not words:
         raise ValueError(f'--word {args.word!r} needs a prompt that contains it, e.g. --prompt "red apple" --word apple')
     token = find_word(words, args.word)

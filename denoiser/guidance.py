@@ -25,6 +25,7 @@ kept the FID of CFG 3 everywhere at 0.73x the time, without improving it (bench/
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from denoiser.attention import attention_layer_names, identity_attention
+from denoiser.attention import attention_layer_names, edit_attention, identity_attention
+from denoiser.attention_edit import AttentionEdit
+from denoiser.prompt_edit import EditPlan, PromptEdit
 
 __all__ = ["Guidance", "TextCondition", "default_pag_layers", "check_guide"]
 
@@ -40,36 +43,91 @@ __all__ = ["Guidance", "TextCondition", "default_pag_layers", "check_guide"]
 @dataclass
 class TextCondition:
     """A text model's prompts for one batch, encoded: what its UNet calls take as encoder_hidden_states/_attention_mask.
-    The negative prompts are the classifier-free guidance's unconditional rows ("": all padding, no condition)."""
+    The negative prompts are the classifier-free guidance's unconditional rows ("": all padding, no condition).
+
+    Weighted words ("(red:1.5) apple", denoiser.prompt_weights) scale their cross-attention; a prompt-to-prompt
+    edit (denoiser.prompt_edit) gives images 1.. image 0's attention maps. `attention(model, rows, t)` is the
+    context every UNet call of a step runs in."""
 
     states: torch.Tensor  # (B, L, D) the prompts' token vectors
     mask: torch.Tensor  # (B, L) bool, True = a word
     negative_states: torch.Tensor  # (B, L', D) the negative prompts'
     negative_mask: torch.Tensor  # (B, L') bool
+    scale: torch.Tensor | None = None  # (B, L) each word's weight, from "(word:w)"; None: every word 1
+    negative_scale: torch.Tensor | None = None  # (B, L') the negative prompts' word weights; None: 1
+    edit: EditPlan | None = None  # prompt-to-prompt over these images (image 0 the source); None: none
 
     @classmethod
     def encode(cls, tokenizer, text_encoder: nn.Module, prompts: Sequence[str], negative: Sequence[str] | None = None,
-               ) -> TextCondition:
+               *, weighted: bool = True, edit: PromptEdit | None = None) -> TextCondition:
+        """Encode the prompts; weighted: read "(word:w)" as a weight (False: training captions, taken as written)."""
+        from denoiser.prompt_weights import parse_prompt
         from denoiser.text import encode_prompts
 
         negative = [""] * len(prompts) if negative is None else list(negative)
+        L_max = tokenizer.config.max_length
+        parsed = [[parse_prompt(p) for p in group] for group in (prompts, negative)] if weighted else None
+        texts = [[p.text for p in group] for group in parsed] if weighted else [list(prompts), negative]
         with torch.inference_mode():
-            states, mask = encode_prompts(tokenizer, text_encoder, list(prompts))
-            neg, neg_mask = encode_prompts(tokenizer, text_encoder, negative)
-        return cls(states, mask.bool(), neg, neg_mask.bool())
+            states, mask = encode_prompts(tokenizer, text_encoder, texts[0])
+            neg, neg_mask = encode_prompts(tokenizer, text_encoder, texts[1])
+        scales = [None, None]
+        if weighted and any(p.weighted for group in parsed for p in group):
+            scales = [_word_weights(group, L, L_max, states.device) for group, L in zip(parsed, (mask.shape[1], neg_mask.shape[1]))]
+        plan = None if edit is None else edit.plan([tokenizer.tokens(t) for t in texts[0]])
+        return cls(states, mask.bool(), neg, neg_mask.bool(), scales[0], scales[1], plan)
+
+    def _groups(self, rows: str) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], int]:
+        parts = [(self.states, self.mask, self.scale) if r == "c" else
+                 (self.negative_states, self.negative_mask, self.negative_scale) for r in rows]
+        return parts, max(m.shape[1] for _, m, _ in parts)
 
     def kwargs(self, rows: str) -> dict[str, torch.Tensor]:
         """UNet keyword arguments for a batch of row groups: "c" the prompts, "u" the negative prompts, e.g. "cuc"
         for [cond, uncond, perturbed]; token axes padded to the longest (padding has weight exactly 0)."""
-        parts = [(self.states, self.mask) if r == "c" else (self.negative_states, self.negative_mask) for r in rows]
-        L = max(m.shape[1] for _, m in parts)
-        states = torch.cat([nn.functional.pad(x, (0, 0, 0, L - x.shape[1])) for x, _ in parts])  # (n·B, L, D)
-        mask = torch.cat([nn.functional.pad(m, (0, L - m.shape[1])) for _, m in parts])  # (n·B, L)
+        parts, L = self._groups(rows)
+        states = torch.cat([nn.functional.pad(x, (0, 0, 0, L - x.shape[1])) for x, _, _ in parts])  # (n·B, L, D)
+        mask = torch.cat([nn.functional.pad(m, (0, L - m.shape[1])) for _, m, _ in parts])  # (n·B, L)
         return {"encoder_hidden_states": states, "encoder_attention_mask": mask}
 
+    def attention(self, model: nn.Module, rows: str, t) -> contextlib.AbstractContextManager:
+        """The attention edits a UNet call on row groups `rows` runs with at timestep t: the words' weights and the
+        prompt-to-prompt maps (none: a null context, and the call is exactly the plain one)."""
+        parts, L = self._groups(rows)
+        scale = None
+        if any(s is not None for _, _, s in parts):
+            scale = torch.cat([torch.ones(m.shape[0], L, device=m.device) if s is None else
+                               nn.functional.pad(s, (0, L - s.shape[1]), value=1.0) for _, m, s in parts])  # (n·B, L)
+        if self.edit is not None:
+            self_edit, cross_edit = self.edit.edits(t, rows, scale, L)
+        else:
+            self_edit, cross_edit = None, None if scale is None else AttentionEdit(scale=scale)
+        if self_edit is None and cross_edit is None:
+            return contextlib.nullcontext()
+        return edit_attention(model, self_edit, cross_edit)
+
+    def at_timesteps(self, timesteps: Sequence) -> TextCondition:
+        """This condition with its edit counting steps on the sampler's `timesteps` (a no-op without an edit)."""
+        if self.edit is None:
+            return self
+        return dataclasses.replace(self, edit=self.edit.at_timesteps(timesteps))
+
     def to(self, device, dtype=None) -> TextCondition:
+        def move(x):
+            return None if x is None else x.to(device)
+
+        edit = None if self.edit is None else self.edit.to(device)
         return TextCondition(self.states.to(device, dtype), self.mask.to(device), self.negative_states.to(device, dtype),
-                             self.negative_mask.to(device))
+                             self.negative_mask.to(device), move(self.scale), move(self.negative_scale), edit)
+
+
+def _word_weights(group, L: int, max_length: int, device) -> torch.Tensor:
+    """(B, L) the parsed prompts' word weights (the first max_length words, as the tokenizer keeps), 1 at padding."""
+    out = torch.ones(len(group), L)
+    for b, p in enumerate(group):
+        w = p.weights[:max_length]
+        out[b, : len(w)] = torch.tensor(w, dtype=out.dtype)
+    return out.to(device)
 
 
 def default_pag_layers(unet: nn.Module) -> tuple[str, ...]:
@@ -187,7 +245,7 @@ class Guidance:
                   text: TextCondition | None = None) -> list[torch.Tensor]:
         """The main model's outputs [ε_c, (ε_u), (ε_p)] from one batched call; [ε_c] alone outside the interval."""
         if not self.applies_at(t):
-            return [unet(x, t, class_labels=labels, **_text(text, "c")).sample]
+            return [_call(unet, x, t, labels, text, "c")]
         return self._guided_pass(unet, x, t, labels, text)
 
     def _guided_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None,
@@ -207,7 +265,7 @@ class Guidance:
         )
         rows = "c" + "u" * self.classifier_free + "c" * self.pag  # which prompts each row group takes
         with switch:
-            out = unet(x_in, t, class_labels=batch_labels, **_text(text, rows)).sample
+            out = _call(unet, x_in, t, batch_labels, text, rows)
         return list(out.split(B))  # n x (B, C, H, W)
 
     def predictor(self, unet: nn.Module, labels: torch.Tensor | None, text: TextCondition | None = None,
@@ -217,22 +275,28 @@ class Guidance:
 
         def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             if not self.applies_at(t):
-                return unet(x, t, class_labels=labels, **_text(text, "c")).sample  # outside the interval: ε_c alone
+                return _call(unet, x, t, labels, text, "c")  # outside the interval: ε_c alone
             parts = self._guided_pass(unet, x, t, labels, text)
             cond = parts[0]
             out = parts[1] + self.scale * (cond - parts[1]) if self.classifier_free else cond
             if self.pag:
                 out = out + self.pag_scale * (cond - parts[-1])
             if self.autoguidance:
-                guided = self.guide(x, t, class_labels=labels, **_text(text, "c")).sample
+                guided = _call(self.guide, x, t, labels, text, "c")
                 out = out + (self.guide_scale - 1.0) * (cond - guided)
             return out
 
         return predict
 
 
-def _text(text: TextCondition | None, rows: str) -> dict[str, torch.Tensor]:
-    return {} if text is None else text.kwargs(rows)
+def _call(model: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None, text: TextCondition | None,
+          rows: str) -> torch.Tensor:
+    """One UNet call on row groups `rows` (text rows: "c" prompts, "u" negative prompts), with the prompts' attention
+    edits (weighted words, prompt-to-prompt) open around it."""
+    if text is None:
+        return model(x, t, class_labels=labels).sample
+    with text.attention(model, rows, t):
+        return model(x, t, class_labels=labels, **text.kwargs(rows)).sample
 
 
 def check_guide(unet: nn.Module, scheduler_config, guide: nn.Module, guide_scheduler_config, name: str = "guide") -> None:

@@ -9,13 +9,18 @@ the command line can show its choices without loading torch.
 Seed rule (diffusers' list-of-generators convention): image k of a request with seed S is drawn from its
 own generator seeded S + k, its starting noise and every per-step noise (DDPM, DDIM with eta > 0) alike;
 so the batch size, the front door and the other images never change an image. `denoiser.sample.image_generators`
-is that rule, and every sampling, editing and inpainting path draws its noise through it.
+is that rule, and every sampling, editing and inpainting path draws its noise through it. A prompt-to-prompt edit
+(`edit`) is the one exception: every image starts from image 0's noise (seed S), since an edit is that picture.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from denoiser.prompt_edit import PromptEdit
 
 __all__ = ["SampleRequest", "SCHEDULERS", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD", "check_timestep_spacing"]
 
@@ -52,6 +57,7 @@ class SampleRequest:
     guide_model: str | None = None  # autoguidance's guide folder (sampling.json's is relative to the model folder)
     guide_scale: float | None = None  # autoguidance weight a (1 = off)
     guidance_interval: Sequence[float] | None = None  # [lo, hi] timesteps the guidance applies at
+    edit: PromptEdit | None = None  # prompt-to-prompt: image 0's prompt the source, images 1.. its edits (one batch)
 
 
 def check_timestep_spacing(value: str | None) -> str | None:

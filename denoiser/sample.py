@@ -204,7 +204,7 @@ def sample(
     if text is not None:
         if text.states.shape[0] != num_images:
             raise ValueError(f"give one prompt per image: {text.states.shape[0]} prompts for {num_images} images")
-        text = text.to(device, dtype)
+        text = text.to(device, dtype).at_timesteps(scheduler.timesteps)  # an edit counts its steps on these
     predict = guidance.predictor(unet, labels, text)
     if generator is None:
         generator = image_generators(seed, range(num_images))

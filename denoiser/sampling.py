@@ -27,6 +27,8 @@ from tqdm.auto import tqdm
 
 from denoiser.guidance import Guidance, TextCondition, check_guide
 from denoiser.model_dir import CLASSES_FILE, load_model, require_text
+from denoiser.prompt_edit import PromptEdit
+from denoiser.prompt_weights import parse_prompt
 from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
 from denoiser.sample import (
     SampleResult,
@@ -94,6 +96,7 @@ class Plan:
     prompts: tuple[str, ...] = ()  # a text model's prompt per image ("" = no condition); () for a class model
     negative_prompts: tuple[str, ...] = ()  # per image, the classifier-free guidance's unconditional prompt
     text: tuple | None = None  # (tokenizer, text encoder) of a text model
+    edit: PromptEdit | None = None  # prompt-to-prompt over the images (image 0 the source): one batch, image 0's noise
 
     @property
     def scheduler_name(self) -> str:
@@ -110,7 +113,17 @@ class Plan:
             return None
         tokenizer, encoder = self.text
         return TextCondition.encode(tokenizer, encoder, [self.prompts[k] for k in indices],
-                                    [self.negative_prompts[k] for k in indices])
+                                    [self.negative_prompts[k] for k in indices], edit=self.edit)
+
+    def words(self, k: int = 0) -> tuple[str, ...]:
+        """Image k's prompt as the model reads it: its words (weights taken out, cut at the tokenizer's length)."""
+        if self.text is None or not self.prompts:
+            return ()
+        return tuple(self.text[0].tokens(parse_prompt(self.prompts[k]).text))
+
+    def word_weights(self, k: int = 0) -> tuple[float, ...]:
+        """Image k's weight per word of `words(k)` ("(red:1.5)": 1.5; 1 for a plain word)."""
+        return parse_prompt(self.prompts[k]).weights[: len(self.words(k))] if self.prompts else ()
 
     def class_name(self, k: int) -> str | None:
         """Image k's class name, or None when it has no class."""
@@ -158,13 +171,30 @@ def resolve(
     guidance = _guidance(request, defaults, folder, unet, sched.config, labels is not None or any(prompts), load)
     steps = request.steps if request.steps is not None else defaults.steps
     batch_size = request.batch_size if request.batch_size is not None else BUILT_IN["batch_size"]
+    if request.edit is not None:
+        _check_edit(request, prompts, text, guidance)
+        batch_size = request.num_images  # the source and its edits attend together: one batch
     for name, value in (("number of images", request.num_images), ("batch size", batch_size)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if not isinstance(steps, int) or not 1 <= steps <= sched.config.num_train_timesteps:
         raise ValueError(f"steps must be a whole number in 1..{sched.config.num_train_timesteps}, got {steps!r}")
     return Plan(unet, sched, steps, float(request.eta), guidance, labels, int(request.seed), request.num_images,
-                batch_size, defaults.classes, prompts, negative, text)
+                batch_size, defaults.classes, prompts, negative, text, request.edit)
+
+
+def _check_edit(request: SampleRequest, prompts: tuple, text: tuple | None, guidance: Guidance) -> None:
+    """A prompt-to-prompt request, before any work: a text model, the source and its edits, no PAG, maps that fit."""
+    if not isinstance(request.edit, PromptEdit):
+        raise TypeError(f"edit must be a denoiser.prompt_edit.PromptEdit, got {type(request.edit).__name__}")
+    if text is None:
+        raise ValueError("prompt-to-prompt edits a text model's prompt; this model takes no text")
+    if request.num_images < 2 or len(set(prompts)) < 1:
+        raise ValueError("prompt-to-prompt needs the source prompt and at least one edit: prompts=[source, edit, ...]")
+    if guidance.pag:
+        raise ValueError("prompt-to-prompt takes the source's self-attention maps, which perturbed-attention guidance "
+                         "replaces: set the PAG scale to 0 for an edit")
+    request.edit.plan([text[0].tokens(parse_prompt(p).text) for p in prompts])  # the word maps, checked now
 
 
 def _prompts(request: SampleRequest, unet: nn.Module, folder, text: tuple | None) -> tuple[tuple, tuple, tuple | None]:
@@ -185,7 +215,7 @@ def _prompts(request: SampleRequest, unet: nn.Module, folder, text: tuple | None
             raise ValueError(f"pass one {name} or one per image ({n}), as text; got {len(given)} of "
                              f"{sorted({type(p).__name__ for p in given})}")
         for p in dict.fromkeys(given):
-            if dropped := text[0].dropped(p):
+            if dropped := text[0].dropped(parse_prompt(p).text):  # a malformed weight is an error here, before any work
                 logger.warning("the %s is cut at %d words; the model does not see: %s", name, text[0].config.max_length,
                                " ".join(dropped)[:200])
         per_image.append(tuple(given * n if len(given) == 1 else given))
@@ -216,14 +246,20 @@ def run(
         raise ValueError(f"image indices must be in 0..{plan.num_images - 1}")
     if isinstance(generator, list) and len(generator) != plan.num_images:
         raise ValueError(f"pass one generator per image ({plan.num_images}), got {len(generator)}")
+    if plan.edit is not None:
+        if indices != list(range(plan.num_images)):
+            raise ValueError("a prompt-to-prompt edit samples its source and edits together: leave indices out")
+        if generator is not None:  # the caller's: image 0's (the first one's) state for every image
+            first = generator[0] if isinstance(generator, list) else generator
+            generator = [_copy_generator(first) for _ in range(plan.num_images)]
     batch_size = len(indices) if isinstance(generator, torch.Generator) else plan.batch_size
     result = SampleResult(images=torch.empty(0))
     chunks = []
     bar = tqdm(total=len(indices), desc="sampling", unit="img", disable=not progress, dynamic_ncols=True)
     for start in range(0, len(indices), batch_size):
         batch = indices[start : start + batch_size]
-        if generator is None:
-            gens = image_generators(plan.seed, batch)
+        if generator is None:  # an edit: every image from image 0's noise (the request's seed rule)
+            gens = image_generators(plan.seed, [0] * len(batch) if plan.edit is not None else batch)
         elif isinstance(generator, torch.Generator):
             gens = generator
         else:  # the caller's, one per image
@@ -242,6 +278,13 @@ def run(
     bar.close()
     result.images = torch.cat(chunks)  # (len(indices), C, H, W) in [0, 1]
     return result
+
+
+def _copy_generator(g: torch.Generator) -> torch.Generator:
+    """A new generator in `g`'s state: it draws what `g` would draw next."""
+    copy = torch.Generator(device=g.device)
+    copy.set_state(g.get_state())
+    return copy
 
 
 def _read_json(path: Path) -> dict:

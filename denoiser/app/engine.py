@@ -335,7 +335,7 @@ def _text_fields(plan: Plan) -> dict:
         return {}
     prompt = plan.prompts[0] if plan.prompts else ""
     return dict(text=plan.text_condition(range(plan.num_images)), prompt=prompt,
-                words=tuple(plan.text[0].tokens(prompt)))
+                words=plan.words(0))
 
 
 def _restore_request(operation: str, image: Image.Image | None, steps, seed, sigma, strength, add_noise) -> tuple:
