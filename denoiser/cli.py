@@ -45,7 +45,8 @@ def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: boo
     s.add_argument("--class-label", default=None,
                    help="class of a class-conditional model: a name (classes.txt) or index, a comma-separated one per "
                         "image, or 'spread' (0, 1, ..., K-1, 0, ...); unset: no class")
-    s.add_argument("--prompt", default=None, help='a text model\'s prompt, e.g. "red apple" ("" or unset: no condition)')
+    s.add_argument("--prompt", default=None, help='a text model\'s prompt, e.g. "red apple" ("" or unset: no condition); '
+                                                 '"(red:1.5) apple" weighs a word\'s attention (A1111\'s syntax)')
     s.add_argument("--negative-prompt", default=None, help="what a text model's guidance steers away from (default: \"\")")
     s.add_argument("--scheduler", default=None, choices=list(SCHEDULERS), help="default: the model folder's (ddim)")
     s.add_argument("--steps", type=int, default=None, help="sampling steps; default: the folder's sampling.json, else 50")
@@ -141,6 +142,26 @@ def _add_sample_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trajectory", default=None, help="also write the denoising trajectory (x_t over x0) PNG here")
     p.add_argument("--trajectory-every", type=int, default=5)
     p.add_argument("--scale", type=int, default=4, help="upscale the grid (nearest) for viewing")
+    _add_prompt_edit(p)
+
+
+def _add_prompt_edit(p: argparse.ArgumentParser) -> None:
+    """Prompt-to-prompt's flags (denoiser.prompt_edit): the source --prompt and its edits, drawn from one noise."""
+    from denoiser.prompt_edit import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, EDIT_TYPES
+
+    e = p.add_argument_group("prompt-to-prompt", "change the words, keep the picture (text models): writes the --prompt's "
+                                                 "image and one per --edit-to, all from the first image's noise")
+    e.add_argument("--edit-to", action="append", default=None, metavar="PROMPT",
+                   help='the edited prompt, e.g. --prompt "red heart" --edit-to "blue heart" (repeat for more edits)')
+    e.add_argument("--edit-type", default="replace", choices=list(EDIT_TYPES),
+                   help="replace: swap words one for one; refine: add or remove words; reweight: scale --equalizer-words")
+    e.add_argument("--cross-replace-steps", type=float, default=DEFAULT_CROSS_REPLACE, metavar="F",
+                   help="the first F of the steps take the source's word maps (cross-attention)")
+    e.add_argument("--self-replace-steps", type=float, default=DEFAULT_SELF_REPLACE, metavar="F",
+                   help="the first F of the steps take the source's layout (self-attention maps)")
+    e.add_argument("--equalizer-words", default=None, metavar="WORDS", help="reweight: comma-separated words to scale")
+    e.add_argument("--equalizer-strengths", default=None, metavar="W",
+                   help="reweight: one factor for all the words, or comma-separated, one per word")
 
 
 def _add_attention_args(p: argparse.ArgumentParser) -> None:
@@ -265,7 +286,7 @@ def cmd_sample(args) -> None:
 
     if args.out is None and args.out_dir is None:
         raise ValueError("say where the images go: --out GRID.png, --out-dir FOLDER (one PNG per image), or both")
-    plan = resolve(_request(args), args.model)
+    plan = resolve(_request(args, **_edit_fields(args)), args.model)
     print(f"sampling {plan.num_images} image(s): {plan.describe()}")
     res = run(plan, trajectory_every=args.trajectory_every if args.trajectory else 0, progress=True)
     if args.trajectory:
@@ -278,6 +299,35 @@ def cmd_sample(args) -> None:
         print(f"images: {args.out_dir}/000000.png ... {len(res.images) - 1:06d}.png")
     if args.out:
         print(f"samples: {save_grid(res.images, args.out, scale=args.scale)}")
+
+
+def _edit_fields(args) -> dict:
+    """The request's fields for `sample --edit-to`: the source prompt and its edits as the images, and the edit."""
+    from denoiser.prompt_edit import PromptEdit
+
+    if not args.edit_to:
+        if args.equalizer_words or args.equalizer_strengths:
+            raise ValueError("--equalizer-words/--equalizer-strengths belong to an edit: add --edit-to PROMPT and "
+                             "--edit-type reweight")
+        return {}
+    if not args.prompt:
+        raise ValueError('--edit-to edits a --prompt: give the source, e.g. --prompt "red heart" --edit-to "blue heart"')
+    extra = {}
+    if args.equalizer_words:
+        extra["equalizer_words"] = [w.strip() for w in args.equalizer_words.split(",") if w.strip()]
+    if args.equalizer_strengths:
+        try:
+            extra["equalizer_strengths"] = [float(w) for w in args.equalizer_strengths.split(",")]
+        except ValueError:
+            raise ValueError(f"--equalizer-strengths takes numbers, e.g. 2 or 2,0.5; got {args.equalizer_strengths!r}") from None
+    edit = PromptEdit(args.edit_type, args.cross_replace_steps, args.self_replace_steps, **extra)
+    prompts = [args.prompt, *args.edit_to]
+    return {"prompts": prompts, "num_images": len(prompts), "edit": edit}
+
+
+def _word_labels(plan) -> list[str]:
+    """Image 0's words as the maps label them: a weighted word with its weight, as typed: "(red:1.5)"."""
+    return [w if x == 1.0 else f"({w}:{x:g})" for w, x in zip(plan.words(0), plan.word_weights(0))]
 
 
 def cmd_attention(args) -> None:
@@ -313,7 +363,7 @@ def _attention_pixel(args, plan, at: int) -> None:
     panel = attention_panel(res.images[0], records, (y, x))
     print(f"attention: {save_png(panel, args.out)} ({self_layers} layers, step {at} of {plan.steps})")
     if plan.text is not None and plan.prompts[0]:
-        words = list(plan.words(0))
+        words = _word_labels(plan)
         out = Path(args.out).with_name(f"{Path(args.out).stem}-words.png")
         save_png(token_weights_panel(res.images[0], records, (y, x), words), out)
         print(f"weights over the words {' '.join(words)!r}: {out} ({len(records) - self_layers} cross-attention layers)")
@@ -332,6 +382,7 @@ def _attention_word(args, plan, at: int) -> None:
     if not words:
         raise ValueError(f'--word {args.word!r} needs a prompt that contains it, e.g. --prompt "red apple" --word apple')
     token = find_word(words, args.word)
+    words = _word_labels(plan)  # the maps are the weighted attention: the label says by how much
     steps = range(plan.steps) if args.every_step else [at]
     res = run(plan, capture_steps=steps, trajectory_every=1 if args.every_step else 0)
     if args.every_step:  # each step's row over that step's predicted x0: where the object is forming

@@ -21,6 +21,7 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from denoiser.atomic import atomic_path
 from denoiser.model_dir import CLASSES_FILE, load_model
+from denoiser.prompt_edit import PromptEdit
 from denoiser.request import SampleRequest
 from denoiser.sampling import ModelDefaults, read_defaults, resolve, run
 from denoiser.text import HashTextEncoder, WordHashTokenizer
@@ -110,6 +111,7 @@ class DenoiserPipeline(DiffusionPipeline):
         timestep_spacing: str | None = None,
         prompt: str | Sequence[str] | None = None,
         negative_prompt: str | Sequence[str] | None = None,
+        cross_attention_kwargs: dict | None = None,
     ) -> ImagePipelineOutput | tuple:
         """Generate `batch_size` images.
 
@@ -125,6 +127,11 @@ class DenoiserPipeline(DiffusionPipeline):
         whole batch, or None (a random seed).
         output_type: "pil" (list of PIL images), "np" ((B, H, W, C) floats in [0, 1]) or "pt" ((B, C, H, W)).
         callback_on_step_end(pipe, i, t, {"latents": x}) runs after every step and may return new latents.
+        cross_attention_kwargs: prompt-to-prompt, as diffusers' community Prompt2PromptPipeline takes it:
+        prompt=["red heart", "blue heart"], cross_attention_kwargs={"edit_type": "replace", "cross_replace_steps": 0.8,
+        "self_replace_steps": 0.4} returns the source and the edit, both from image 0's noise (the generator's first
+        draw); "refine" adds words, "reweight" scales `equalizer_words` by `equalizer_strengths`
+        (denoiser.prompt_edit). Prompts weigh words as A1111: "(red:1.5) heart".
         """
         if output_type not in ("pil", "np", "pt"):
             raise ValueError(f"output_type must be 'pil', 'np' or 'pt', got {output_type!r}")
@@ -133,12 +140,13 @@ class DenoiserPipeline(DiffusionPipeline):
             raise ValueError(f"callback_on_step_end_tensor_inputs: only {self._callback_tensor_inputs} exist, got {sorted(unknown)}")
         if prompt is not None and not isinstance(prompt, str) and batch_size == 1:
             batch_size = len(prompt)  # diffusers' convention: a list of prompts, one image each
+        edit = None if cross_attention_kwargs is None else PromptEdit.from_kwargs(cross_attention_kwargs)
         request = SampleRequest(
             num_images=batch_size, classes=class_labels, batch_size=batch_size, prompts=prompt,
             negative_prompts=negative_prompt, steps=num_inference_steps,
             timestep_spacing=timestep_spacing, eta=eta, guidance_scale=guidance_scale, pag_scale=pag_scale,
             pag_layers=pag_layers, guide_model=None if guide_model is None else str(guide_model), guide_scale=guide_scale,
-            guidance_interval=guidance_interval,
+            guidance_interval=guidance_interval, edit=edit,
             seed=int(torch.randint(0, 2**31 - 1, ())) if generator is None else 0,  # None: a random seed, as diffusers
         )
         text = (self.tokenizer, self.text_encoder) if self.text_encoder is not None else None

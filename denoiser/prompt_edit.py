@@ -93,6 +93,14 @@ class PromptEdit:
             raise ValueError(f'equalizer_words and equalizer_strengths belong to edit_type "reweight", not '
                              f'{self.edit_type!r}')
 
+    def describe(self) -> str:
+        """E.g. "prompt-to-prompt replace: word maps from the source for steps 0-0.8, layout for 0-0.4"."""
+        (c0, c1), (s0, s1) = self.cross_replace_steps, self.self_replace_steps
+        what = f"prompt-to-prompt {self.edit_type}: word maps from the source for steps {c0:g}-{c1:g}, layout {s0:g}-{s1:g}"
+        if self.edit_type == "reweight":
+            what += f", {', '.join(self.equalizer_words)} x{'/'.join(f'{s:g}' for s in self.equalizer_strengths)}"
+        return what
+
     @classmethod
     def from_kwargs(cls, kwargs: Mapping) -> PromptEdit:
         """From the community pipeline's `cross_attention_kwargs`; either spelling of the fractions, unknown keys refused."""

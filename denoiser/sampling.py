@@ -134,7 +134,8 @@ class Plan:
 
     def describe(self) -> str:
         spacing = self.scheduler.config.get("timestep_spacing", "leading")
-        return f"{self.scheduler_name}-{self.steps}, {self.guidance.describe()}, {spacing} timesteps, seed {self.seed}"
+        what = f"{self.scheduler_name}-{self.steps}, {self.guidance.describe()}, {spacing} timesteps, seed {self.seed}"
+        return what if self.edit is None else f"{what}, {self.edit.describe()}"
 
 
 def resolve(
