@@ -112,8 +112,9 @@ class Plan:
         if self.text is None:
             return None
         tokenizer, encoder = self.text
-        return TextCondition.encode(tokenizer, encoder, [self.prompts[k] for k in indices],
+        cond = TextCondition.encode(tokenizer, encoder, [self.prompts[k] for k in indices],
                                     [self.negative_prompts[k] for k in indices], edit=self.edit)
+        return cond if self.edit is None else cond.at_timesteps(self.timesteps())  # a re-run step counts as sampled
 
     def words(self, k: int = 0) -> tuple[str, ...]:
         """Image k's prompt as the model reads it: its words (weights taken out, cut at the tokenizer's length)."""
