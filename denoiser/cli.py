@@ -1,5 +1,6 @@
 """`denoiser train | sample | attention | attention-stats | evaluate | denoise | edit | inpaint | app | build-kernels`:
-the command line, the only place that parses argv (`denoiser app` hands its arguments to the web app's own parser)."""
+the command line (`denoiser app` hands its arguments to the web app's own parser; `accelerate launch -m denoiser.train`
+and `python -m denoiser.data.emoji_set` read their own)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: boo
     s.add_argument("--prompt", default=None, help='a text model\'s prompt, e.g. "red apple" ("" or unset: no condition); '
                                                  '"(red:1.5) apple" weighs a word\'s attention (A1111\'s syntax)')
     s.add_argument("--negative-prompt", default=None, help="what a text model's guidance steers away from (default: \"\")")
-    s.add_argument("--scheduler", default=None, choices=list(SCHEDULERS), help="default: the model folder's (ddim)")
+    s.add_argument("--scheduler", default=None, choices=list(SCHEDULERS), help="default: the model folder's own (weights/cifar10: ddim, weights/emoji: unipc)")
     s.add_argument("--steps", type=int, default=None, help="sampling steps; default: the folder's sampling.json, else 50")
     s.add_argument("--timestep-spacing", default=None, choices=list(TIMESTEP_SPACINGS),
                    help="which timesteps the sampler visits; default: the folder's (trailing suits few-step DDIM)")

@@ -2,7 +2,8 @@
 (`save_pipeline`); reading and finding them is denoiser/model_dir.py.
 
 A model folder is what `DenoiserPipeline.save_pretrained` writes (`model_index.json`, `unet/`,
-`scheduler/`: DDIM on the model's noise schedule, its best measured sampler) plus `classes.txt` (class names)
+`scheduler/`: its best measured sampler on the model's noise schedule, DDIM as `save_pipeline` writes it; weights/emoji's
+is UniPC) plus `classes.txt` (class names)
 and `sampling.json` (measured default guidance and steps). `DenoiserPipeline.from_pretrained(folder)` loads
 it through diffusers' public API alone, and so does `DiffusionPipeline.from_pretrained(folder)` after
 `import denoiser` (denoiser.registry); either samples as `denoiser sample` does. diffusers' own
@@ -38,7 +39,7 @@ class DenoiserPipeline(DiffusionPipeline):
 
     A call is a `denoiser.request.SampleRequest` run by `denoiser.sampling`, so it gives the images every other
     front door gives: with one generator per image seeded S + k, those of `denoiser sample --seed S`. Arguments
-    left out come from the folder: its scheduler (DDIM with trailing timesteps for the shipped models; any
+    left out come from the folder: its scheduler (trailing timesteps for the shipped models: DDIM for weights/cifar10, UniPC for weights/emoji; any
     diffusers scheduler may be swapped in, `pipe.scheduler = DDPMScheduler.from_config(pipe.scheduler.config)`),
     its sampling.json's guidance (`pipe.sampling_defaults`) and step count (`pipe.defaults.steps`) and its classes.txt
     (`pipe.classes`).

@@ -31,7 +31,7 @@ SPREAD = "spread"  # classes 0, 1, ..., K-1, 0, 1, ... over the images (FID's ev
 
 # what a request gets when neither it nor the model folder says otherwise
 BUILT_IN = {
-    "scheduler": "ddim",  # a folder's scheduler/ names its own (DDIM with trailing timesteps for ours)
+    "scheduler": "ddim",  # a folder's scheduler/ names its own (trailing timesteps for ours: cifar10 DDIM, emoji UniPC)
     "steps": 50,  # a folder's sampling.json may name its measured best as num_inference_steps
     "batch_size": 64,  # images per UNet batch: memory and speed only, never the images
 }
