@@ -17,17 +17,9 @@ from denoiser.sampling import resolve, run
 from denoiser.text import HashTextEncoder
 from denoiser.unet import UNet
 from tests.conftest import TINY
-from tests.test_text import TEXT, D, _tokenizer, _wake_cross
+from tests.test_text import TEXT, D, _tokenizer, _wake_cross, one_thread  # noqa: F401  (one_thread: autouse)
 
 BASE = dict(seed=5, steps=4, guidance_scale=2.0)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
