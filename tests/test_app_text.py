@@ -99,7 +99,7 @@ def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     word_map, pixel_weights = h.word_views(gen, 0, 1, (3, 4), 1)
     assert word_map is not None and pixel_weights is not None
     each_head, _ = h.word_views(gen, 0, 1, (3, 4), 1, True)  # "each head": a row per layer
-    assert each_head.height > word_map.height
+    assert each_head["value"].height > word_map["value"].height and "“apple”" in word_map["label"]
     assert h.word_views(gen, 0, 1, None, None) == (None, None)
 
 

@@ -27,6 +27,7 @@ from denoiser.attention import (
     capture_attention,
     identity_attention,
 )
+from denoiser.attention_edit import AttentionEdit
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.guidance import Guidance, TextCondition
 from denoiser.pixels import unit_to_model
@@ -68,12 +69,22 @@ class Generation:
     replay: dict | None = None  # generate()'s arguments, to sample the same seed again (None: an edit)
     attention: StepAttention = field(default_factory=StepAttention, repr=False)  # the latest step's records
     text: TextCondition | None = None  # a text model's encoded prompts (the attention view's re-runs take them)
-    prompt: str = ""  # a text model's prompt, the same for every image ("" = no condition)
-    words: tuple[str, ...] = ()  # the prompt's words the model sees: one token, one cross-attention map each
+    prompt: str = ""  # a text model's prompt, image 0's ("" = no condition); a prompt-to-prompt edit's source
+    words: tuple[str, ...] = ()  # image 0's words the model sees (weights taken out): one token, one map each
+    image_words: tuple[tuple[str, ...], ...] = ()  # each image's words (an edit's differ from its source's)
+    word_weights: tuple[tuple[float, ...], ...] = ()  # each image's weight per word ("(red:1.5) apple": 1.5, 1)
 
     @property
     def num_steps(self) -> int:
         return len(self.timesteps)
+
+    def words_of(self, image: int) -> tuple[str, ...]:
+        """Image `image`'s words (those of image 0 where the generation keeps no words per image)."""
+        return self.image_words[int(image)] if self.image_words else self.words
+
+    def weights_of(self, image: int) -> tuple[float, ...]:
+        """Image `image`'s weight per word of `words_of(image)` (1 for a plain word)."""
+        return self.word_weights[int(image)] if self.word_weights else (1.0,) * len(self.words_of(image))
 
 
 @dataclass
@@ -110,7 +121,7 @@ class AttentionViews:
         with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
             gen.guidance.main_pass(unet, x, gen.timesteps[step], labels, gen.text)
         # the images' own half, copied: a slice would keep the whole qkv projection (and v) alive
-        return [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone(),
+        return [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone(), edit=_own_rows(r.edit, B),
                                     key_mask=None if r.key_mask is None else r.key_mask[:B].clone()) for r in recs]
 
     def attention_maps(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> Image.Image:
@@ -124,16 +135,17 @@ class AttentionViews:
         """Whether a model takes a prompt (its UNet has cross-attention) rather than classes."""
         return getattr(self.model(name)[0].config, "cross_attention_dim", None) is not None
 
-    def _word(self, gen: Generation, word) -> int:
-        if not gen.words:
+    def _word(self, gen: Generation, image: int, word) -> int:
+        words = gen.words_of(image)
+        if not words:
             raise ValueError("this generation has no prompt: its words' maps need a text model and a prompt")
-        return check_int(f"word (0..{len(gen.words) - 1}, of {' '.join(gen.words)[:80]!r})", word, 0, len(gen.words) - 1)
+        return check_int(f"word (0..{len(words) - 1}, of {' '.join(words)[:80]!r})", word, 0, len(words) - 1)
 
     def word_maps(self, gen: Generation, image: int, step: int, word: int) -> list[tuple[str, torch.Tensor]]:
         """Word `word` of the prompt: its map over the pixels in every cross-attention layer at `step`, as
         (layer label, weights (h, H, W)): each pixel's share of attention that goes to the word."""
         image = check_int("image", image, 0, gen.images.shape[0] - 1)
-        j = self._word(gen, word)
+        j = self._word(gen, image, word)
         return [(layer_label(r), r.token_map(j)[image]) for r in self.records(gen, step, "cross")]
 
     def word_weights(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> list[tuple[str, torch.Tensor]]:
@@ -142,12 +154,13 @@ class AttentionViews:
         image = check_int("image", image, 0, gen.images.shape[0] - 1)
         S = gen.images.shape[-1]
         y, x = (check_int("pixel y", pixel[0], 0, S - 1), check_int("pixel x", pixel[1], 0, S - 1))
-        if not gen.words:
+        n = len(gen.words_of(image))
+        if not n:
             return []
         out = []
         for r in self.records(gen, step, "cross"):
             H, W = r.size
-            out.append((layer_label(r), r.weights((y * H // S, x * W // S))[image, :, : len(gen.words)]))  # (h, words)
+            out.append((layer_label(r), r.weights((y * H // S, x * W // S))[image, :, :n]))  # (h, words)
         return out
 
     def check_layer(self, gen: Generation, layer) -> int:
@@ -206,6 +219,9 @@ class AttentionViews:
         """The same seed and settings sampled again with `layers` (or their `heads`) switched to identity."""
         if gen.replay is None:
             raise ValueError("switching layers off samples the same seed again: generate images first (an edit has no seed to repeat)")
+        if gen.replay.get("edit") is not None:
+            raise ValueError("a word edit's layers cannot be switched off: its edit takes the source's attention maps, "
+                             "which identity attention replaces; switch layers off on a generation of one prompt")
         if not layers:
             raise ValueError("choose at least one attention layer to switch off")
         unet, _ = self.model(gen.model)
@@ -232,6 +248,18 @@ class AttentionViews:
             weight_sum=float(weights.sum()),
             top=[((int(i) // W, int(i) % W), float(scores.flatten()[i]), float(w)) for w, i in zip(top.values, top.indices)],
         )
+
+
+def _own_rows(edit: AttentionEdit | None, B: int) -> AttentionEdit | None:
+    """A call's attention edit for its first B rows (the images' own, with their prompts): weighted words' scales and
+    prompt-to-prompt's source rows, which for these rows are among them (image 0, the source)."""
+    if edit is None:
+        return None
+
+    def rows(x):
+        return None if x is None else x[:B]
+
+    return AttentionEdit(scale=rows(edit.scale), source=rows(edit.source), key_map=rows(edit.key_map))
 
 
 def _stats_calls_per_timestep(unet) -> int:

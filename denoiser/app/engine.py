@@ -29,6 +29,8 @@ from denoiser.guidance import Guidance
 from denoiser.image_io import MAX_PIXELS, uint8_to_pil
 from denoiser.model_dir import list_models, load_model, model_roots, resolve_model_dir
 from denoiser.pixels import to_uint8, to_unit, uint8_to_unit
+from denoiser.prompt_edit import PromptEdit
+from denoiser.prompt_weights import parse_prompt
 from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
 from denoiser.restore import restore
 from denoiser.sample import SAMPLERS
@@ -131,6 +133,8 @@ class Engine(AttentionViews):
         pag_layers: str | tuple[str, ...] | None = None,
         prompt: str | None = None,
         negative_prompt: str | None = None,
+        edit: PromptEdit | None = None,
+        edit_prompt: str | None = None,
     ) -> Generation:
         """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step.
 
@@ -138,11 +142,13 @@ class Engine(AttentionViews):
         (denoiser.guidance); autoguidance uses the guide named in the model folder's sampling.json.
         timestep_spacing, guidance_interval ("lo, hi" timesteps), pag_layers ("a,b"): None or empty, the model's.
         prompt, negative_prompt: a text model's (None or empty: no condition; classifier-free guidance steers from
-        the negative prompt to the prompt). A request over the work budget is refused before any work (plan_work)."""
+        the negative prompt to the prompt). edit, edit_prompt: a prompt-to-prompt edit (denoiser.prompt_edit): image 0
+        `prompt` (the source), image 1 `edit_prompt`, both from image 0's noise (num_images 2). A request over the work
+        budget is refused before any work (plan_work)."""
         form = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label,
                     eta=eta, guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
                     timestep_spacing=timestep_spacing, guidance_interval=guidance_interval, pag_layers=pag_layers,
-                    prompt=prompt, negative_prompt=negative_prompt)
+                    prompt=prompt, negative_prompt=negative_prompt, edit=edit, edit_prompt=edit_prompt)
         plan = self.sample_plan(model, **form)
         plan_work(plan).check()
         inputs, timesteps = [], []
@@ -150,13 +156,14 @@ class Engine(AttentionViews):
         res = run(plan, callback=record)
         replay = {**form, "steps": plan.steps}  # the request again: ablate samples it with layers off
         return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay,
-                          **_text_fields(plan))
+                          **_text_fields(plan, timesteps))
 
     def sample_plan(self, model: str, scheduler: str | None, steps: int | None, seed: int, num_images: int,
                     class_label: int | None, eta: float, guidance_scale: float, pag_scale: float, guide_scale: float,
                     timestep_spacing: str | None, guidance_interval: str | tuple[float, float] | None,
                     pag_layers: str | tuple[str, ...] | None, prompt: str | None = None,
-                    negative_prompt: str | None = None) -> Plan:
+                    negative_prompt: str | None = None, edit: PromptEdit | None = None,
+                    edit_prompt: str | None = None) -> Plan:
         """generate()'s arguments checked (each against the page's LIMITS) and resolved against the model's folder:
         the plan generate samples, and whose work (plan_work) the page's budget note shows."""
         if steps is not None:  # None: the folder's (sampling.json), else BUILT_IN
@@ -174,8 +181,15 @@ class Engine(AttentionViews):
         if not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
             raise ValueError(f"eta must be a number in 0..1, got {eta!r}")
         prompt, negative_prompt = _check_prompt("prompt", prompt), _check_prompt("negative prompt", negative_prompt)
-        request = SampleRequest(num_images=num_images, classes=class_label, prompts=prompt, negative_prompts=negative_prompt,
-                                seed=seed, batch_size=num_images,
+        prompts = prompt
+        if edit is not None:  # the source and its edit, one batch (denoiser.sampling checks the rest before any work)
+            edit_prompt = _check_prompt("edited prompt", edit_prompt)
+            if not edit_prompt:
+                raise ValueError("type the edited prompt: the result's prompt with the words you want changed (red heart "
+                                 "→ blue heart)")
+            prompts = [prompt or "", edit_prompt]
+        request = SampleRequest(num_images=num_images, classes=class_label, prompts=prompts, negative_prompts=negative_prompt,
+                                seed=seed, batch_size=num_images, edit=edit,
                                 scheduler=scheduler, steps=steps, timestep_spacing=timestep_spacing, eta=float(eta),
                                 guidance_interval=guidance_interval or None, pag_layers=pag_layers or None, **scales)
         return self.plan(model, request)
@@ -304,12 +318,14 @@ MAX_PROMPT_CHARS = 1000  # a prompt longer than this is refused (the tokenizer k
 
 
 def _check_prompt(name: str, value) -> str | None:
-    """A prompt from the page: text of at most MAX_PROMPT_CHARS; None or blank: no prompt."""
+    """A prompt from the page: text of at most MAX_PROMPT_CHARS whose weights read ("(red:1.5) apple": a malformed
+    one is refused here, before any work, in denoiser.prompt_weights' words); None or blank: no prompt."""
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > MAX_PROMPT_CHARS:
         raise ValueError(f"the {name} must be text of at most {MAX_PROMPT_CHARS} characters, got "
                          f"{type(value).__name__} of length {len(str(value))}")
+    parse_prompt(value)
     return value.strip() or None
 
 
@@ -329,13 +345,15 @@ def restore_prompts(operation: str, prompt, negative_prompt) -> tuple[str | None
     return prompt, negative_prompt
 
 
-def _text_fields(plan: Plan) -> dict:
-    """A Generation's text fields from its plan: the encoded prompts of the whole batch, the prompt, its words."""
+def _text_fields(plan: Plan, timesteps: Sequence[int] = ()) -> dict:
+    """A Generation's text fields from its plan: the encoded prompts of the whole batch (an edit counting its steps on
+    the `timesteps` sampled, as sampling did), the prompt, each image's words and their weights."""
     if plan.text is None:
         return {}
     prompt = plan.prompts[0] if plan.prompts else ""
-    return dict(text=plan.text_condition(range(plan.num_images)), prompt=prompt,
-                words=plan.words(0))
+    n = range(plan.num_images)
+    return dict(text=plan.text_condition(n).at_timesteps(timesteps), prompt=prompt, words=plan.words(0),
+                image_words=tuple(plan.words(k) for k in n), word_weights=tuple(plan.word_weights(k) for k in n))
 
 
 def _restore_request(operation: str, image: Image.Image | None, steps, seed, sigma, strength, add_noise) -> tuple:

@@ -22,12 +22,12 @@ from denoiser.app.budget import plan_work
 from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Stages
 from denoiser.app.kept import recall, remember
 from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
-from denoiser.app.words import word_maps_panel, word_weights_chart
+from denoiser.app.words import word_choices, word_label, word_maps_panel, word_weights_chart
 from denoiser.image_io import read_settings, save_with_settings, to_pil
 from denoiser.request import BUILT_IN
 
 __all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "HEAD_COLUMNS", "NO_CLASS", "MODELS_OWN",
-           "N_VIEWS", "PROMPTS"]
+           "N_VIEWS", "PROMPTS", "word_maps_label", "word_weights_label", "result_files", "escape", "few_steps_note"]
 
 log = logging.getLogger("denoiser.app")
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
@@ -49,6 +49,20 @@ NO_GENERATION = "generate images first (Sample tab), or run the Edit tab: this v
 RUNNING = ("denoising", "averaging", "measuring", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 
 
+
+
+def word_maps_label(word: str | None = None) -> str:
+    """The word map's label, naming the word with its weight ("red ×1.5": its attention as sampled, scaled 1.5)."""
+    which = "the chosen word's map" if word is None else f"the map of “{word}”"
+    return f"{which}: all cross-attention layers together, then each layer's (mean of heads)"
+
+
+def word_weights_label(weighted: bool = False) -> str:
+    """The pixel's weights' label: a weight other than 1 scales a word's share, so its row no longer sums to 1."""
+    sums = "a row sums to 1 plus what the weights add" if weighted else "a row sums to 1"
+    return f"the clicked pixel's weights over the words (mean of heads; {sums})"
+
+
 def guidance_info(interval=None, prompt: bool = False) -> str:
     """The classifier-free guidance slider's note (for a text model's prompt with `prompt`); names the steps a model's
     sampling.json limits guidance to."""
@@ -59,7 +73,7 @@ def guidance_info(interval=None, prompt: bool = False) -> str:
     return text
 
 
-def _result_files(images: torch.Tensor, settings: dict) -> list[str]:
+def result_files(images: torch.Tensor, settings: dict) -> list[str]:
     """Each image as a PNG named after and carrying its settings (denoiser.image_io.save_with_settings), in a folder
     of its own under the app's temp folder: downloads say how they were made, "use these settings" reads them back."""
     folder = tempfile.mkdtemp(prefix="results-", dir=os.environ.get("GRADIO_TEMP_DIR"))
@@ -71,7 +85,7 @@ def _result_files(images: torch.Tensor, settings: dict) -> list[str]:
     return files
 
 
-def _escape(text: str) -> str:
+def escape(text: str) -> str:
     """A person's text (a prompt) shown in Markdown as itself: no HTML, no emphasis, no links."""
     return re.sub(r"([\\`*_{}\[\]()#+!|~-])", r"\\\1", html.escape(text[:200], quote=False))
 
@@ -222,8 +236,8 @@ class Handlers:
             return None
         return (own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"]), own.steps
 
-    def _sample_form(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale, guide_scale,
-                     timestep_spacing, eta, guidance_interval, pag_layers, prompt="", negative_prompt="") -> dict:
+    def sample_form(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale, guide_scale,
+                    timestep_spacing, eta, guidance_interval, pag_layers, prompt="", negative_prompt="") -> dict:
         """The Sample tab's form as the engine's arguments (Engine.generate, Engine.sample_plan): the class by name as
         its label, checked against the model's classes; the advanced settings (timestep spacing, eta, guidance
         interval "lo, hi", PAG layers "a,b") left at MODELS_OWN or empty as None, the model's own (its scheduler
@@ -242,10 +256,10 @@ class Handlers:
     def generate(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0,
                  timestep_spacing=MODELS_OWN, eta=0.0, guidance_interval="", pag_layers="", prompt="", negative_prompt="",
                  progress=gr.Progress()):
-        """The Sample tab's Generate (the form as _sample_form reads it)."""
+        """The Sample tab's Generate (the form as sample_form reads it)."""
         try:  # the request checked before any work (the engine checks it again): a refusal is a message, not a failure
-            form = self._sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale,
-                                     guide_scale, timestep_spacing, eta, guidance_interval, pag_layers, prompt, negative_prompt)
+            form = self.sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale,
+                                    guide_scale, timestep_spacing, eta, guidance_interval, pag_layers, prompt, negative_prompt)
             plan_work(self.engine.sample_plan(model, **form)).check()
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
@@ -264,8 +278,8 @@ class Handlers:
                         guidance_interval=guidance_interval or "", pag_layers=pag_layers or "",
                         prompt=form["prompt"] or "", negative_prompt=form["negative_prompt"] or "")
         settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
-        gallery = _result_files(gen.images, settings)
-        of = f" of “{_escape(gen.prompt)}”" if gen.prompt else ""
+        gallery = result_files(gen.images, settings)
+        of = f" of “{escape(gen.prompt)}”" if gen.prompt else ""
         yield (
             enlarge(to_pil(gen.images)), gallery, *self.generation_views(gen),
             f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps" + few_steps_note(gen.num_steps),
@@ -329,7 +343,7 @@ class Handlers:
         """What a new generation sets on the page (after its pictures): the generation itself, the image and step
         sliders over it (its last step chosen), its first image to click, its layers and heads, and the attention
         views of the previous one cleared."""
-        words = gr.update(choices=[(w, j) for j, w in enumerate(gen.words)], value=None, visible=bool(gen.words))
+        words = gr.update(choices=word_choices(gen.words_of(0), gen.weights_of(0)), value=None, visible=bool(gen.words))
         shown = gr.update(value=None, visible=bool(gen.words))
         heads = gr.update(visible=bool(gen.words))  # the word maps' "each head": as the person left it
         return (gen, _index_slider(gen.images.shape[0], 0), _index_slider(gen.num_steps, gen.num_steps - 1),
@@ -379,14 +393,17 @@ class Handlers:
         if gen is None or not gen.words:
             return None, None
         try:
+            weights_of = gen.weights_of(image)
+            labels = [word_label(w, x) for w, x in zip(gen.words_of(image), weights_of)]
             maps = None
             if word is not None:
                 panel = self.engine.word_maps(gen, image, step, word)
-                maps = word_maps_panel(gen.images[int(image)], panel, None if pixel is None else tuple(pixel),
-                                       heads=bool(heads))
+                maps = gr.update(value=word_maps_panel(gen.images[int(image)], panel, None if pixel is None else tuple(pixel),
+                                                       heads=bool(heads)), label=word_maps_label(labels[int(word)]))
             weights = None
             if pixel is not None:
-                weights = word_weights_chart(self.engine.word_weights(gen, image, step, pixel), gen.words)
+                weights = gr.update(value=word_weights_chart(self.engine.word_weights(gen, image, step, pixel), labels),
+                                    label=word_weights_label(any(x != 1 for x in weights_of)))
         except ValueError as err:
             raise user_error(err) from None
         return maps, weights
@@ -422,10 +439,10 @@ class Handlers:
         Generate: the plan Generate samples (the model folder's guidance interval and guide included) counted by the
         rule its refusal uses (denoiser.app.budget), so the note says "over" exactly when Generate refuses. Nothing for
         a form Generate refuses for another reason (it says why). scheduler and the advanced settings as Generate
-        reads them (_sample_form): left unset, the model's own."""
+        reads them (sample_form): left unset, the model's own."""
         try:
-            form = self._sample_form(model, scheduler, steps, 0, num_images, class_name, guidance_scale, pag_scale,
-                                     guide_scale, timestep_spacing, 0.0, guidance_interval, pag_layers, prompt, negative_prompt)
+            form = self.sample_form(model, scheduler, steps, 0, num_images, class_name, guidance_scale, pag_scale,
+                                    guide_scale, timestep_spacing, 0.0, guidance_interval, pag_layers, prompt, negative_prompt)
             work = plan_work(self.engine.sample_plan(model, **form))
         except (ValueError, TypeError, OSError):
             return ""

@@ -13,9 +13,19 @@ from denoiser.app.cache_sweep import sweep_safe, whole_files
 from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import SCHEDULERS, Engine
-from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info
+from denoiser.app.handlers import (
+    HEAD_COLUMNS,
+    MODELS_OWN,
+    NO_CLASS,
+    PROMPTS,
+    Handlers,
+    guidance_info,
+    word_maps_label,
+    word_weights_label,
+)
 from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.app.limits import LIMITS
+from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
 from denoiser.request import TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
@@ -29,8 +39,9 @@ __all__ = ["build_app", "LAUNCH"]
 CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-preview img { image-rendering: pixelated; }\n"
        "[data-testid=status-tracker] .error { display: none; }\n"
        "@media (max-width: 700px) { #sample-main { display: contents; } #sample-main > * { flex: 1 1 100%; }\n"
-       "  #sample-settings { order: 1; } #gallery, #use-settings, #earlier, #use-earlier { order: 2; } }")
-# a "try these" row was clicked far below: bring Generate's status line and live preview into view
+       "  #sample-settings { order: 1; } #gallery, #use-settings, #word-edit, #earlier, #use-earlier { order: 2; } }")
+# a "try these" row (or the word edit under the results) was clicked far below: bring Generate's status line and live
+# preview into view
 SHOW_RUN = ("() => { document.querySelector('#generate').scrollIntoView({block: 'start', behavior: 'instant'}); "
             "window.scrollBy(0, -24); }")
 # launch() settings every server of this app uses: uploads (a photo on the Edit tab) of at most 25 MB, what a
@@ -84,6 +95,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                                      columns=4, elem_id="gallery", buttons=["download", "download_all"], height="auto",
                                      object_fit="contain", type="filepath", interactive=False)
                 use_settings = gr.Button("use these settings (the selected result's)", size="sm", elem_id="use-settings")
+                word_edit_box(c)  # a text model's result: change its words, keep the picture (denoiser.app.word_edit)
                 # this browser's last results (denoiser.app.kept): shown once there are any, after a reload too
                 earlier = gr.Gallery(label=f"earlier results (the last {KEEP}, kept in this browser)", format="png",
                                      columns=6, elem_id="earlier", buttons=["download"], height=240, visible=False,
@@ -173,12 +185,10 @@ def _attention_tab(c: SimpleNamespace) -> None:
                                                                 "mean-stop", "mean-status")
             with gr.Column(scale=2):
                 # a text model's cross-attention, above its self-attention: the chosen word's map, the pixel's words
-                word_maps = gr.Image(label="the chosen word's map: all cross-attention layers together, then each "
-                                     "layer's (mean of heads)", format="png", type="pil", interactive=False,
+                word_maps = gr.Image(label=word_maps_label(), format="png", type="pil", interactive=False,
                                      elem_id="word-maps", visible=False)
-                word_weights = gr.Image(label="the clicked pixel's weights over the words (mean of heads; a row sums "
-                                        "to 1)", format="png", type="pil", interactive=False, elem_id="word-weights",
-                                        visible=False)
+                word_weights = gr.Image(label=word_weights_label(), format="png", type="pil", interactive=False,
+                                        elem_id="word-weights", visible=False)
                 # titles above the images: a floating label would cover the first row's layer names
                 gr.Markdown("**Attention of the clicked pixel** (pixels to pixels): one row per layer, mean of heads, then each head")
                 maps = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="maps")
@@ -243,7 +253,6 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # the Sample tab's form, in SETTINGS_FORM's order: Generate reads it, "use these settings" fills it
     form = [c.model, c.scheduler, c.steps, c.seed, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.spacing,
             c.eta, c.interval, c.pag_layers, c.prompt, c.negative_prompt]
-    c.use_settings.click(h.use_settings, [c.gallery, c.selected], [*form, c.status], api_name=False)
     c.randomise.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, api_name=False)
     # a new generation: no pixel, no maps of the old one; its prompt's words (if any), no word chosen
     cleared = [c.pixel_state, c.maps, c.stages, c.stage_text, c.words, c.word_maps, c.word_weights, c.word_heads]
@@ -253,7 +262,12 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # "Error" badges over them (the error's message stays until closed: streaming.user_error)
     sampling = dict(concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.status])
     generating = c.run.click(h.generate, sample_inputs, sample_outputs, api_name="generate", **sampling)
-    runs = [generating]
+    word_editing, w = wire_word_edit(app, h, c, sample_outputs, form, sampling)  # a text model's result, words changed
+    c.word_edit_run.click(None, js=SHOW_RUN, api_name=False)  # its progress and pictures show where Generate's do
+    runs = [generating, word_editing]
+    # "use these settings" fills the form, and from a word edit's result the word edit's panel
+    restored = [*form, c.edit_words, c.edit_type, c.cross_replace, c.self_replace, c.word_filled_from, c.status]
+    c.use_settings.click(w.use_settings, [c.gallery, c.selected], restored, api_name=False)
     if c.sample_examples is not None:  # a "try these" row fills the form, then generates as Generate does
         filled = c.sample_examples.load_input_event
         filled.then(None, js=SHOW_RUN)  # the row's table is below: the status line and the preview come into view
@@ -265,7 +279,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
         run.success(h.keep_results, [c.gallery, c.kept], [c.kept, *earlier], api_name=False, queue=False)
     app.load(h.kept_results, c.kept, earlier, api_name=False)
     c.earlier.select(h.select_result, None, c.earlier_selected, api_name=False)
-    c.use_earlier.click(h.use_settings, [c.earlier, c.earlier_selected], [*form, c.status], api_name=False)
+    c.use_earlier.click(w.use_settings, [c.earlier, c.earlier_selected], restored, api_name=False)
     editing = wire_edit(app, h, c, cleared)  # the Edit tab's Run (its Stop below cancels it)
     # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), streaming.stream then stops the
     # worker after the UNet call in progress and frees the sampling slot
@@ -283,7 +297,9 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # a text model's words: the chosen word's maps and the pixel's weights over the words follow every change of view
     word_views = dict(fn=h.word_views, inputs=[c.gen_state, c.image_idx, c.step, c.pixel_state, c.words, c.word_heads],
                       outputs=[c.word_maps, c.word_weights], api_name=False)
-    c.image_idx.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False).then(**word_views)
+    # another image: its words (a word edit's two differ), then its views
+    c.image_idx.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False).then(
+        image_words, [c.gen_state, c.image_idx, c.words], c.words, api_name=False).then(**word_views)
     c.step.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name="refresh").then(**word_views)
     c.clickable.select(h.click, [c.gen_state, c.image_idx, c.step, c.layer, c.head], pixel_outputs,
                        api_name=False).then(**word_views)

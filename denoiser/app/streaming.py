@@ -137,8 +137,10 @@ def user_error(err: BaseException) -> gr.Error:
 
 
 def not_started(message: str) -> str:
-    """The status line for a request refused before any work: why, and that the pictures shown are older."""
-    return f"**not started**: {message} (the results shown are from the run before, if any)"
+    """The status line for a request refused before any work: why, and that the pictures shown are older. A backslash
+    in the message is shown as itself (a prompt's "\\(" would otherwise be Markdown's escape)."""
+    shown = message.replace("\\", "\\\\")
+    return f"**not started**: {shown} (the results shown are from the run before, if any)"
 
 
 def friendly(handler):

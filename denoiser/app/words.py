@@ -15,11 +15,21 @@ from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.visualize import overlay, tiles_image, with_colour_scale
 
-__all__ = ["word_maps_panel", "all_layers_map", "word_weights_chart"]
+__all__ = ["word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices"]
 
 _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
 _PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 20, 170, 96
 _TOP = 30  # the page's label sits over the picture's top-left corner: the table and the maps start below it
+
+
+def word_label(word: str, weight: float = 1.0) -> str:
+    """A word as the page names it: "red ×1.5" for a weighted word ("(red:1.5) apple"), the word alone at weight 1."""
+    return word if weight == 1.0 else f"{word} ×{weight:.3g}"
+
+
+def word_choices(words: Sequence[str], weights: Sequence[float]) -> list[tuple[str, int]]:
+    """The word selector's choices: (label with its weight, the word's index among the prompt's words)."""
+    return [(word_label(w, x), j) for j, (w, x) in enumerate(zip(words, weights))]
 
 
 def all_layers_map(maps: Sequence[tuple[str, torch.Tensor]], size: int) -> torch.Tensor:

@@ -1,0 +1,208 @@
+"""The Sample tab's word edit: "change the words, keep the picture" on a text model's result (prompt-to-prompt,
+Hertz et al. 2022: denoiser.prompt_edit).
+
+The selected result is drawn again from its own noise beside its edit, in one batch: image 0 with the result's
+prompt (the source), image 1 with the edited prompt, for the first part of the steps taking the source's word maps
+(cross-attention) and its layout (self-attention). What it starts from is the result's PNG: its settings, and the
+seed of its noise (a plain result's image k is seed + k; both pictures of a word edit are its source's seed). The
+request is the Sample tab's own (Engine.generate with a PromptEdit): the same queue, work budget, progress and Stop
+as Generate. Its PNGs carry the source prompt, the edited prompt, the edit type and the two fractions, and "use
+these settings" fills the form and this panel from them.
+
+Its components (word_edit_box), its handlers (WordEdit) and its wiring (wire_word_edit); the page around it is
+denoiser/app/layout.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+
+from denoiser.app.budget import plan_work
+from denoiser.app.controls import keep
+from denoiser.app.handlers import (
+    N_VIEWS,
+    NO_CLASS,
+    SETTINGS_FORM,
+    Handlers,
+    enlarge,
+    escape,
+    few_steps_note,
+    result_files,
+)
+from denoiser.app.streaming import not_started, relay, stream, user_error
+from denoiser.app.words import word_choices
+from denoiser.image_io import read_settings, to_pil
+from denoiser.prompt_edit import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
+
+__all__ = ["EDIT_SETTINGS", "OFFERED", "WordEdit", "word_edit_box", "wire_word_edit", "image_words", "source_of"]
+
+OFFERED = ("replace", "refine")  # the edit types the panel offers ("reweight": write "(word:2)" in the edited prompt)
+# a word edit's settings in its PNG, in the panel's order, and what a result without them stands for
+EDIT_SETTINGS = {"edit_prompt": "", "edit_type": "replace", "cross_replace_steps": DEFAULT_CROSS_REPLACE,
+                 "self_replace_steps": DEFAULT_SELF_REPLACE}
+CROSS_LABEL = "word maps from the source for the first … of the steps"
+SELF_LABEL = "layout (self-attention) from the source for the first … of the steps"
+
+
+def selected_result(gallery, selected) -> tuple[Path | None, dict]:
+    """(file, settings) of a gallery's selected result (the first when none is selected); (None, {}) for an empty one."""
+    items = list(gallery or [])
+    if not items:
+        return None, {}
+    item = items[min(int(selected or 0), len(items) - 1)]
+    path = Path(str(item[0] if isinstance(item, (list, tuple)) else item))  # (path, caption) or a path
+    return path, read_settings(path)
+
+
+def source_of(settings: dict) -> tuple[int, str]:
+    """(the seed of its noise, its source prompt) of a result: a plain result's image k is drawn from seed + k; both
+    pictures of a word edit from its source's seed, which its PNG carries."""
+    seed = int(settings.get("seed", 0))
+    if "edit_prompt" in settings:
+        return seed, str(settings.get("prompt", ""))
+    return seed + int(settings.get("index", 0)), str(settings.get("prompt", ""))
+
+
+def image_words(gen, image, word):
+    """The Attention tab's words for the chosen image (the two pictures of a word edit have different words): their
+    choices labelled with their weights, the word chosen kept where the image has it."""
+    if gen is None or not gen.words:
+        return gr.skip()
+    words = gen.words_of(int(image))
+    keep_word = word if word is not None and 0 <= int(word) < len(words) else None
+    return gr.update(choices=word_choices(words, gen.weights_of(int(image))), value=keep_word)
+
+
+class WordEdit:
+    """The word edit's handlers, beside the page's (`Handlers`: its engine, its form, its generation views)."""
+
+    def __init__(self, h: Handlers) -> None:
+        self.h, self.engine = h, h.engine
+
+    def request(self, settings: dict, edit_prompt, edit_type, cross, self_) -> tuple[str, dict, str]:
+        """(model, Engine.generate's arguments, a note on what differs from the result) for editing the result whose
+        settings are given, checked before any work."""
+        if not settings:
+            raise ValueError("generate first: the word edit redraws a result of the Sample tab")
+        model = settings.get("model")
+        if not self.h.is_text(model):
+            raise ValueError("the word edit changes a text model's prompt: generate with a text model (e.g. emoji) first")
+        seed, source = source_of(settings)
+        if str(edit_prompt or "").strip() == source.strip():
+            raise ValueError("the edited prompt is the result's own: change some of its words (red heart → blue heart)")
+        if edit_type not in OFFERED:
+            raise ValueError(f"the edit type must be one of {', '.join(OFFERED)}, got {str(edit_type)[:40]!r}")
+        v = {k: settings.get(k, default) for k, default in SETTINGS_FORM.items()}
+        form = self.h.sample_form(model, v["scheduler"], v["steps"], seed, 2, v["class"] or NO_CLASS, v["guidance_scale"],
+                                  0.0, v["guide_scale"], v["timestep_spacing"], v["eta"], v["guidance_interval"],
+                                  v["pag_layers"], source, v["negative_prompt"])
+        form["edit"] = PromptEdit(edit_type, cross_replace_steps=float(cross), self_replace_steps=float(self_))
+        form["edit_prompt"] = edit_prompt
+        # an edit takes the source's self-attention, which perturbed-attention guidance replaces: the result's PAG is off
+        note = " · attention guidance (PAG) off: an edit takes the source's layout" if float(v["pag_scale"] or 0) else ""
+        return model, form, note
+
+    def run(self, gallery, selected, edit_prompt, edit_type, cross, self_, progress=gr.Progress()):
+        """The selected result and its edit, [source, edit], from its noise. Outputs: Generate's (the preview, the
+        results, the generation and its views, the status line)."""
+        try:  # the request checked before any work: a refusal is a message on the status line, not a failure
+            path, settings = selected_result(gallery, selected)
+            model, form, note = self.request(settings, edit_prompt, edit_type, cross, self_)
+            plan_work(self.engine.sample_plan(model, **form)).check()
+        except Exception as err:  # noqa: BLE001
+            error = user_error(err)
+            yield (*(gr.skip(),) * (N_VIEWS + 2), not_started(error.message))
+            raise error from None
+
+        def job(on_step):
+            return self.engine.generate(model, **form, on_step=on_step)
+
+        gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
+        edit = form["edit"]
+        made = {k: v for k, v in settings.items() if k not in ("index", "count", *EDIT_SETTINGS)}
+        made.update(seed=form["seed"], num_images=2, pag_scale=0.0, prompt=form["prompt"] or "",
+                    edit_prompt=form["edit_prompt"].strip(), edit_type=edit.edit_type,
+                    cross_replace_steps=edit.cross_replace_steps[1], self_replace_steps=edit.self_replace_steps[1])
+        what = (f"{edit.edit_type}: the word maps from the source for the first {edit.cross_replace_steps[1]:.0%} of the "
+                f"steps, its layout for the first {edit.self_replace_steps[1]:.0%}; both from the noise of seed {form['seed']}")
+        yield (enlarge(to_pil(gen.images)), result_files(gen.images, made), *self.h.generation_views(gen),
+               f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, {gen.num_steps} steps"
+               f" · {what}{note}" + few_steps_note(gen.num_steps))
+
+    def shown(self, gallery, selected, edit_prompt, filled_from):
+        """The panel for the gallery's selected result: shown for a text model's, with the result it edits in words;
+        its prompt box filled with the result's prompt when that is a new one (a word edit's own results keep what
+        was typed). Outputs: the panel, its line, the prompt box, the prompt it was filled from."""
+        _, s = selected_result(gallery, selected)
+        if not s or not self.h.is_text(s.get("model")):
+            return gr.update(visible=False), "", gr.skip(), gr.skip()
+        seed, source = source_of(s)
+        said = f"“{escape(source)}”" if source else "no prompt"
+        if "edit_prompt" in s:
+            line = f"Edits the source of this word edit ({said}, seed {seed})."
+        else:
+            line = f"Edits result {int(s.get('index', 0)) + 1} of {s.get('count', 1)} ({said}, seed {seed})."
+        line += " Select another result to edit that one."
+        if "edit_prompt" in s or source == filled_from:
+            return gr.update(visible=True), line, gr.skip(), gr.skip()
+        return gr.update(visible=True), line, gr.update(value=source), source
+
+    def shown_on_select(self, gallery, edit_prompt, filled_from, evt: gr.SelectData):
+        return self.shown(gallery, evt.index, edit_prompt, filled_from)
+
+    def new_results(self, gallery, edit_prompt, filled_from) -> tuple:
+        """A new gallery: its first result selected (Gradio shows none chosen), the panel for it."""
+        return (0, *self.shown(gallery, 0, edit_prompt, filled_from))
+
+    def form_of_result(self, gallery) -> tuple:
+        """After a word edit: the Sample form shows what its results were made with (their seed, two images, no PAG)."""
+        return self.h.use_settings(gallery, 0)[:-1]
+
+    def use_settings(self, gallery, selected) -> tuple:
+        """Handlers.use_settings, and from a word edit's PNG its edited prompt, edit type and fractions into the panel.
+        Outputs: the Sample form, the panel's four controls, the prompt it was filled from, the status line."""
+        *form, status = self.h.use_settings(gallery, selected)
+        _, s = selected_result(gallery, selected)
+        if "edit_prompt" not in s:
+            return (*form, *(gr.skip(),) * (len(EDIT_SETTINGS) + 1), status)
+        panel = [gr.update(value=s.get(k, default)) for k, default in EDIT_SETTINGS.items()]
+        return (*form, *panel, s.get("prompt", ""), status)
+
+
+def word_edit_box(c: SimpleNamespace) -> None:
+    """The panel's components (under the results, shown for a text model's), onto `c` (layout.keep)."""
+    word_filled_from = gr.State(None)  # the result prompt the edited-prompt box was last filled with
+    with gr.Accordion("change the words, keep the picture", open=True, visible=False, elem_id="word-edit") as word_edit:
+        word_source = gr.Markdown(elem_id="word-edit-source")
+        edit_words = gr.Textbox("", label="the edited prompt", elem_id="edit-words", max_lines=2,
+                                placeholder="the result's prompt with some words changed, e.g. red heart → blue heart",
+                                info="the result drawn again from its noise beside its edit; weights work here too: "
+                                     "(blue:1.5) heart")
+        edit_type = gr.Radio(list(OFFERED), value=EDIT_SETTINGS["edit_type"], label="the words change by",
+                             elem_id="edit-type", info="replace: one word for another, as many words (red heart → blue "
+                                                       "heart); refine: words added or taken out (heart → red heart)")
+        with gr.Row():
+            cross_replace = gr.Slider(0, 1, value=DEFAULT_CROSS_REPLACE, step=0.05, label=CROSS_LABEL,
+                                      elem_id="cross-replace", info="more: the edit keeps more of the source's shapes")
+            self_replace = gr.Slider(0, 1, value=DEFAULT_SELF_REPLACE, step=0.05, label=SELF_LABEL,
+                                     elem_id="self-replace", info="more: more of the source's layout, less room to change")
+        word_edit_run = gr.Button("change the words", variant="primary", elem_id="word-edit-run")
+    keep(c, locals())
+
+
+def wire_word_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, outputs: list, form: list, sampling: dict):
+    """Which handler serves which of the panel's events. outputs: Generate's; form: the Sample form in SETTINGS_FORM's
+    order; sampling: Generate's queue settings. Returns the panel's run (Stop cancels it) and its handlers."""
+    w = WordEdit(h)
+    panel = [c.word_edit, c.word_source, c.edit_words, c.word_filled_from]
+    c.gallery.change(w.new_results, [c.gallery, c.edit_words, c.word_filled_from], [c.selected, *panel], api_name=False,
+                     queue=False, show_progress="hidden")
+    c.gallery.select(w.shown_on_select, [c.gallery, c.edit_words, c.word_filled_from], panel, api_name=False,
+                     queue=False, show_progress="hidden")
+    edits = [c.edit_words, c.edit_type, c.cross_replace, c.self_replace]  # EDIT_SETTINGS' order
+    running = c.word_edit_run.click(w.run, [c.gallery, c.selected, *edits], outputs, api_name="word_edit", **sampling)
+    running.success(w.form_of_result, c.gallery, form, api_name=False, queue=False)  # the form shows what ran
+    return running, w

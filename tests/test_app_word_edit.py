@@ -1,0 +1,262 @@
+"""The app with weighted prompts and prompt-to-prompt (issue 53): the Sample tab's word edit ("change the words, keep
+the picture") runs the core's edit from the selected result's noise, its PNGs carry the edit and "use these settings"
+restores it; a weighted word's map is labelled with its weight; a malformed weight is a message before any work."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from denoiser.app.edit import EditHandlers
+from denoiser.app.engine import Engine
+from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
+from denoiser.app.word_edit import EDIT_SETTINGS, WordEdit, image_words, source_of
+from denoiser.image_io import read_settings
+from denoiser.prompt_edit import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
+from denoiser.request import SampleRequest
+from denoiser.sampling import resolve, run
+from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
+from tests.test_app_text import weights  # noqa: F401 - the tiny text model "words" and a class model
+
+FORM = ("(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "")  # class .. pag layers, as Generate reads them
+
+
+def _generate(h: Handlers, prompt: str, seed: int = 3, num_images: int = 3):
+    *_, last = h.generate("words", "ddim", 3, seed, num_images, *FORM, prompt, "")
+    return last
+
+
+@pytest.fixture
+def handlers(weights, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    h = Handlers(Engine(weights))
+    return h, WordEdit(h)
+
+
+def test_the_word_edit_is_the_cores_edit_from_the_selected_results_noise(handlers, weights):  # noqa: F811
+    h, w = handlers
+    first = _generate(h, "red apple")
+    gallery = first[1]
+    out = list(w.run(gallery, 2, "blue apple", "replace", 0.6, 0.3))[-1]
+    assert len(out) == N_VIEWS + 3
+    files, gen, status = out[1], out[2], out[-1]
+    edit = PromptEdit("replace", cross_replace_steps=0.6, self_replace_steps=0.3)
+    plan = resolve(SampleRequest(num_images=2, prompts=["red apple", "blue apple"], seed=5, scheduler="ddim", steps=3,
+                                 guidance_scale=2.5, edit=edit), weights / "words")
+    assert torch.equal(gen.images, run(plan).images)  # seed 3 + result 3's index 2: its noise
+    torch.testing.assert_close(gen.images[0], first[2].images[2], atol=1e-5, rtol=0)  # the source is the picture kept
+    assert len(files) == 2 and status.startswith("done: 2 image(s) of “red apple” → “blue apple”, 3 steps")
+    assert "replace" in status and "60%" in status and "30%" in status and "seed 5" in status
+    for k, f in enumerate(files):
+        s = read_settings(f)
+        assert (s["prompt"], s["edit_prompt"], s["edit_type"]) == ("red apple", "blue apple", "replace")
+        assert (s["cross_replace_steps"], s["self_replace_steps"], s["seed"], s["num_images"]) == (0.6, 0.3, 5, 2)
+        assert (s["index"], s["count"]) == (k, 2) and source_of(s) == (5, "red apple")
+    assert gen.image_words == (("red", "apple"), ("blue", "apple"))
+    assert image_words(gen, 1, 0)["choices"] == [("blue", 0), ("apple", 1)]
+    # editing an edit's picture starts again from its source: the same seed, the same source prompt
+    again = list(w.run(files, 1, "green apple", "replace", 0.6, 0.3))[-1]
+    assert torch.equal(again[2].images[0], gen.images[0]) and read_settings(again[1][0])["seed"] == 5
+
+
+def test_use_these_settings_rebuilds_a_word_edit(handlers):
+    h, w = handlers
+    gallery = _generate(h, "red apple")[1]
+    files = list(w.run(gallery, 0, "red apple tree", "refine", 0.5, 0.2))[-1][1]
+    out = w.use_settings(files, 1)
+    form = dict(zip(SETTINGS_FORM, out))
+    panel = dict(zip(EDIT_SETTINGS, out[len(SETTINGS_FORM):]))
+    assert form["prompt"]["value"] == "red apple" and form["seed"]["value"] == 3 and form["num_images"]["value"] == 2
+    assert {k: u["value"] for k, u in panel.items()} == {"edit_prompt": "red apple tree", "edit_type": "refine",
+                                                          "cross_replace_steps": 0.5, "self_replace_steps": 0.2}
+    assert out[-2] == "red apple" and out[-1].startswith("settings of ")  # the prompt the panel edits; the status line
+    plain = w.use_settings(gallery, 0)  # a plain result leaves the panel as it is
+    assert all(u.get("__type__") == "update" and len(u) == 1 for u in plain[len(SETTINGS_FORM):-1] if isinstance(u, dict))
+
+
+def test_the_panel_follows_the_selected_result(handlers):
+    h, w = handlers
+    gallery = _generate(h, "red apple")[1]
+    selected, box, line, prompt, filled = w.new_results(gallery, "", None)
+    assert selected == 0 and box["visible"] and prompt["value"] == "red apple" and filled == "red apple"
+    assert "result 1 of 3" in line and "seed 3" in line
+    _, line, prompt, _ = w.shown(gallery, 2, "blue apple", "red apple")
+    assert "result 3 of 3" in line and "seed 5" in line and prompt.get("__type__") == "update" and "value" not in prompt
+    files = list(w.run(gallery, 0, "blue apple", "replace", 0.8, 0.4))[-1][1]
+    _, _, _, prompt, _ = w.new_results(files, "blue apple", "red apple")  # its own results keep what was typed
+    assert "value" not in prompt
+    cls = h.generate("tiny-classes", "ddim", 2, 0, 1, "(any)", 1.0, 0.0, 1.0, "(the model's)", 0.0, "", "", "", "")
+    assert not w.new_results(list(cls)[-1][1], "", None)[1]["visible"]  # a class model's result: no word edit
+    assert DEFAULT_CROSS_REPLACE and DEFAULT_SELF_REPLACE  # the sliders' defaults (word_edit_box) are the core's
+
+
+@pytest.mark.parametrize("edit_prompt, edit_type, expected", [
+    ("red apple", "replace", "the edited prompt is the result's own"),
+    ("", "replace", "type the edited prompt"),
+    ("big red apple", "replace", 'edit_type "replace" swaps words one for one'),
+    ("blue apple", "reweight", "the edit type must be one of replace, refine"),
+    ("blue (apple:x)", "replace", "prompt weighting, at character 13"),
+])
+def test_a_word_edit_refused_before_any_work_says_why(handlers, edit_prompt, edit_type, expected):
+    h, w = handlers
+    gallery = _generate(h, "red apple", num_images=1)[1]
+    runs = w.run(gallery, 0, edit_prompt, edit_type, 0.8, 0.4)
+    first = next(runs)
+    assert first[-1].startswith("**not started**:") and expected in first[-1]
+    assert all(u.get("__type__") == "update" for u in first[:-1])  # nothing else changes
+    with pytest.raises(Exception, match="."):
+        next(runs)
+    none = next(w.run([], 0, "blue apple", "replace", 0.8, 0.4))
+    assert "generate first" in none[-1]
+
+
+def test_a_weighted_word_is_labelled_with_its_weight(handlers):
+    h, _ = handlers
+    last = _generate(h, "(red:1.5) apple", num_images=1)
+    gen = last[2]
+    assert gen.words == ("red", "apple") and gen.word_weights == ((1.5, 1.0),)  # the parsed words, not "1", "5"
+    words = last[2 + 6 + 4]
+    assert words["choices"] == [("red ×1.5", 0), ("apple", 1)]
+    maps, chart = h.word_views(gen, 0, 1, (2, 3), 0)
+    assert "the map of “red ×1.5”:" in maps["label"]
+    assert "plus what the weights add" in chart["label"]
+    plain, _ = h.word_views(gen, 0, 1, None, 1)
+    assert "“apple”:" in plain["label"]
+    assert read_settings(last[1][0])["prompt"] == "(red:1.5) apple"
+
+
+def test_a_malformed_weight_is_refused_before_any_work(handlers, caplog):
+    h, _ = handlers
+    caplog.set_level(logging.INFO, logger="denoiser.app")
+    runs = h.generate("words", "ddim", 3, 0, 1, *FORM, "(red:x) apple", "")
+    first = next(runs)
+    assert first[-1].startswith("**not started**: prompt weighting, at character 6")
+    assert "is not a number" in first[-1] and all(u.get("__type__") == "update" for u in first[:-1])
+    with pytest.raises(Exception, match="prompt weighting"):
+        next(runs)
+    e = EditHandlers(h)
+    editor = {"background": None, "layers": [], "composite": None}
+    edit = e.run_edit("words", "(any)", 2.5, editor, "edit", 0.0, 0.5, 0.0, 3, 0, prompt="red (apple")
+    assert "not started**: prompt weighting" in next(edit)[-1]  # before the photo is even looked at
+    assert h.budget_note("words", 3, 1, "(any)", prompt="(red:x) apple") == ""  # Generate says why
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]  # no traceback logged
+
+
+def test_a_word_edits_layers_are_not_switched_off(handlers):
+    h, w = handlers
+    gallery = _generate(h, "red apple", num_images=1)[1]
+    gen = list(w.run(gallery, 0, "blue apple", "replace", 0.8, 0.4))[-1][2]
+    with pytest.raises(ValueError, match="a word edit's layers cannot be switched off"):
+        h.engine.ablate(gen, ["mid_attn"])
+
+
+def _form(page, steps: int, images: int) -> None:
+    """The steps and number of images typed, and held by the sliders (what Generate sends) before going on."""
+    for key, value in (("steps", steps), ("num-images", images)):
+        page.locator(f"#{key} input[type=number]").fill(str(value))
+        page.locator(f"#{key} input[type=number]").press("Enter")
+        page.wait_for_function(f"() => document.querySelector('#{key} input[type=range]').value === '{value}'",
+                               timeout=30_000)
+    page.locator("#budget").get_by_text("work:").wait_for(timeout=30_000)
+
+
+def _settings(page, tmp_path: Path, k: int) -> dict:
+    src = page.locator("#gallery img").nth(k).get_attribute("src")
+    (tmp_path / f"r{k}.png").write_bytes(httpx.get(src, timeout=30).content)
+    return read_settings(tmp_path / f"r{k}.png")
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_change_the_words_keep_the_picture(server, tmp_path):
+    """Generate a prompt, change its words: the gallery shows source and edit, their PNGs carry the edit, and "use
+    these settings" on the edit brings the source prompt, the edited prompt and the fractions back."""
+    shots = screenshots(tmp_path)
+    with browser_page(server) as page:
+        page.locator("#model input").click()
+        page.locator("#model").get_by_role("option", name="words").click()
+        page.locator("#class").wait_for(state="hidden", timeout=30_000)
+        page.locator("#prompt textarea").fill("red apple")
+        _form(page, steps=3, images=2)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=120_000)
+        page.locator("#edit-words textarea").wait_for(state="visible", timeout=30_000)
+        page.wait_for_function("() => document.querySelector('#edit-words textarea').value === 'red apple'",
+                               timeout=30_000)  # filled with the result's prompt
+        assert page.locator("#cross-replace input[type=number]").input_value() == str(DEFAULT_CROSS_REPLACE)
+        assert page.locator("#self-replace input[type=number]").input_value() == str(DEFAULT_SELF_REPLACE)
+        page.locator("#gallery button.thumbnail-item").nth(1).click()  # the second result is the one edited
+        page.keyboard.press("Escape")
+        page.locator("#word-edit-source").get_by_text("result 2 of 2").wait_for(timeout=30_000)
+        page.locator("#edit-words textarea").fill("blue apple")
+        page.locator("#cross-replace input[type=number]").fill("0.6")
+        page.locator("#cross-replace input[type=number]").press("Enter")
+        page.locator("#word-edit-run").click()
+        page.locator("#status").get_by_text("→ “blue apple”").wait_for(timeout=120_000)
+        assert page.locator("#status").inner_text().startswith("done: 2 image(s) of “red apple” → “blue apple”, 3 steps")
+        page.wait_for_function("() => document.querySelectorAll('#gallery button.thumbnail-item').length === 2",
+                               timeout=30_000)
+        page.wait_for_function("() => document.querySelector('#seed input').value === '1'", timeout=30_000)
+        made = [_settings(page, tmp_path, k) for k in range(2)]
+        assert all((s["prompt"], s["edit_prompt"], s["cross_replace_steps"], s["self_replace_steps"], s["seed"])
+                   == ("red apple", "blue apple", 0.6, DEFAULT_SELF_REPLACE, 1) for s in made)  # result 2: seed 0 + 1
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(shots / "app-word-edit.png"), full_page=True)
+        # the form changed, then the edit's settings back from its PNG
+        page.locator("#prompt textarea").fill("cat")
+        page.locator("#edit-words textarea").fill("zzz")
+        page.locator("#edit-type").get_by_text("refine", exact=True).click()
+        page.locator("#gallery button.thumbnail-item").nth(1).click()
+        page.keyboard.press("Escape")
+        page.locator("#use-settings").click()
+        page.locator("#status").get_by_text("restored").wait_for(timeout=30_000)
+        assert page.locator("#prompt textarea").input_value() == "red apple"
+        assert page.locator("#edit-words textarea").input_value() == "blue apple"
+        assert page.locator("#edit-type input[value=replace]").is_checked()
+        assert page.locator("#cross-replace input[type=number]").input_value() == "0.6"
+        assert page.locator("#seed input").input_value() == "1"
+        no_errors(page)
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.locator("#word-edit").scroll_into_view_if_needed()
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(shots / "app-word-edit-phone.png"), full_page=True)
+        no_errors(page)
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_a_weighted_word_and_a_malformed_weight(server, tmp_path):
+    """"(red:1.5) apple": the Attention tab's word and its map are labelled "red ×1.5"; "(red:x) apple": the status line
+    says where the weight is wrong, and nothing runs (the gallery keeps its results)."""
+    with browser_page(server) as page:
+        page.locator("#model input").click()
+        page.locator("#model").get_by_role("option", name="words").click()
+        page.locator("#class").wait_for(state="hidden", timeout=30_000)
+        page.locator("#prompt textarea").fill("(red:1.5) apple")
+        _form(page, steps=2, images=1)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=120_000)
+        assert page.locator("#status").inner_text().startswith("done: 1 image(s) of “(red:1.5) apple”, 2 steps")
+        shown = page.locator("#gallery img").first.get_attribute("src")
+        page.get_by_role("tab", name="Attention").click()
+        words = page.locator("#words label")
+        words.first.wait_for(timeout=30_000)
+        assert [t.strip() for t in words.all_inner_texts()] == ["red ×1.5", "apple"]
+        page.locator("#words").get_by_text("red ×1.5").click()
+        page.locator("#word-maps img").wait_for(timeout=60_000)
+        page.locator("#word-maps").get_by_text("the map of “red ×1.5”").wait_for(timeout=30_000)
+        page.screenshot(path=str(screenshots(tmp_path) / "app-weighted-word.png"), full_page=True)
+        no_errors(page)
+        page.get_by_role("tab", name="Sample").click()
+        page.locator("#prompt textarea").fill("(red:x) apple")
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("not started").wait_for(timeout=60_000)
+        status = page.locator("#status").inner_text()
+        assert "prompt weighting, at character 6" in status and "is not a number" in status
+        assert page.locator("#gallery img").first.get_attribute("src") == shown  # nothing ran
+        assert "prompt weighting" in page.locator(".toast-body").first.inner_text()  # the refusal's toast too
+        page.locator(".toast-close").first.click()
+        page.locator(".toast-body").first.wait_for(state="hidden", timeout=10_000)
+        no_errors(page)
