@@ -2,7 +2,7 @@
 
 A checkpoint folder `checkpoints/checkpoint-00001000/` holds what `accelerator.save_state` writes
 (model as safetensors, optimizer, grad scaler, RNG states; read back with `weights_only=True`),
-plus our own `ema.safetensors` and `state.json` (step, LR schedule, EMA counters). It only gets its
+plus our own `ema.safetensors` (and `ema-1.safetensors`, ... for extra EMA lengths) and `state.json` (step, LR schedule, EMA counters). It only gets its
 final name once every file is on disk, so a run killed at any moment never leaves a checkpoint that
 `--resume latest` could pick up half-written (denoiser.atomic's temporary sibling and `publish`, taken step by
 step because every process writes into the one folder). Nothing here is unpickled.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,14 @@ def remove_partial(output_dir: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
-def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict[str, Any], ema=None) -> Path:
+def _ema_file(k: int) -> str:
+    return "ema.safetensors" if k == 0 else f"ema-{k}.safetensors"  # the run's EMA, then its extra lengths
+
+
+def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict[str, Any], emas: Sequence = ()) -> Path:
     """Every rank calls this. All write into one temporary folder; the main process publishes it once
-    state.json, written last, marks it complete."""
+    state.json, written last, marks it complete. `emas`: the run's EMA first (ema.safetensors, state["ema"]),
+    then its extra lengths (ema-1.safetensors, ..., state["ema_extra"])."""
     final = checkpoint_dir(output_dir, step)
     tmp = temp_sibling(final, RANKS_TAG)
     if accelerator.is_main_process:
@@ -75,26 +81,33 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, state: dict[str, A
     accelerator.save_state(str(tmp), safe_serialization=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        if ema is not None:
+        states = []
+        for k, ema in enumerate(emas):
             ema_state = ema.state_dict()
             shadow = {f"{i}": p.detach().contiguous().cpu() for i, p in enumerate(ema_state.pop("shadow_params"))}
-            save_file(shadow, str(tmp / "ema.safetensors"))
-            state = {**state, "ema": ema_state}
+            save_file(shadow, str(tmp / _ema_file(k)))
+            states.append(ema_state)
+        if states:
+            state = {**state, "ema": states[0], **({"ema_extra": states[1:]} if len(states) > 1 else {})}
         (tmp / "state.json").write_text(json.dumps(state, indent=1))  # written last: marks completeness
         publish(tmp, final)  # an existing checkpoint of this step is replaced only now
     accelerator.wait_for_everyone()
     return final
 
 
-def load_checkpoint(accelerator, path: Path, ema=None) -> dict[str, Any]:
+def load_checkpoint(accelerator, path: Path, emas: Sequence = ()) -> dict[str, Any]:
     """Restore what `save_checkpoint` wrote; returns the state dict (step, LR scheduler, ...)."""
     accelerator.load_state(str(path))
     state = json.loads((path / "state.json").read_text())
-    if ema is not None:
-        if "ema" not in state:
-            raise ValueError(f"{path} has no EMA state, but this run uses EMA; resume with train.ema=false")
-        shadow = load_file(str(path / "ema.safetensors"))
-        ema_state = dict(state["ema"])
+    if emas and "ema" not in state:
+        raise ValueError(f"{path} has no EMA state, but this run uses EMA; resume with train.ema=false")
+    saved = [state["ema"], *state.get("ema_extra", [])] if emas else []
+    if len(saved) < len(emas):
+        raise ValueError(f"{path} holds {len(saved)} EMA length(s) and this run tracks {len(emas)}: resume with the "
+                         "train.ema_extra_decays the run started with")
+    for k, ema in enumerate(emas):
+        shadow = load_file(str(path / _ema_file(k)))
+        ema_state = dict(saved[k])
         ema_state["shadow_params"] = [shadow[f"{i}"] for i in range(len(shadow))]
         ema.load_state_dict(ema_state)
         ema.to(accelerator.device)

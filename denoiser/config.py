@@ -51,6 +51,9 @@ class TrainConfig:
     ema_max_decay: float = 0.9999  # EMA decay ceiling
     ema_power: float = 0.75  # EMA warmup: decay = 1 - (1 + step / inv_gamma) ** -power
     ema_inv_gamma: float = 1.0
+    # further EMA lengths tracked beside ema_max_decay, same warm-up; each exported as model-ema-<decay>/ to pick the
+    # length by FID after the run (denoiser/ema.py)
+    ema_extra_decays: list[float] = field(default_factory=list)
     snr_gamma: float | None = None  # min-SNR-γ loss weighting (Hang et al. 2023); None = plain MSE
     class_dropout: float = 0.1  # drop labels to "no class" with this probability (class-conditional models)
     caption_dropout: float = 0.1  # replace captions by "" (no condition) with this probability (data.caption_columns; applied where the data picks them)
@@ -59,7 +62,10 @@ class TrainConfig:
     sample_every: int = 1000  # steps between sample-grid and loss-curve PNGs; 0 disables
     num_sample_images: int = 16  # images in each sample grid
     sample_steps: int = 50  # DDIM steps for sample grids
-    log_every: int = 10  # steps between tracker logs
+    # steps between reads of the loss on the host: loss.csv rows, the finite check, progress, tracker logs and the
+    # processes' agreement to stop (signal, time limit). Between reads a step never waits for the device, so a
+    # non-finite loss stops the run at most log_every steps late (never saving that state)
+    log_every: int = 10
     report_to: str | None = "tensorboard"  # Accelerate trackers (log_with): "tensorboard", "wandb", "mlflow", "all", ...; null = none
     fid_every: int = 0  # steps between FID evaluations of the EMA weights (0 = off); logged to fid.csv and tensorboard
     fid_samples: int = 1000  # generated images per FID evaluation (DDIM, sample_steps, classes spread): FID-N
@@ -70,6 +76,10 @@ class TrainConfig:
     # NHWC GroupNorm is several times slower there.
     channels_last: bool | None = None
     compile: bool = False  # torch.compile the UNet (optional; bench/compile_and_memory.md says where it pays)
+    compile_mode: str | None = None  # torch.compile mode with compile: null (default), "reduce-overhead" (CUDA graphs), "max-autotune"
+    # the training split resident on the device, noise drawn there (same seeds, ids, flips, captions as on the host);
+    # None = on for a GPU with the prepared store, off elsewhere (on a CPU the device is the host: the same path)
+    device_data: bool | None = None
     gradient_checkpointing: bool = False  # recompute each block in the backward pass: less memory, ~1/3 more time
 
 
@@ -209,6 +219,10 @@ def _check_values(cfg: RunConfig, source: str) -> None:
         (t.keep_checkpoints >= 1, f"train.keep_checkpoints must be >= 1, got {t.keep_checkpoints}"),
         (0 <= t.class_dropout < 1, f"train.class_dropout must be in [0, 1), got {t.class_dropout}"),
         (0 <= t.caption_dropout < 1, f"train.caption_dropout must be in [0, 1), got {t.caption_dropout}"),
+        (t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}"),
+        (all(isinstance(d, (int, float)) and 0 < d < 1 for d in t.ema_extra_decays), f"train.ema_extra_decays must be decays in (0, 1), got {t.ema_extra_decays}"),
+        (t.compile_mode in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+         f"train.compile_mode must be null, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs, got {t.compile_mode!r}"),
         (t.fid_every >= 0, f"train.fid_every must be >= 0 (0 = off), got {t.fid_every}"),
         (t.fid_samples >= 2, f"train.fid_samples must be at least 2, got {t.fid_samples}"),
         (not t.keep_best or t.fid_every > 0, "train.keep_best needs train.fid_every > 0 (best by FID)"),

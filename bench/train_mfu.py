@@ -1,0 +1,287 @@
+"""Training speed the way the field reports it, on any device: img/s, TFLOP/s, MFU, launches and host syncs per step.
+
+    .venv/bin/python bench/train_mfu.py                                   # CPU: cifar10's config, batch 32, bf16
+    python bench/train_mfu.py --batch 512 --seconds 60                    # a GPU (bench/gpu/run.sh measure)
+    python bench/train_mfu.py --config emoji-text --sides eager fast      # the text model (no diffusers twin)
+
+Sides, each built as its user runs it and measured in one process, alternating blocks after warm-up:
+  - eager:  denoiser's `TrainLoop` with today's settings: the loss read on the host after every step
+            (train.log_every=1), inputs made on the host (train.device_data=false), no compile;
+  - fast:   the same loop with the fast path: reads every --read-every steps, the split resident on the device
+            with its noise drawn there (train.device_data=true), `--compile` adds torch.compile (--compile-mode);
+  - diffusers: the step of diffusers' examples/unconditional_image_generation/train_unconditional.py: its
+            `UNet2DModel` at the config's widths and attention (matched FLOPs: printed), `torch.optim.AdamW` as it
+            builds it (weight_decay 1e-6, torch's default implementation), `EMAModel` (decay 0.9999, warm-up, not
+            foreach), `clip_grad_norm_(1.0)`, `loss.detach().item()` every step, prepared by the same Accelerator.
+            Its batch is already on the device (its DataLoader's cost is left out: in its favour).
+Every side runs `loop.advance()`-sized steps: forward, backward, clipping, AdamW, the EMA and what its loop reads.
+
+A block is --read-every steps ended by a device synchronize, so a block's time includes the GPU's work; img/s is
+batch / (median block time / steps). FLOPs per image are counted by `torch.utils.flop_counter.FlopCounterMode` over
+one step (forward + backward). MFU = achieved FLOP/s / peak: the table below for a named GPU (bf16 dense), and
+always a square GEMM measured here in the run's precision. Launches: aten ops per step (nested included) from
+`torch.profiler`, and on a GPU its kernel launches; host syncs: reads of the device's tensors
+(`aten::_local_scalar_dense`: every `.item()`, `float()` or `if tensor`, counted by a dispatch mode) and CUDA
+synchronize calls, per step over one block that ends in a read, and in the steps between reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
+from accelerate.state import AcceleratorState  # noqa: E402
+from diffusers import UNet2DModel  # noqa: E402
+from diffusers.training_utils import EMAModel  # noqa: E402
+from profiling import cpu_name  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from denoiser.config import load_config  # noqa: E402
+from denoiser.fast import malloc  # noqa: E402
+from denoiser.train import TrainLoop  # noqa: E402
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core FLOP/s, vendor data sheets
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+LAUNCH_EVENTS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_loop(config: str, batch: int, precision: str | None, out: Path, overrides: list[str],
+               data_path: str | None = None) -> TrainLoop:
+    """The preset's TrainLoop on the built-in synthetic images at its size (no data set read), or on the image folder
+    `data_path` (a text model needs its captions), checkpoints off."""
+    prec = [] if precision is None else [f"train.mixed_precision={chr(34) + 'no' + chr(34) if precision == 'fp32' else precision}"]
+    data = ([f"data.path={data_path}", "data.val_size=0"] if data_path else
+            ["data.dataset=synthetic", f"data.num_images={max(4 * batch, 512)}", "data.val_size=16", "data.caption_columns=[]"])
+    cfg = load_config(config, [*prec, f"train.batch_size={batch}", *data, "train.report_to=null", "train.sample_every=0",
+                               "train.checkpoint_every=1000000", "train.max_steps=1000000", "train.lr_warmup_steps=1",
+                               "train.lr=1e-5", *overrides])
+    loop = TrainLoop(cfg, out, resume=None, overwrite=True, init_from=None)
+    loop.begin()
+    loop.bar.disable = True
+    return loop
+
+
+class Ours:
+    """denoiser's loop, one `advance()` a step."""
+
+    def __init__(self, loop: TrainLoop):
+        self.loop, self.device, self.batch = loop, loop.accelerator.device, loop.train_cfg.batch_size
+
+    def step(self) -> None:
+        self.loop.advance()
+
+    def align(self, n: int) -> None:
+        """Steps until the next n end with a read."""
+        while self.loop.step % n:
+            self.step()
+
+    def flops_step(self) -> None:
+        self.loop.run_step()
+
+
+class Diffusers:
+    """train_unconditional.py's step, on the same Accelerator (its mixed precision), its batch on the device."""
+
+    def __init__(self, loop: TrainLoop, widths: dict, batch: int):
+        acc = loop.accelerator
+        self.acc, self.device, self.batch = acc, acc.device, batch
+        torch.manual_seed(0)
+        model = UNet2DModel(sample_size=loop.cfg.model["sample_size"], **widths)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.95, 0.999), weight_decay=1e-6, eps=1e-8)
+        self.ema = EMAModel(model.parameters(), decay=0.9999, use_ema_warmup=True, inv_gamma=1.0, power=3 / 4,
+                            model_cls=UNet2DModel, model_config=model.config)
+        self.model, self.optimizer = acc.prepare(model, optimizer)
+        self.ema.to(acc.device)
+        self.params = sum(p.numel() for p in model.parameters())
+        S = loop.cfg.model["sample_size"]
+        self.clean = torch.rand(batch, 3, S, S, device=self.device) * 2 - 1
+        self.scheduler = loop.diffusion.scheduler
+
+    def step(self) -> float:
+        noise = torch.randn(self.clean.shape, device=self.device)
+        timesteps = torch.randint(0, 1000, (self.batch,), device=self.device).long()
+        noisy = self.scheduler.add_noise(self.clean, noise, timesteps)
+        out = self.model(noisy, timesteps).sample
+        loss = torch.nn.functional.mse_loss(out.float(), noise.float())
+        self.acc.backward(loss)
+        self.acc.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.ema.step(self.model.parameters())
+        return loss.detach().item()  # its logs, every step
+
+    flops_step = step
+
+    def align(self, n: int) -> None:
+        pass  # it reads every step
+
+
+def diffusers_widths(model: dict) -> dict:
+    """UNet2DModel arguments for denoiser's `model:` section: the same widths, ResBlocks and attention resolutions."""
+    mult, base, S = model["channel_mult"], model["base_channels"], model["sample_size"]
+    attn = set(model.get("attention_resolutions", ()))
+    down = tuple("AttnDownBlock2D" if S // 2**i in attn else "DownBlock2D" for i in range(len(mult)))
+    up = tuple("AttnUpBlock2D" if b.startswith("Attn") else "UpBlock2D" for b in reversed(down))
+    return dict(block_out_channels=tuple(base * m for m in mult), layers_per_block=model.get("layers_per_block", 2),
+                down_block_types=down, up_block_types=up, dropout=model.get("dropout", 0.0),
+                attention_head_dim=base * mult[-1] // model.get("num_heads", 1))  # heads as ours at the deepest width
+
+
+def flops_per_image(side) -> float:
+    with FlopCounterMode(display=False) as counter:
+        side.flops_step()
+    sync(side.device)
+    return counter.get_total_flops() / side.batch
+
+
+def block(side, steps: int) -> float:
+    sync(side.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        side.step()
+    sync(side.device)
+    return (time.perf_counter() - t0) / steps
+
+
+class Reads(TorchDispatchMode):
+    """Counts `.item()`-like reads (`aten::_local_scalar_dense`) of tensors on `device`: on a GPU each is a host sync.
+    Reads inside a fused kernel (CPU fused AdamW reads its step counters) are not dispatched, so not counted."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device, self.count = device, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == self.device.type:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def counts(side, steps: int) -> tuple[float, float, float, float]:
+    """Per step over `steps` steps that end with a read: aten ops (nested included) and kernel launches (profiler),
+    host syncs (reads of device tensors, and CUDA synchronize calls); and host syncs in the steps before the read."""
+    side.align(steps)
+    per_step = []
+    for _ in range(steps):
+        reads = Reads(side.device)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, reads:
+            side.step()
+        ev = prof.events()
+        per_step.append((sum(e.name.startswith("aten::") for e in ev), sum(e.name in LAUNCH_EVENTS for e in ev),
+                         reads.count + sum(e.name in SYNC_EVENTS for e in ev)))
+    aten, launches, syncs = (sum(c[i] for c in per_step) / steps for i in range(3))
+    between = sum(c[2] for c in per_step[:-1]) / max(steps - 1, 1)
+    return aten, launches, syncs, between
+
+
+def gemm_peak(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a square matmul in `dtype` on `device` (the practical peak)."""
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="cifar10")
+    p.add_argument("--batch", type=int, default=None, help="global batch (default: 32 on a CPU, the config's on a GPU)")
+    p.add_argument("--data-path", default=None, help="an image folder to read instead of synthetic images (text models)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default=None, help="default: the config's")
+    p.add_argument("--sides", nargs="+", default=["eager", "fast", "diffusers"], choices=["eager", "fast", "diffusers"])
+    p.add_argument("--read-every", type=int, default=10, help="the fast side's train.log_every, and each block's steps")
+    p.add_argument("--compile", action="store_true", help="the fast side also torch.compiles the UNet")
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode (reduce-overhead: CUDA graphs)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up blocks per side")
+    p.add_argument("--repeats", type=int, default=5, help="timed blocks per side (alternating)")
+    p.add_argument("--seconds", type=float, default=None, help="instead of --repeats: time blocks for this long per side")
+    args = p.parse_args()
+    logging.disable(logging.WARNING)
+    malloc.configure(keep_peak=True)  # as `denoiser train` runs
+    cuda = torch.cuda.is_available()
+    batch = args.batch or (32 if not cuda else load_config(args.config).train.batch_size)
+    n = args.read_every
+    tmp = tempfile.TemporaryDirectory()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    sides: dict[str, object] = {}
+    fast_set = [f"train.log_every={n}", "train.device_data=true"]
+    if args.compile:
+        fast_set += ["train.compile=true"] + ([f"train.compile_mode={args.compile_mode}"] if args.compile_mode else [])
+    loops = {}
+    for name, extra in (("eager", ["train.log_every=1", "train.device_data=false"]), ("fast", fast_set)):
+        if name in args.sides or (name == "eager" and "diffusers" in args.sides):
+            loops[name] = build_loop(args.config, batch, args.precision, Path(tmp.name) / name, extra, args.data_path)
+            if name in args.sides:
+                sides[name] = Ours(loops[name])
+    first = next(iter(loops.values()))
+    if "diffusers" in args.sides:
+        sides["diffusers"] = Diffusers(first, diffusers_widths(first.cfg.model), batch)
+    device, prec = first.accelerator.device, first.train_cfg.mixed_precision
+    dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+    timing = f"{args.seconds:.0f} s" if args.seconds else f"{args.repeats} blocks"
+    print(f"{device_name(device)}; torch {torch.__version__}, {torch.get_num_threads()} threads; config {args.config} "
+          f"({sum(p.numel() for p in first.model.parameters()) / 1e6:.2f}M params), batch {batch}, {prec}; blocks of {n} "
+          f"steps, {args.warmup} warm-up blocks then {timing} per side, alternating")
+    flops = {k: flops_per_image(s) for k, s in sides.items()}
+    for _ in range(args.warmup):
+        for s in sides.values():
+            block(s, n)
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    spent = dict.fromkeys(sides, 0.0)
+    while True:
+        for k, s in sides.items():
+            t = block(s, n)
+            times[k].append(t)
+            spent[k] += t * n
+        if (args.seconds and min(spent.values()) >= args.seconds) or (not args.seconds and len(times[k]) >= args.repeats):
+            break
+    peak_gemm = gemm_peak(device, dtype)
+    peak_table = next((v for key, v in PEAK_BF16.items() if key in device_name(device)), None) if prec == "bf16" else None
+    print(f"peak: measured {dtype} GEMM {peak_gemm / 1e12:.3f} TFLOP/s" +
+          (f"; data-sheet bf16 dense {peak_table / 1e12:.0f} TFLOP/s" if peak_table else ""))
+    print("| side | GFLOP/img | img/s | TFLOP/s | MFU (GEMM) | MFU (sheet) | aten ops/step | kernel launches/step "
+          "| host syncs/step | syncs between reads | blocks |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    ips = {}
+    for k, s in sides.items():
+        ips[k] = batch / statistics.median(times[k])
+        achieved = ips[k] * flops[k]
+        aten, launches, syncs, between = counts(s, n)
+        sheet = f"{achieved / peak_table:.1%}" if peak_table else "-"
+        print(f"| {k} | {flops[k] / 1e9:.2f} | {ips[k]:.1f} | {achieved / 1e12:.3f} | {achieved / peak_gemm:.1%} | {sheet} | "
+              f"{aten:.0f} | {launches:.0f} | {syncs:.2f} | {between:.2f} | {len(times[k])} |", flush=True)
+    for a, b in (("fast", "eager"), ("fast", "diffusers"), ("eager", "diffusers")):
+        if a in ips and b in ips:
+            print(f"{a} / {b}: {ips[a] / ips[b]:.2f}x img/s")
+    for loop in loops.values():
+        loop.end()
+    tmp.cleanup()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""What a run writes besides checkpoints: the exported (EMA) weights, sample grids and FID during training.
+
+Split from the loop (denoiser/train.py) so that it reads as its steps; every function here takes the model and an EMA
+and leaves the training state alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+
+import torch
+from diffusers.training_utils import EMAModel
+
+from denoiser.config import RunConfig
+from denoiser.diffusion import Diffusion
+from denoiser.image_io import save_grid
+from denoiser.pipeline import save_pipeline
+from denoiser.pixels import to_uint8
+from denoiser.run_dir import read_losses
+from denoiser.sample import make_sampler, sample
+from denoiser.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
+from denoiser.unet import UNet
+from denoiser.visualize import loss_curve
+
+__all__ = ["export", "sample_grid", "evaluate_fid"]
+
+logger = logging.getLogger("denoiser.train")
+
+
+def export(model: UNet | PromptedUNet, ema: EMAModel | None) -> tuple[UNet, HashTextEncoder | None]:
+    """Plain fp32 copies of the trained UNet and text encoder (None: not a text model), with the EMA weights when
+    EMA is on (it covers both), contiguous, in eval mode."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    if isinstance(model, PromptedUNet):
+        final = PromptedUNet(UNet.from_config(model.unet.config), HashTextEncoder.from_config(model.text_encoder.config))
+    else:
+        final = UNet.from_config(model.config)
+    final.load_state_dict({k: v.detach().float().contiguous() for k, v in model.state_dict().items()})
+    if ema is not None:
+        ema.copy_to(final.parameters())
+    final.eval()
+    return (final.unet, final.text_encoder) if isinstance(final, PromptedUNet) else (final, None)
+
+
+def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Diffusion, cfg: RunConfig, out: Path,
+                 step: int, prompts: list[str] | None = None) -> None:
+    """A fixed-seed DDIM grid from the (EMA) weights, and the loss curve so far; a text model draws `prompts`
+    (the data's class names), cycled over the grid."""
+    device = next(model.parameters()).device
+    final, text_encoder = export(model, ema)
+    final = final.to(device)
+    scheduler = make_sampler("ddim", diffusion.scheduler.config)
+    train_cfg = cfg.train
+    labels, text = None, None
+    if final.config.num_class_embeds:  # one row per class, as far as the grid has room
+        labels = torch.arange(train_cfg.num_sample_images) % final.config.num_class_embeds
+    if text_encoder is not None:
+        from denoiser.guidance import TextCondition
+
+        names = prompts or [""]
+        grid = [names[k % len(names)] for k in range(train_cfg.num_sample_images)]
+        tokenizer = WordHashTokenizer(**cfg.text.tokenizer_args())
+        text = TextCondition.encode(tokenizer, text_encoder.to(device), grid)
+    result = sample(final, scheduler, train_cfg.num_sample_images, train_cfg.sample_steps, seed=0, class_labels=labels,
+                    text=text)
+    save_grid(result.images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
+    steps, losses = read_losses(out)
+    loss_curve(steps, losses).save(out / "loss.png")
+
+
+@functools.cache
+def _inception(device: str):
+    """The FID network, loaded and frozen once per run (each evaluation reused to rebuild it)."""
+    from denoiser.fid import InceptionFeatures
+
+    return InceptionFeatures(device)
+
+
+def evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, val_ds, out: Path, step: int) -> None:
+    """FID-N of the (EMA) weights against the reference; fid.csv, tensorboard, and best-model/ with keep_best."""
+    from denoiser.fid import fid_of_images, reference_statistics
+    from denoiser.request import SampleRequest
+    from denoiser.sampling import resolve, run
+
+    train_cfg = cfg.train
+    final = export(unet, ema)[0].to(unet.device)
+    extractor = _inception(str(unet.device))
+    reference = Path(train_cfg.fid_reference) if train_cfg.fid_reference else out / "fid-reference.safetensors"
+    if reference.is_file():
+        ref = reference_statistics(reference)
+    else:  # the run's own validation split, computed once
+        from denoiser.fid import Statistics, features
+
+        ref = Statistics.of(features(val_ds.images, extractor, desc="fid reference"))
+        ref.save(reference, source=f"validation split of {cfg.data.path or cfg.data.dataset}")
+    request = SampleRequest(num_images=train_cfg.fid_samples, classes="spread", seed=0, scheduler="ddim", steps=train_cfg.sample_steps)
+    images = to_uint8(run(resolve(request, unet=final, scheduler=diffusion.scheduler)).images)
+    score = fid_of_images(images, ref, extractor)
+    accelerator.log({"fid": score}, step=step)
+    history = out / "fid.csv"
+    previous = [float(line.split(",")[1]) for line in history.read_text().splitlines()[1:]] if history.is_file() else []
+    if not history.is_file():
+        history.write_text("step,fid,num_samples\n")
+    with open(history, "a") as f:
+        f.write(f"{step},{score:.4f},{train_cfg.fid_samples}\n")
+    logger.warning("step %d: FID-%d %.2f", step, train_cfg.fid_samples, score)
+    if train_cfg.keep_best and (not previous or score < min(previous)):
+        save_pipeline(final.cpu(), diffusion.scheduler, out / "best-model")
+        (out / "best-model" / "fid.json").write_text(json.dumps({"step": step, "fid": score, "num_samples": train_cfg.fid_samples}))
