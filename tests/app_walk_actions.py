@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from tests.app_walk_checks import NO_CLASS
+from tests.app_walk_checks import NO_CLASS, PANEL
 
 __all__ = ["TABS", "WalkActions"]
 
@@ -21,6 +21,10 @@ __all__ = ["TABS", "WalkActions"]
 CASCADE = {"model": {"class", "guidance_scale", "scheduler", "steps", "pag_scale", "guide_scale", "prompt", "negative_prompt"},
            "class": {"guidance_scale"}}
 TABS = ("Sample", "Edit", "Attention", "Heads")
+# a text model's prompts the walk types: plain, weighted, a weight that does not read, none
+PROMPTS = ["red apple", "(red:1.5) apple", "[red] (apple:0.5)", "(red:x) apple", "red (apple", ""]
+# the edited prompts of a word edit: a word swapped, a word added, weighted, one the edit refuses, the same
+EDITED = ["blue apple", "red apple tree", "(blue:2) apple", "blue apple on a tree", "red apple", ""]
 
 
 class WalkActions:
@@ -39,7 +43,8 @@ class WalkActions:
     def sample_actions(self) -> list:
         return [(self.pick_model, 3), (self.pick_class, 3), (self.type_class, 1), (self.move_slider, 8), (self.type_seed, 1),
                 (self.dice, 1), (self.advanced, 2), (self.generate, 8), (self.generate_and_stop, 2), (self.try_row, 2),
-                (self.select_result, 2), (self.use_settings, 2), (self.use_earlier, 1)]
+                (self.select_result, 2), (self.use_settings, 2), (self.use_earlier, 1), (self.type_prompt, 2),
+                (self.word_edit, 3)]
 
     def _touch(self, name: str) -> None:
         self.touched |= {name} | CASCADE.get(name, set())
@@ -159,6 +164,31 @@ class WalkActions:
         self.page.locator("#use-earlier").click()
         return f"click earlier result {self.earlier_pick + 1}, then its 'use these settings'"
 
+    def type_prompt(self) -> str:
+        """A text model's prompt: plain, weighted, or with a weight that does not read."""
+        if not self.page.locator("#prompt").is_visible():
+            return "(no prompt box: the model takes no text)"
+        text = self.rng.choice(PROMPTS)
+        self.fill("prompt", text)
+        self.touched.add("prompt")
+        return f"type {text!r} into prompt"
+
+    def word_edit(self) -> str:
+        """Change the selected result's words: an edited prompt, an edit type, the two fractions, run."""
+        if not self.page.locator("#word-edit").is_visible():
+            return "(no word edit: no text model's result shown)"
+        text = self.rng.choice(EDITED)
+        self.page.locator("#edit-words textarea").fill(text)
+        kind = self.rng.choice(["replace", "refine"])
+        self.page.locator("#edit-type").get_by_text(kind, exact=True).click()
+        cross, self_ = self.number(0, 1, 0.05), self.number(0, 1, 0.05)
+        self.fill("cross-replace", cross)
+        self.fill("self-replace", self_)
+        self.touched |= set(PANEL)
+        self.before_run = self.files("gallery")
+        self.page.locator("#word-edit-run").click()
+        return f"change the words to {text!r} ({kind}, word maps {cross}, layout {self_}), click 'change the words'"
+
     # ---- actions: Edit tab ------------------------------------------------------------------------------------
 
     def edit_actions(self) -> list:
@@ -246,7 +276,17 @@ class WalkActions:
 
     def attention_actions(self) -> list:
         return [(self.click_image, 5), (self.attention_slider, 3), (self.pick_layer, 2), (self.type_layer, 1),
-                (self.pick_head, 2), (self.mean_maps, 1), (self.mean_maps_and_stop, 1), (self.show_pixel, 1)]
+                (self.pick_head, 2), (self.mean_maps, 1), (self.mean_maps_and_stop, 1), (self.show_pixel, 1),
+                (self.pick_word, 2)]
+
+    def pick_word(self) -> str:
+        words = self.page.locator("#words label")
+        if not self.page.locator("#words").is_visible() or not words.count():
+            return "(no words: the generation has no prompt)"
+        k = self.rng.randrange(words.count())
+        name = words.nth(k).inner_text().strip()
+        words.nth(k).click()
+        return f"click the word {name!r}"
 
     def click_image(self) -> str:
         image = self.page.locator("#clickable img")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ALLOWED", "FORM", "NO_CLASS", "WalkChecks"]
+__all__ = ["ALLOWED", "FORM", "NO_CLASS", "PANEL", "WalkChecks"]
 
 # The validation messages the app means to give, as a toast that stays until closed: a request it refuses, in words.
 ALLOWED = [
@@ -29,6 +29,11 @@ ALLOWED = [
     r"perturbed-attention guidance needs",
     r"pixel [xy] must be a whole number",  # pixel numbers typed outside the image
     r"over the work budget",
+    r"prompt weighting, at character",  # a weight in a prompt that does not read ("(red:x)")
+    r"on a text model needs a prompt",  # classifier-free guidance without a prompt
+    r"swaps words one for one",  # a word edit of type replace with words added
+    r"the edited prompt is the result's own|type the edited prompt",
+    r"a word edit's layers cannot be switched off",
 ]
 # text no message meant for a person holds: Python's own words for a failure
 RAW = re.compile(r"Traceback|invalid literal|object has no attribute|NoneType|KeyError|IndexError|TypeError|"
@@ -43,6 +48,9 @@ FORM = {"model": ("model", "model", None), "scheduler": ("scheduler", "scheduler
         "timestep_spacing": ("spacing", "timestep spacing", MODELS_OWN), "eta": ("eta", "", 0.0),
         "guidance_interval": ("interval", "", ""), "pag_layers": ("pag-layers", "", ""),
         "prompt": ("prompt", "prompt", ""), "negative_prompt": ("negative-prompt", "", "")}  # a text model's
+# a word edit's panel as its result's PNG names it (denoiser.app.word_edit.EDIT_SETTINGS): elem_id of each
+PANEL = {"edit_prompt": "edit-words", "edit_type": "edit-type", "cross_replace_steps": "cross-replace",
+         "self_replace_steps": "self-replace"}
 # the errors a person sees: toasts (error or warning) with their text, and "Error" pills of status trackers
 READ_ERRORS = """() => {
     const shown = e => e.offsetParent && getComputedStyle(e).display !== 'none' && getComputedStyle(e).visibility !== 'hidden';
@@ -112,6 +120,8 @@ class WalkChecks:
             number("seed", 0, 2**32 - 1)
             number("cfg", 1, 10, whole=False)
             number("pag", 0, 10, whole=False)
+            number("cross-replace", 0, 1, whole=False)
+            number("self-replace", 0, 1, whole=False)
             problems += self.check_class(v.get("model"), "class", v)
         if self.tab == "Edit":
             number("edit-cfg", 1, 10, whole=False)
@@ -188,6 +198,12 @@ class WalkChecks:
             if not _same(shown, made):
                 problems.append(f"the form shows {name} = {shown!r}, the result it describes was made with {made!r} "
                                 f"({self.reference.get('model')}, seed {self.reference.get('seed')})")
+        if "edit_prompt" in self.reference:  # a word edit's result: its panel shows the edit it was made with
+            for name, elem_id in PANEL.items():
+                shown = v.get(elem_id)
+                if name not in self.touched and shown is not None and not _same(shown, self.reference[name]):
+                    problems.append(f"the word edit shows {name} = {shown!r}, the result it describes was made with "
+                                    f"{self.reference[name]!r}")
         return problems
 
     def _earlier_problems(self, made: dict) -> list[str]:

@@ -24,6 +24,29 @@ MAX_SECONDS = float(os.environ.get("DENOISER_WALK_SECONDS", "90"))  # per seed: 
 KEEP_GOING = os.environ.get("DENOISER_WALK_KEEP_GOING", "") not in ("", "0")
 
 
+@pytest.fixture(scope="module")
+def weights(weights):
+    """The page's models (tests/app_browser.py) and a tiny text model, "words": the walk types prompts (weighted ones,
+    malformed ones), changes a result's words and opens their maps."""
+    import json
+
+    import torch
+    from diffusers import DDPMScheduler
+
+    from denoiser import UNet
+    from denoiser.pipeline import save_pipeline
+    from denoiser.text import HashTextEncoder
+    from tests.conftest import TINY
+    from tests.test_text import TEXT, D, _tokenizer, _wake_cross
+
+    torch.manual_seed(0)
+    unet = _wake_cross(UNet(**TINY, cross_attention_dim=D).eval())
+    save_pipeline(unet, DDPMScheduler(), weights / "words", text_encoder=HashTextEncoder(**TEXT).eval(),
+                  tokenizer=_tokenizer())
+    (weights / "words" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5}))
+    return weights
+
+
 class _Errors(logging.Handler):
     """Error records of any logger (uvicorn's file serving, the app's own failures), with their tracebacks."""
 
