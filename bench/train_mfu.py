@@ -28,6 +28,7 @@ synchronize calls, per step over one block that ends in a read, and in the steps
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import statistics
@@ -220,6 +221,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="warm-up blocks per side")
     p.add_argument("--repeats", type=int, default=5, help="timed blocks per side (alternating)")
     p.add_argument("--seconds", type=float, default=None, help="instead of --repeats: time blocks for this long per side")
+    p.add_argument("--json", default=None, help="also write {side: img/s, ...} to this file (bench/gpu/run.sh reads it)")
     args = p.parse_args()
     logging.disable(logging.WARNING)
     malloc.configure(keep_peak=True)  # as `denoiser train` runs
@@ -277,6 +279,9 @@ def main() -> None:
     for a, b in (("fast", "eager"), ("fast", "diffusers"), ("eager", "diffusers")):
         if a in ips and b in ips:
             print(f"{a} / {b}: {ips[a] / ips[b]:.2f}x img/s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"config": args.config, "batch": batch, "compile": args.compile,
+                                               "compile_mode": args.compile_mode, "img_per_s": ips}))
     for loop in loops.values():
         loop.end()
     tmp.cleanup()

@@ -104,7 +104,7 @@ def load_checkpoint(accelerator, path: Path, emas: Sequence = ()) -> dict[str, A
     saved = [state["ema"], *state.get("ema_extra", [])] if emas else []
     if len(saved) < len(emas):
         raise ValueError(f"{path} holds {len(saved)} EMA length(s) and this run tracks {len(emas)}: resume with the "
-                         "train.ema_extra_decays the run started with")
+                         "train.ema_extra_decays and train.ema_extra_powers the run started with")
     for k, ema in enumerate(emas):
         shadow = load_file(str(path / _ema_file(k)))
         ema_state = dict(saved[k])

@@ -51,9 +51,12 @@ class TrainConfig:
     ema_max_decay: float = 0.9999  # EMA decay ceiling
     ema_power: float = 0.75  # EMA warmup: decay = 1 - (1 + step / inv_gamma) ** -power
     ema_inv_gamma: float = 1.0
-    # further EMA lengths tracked beside ema_max_decay, same warm-up; each exported as model-ema-<decay>/ to pick the
-    # length by FID after the run (denoiser/ema.py)
+    # further EMA lengths tracked beside the run's EMA, each exported as model-ema-<name>/ to pick the length by FID
+    # after the run (denoiser/ema.py): other ceilings with ema_power's warm-up (long runs: the ceiling binds after
+    # ~(1 - decay) ** (-1 / power) steps, 25k for 0.9995 at 0.75), and other warm-up powers under ema_max_decay
+    # (short runs: at step k the decay is 1 - k ** -power, an average over ~k ** power steps)
     ema_extra_decays: list[float] = field(default_factory=list)
+    ema_extra_powers: list[float] = field(default_factory=list)
     snr_gamma: float | None = None  # min-SNR-γ loss weighting (Hang et al. 2023); None = plain MSE
     class_dropout: float = 0.1  # drop labels to "no class" with this probability (class-conditional models)
     caption_dropout: float = 0.1  # replace captions by "" (no condition) with this probability (data.caption_columns; applied where the data picks them)
@@ -221,6 +224,7 @@ def _check_values(cfg: RunConfig, source: str) -> None:
         (0 <= t.caption_dropout < 1, f"train.caption_dropout must be in [0, 1), got {t.caption_dropout}"),
         (t.log_every >= 1, f"train.log_every must be >= 1, got {t.log_every}"),
         (all(isinstance(d, (int, float)) and 0 < d < 1 for d in t.ema_extra_decays), f"train.ema_extra_decays must be decays in (0, 1), got {t.ema_extra_decays}"),
+        (all(isinstance(p, (int, float)) and p > 0 for p in t.ema_extra_powers), f"train.ema_extra_powers must be positive, got {t.ema_extra_powers}"),
         (t.compile_mode in (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
          f"train.compile_mode must be null, default, reduce-overhead, max-autotune or max-autotune-no-cudagraphs, got {t.compile_mode!r}"),
         (t.fid_every >= 0, f"train.fid_every must be >= 0 (0 = off), got {t.fid_every}"),

@@ -47,7 +47,7 @@ from denoiser.data.order import DROPOUT
 from denoiser.data.prefetch import Prefetcher
 from denoiser.data.training import per_process_batch
 from denoiser.diffusion import Diffusion
-from denoiser.ema import ema_folder_name, make_emas
+from denoiser.ema import ema_lengths, make_emas
 from denoiser.fast.groupnorm import default_channels_last
 from denoiser.init_from import init_text_encoder, load_init_weights, load_into
 from denoiser.pipeline import save_pipeline
@@ -191,7 +191,7 @@ class TrainLoop:
         self.lr_scheduler = get_scheduler(
             train_cfg.lr_scheduler, optimizer, num_warmup_steps=train_cfg.lr_warmup_steps, num_training_steps=train_cfg.max_steps
         )
-        # the run's EMA (exported) and any extra lengths (train.ema_extra_decays), foreach-updated (denoiser/ema.py)
+        # the run's EMA (exported) and any extra lengths (train.ema_extra_*), foreach-updated (denoiser/ema.py)
         self.emas = make_emas(unet.parameters(), train_cfg, UNet, getattr(unet, "unet", unet).config)
         self.ema = self.emas[0] if self.emas else None
         model_fwd = torch.compile(unet, mode=train_cfg.compile_mode) if train_cfg.compile else unet
@@ -392,9 +392,9 @@ class TrainLoop:
             classes = names if len(names) == (final.config.num_class_embeds or 0) else None
             save_pipeline(final, self.diffusion.scheduler, model_dir, classes=classes, text_encoder=text_encoder,
                           tokenizer=self.tokenizer)
-            for decay, ema in zip(self.train_cfg.ema_extra_decays, self.emas[1:]):  # each extra length, its own folder
+            for length, ema in zip(ema_lengths(self.train_cfg)[1:], self.emas[1:]):  # each extra length, its own folder
                 other, other_text = export(acc.unwrap_model(self.model), ema)
-                save_pipeline(other, self.diffusion.scheduler, self.out / ema_folder_name(decay), classes=classes,
+                save_pipeline(other, self.diffusion.scheduler, self.out / length.folder, classes=classes,
                               text_encoder=other_text, tokenizer=self.tokenizer)
             (self.out / "train_summary.json").write_text(json.dumps(self._summary(all_seen, skipped), indent=1))
         acc.wait_for_everyone()

@@ -128,26 +128,26 @@ def test_a_compiled_step_matches_the_eager_step(tmp_path, monkeypatch):
 
 def test_ema_lengths_tracked_in_one_run_equal_separate_runs(tmp_path):
     common = {"max_steps": 5, "checkpoint_every": 3, "lr_warmup_steps": 1, "report_to": None, "ema_power": 1.0}
+    extra = {"ema_max_decay": 0.9, "ema_extra_decays": [0.5], "ema_extra_powers": [0.5]}
     together = tmp_path / "together"
-    cfg = load_config(write_config(tmp_path / "a.yaml", train={**common, "ema_max_decay": 0.9, "ema_extra_decays": [0.5, 0.99]}))
+    cfg = load_config(write_config(tmp_path / "a.yaml", train={**common, **extra}))
     train(cfg, together)
-    for decay in (0.5, 0.99):
+    for folder, alone_train in (("model-ema-0.5", {"ema_max_decay": 0.5}), ("model-ema-power-0.5", {"ema_max_decay": 0.9,
+                                                                                                    "ema_power": 0.5})):
         reset_accelerate()
-        alone = tmp_path / f"alone-{decay}"
-        train(load_config(write_config(tmp_path / f"{decay}.yaml", train={**common, "ema_max_decay": decay})), alone)
-        a, b = unet_weights(together / f"model-ema-{decay:g}"), unet_weights(alone / "model")
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), decay
-    main, short = unet_weights(together / "model"), unet_weights(together / "model-ema-0.5")
-    assert not torch.equal(main["conv_in.weight"], short["conv_in.weight"])  # the lengths differ
+        alone = tmp_path / folder
+        train(load_config(write_config(tmp_path / f"{folder}.yaml", train={**common, **alone_train})), alone)
+        a, b = unet_weights(together / folder), unet_weights(alone / "model")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), folder
+        assert not torch.equal(a["conv_in.weight"], unet_weights(together / "model")["conv_in.weight"])  # lengths differ
     # a resumed run carries every length on
     reset_accelerate()
     split = tmp_path / "split"
-    train(load_config(write_config(tmp_path / "s.yaml", train={**common, "ema_max_decay": 0.9, "ema_extra_decays": [0.5, 0.99],
-                                                              "max_steps": 3})), split)
+    train(load_config(write_config(tmp_path / "s.yaml", train={**common, **extra, "max_steps": 3})), split)
     assert (split / "checkpoints" / "checkpoint-00000003" / "ema-2.safetensors").is_file()
     reset_accelerate()
     train(cfg, split, resume="latest")
-    for folder in ("model", "model-ema-0.5", "model-ema-0.99"):
+    for folder in ("model", "model-ema-0.5", "model-ema-power-0.5"):
         a, b = unet_weights(together / folder), unet_weights(split / folder)
         assert all(torch.equal(a[k], b[k]) for k in a), folder
 
@@ -155,5 +155,7 @@ def test_ema_lengths_tracked_in_one_run_equal_separate_runs(tmp_path):
 def test_ema_lengths_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"train.ema_extra_decays must be decays in \(0, 1\)"):
         load_config(write_config(tmp_path / "c.yaml", train={"ema_extra_decays": [0.9, 1.5]}))
+    with pytest.raises(ValueError, match="train.ema_extra_powers must be positive"):
+        load_config(write_config(tmp_path / "c.yaml", train={"ema_extra_powers": [0]}))
     with pytest.raises(ValueError, match="train.log_every must be >= 1"):
         load_config(write_config(tmp_path / "c.yaml", train={"log_every": 0}))

@@ -5,6 +5,14 @@
 #
 #   bash bench/gpu/run.sh smoke                      # ~15 s of training each: checks every step end to end
 #   bash bench/gpu/run.sh full CIFAR_MIN CIFAR_STEPS CIFAR_N EMOJI_MIN EMOJI_STEPS EMOJI_N
+#   MEASURE=1 bash bench/gpu/run.sh full ...         # first bench/train_mfu.py: eager / fast / diffusers, MEASURE_S s a side
+#
+# Training runs the fast path (issue 50): the loss read every LOG_EVERY steps (default 50), the split resident on the
+# GPU with its noise drawn there (train.device_data: on by default on a GPU). With MEASURE=1 and MEASURE_COMPILE=1 the
+# measurement also times torch.compile (COMPILE_MODE, default reduce-overhead: CUDA graphs), and training compiles
+# only where that measured faster; COMPILE=1 or COMPILE=0 decides without measuring. EMA_POWERS="0.5 0.9" (warm-up
+# powers: what sets the length in a short run) and EMA_EXTRA="0.999" (ceilings) track more EMA lengths, each exported as
+# model-ema-<name>/ and brought back in NAME-emas.tar (fp16 UNets) for FID against length.
 #
 # Each run continues the shipped weights (`--init-from weights/NAME`: a fresh optimizer and LR schedule)
 # with the config they were trained with (weights/emoji: configs/emoji32.yaml; CONFIG_NAME picks another);
@@ -27,6 +35,34 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
 $PY -c "import torch, diffusers, accelerate; print('torch', torch.__version__, 'diffusers', diffusers.__version__, 'accelerate', accelerate.__version__)" | tee -a "$OUT/log.txt"
 
+measure() {  # bench/train_mfu.py side by side: eager / fast / diffusers on cifar10's config, then torch.compile, then the text model
+  local s=${MEASURE_S:-20} b=${MEASURE_BATCH:-512}
+  log "measure cifar10: eager, fast, diffusers (synthetic 32x32 images, batch $b, $s s a side)"
+  timeout 300 $PY bench/train_mfu.py --config configs/cifar10.yaml --batch "$b" --seconds "$s" --json "$OUT/measure-cifar10.json" \
+    2>>"$OUT/measure.err" | tee -a "$OUT/log.txt"
+  if [ "${MEASURE_COMPILE:-1}" = 1 ] && [ -z "${COMPILE:-}" ]; then
+    log "measure cifar10: eager against fast + torch.compile (mode ${COMPILE_MODE:-reduce-overhead})"
+    timeout 300 $PY bench/train_mfu.py --config configs/cifar10.yaml --batch "$b" --seconds "$s" --sides eager fast --compile \
+      --compile-mode "${COMPILE_MODE:-reduce-overhead}" --json "$OUT/measure-cifar10-compile.json" 2>>"$OUT/measure.err" | tee -a "$OUT/log.txt"
+    COMPILE=$($PY - "$OUT" <<'EOP'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+try:
+    plain, comp = (json.loads((out / f).read_text())["img_per_s"]["fast"] for f in ("measure-cifar10.json", "measure-cifar10-compile.json"))
+    print(1 if comp > 1.05 * plain else 0)
+except (OSError, KeyError, ValueError):
+    print(0)
+EOP
+)
+    log "torch.compile in training: $COMPILE"
+  fi
+  if [ -d /tmp/data/emoji ] && [ -n "${CONFIG_emoji:-}" ] && grep -q cross_attention_dim "$CONFIG_emoji"; then
+    log "measure the text model ($CONFIG_emoji): eager, fast"
+    timeout 240 $PY bench/train_mfu.py --config "$CONFIG_emoji" --data-path /tmp/data/emoji --batch "$b" --seconds "$s" \
+      --sides eager fast --json "$OUT/measure-emoji.json" 2>>"$OUT/measure.err" | tee -a "$OUT/log.txt"
+  fi
+}
 if [ "$MODE" = smoke ]; then
   set -- smoke 0.2 100000 100 0.2 100000 100
 fi
@@ -37,6 +73,10 @@ train() {  # name minutes max_steps num_fid_samples
   local init="INIT_$name" conf="CONFIG_$name" from config
   from=${!init:-weights/$name} config=${!conf:-configs/$name.yaml}
   [ "$from" = none ] || sets+=(--init-from "$from")
+  sets+=(--set "train.log_every=${LOG_EVERY:-50}")  # the fast path: one read of the loss every LOG_EVERY steps
+  [ "${COMPILE:-0}" = 1 ] && sets+=(--set train.compile=true --set "train.compile_mode=${COMPILE_MODE:-reduce-overhead}")
+  [ -n "${EMA_EXTRA:-}" ] && sets+=(--set "train.ema_extra_decays=[${EMA_EXTRA// /,}]")
+  [ -n "${EMA_POWERS:-}" ] && sets+=(--set "train.ema_extra_powers=[${EMA_POWERS// /,}]")
   log "unpack $name"
   [ -d "/tmp/data/$name" ] || $PY bench/gpu/unpack_data.py ".gpu/data/$name.safetensors" "/tmp/data/$name" | tee -a "$OUT/log.txt"
   log "train $name ($config): time limit $minutes min, max_steps $steps ${sets[*]}"
@@ -52,12 +92,30 @@ train() {  # name minutes max_steps num_fid_samples
   log "finish $name"
   $PY bench/gpu/finish.py "/tmp/runs/$name" "$name" "$OUT" "$n" "weights/$name" 2>&1 | tr '\r' '\n' | grep -v "sampling:" | tee -a "$OUT/log.txt"
   # files come back at most 16 MiB each (a text model's folder is more): parts NAME.tar.00, .01 (cat them back)
+  if ls -d /tmp/runs/$name/model-ema-* >/dev/null 2>&1; then  # extra EMA lengths: their UNets, fp16, for FID against length
+    $PY - "/tmp/runs/$name" "$OUT/$name-emas.tar" <<'EOP'
+import sys, tarfile, tempfile
+from pathlib import Path
+import torch
+from safetensors.torch import load_file, save_file
+run, tar = Path(sys.argv[1]), sys.argv[2]
+with tempfile.TemporaryDirectory() as tmp, tarfile.open(tar, "w") as t:
+    for folder in sorted(run.glob("model-ema-*")):
+        w = load_file(str(folder / "unet" / "diffusion_pytorch_model.safetensors"))
+        save_file({k: v.half() for k, v in w.items()}, f"{tmp}/{folder.name}.safetensors")
+        t.add(f"{tmp}/{folder.name}.safetensors", arcname=f"{folder.name}.safetensors")
+EOP
+  fi
   if [ "$(stat -c %s "$OUT/$name.tar")" -gt 16000000 ]; then
     split -b 15000000 -d "$OUT/$name.tar" "$OUT/$name.tar." && rm "$OUT/$name.tar"
   fi
 }
 CONFIG_emoji=${CONFIG_emoji:-configs/emoji32.yaml}  # the shipped emoji model is the 32x32 one (its text model: configs/emoji-text.yaml)
 mkdir -p /tmp/runs
+if [ "${MEASURE:-0}" = 1 ]; then
+  [ "$5" = 0 ] || [ -d /tmp/data/emoji ] || $PY bench/gpu/unpack_data.py .gpu/data/emoji.safetensors /tmp/data/emoji | tee -a "$OUT/log.txt"
+  measure
+fi
 [ "$2" = 0 ] || train cifar10 "$2" "$3" "$4"  # CIFAR_MIN 0: emoji alone
 [ "$5" = 0 ] || train emoji "$5" "$6" "$7"  # EMOJI_MIN 0: cifar10 alone (the tree then travels without the emoji data)
 log "done"

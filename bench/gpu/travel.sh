@@ -3,7 +3,8 @@
 # repository's tracked files alone are more (FID reference statistics, three model folders, docs' pictures). Before a
 # device call, this leaves in the index only what bench/gpu/run.sh needs for ONE model; afterwards it puts it back.
 #
-#   bash bench/gpu/travel.sh cifar10      # or emoji: index = denoiser/ configs/ bench/gpu/ bench/emoji_text/ pyproject.toml weights/NAME
+#   bash bench/gpu/travel.sh cifar10      # or emoji: index = denoiser/ configs/ bench/gpu/ bench/emoji_text/ bench/train_mfu.py
+#                                         #   bench/profiling.py pyproject.toml weights/NAME
 #   ... device run, carry [".gpu"] (only .gpu/data/NAME.safetensors in it: move the other one aside) ...
 #   bash bench/gpu/travel.sh restore      # the index and .git/info/exclude as they were (the files never moved)
 set -euo pipefail
@@ -25,6 +26,8 @@ case "${1:?cifar10, emoji or restore}" in
 /bench/*
 !/bench/gpu/
 !/bench/emoji_text/
+!/bench/train_mfu.py
+!/bench/profiling.py
 !/weights/
 /weights/*
 !/weights/$1/
