@@ -204,7 +204,7 @@ def test_browser_change_the_words_keep_the_picture(server, tmp_path):
         assert all((s["prompt"], s["edit_prompt"], s["cross_replace_steps"], s["self_replace_steps"], s["seed"])
                    == ("red apple", "blue apple", 0.6, DEFAULT_SELF_REPLACE, 1) for s in made)  # result 2: seed 0 + 1
         page.wait_for_timeout(500)
-        page.screenshot(path=str(shots / "app-word-edit.png"), full_page=True)
+        page.screenshot(path=str(shots / "word-edit-test.png"), full_page=True)
         # the form changed, then the edit's settings back from its PNG
         page.locator("#prompt textarea").fill("cat")
         page.locator("#edit-words textarea").fill("zzz")
@@ -222,7 +222,19 @@ def test_browser_change_the_words_keep_the_picture(server, tmp_path):
         page.set_viewport_size({"width": 390, "height": 844})
         page.locator("#word-edit").scroll_into_view_if_needed()
         page.wait_for_timeout(500)
-        page.screenshot(path=str(shots / "app-word-edit-phone.png"), full_page=True)
+        page.screenshot(path=str(shots / "word-edit-test-phone.png"), full_page=True)
+        page.set_viewport_size({"width": 1280, "height": 900})
+        # the Attention tab: each picture's own words (the source's, then the edit's)
+        page.get_by_role("tab", name="Attention").click()
+        words = page.locator("#words label")
+        words.first.wait_for(timeout=30_000)
+        assert [t.strip() for t in words.all_inner_texts()] == ["red", "apple"]
+        page.locator("#image-index input[type=number]").fill("1")
+        page.locator("#image-index input[type=number]").press("Enter")
+        page.wait_for_function("() => [...document.querySelectorAll('#words label')].map(l => l.innerText.trim()).join() "
+                               "=== 'blue,apple'", timeout=30_000)
+        page.locator("#words").get_by_text("blue", exact=True).click()
+        page.locator("#word-maps").get_by_text("the map of “blue”").wait_for(timeout=60_000)
         no_errors(page)
 
 
@@ -247,7 +259,7 @@ def test_browser_a_weighted_word_and_a_malformed_weight(server, tmp_path):
         page.locator("#words").get_by_text("red ×1.5").click()
         page.locator("#word-maps img").wait_for(timeout=60_000)
         page.locator("#word-maps").get_by_text("the map of “red ×1.5”").wait_for(timeout=30_000)
-        page.screenshot(path=str(screenshots(tmp_path) / "app-weighted-word.png"), full_page=True)
+        page.screenshot(path=str(screenshots(tmp_path) / "weighted-word-test.png"), full_page=True)
         no_errors(page)
         page.get_by_role("tab", name="Sample").click()
         page.locator("#prompt textarea").fill("(red:x) apple")

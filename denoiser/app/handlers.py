@@ -22,12 +22,19 @@ from denoiser.app.budget import plan_work
 from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Stages
 from denoiser.app.kept import recall, remember
 from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
-from denoiser.app.words import word_choices, word_label, word_maps_panel, word_weights_chart
+from denoiser.app.words import (
+    word_choices,
+    word_label,
+    word_maps_label,
+    word_maps_panel,
+    word_weights_chart,
+    word_weights_label,
+)
 from denoiser.image_io import read_settings, save_with_settings, to_pil
 from denoiser.request import BUILT_IN
 
 __all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "HEAD_COLUMNS", "NO_CLASS", "MODELS_OWN",
-           "N_VIEWS", "PROMPTS", "word_maps_label", "word_weights_label", "result_files", "escape", "few_steps_note"]
+           "N_VIEWS", "PROMPTS", "result_files", "escape", "few_steps_note"]
 
 log = logging.getLogger("denoiser.app")
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
@@ -49,18 +56,6 @@ NO_GENERATION = "generate images first (Sample tab), or run the Edit tab: this v
 RUNNING = ("denoising", "averaging", "measuring", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 
 
-
-
-def word_maps_label(word: str | None = None) -> str:
-    """The word map's label, naming the word with its weight ("red ×1.5": its attention as sampled, scaled 1.5)."""
-    which = "the chosen word's map" if word is None else f"the map of “{word}”"
-    return f"{which}: all cross-attention layers together, then each layer's (mean of heads)"
-
-
-def word_weights_label(weighted: bool = False) -> str:
-    """The pixel's weights' label: a weight other than 1 scales a word's share, so its row no longer sums to 1."""
-    sums = "a row sums to 1 plus what the weights add" if weighted else "a row sums to 1"
-    return f"the clicked pixel's weights over the words (mean of heads; {sums})"
 
 
 def guidance_info(interval=None, prompt: bool = False) -> str:

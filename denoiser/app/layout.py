@@ -13,19 +13,11 @@ from denoiser.app.cache_sweep import sweep_safe, whole_files
 from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import SCHEDULERS, Engine
-from denoiser.app.handlers import (
-    HEAD_COLUMNS,
-    MODELS_OWN,
-    NO_CLASS,
-    PROMPTS,
-    Handlers,
-    guidance_info,
-    word_maps_label,
-    word_weights_label,
-)
+from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info
 from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.app.limits import LIMITS
 from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
+from denoiser.app.words import word_maps_label, word_weights_label
 from denoiser.request import TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
@@ -162,7 +154,8 @@ def _attention_tab(c: SimpleNamespace) -> None:
         with gr.Row():
             with gr.Column(scale=1):
                 # shown once there is a generation (their ranges follow it)
-                image_idx = gr.Slider(0, 1, value=0, step=1, label="image", visible=False)
+                image_idx = gr.Slider(0, 1, value=0, step=1, label="image", visible=False,
+                                      elem_id="image-index")
                 step = gr.Slider(0, 1, value=0, step=1, label="denoising step", visible=False)
                 clickable = gr.Image(label="click a pixel", format="png", type="pil", interactive=False,
                                      elem_id="clickable")

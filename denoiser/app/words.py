@@ -1,5 +1,6 @@
 """Pictures of a text model's cross-attention for the Attention tab: a word's map over the image in every
-cross-attention layer, and one pixel's weights over the prompt's words as a table of bars.
+cross-attention layer, and one pixel's weights over the prompt's words as a table of bars; and how the page names the
+words and these pictures (a weighted word with its weight: "red ×1.5").
 
 The maps reuse denoiser.visualize's tiles (overlays on the image): all layers together and each layer's in two
 rows, or each head's in a row per layer; the bar table is drawn here in plain PIL, as visualize draws its pictures.
@@ -15,7 +16,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.visualize import overlay, tiles_image, with_colour_scale
 
-__all__ = ["word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices"]
+__all__ = ["word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
+           "word_weights_label"]
 
 _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
 _PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 20, 170, 96
@@ -30,6 +32,18 @@ def word_label(word: str, weight: float = 1.0) -> str:
 def word_choices(words: Sequence[str], weights: Sequence[float]) -> list[tuple[str, int]]:
     """The word selector's choices: (label with its weight, the word's index among the prompt's words)."""
     return [(word_label(w, x), j) for j, (w, x) in enumerate(zip(words, weights))]
+
+
+def word_maps_label(word: str | None = None) -> str:
+    """The word map's label, naming the word with its weight ("red ×1.5": its attention as sampled, scaled 1.5)."""
+    which = "the chosen word's map" if word is None else f"the map of “{word}”"
+    return f"{which}: all cross-attention layers together, then each layer's (mean of heads)"
+
+
+def word_weights_label(weighted: bool = False) -> str:
+    """The pixel's weights' label: a weight other than 1 scales a word's share, so its row no longer sums to 1."""
+    sums = "a row sums to 1 plus what the weights add" if weighted else "a row sums to 1"
+    return f"the clicked pixel's weights over the words (mean of heads; {sums})"
 
 
 def all_layers_map(maps: Sequence[tuple[str, torch.Tensor]], size: int) -> torch.Tensor:
