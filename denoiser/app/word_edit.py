@@ -41,7 +41,7 @@ __all__ = ["EDIT_SETTINGS", "OFFERED", "WordEdit", "word_edit_box", "wire_word_e
 
 OFFERED = ("replace", "refine")  # the edit types the panel offers ("reweight": write "(word:2)" in the edited prompt)
 # a word edit's settings in its PNG, in the panel's order, and what a result without them stands for
-EDIT_SETTINGS = {"edit_prompt": "", "edit_type": "replace", "cross_replace_steps": DEFAULT_CROSS_REPLACE,
+EDIT_SETTINGS = {"edit_prompt": "", "edit_type": PromptEdit().edit_type, "cross_replace_steps": DEFAULT_CROSS_REPLACE,
                  "self_replace_steps": DEFAULT_SELF_REPLACE}
 CROSS_LABEL = "word maps from the source for the first … of the steps"
 SELF_LABEL = "layout (self-attention) from the source for the first … of the steps"
@@ -109,7 +109,7 @@ class WordEdit:
         """The selected result and its edit, [source, edit], from its noise. Outputs: Generate's (the preview, the
         results, the generation and its views, the status line)."""
         try:  # the request checked before any work: a refusal is a message on the status line, not a failure
-            path, settings = selected_result(gallery, selected)
+            _, settings = selected_result(gallery, selected)
             model, form, note = self.request(settings, edit_prompt, edit_type, cross, self_)
             plan_work(self.engine.sample_plan(model, **form)).check()
         except Exception as err:  # noqa: BLE001
@@ -132,7 +132,7 @@ class WordEdit:
                f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, {gen.num_steps} steps"
                f" · {what}{note}" + few_steps_note(gen.num_steps))
 
-    def shown(self, gallery, selected, edit_prompt, filled_from):
+    def shown(self, gallery, selected, filled_from):
         """The panel for the gallery's selected result: shown for a text model's, with the result it edits in words;
         its prompt box filled with the result's prompt when that is a new one (a word edit's own results keep what
         was typed). Outputs: the panel, its line, the prompt box, the prompt it was filled from."""
@@ -142,20 +142,20 @@ class WordEdit:
         seed, source = source_of(s)
         said = f"“{escape(source)}”" if source else "no prompt"
         if "edit_prompt" in s:
-            line = f"Edits the source of this word edit ({said}, seed {seed})."
+            line = f"Edits the source of this word edit again ({said}, seed {seed}): both its pictures start from it."
         else:
-            line = f"Edits result {int(s.get('index', 0)) + 1} of {s.get('count', 1)} ({said}, seed {seed})."
-        line += " Select another result to edit that one."
+            line = (f"Edits result {int(s.get('index', 0)) + 1} of {s.get('count', 1)} ({said}, seed {seed}). Select "
+                    "another result to edit that one.")
         if "edit_prompt" in s or source == filled_from:
             return gr.update(visible=True), line, gr.skip(), gr.skip()
         return gr.update(visible=True), line, gr.update(value=source), source
 
-    def shown_on_select(self, gallery, edit_prompt, filled_from, evt: gr.SelectData):
-        return self.shown(gallery, evt.index, edit_prompt, filled_from)
+    def shown_on_select(self, gallery, filled_from, evt: gr.SelectData):
+        return self.shown(gallery, evt.index, filled_from)
 
-    def new_results(self, gallery, edit_prompt, filled_from) -> tuple:
+    def new_results(self, gallery, filled_from) -> tuple:
         """A new gallery: its first result selected (Gradio shows none chosen), the panel for it."""
-        return (0, *self.shown(gallery, 0, edit_prompt, filled_from))
+        return (0, *self.shown(gallery, 0, filled_from))
 
     def form_of_result(self, gallery) -> tuple:
         """After a word edit: the Sample form shows what its results were made with (their seed, two images, no PAG)."""
@@ -198,10 +198,10 @@ def wire_word_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, outputs: lis
     order; sampling: Generate's queue settings. Returns the panel's run (Stop cancels it) and its handlers."""
     w = WordEdit(h)
     panel = [c.word_edit, c.word_source, c.edit_words, c.word_filled_from]
-    c.gallery.change(w.new_results, [c.gallery, c.edit_words, c.word_filled_from], [c.selected, *panel], api_name=False,
-                     queue=False, show_progress="hidden")
-    c.gallery.select(w.shown_on_select, [c.gallery, c.edit_words, c.word_filled_from], panel, api_name=False,
-                     queue=False, show_progress="hidden")
+    c.gallery.change(w.new_results, [c.gallery, c.word_filled_from], [c.selected, *panel], api_name=False, queue=False,
+                     show_progress="hidden")
+    c.gallery.select(w.shown_on_select, [c.gallery, c.word_filled_from], panel, api_name=False, queue=False,
+                     show_progress="hidden")
     edits = [c.edit_words, c.edit_type, c.cross_replace, c.self_replace]  # EDIT_SETTINGS' order
     running = c.word_edit_run.click(w.run, [c.gallery, c.selected, *edits], outputs, api_name="word_edit", **sampling)
     running.success(w.form_of_result, c.gallery, form, api_name=False, queue=False)  # the form shows what ran
