@@ -42,6 +42,17 @@ class AttentionEdit:
         if self.key_map is not None and self.source is None:
             raise ValueError("an attention edit's key map needs the source rows it maps into")
 
+    def first_rows(self, n: int) -> AttentionEdit:
+        """The edit of the batch's first n rows alone; their sources must lie among them (a guided batch's prompts'
+        rows come first, and an edit's source is image 0)."""
+        if self.source is not None and bool((self.source[:n] >= n).any()):
+            raise ValueError(f"the first {n} rows take weights from rows past them: they cannot be cut apart")
+
+        def rows(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[:n]
+
+        return AttentionEdit(scale=rows(self.scale), source=rows(self.source), key_map=rows(self.key_map))
+
     def _taken(self, B: int, S: int, device) -> torch.Tensor:
         """(B, S) bool: which keys of which rows take their weight from a source row."""
         if self.source is None:

@@ -170,7 +170,8 @@ SETTINGS_KEY = "denoiser"  # the PNG text chunk that holds how an image was made
 
 def settings_name(settings: dict) -> str:
     """A file name that says how an image was made: 'cifar10-seed3-cat-ddim25-cfg3-2of8.png' for a sample (a text
-    model's: its prompt where the class goes, 'emoji-seed0-red_apple-unipc10-cfg3-1of8.png'),
+    model's: its prompt where the class goes, 'emoji-seed0-red_apple-unipc10-cfg3-1of8.png'; a word edit's pair:
+    'emoji-seed0-red_apple-to-green_apple-unipc10-cfg3-2of2.png'),
     'cifar10-denoise-sigma0.1-seed0-1024x768.png' for an edit of a user's picture (settings with an "operation")."""
     if "operation" in settings:
         return _edit_name(settings)
@@ -179,6 +180,8 @@ def settings_name(settings: dict) -> str:
         parts.append(str(settings["class"]))
     if settings.get("prompt"):
         parts.append(str(settings["prompt"])[:60])
+    if settings.get("edit_prompt"):  # a prompt-to-prompt pair: the source, then the edit ('red_apple-to-green_apple')
+        parts[-1] += f"-to-{str(settings['edit_prompt'])[:60]}"
     parts.append(f"{settings.get('scheduler')}{settings.get('steps')}")
     parts += _guidance_parts(settings)
     if "index" in settings:

@@ -148,3 +148,11 @@ def test_identity_weights_and_an_edit_on_one_layer_are_refused():
     with identity_attention(container), edit_attention(container, self_edit=AttentionEdit(source=torch.tensor([-1, 0]))):
         with pytest.raises(ValueError, match="set PAG to 0"):
             sa(torch.randn(2, 4, 12))
+
+
+def test_the_first_rows_of_an_edit_are_cut_apart_only_when_their_sources_are_among_them():
+    edit = AttentionEdit(scale=torch.ones(4, 3), source=torch.tensor([-1, 0, -1, 2]), key_map=torch.zeros(4, 3, dtype=torch.long))
+    first = edit.first_rows(2)
+    assert first.source.tolist() == [-1, 0] and first.scale.shape == (2, 3) and first.key_map.shape == (2, 3)
+    with pytest.raises(ValueError, match="cannot be cut apart"):
+        AttentionEdit(source=torch.tensor([-1, 3, -1, -1])).first_rows(2)

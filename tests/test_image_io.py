@@ -161,3 +161,5 @@ def test_a_text_models_file_name_carries_its_prompt_where_a_class_would_go():
                 "guidance_scale": 3.0, "index": 0, "count": 8}
     assert settings_name(settings) == "emoji-seed0-red_apple__big_-unipc10-cfg3-1of8.png"
     assert len(settings_name({**settings, "prompt": "x" * 500})) < 120  # a long prompt is cut
+    edit = {**settings, "prompt": "red apple", "edit_prompt": "(green:1.5) apple", "index": 1, "count": 2}
+    assert settings_name(edit) == "emoji-seed0-red_apple-to-_green_1.5__apple-unipc10-cfg3-2of2.png"  # what it shows

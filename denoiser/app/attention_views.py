@@ -27,7 +27,6 @@ from denoiser.attention import (
     capture_attention,
     identity_attention,
 )
-from denoiser.attention_edit import AttentionEdit
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.guidance import Guidance, TextCondition
 from denoiser.pixels import unit_to_model
@@ -121,7 +120,8 @@ class AttentionViews:
         with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
             gen.guidance.main_pass(unet, x, gen.timesteps[step], labels, gen.text)
         # the images' own half, copied: a slice would keep the whole qkv projection (and v) alive
-        return [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone(), edit=_own_rows(r.edit, B),
+        return [dataclasses.replace(r, q=r.q[:B].clone(), k=r.k[:B].clone(),
+                                    edit=None if r.edit is None else r.edit.first_rows(B),
                                     key_mask=None if r.key_mask is None else r.key_mask[:B].clone()) for r in recs]
 
     def attention_maps(self, gen: Generation, image: int, step: int, pixel: tuple[int, int]) -> Image.Image:
@@ -248,18 +248,6 @@ class AttentionViews:
             weight_sum=float(weights.sum()),
             top=[((int(i) // W, int(i) % W), float(scores.flatten()[i]), float(w)) for w, i in zip(top.values, top.indices)],
         )
-
-
-def _own_rows(edit: AttentionEdit | None, B: int) -> AttentionEdit | None:
-    """A call's attention edit for its first B rows (the images' own, with their prompts): weighted words' scales and
-    prompt-to-prompt's source rows, which for these rows are among them (image 0, the source)."""
-    if edit is None:
-        return None
-
-    def rows(x):
-        return None if x is None else x[:B]
-
-    return AttentionEdit(scale=rows(edit.scale), source=rows(edit.source), key_map=rows(edit.key_map))
 
 
 def _stats_calls_per_timestep(unet) -> int:
