@@ -71,8 +71,8 @@ def build(config: str, batch: int, out: Path, precision: str | None = None) -> T
     acc.backward = labelled("backward", acc.backward)
     acc.clip_grad_norm_ = labelled("clip", acc.clip_grad_norm_)
     loop.optimizer.step = labelled("optimizer", loop.optimizer.step)
-    if loop.ema is not None:
-        loop.ema.step = labelled("ema", loop.ema.step)
+    for ema in loop.emas:
+        ema.step = labelled("ema", ema.step)
     return loop
 
 
@@ -84,11 +84,8 @@ def kind_of(op: str) -> str:
 def profile(loop: TrainLoop, steps: int):
     """(seconds per step unprofiled, phase -> seconds per step, op kind -> self seconds per step, the 12 ops with
     the most self seconds per step)."""
-    from denoiser.data.prefetch import Prefetcher
-
-    loop.seen = torch.zeros(2, dtype=torch.float64)
-    loop.waited = 0.0
-    loop.batches = Prefetcher(loop._batch)
+    loop.begin()
+    loop.bar.disable = True
     loop.batches.get = labelled("data", loop.batches.get)
     try:
         for _ in range(2):  # warm-up: oneDNN primitives, allocator
@@ -101,7 +98,7 @@ def profile(loop: TrainLoop, steps: int):
             for _ in range(steps):
                 loop.run_step()
     finally:
-        loop.batches.close()
+        loop.end()
     phases: dict[str, float] = defaultdict(float)
     kinds: dict[str, float] = defaultdict(float)
     for e in prof.key_averages():
@@ -116,20 +113,17 @@ def profile(loop: TrainLoop, steps: int):
 
 def malloc_child(config: str, batch: int, steps: int, precision: str | None, keep_peak: bool) -> dict:
     """Seconds and minor page faults per step of the real loop under one malloc setting (this process's)."""
-    from denoiser.data.prefetch import Prefetcher
-
     malloc.configure(keep_peak=keep_peak)
     with tempfile.TemporaryDirectory() as tmp:
         loop = build(config, batch, Path(tmp) / "run", precision)
-        loop.seen, loop.waited = torch.zeros(2, dtype=torch.float64), 0.0
-        loop.batches = Prefetcher(loop._batch)
+        loop.begin()
         for _ in range(2):
             loop.run_step()
         before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         for _ in range(steps):
             loop.run_step()
         wall, after = (time.perf_counter() - t0) / steps, resource.getrusage(resource.RUSAGE_SELF)
-        loop.batches.close()
+        loop.end()
         loop.accelerator.end_training()
     return {"seconds": wall, "faults": (after.ru_minflt - before.ru_minflt) / steps,
             "system_seconds": (after.ru_stime - before.ru_stime) / steps}

@@ -25,7 +25,7 @@ from denoiser.diffusion import Diffusion
 from denoiser.pixels import to_model_range
 from denoiser.text import WordHashTokenizer
 
-__all__ = ["TOKEN_KEYS", "with_draws", "StepInputs"]
+__all__ = ["TOKEN_KEYS", "with_draws", "to_device", "StepInputs"]
 
 TOKEN_KEYS = ("input_ids", "ngram_mask", "attention_mask")  # a text model's batch ends with its captions' tokens
 
@@ -44,11 +44,11 @@ def with_draws(batch: StepBatch, diffusion: Diffusion, cfg: RunConfig, condition
     drop = (torch.rand(n, generator=gen) < cfg.train.class_dropout)[rows]
     noise_gen = torch.Generator(device).manual_seed(seed_of(NOISE, cfg.train.seed, *batch.draw_key))
     shape = (n, *batch.pixels.shape[1:])  # (draw_size, 3, S, S)
-    noise = torch.randn(shape, generator=noise_gen, device=device)[rows.to(device)]
-    pixels = batch.pixels if resident is None else resident[batch.ids.to(device)]
+    noise = torch.randn(shape, generator=noise_gen, device=device)[to_device(rows, device)]
+    pixels = batch.pixels if resident is None else resident[to_device(batch.ids, device)]
     x0 = to_model_range(pixels)
     if cfg.data.random_flip:
-        x0 = torch.where(flip.to(x0.device)[:, None, None, None], x0.flip(-1), x0)
+        x0 = torch.where(to_device(flip, x0.device)[:, None, None, None], x0.flip(-1), x0)
     labels = batch.labels
     if conditional:
         labels = torch.where(drop, cfg.model["num_class_embeds"], labels)  # the "no class" row
@@ -58,6 +58,15 @@ def with_draws(batch: StepBatch, diffusion: Diffusion, cfg: RunConfig, condition
         raise ValueError("this text model's data gave no captions: set data.caption_columns to the data's text columns")
     tokens = tokenizer(batch.captions)
     return (batch.ids, x0, labels, noise, timesteps, *(tokens[k] for k in TOKEN_KEYS))
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host tensor on `device`; to a GPU from pinned memory, so that the copy waits for neither side (a copy from
+    pageable memory waits for the GPU's queue to reach it)."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device == device:
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 class StepInputs:
@@ -82,7 +91,5 @@ class StepInputs:
                            self.draw_device, self.resident)
         if self.device.type != "cuda":
             return batch
-        # pinned: the copy to the GPU neither waits for the GPU nor makes it wait for us; the ids stay on the host
-        # (the loop's count of images seen)
-        ids, *rest = batch
-        return ids, *(v if v.device == self.device else v.pin_memory().to(self.device, non_blocking=True) for v in rest)
+        ids, *rest = batch  # the ids stay on the host: the loop's count of images seen
+        return ids, *(to_device(v, self.device) for v in rest)

@@ -6,6 +6,7 @@
 #   bash bench/gpu/run.sh smoke                      # ~15 s of training each: checks every step end to end
 #   bash bench/gpu/run.sh full CIFAR_MIN CIFAR_STEPS CIFAR_N EMOJI_MIN EMOJI_STEPS EMOJI_N
 #   MEASURE=1 bash bench/gpu/run.sh full ...         # first bench/train_mfu.py: eager / fast / diffusers, MEASURE_S s a side
+#                                                    # (CIFAR_STEPS or EMOJI_STEPS "auto": the schedule sized to the measured speed)
 #
 # Training runs the fast path (issue 50): the loss read every LOG_EVERY steps (default 50), the split resident on the
 # GPU with its noise drawn there (train.device_data: on by default on a GPU). With MEASURE=1 and MEASURE_COMPILE=1 the
@@ -77,6 +78,19 @@ train() {  # name minutes max_steps num_fid_samples
   [ "${COMPILE:-0}" = 1 ] && sets+=(--set train.compile=true --set "train.compile_mode=${COMPILE_MODE:-reduce-overhead}")
   [ -n "${EMA_EXTRA:-}" ] && sets+=(--set "train.ema_extra_decays=[${EMA_EXTRA// /,}]")
   [ -n "${EMA_POWERS:-}" ] && sets+=(--set "train.ema_extra_powers=[${EMA_POWERS// /,}]")
+  if [ "$steps" = auto ]; then  # the cosine schedule sized to the time limit at the measured speed (MEASURE=1 first)
+    steps=$($PY - "$OUT" "$name" "$minutes" "${COMPILE:-0}" "${MEASURE_BATCH:-512}" <<'EOP'
+import json, sys
+from pathlib import Path
+out, name, minutes, compiled, batch = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
+files = [f"measure-{name}-compile.json"] * compiled + [f"measure-{name}.json"]
+ips = next((json.loads((out / f).read_text())["img_per_s"]["fast"] for f in files if (out / f).is_file()), None)
+# 85 %: start-up, the reads, the final checkpoint and export take the rest of the time limit
+print(int(0.85 * ips * minutes * 60 / batch) if ips else 100000)
+EOP
+)
+    log "$name: max_steps $steps from the measured speed"
+  fi
   log "unpack $name"
   [ -d "/tmp/data/$name" ] || $PY bench/gpu/unpack_data.py ".gpu/data/$name.safetensors" "/tmp/data/$name" | tee -a "$OUT/log.txt"
   log "train $name ($config): time limit $minutes min, max_steps $steps ${sets[*]}"
