@@ -38,9 +38,10 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", train={"lr_scheduler": "cosine", "lr_warmup_steps": 2, "checkpoint_every": 3})
     one, two = tmp_path / "one", tmp_path / "two"
     cli("train", "--config", str(cfg), "--output-dir", str(one))
-    # two processes, each with 2 accumulation steps of 2 images: still 8 images per optimizer step
+    # two processes, each with 2 accumulation steps of 2 images: still 8 images per optimizer step; and the fast path
+    # (inputs resident on the device, the loss read every 4 steps) against the one process's host path
     cli("--config", str(cfg), "--output-dir", str(two), "--set", "train.gradient_accumulation_steps=2",
-        launcher=_launcher(2), env={"ACCELERATE_USE_CPU": "true"})
+        "--set", "train.device_data=true", "--set", "train.log_every=4", launcher=_launcher(2), env={"ACCELERATE_USE_CPU": "true"})
     summary = json.loads((two / "train_summary.json").read_text())
     ranks = summary["per_rank"]
     assert [r["rank"] for r in ranks] == [0, 1]
