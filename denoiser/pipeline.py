@@ -129,7 +129,7 @@ class DenoiserPipeline(DiffusionPipeline):
         output_type: "pil" (list of PIL images), "np" ((B, H, W, C) floats in [0, 1]) or "pt" ((B, C, H, W)).
         callback_on_step_end(pipe, i, t, {"latents": x}) runs after every step and may return new latents.
         cross_attention_kwargs: prompt-to-prompt, as diffusers' community Prompt2PromptPipeline takes it:
-        prompt=["red heart", "blue heart"], cross_attention_kwargs={"edit_type": "replace", "cross_replace_steps": 0.8,
+        prompt=["red heart", "blue heart"], cross_attention_kwargs={"edit_type": "replace", "cross_replace_steps": 0.4,
         "self_replace_steps": 0.4} returns the source and the edit, both from image 0's noise (the generator's first
         draw); "refine" adds words, "reweight" scales `equalizer_words` by `equalizer_strengths`
         (denoiser.prompt_edit). Prompts weigh words as A1111: "(red:1.5) heart".
