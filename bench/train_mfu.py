@@ -20,9 +20,9 @@ A block is --read-every steps ended by a device synchronize, so a block's time i
 batch / (median block time / steps). FLOPs per image are counted by `torch.utils.flop_counter.FlopCounterMode` over
 one step (forward + backward). MFU = achieved FLOP/s / peak: the table below for a named GPU (bf16 dense), and
 always a square GEMM measured here in the run's precision. Launches: aten ops per step (nested included) from
-`torch.profiler`, and on a GPU its kernel launches; host syncs: reads of the device's tensors
-(`aten::_local_scalar_dense`: every `.item()`, `float()` or `if tensor`, counted by a dispatch mode) and CUDA
-synchronize calls, per step over one block that ends in a read, and in the steps between reads.
+`torch.profiler`, and on a GPU its kernel launches; host syncs: CUDA synchronize calls on a GPU, and on a CPU the
+`.item()`-like reads (`aten::_local_scalar_dense`: `.item()`, `float()`, `if tensor`) outside the optimizer, per step
+over one block that ends in a read, and in the steps between reads.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from accelerate.state import AcceleratorState  # noqa: E402
 from diffusers import UNet2DModel  # noqa: E402
 from diffusers.training_utils import EMAModel  # noqa: E402
 from profiling import cpu_name  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from denoiser.config import load_config  # noqa: E402
@@ -159,32 +158,32 @@ def block(side, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-class Reads(TorchDispatchMode):
-    """Counts `.item()`-like reads (`aten::_local_scalar_dense`) of tensors on `device`: on a GPU each is a host sync.
-    Reads inside a fused kernel (CPU fused AdamW reads its step counters) are not dispatched, so not counted."""
-
-    def __init__(self, device: torch.device):
-        super().__init__()
-        self.device, self.count = device, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == self.device.type:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+def host_reads(events) -> int:
+    """`.item()`-like reads (`aten::_local_scalar_dense`) outside the optimizer: on a CPU, where every tensor is on the
+    device, the reads a GPU would wait for (a CPU AdamW reads its host-side step counters, a GPU one does not)."""
+    def in_optimizer(e) -> bool:
+        while e is not None:
+            if e.name.startswith("Optimizer.step"):
+                return True
+            e = e.cpu_parent
+        return False
+    return sum(e.name == "aten::_local_scalar_dense" and not in_optimizer(e) for e in events)
 
 
 def counts(side, steps: int) -> tuple[float, float, float, float]:
-    """Per step over `steps` steps that end with a read: aten ops (nested included) and kernel launches (profiler),
-    host syncs (reads of device tensors, and CUDA synchronize calls); and host syncs in the steps before the read."""
+    """Per step over `steps` steps that end with a read (torch.profiler): aten ops (nested included), kernel launches
+    and host syncs (CUDA synchronize calls on a GPU; on a CPU, `host_reads`); and host syncs in the steps before the
+    read. No dispatch mode here: under one, a compiled model runs eagerly."""
+    cuda = side.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * cuda
     side.align(steps)
     per_step = []
     for _ in range(steps):
-        reads = Reads(side.device)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, reads:
+        with torch.profiler.profile(activities=activities) as prof:
             side.step()
         ev = prof.events()
-        per_step.append((sum(e.name.startswith("aten::") for e in ev), sum(e.name in LAUNCH_EVENTS for e in ev),
-                         reads.count + sum(e.name in SYNC_EVENTS for e in ev)))
+        syncs = sum(e.name in SYNC_EVENTS for e in ev) if cuda else host_reads(ev)
+        per_step.append((sum(e.name.startswith("aten::") for e in ev), sum(e.name in LAUNCH_EVENTS for e in ev), syncs))
     aten, launches, syncs = (sum(c[i] for c in per_step) / steps for i in range(3))
     between = sum(c[2] for c in per_step[:-1]) / max(steps - 1, 1)
     return aten, launches, syncs, between

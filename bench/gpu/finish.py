@@ -61,7 +61,7 @@ def draw(folder: Path, num_samples: int, device: str) -> np.ndarray:
     unet = load(folder)[0]
     classes = SPREAD if unet.config.num_class_embeds else None
     # a text model: as `evaluate --fid --prompts TEXT_PROMPTS` (unconditioned samples would score otherwise)
-    prompts = prompts_from_file(TEXT_PROMPTS, num_samples) if unet.config.cross_attention_dim else ()
+    prompts = prompts_from_file(TEXT_PROMPTS, num_samples) if unet.config.cross_attention_dim else None  # None: no text
     plan = resolve(SampleRequest(num_images=num_samples, classes=classes, prompts=prompts, seed=0, batch_size=BATCH),
                    folder, load=load)
     tic = time.perf_counter()

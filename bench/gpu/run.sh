@@ -13,7 +13,7 @@
 # measurement also times torch.compile (COMPILE_MODE, default reduce-overhead: CUDA graphs), and training compiles
 # only where that measured faster; COMPILE=1 or COMPILE=0 decides without measuring. EMA_POWERS="0.5 0.9" (warm-up
 # powers: what sets the length in a short run) and EMA_EXTRA="0.999" (ceilings) track more EMA lengths, each exported as
-# model-ema-<name>/ and brought back in NAME-emas.tar (fp16 UNets) for FID against length.
+# model-ema-<name>/ and brought back as NAME-ema-<name>-unet.safetensors (and -text_encoder), fp16, for FID against length.
 #
 # Each run continues the shipped weights (`--init-from weights/NAME`: a fresh optimizer and LR schedule)
 # with the config they were trained with (weights/emoji: configs/emoji32.yaml; CONFIG_NAME picks another);
@@ -106,18 +106,16 @@ EOP
   log "finish $name"
   $PY bench/gpu/finish.py "/tmp/runs/$name" "$name" "$OUT" "$n" "weights/$name" 2>&1 | tr '\r' '\n' | grep -v "sampling:" | tee -a "$OUT/log.txt"
   # files come back at most 16 MiB each (a text model's folder is more): parts NAME.tar.00, .01 (cat them back)
-  if ls -d /tmp/runs/$name/model-ema-* >/dev/null 2>&1; then  # extra EMA lengths: their UNets, fp16, for FID against length
-    $PY - "/tmp/runs/$name" "$OUT/$name-emas.tar" <<'EOP'
-import sys, tarfile, tempfile
+  if ls -d /tmp/runs/$name/model-ema-* >/dev/null 2>&1; then  # extra EMA lengths: each UNet in fp16, one file each (< 16 MiB)
+    $PY - "/tmp/runs/$name" "$OUT/$name" <<'EOP'
+import sys
 from pathlib import Path
-import torch
 from safetensors.torch import load_file, save_file
-run, tar = Path(sys.argv[1]), sys.argv[2]
-with tempfile.TemporaryDirectory() as tmp, tarfile.open(tar, "w") as t:
-    for folder in sorted(run.glob("model-ema-*")):
-        w = load_file(str(folder / "unet" / "diffusion_pytorch_model.safetensors"))
-        save_file({k: v.half() for k, v in w.items()}, f"{tmp}/{folder.name}.safetensors")
-        t.add(f"{tmp}/{folder.name}.safetensors", arcname=f"{folder.name}.safetensors")
+run, prefix = Path(sys.argv[1]), sys.argv[2]
+for folder in sorted(run.glob("model-ema-*")):  # a text model's EMA covers its text encoder too
+    for part in sorted(folder.glob("*/*.safetensors")):  # unet/, text_encoder/
+        w = load_file(str(part))
+        save_file({k: v.half() for k, v in w.items()}, f"{prefix}-{folder.name[len('model-'):]}-{part.parent.name}.safetensors")
 EOP
   fi
   if [ "$(stat -c %s "$OUT/$name.tar")" -gt 16000000 ]; then
