@@ -62,3 +62,20 @@ def test_the_heads_statistics_are_a_job_that_stops(weights):
     stopped = len(calls)
     time.sleep(0.3)
     assert 0 < stopped < len(full) and len(calls) == stopped  # stopped mid-way, and nothing ran after the close
+
+
+def test_stop_during_a_job_without_a_preview_does_not_speak_of_one(weights):
+    """Issue 51 item 3: Stop during "average the maps over every step" or "Compute statistics" said "the preview is
+    that step's predicted clean image (x₀)"; neither tab has a preview. The line each job shows while it runs, as Stop
+    turns it into its stopped line (Handlers.stopped)."""
+    h = Handlers(Engine(weights))
+    gen = h.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=1)
+    quiet = dict(progress=lambda *a, **k: None)
+    for updates, shown in ((_run(h.mean_maps(gen, 0, (3, 4), **quiet)), "maps shown"),
+                           (_run(h.head_stats(gen, 0, **quiet)), "charts and table shown")):
+        running = [u[-1] for u in updates[:-1] if isinstance(u[-1], str)][0]
+        stopped = Handlers._stopped_text(running)
+        assert stopped.startswith("**stopped at step") and shown in stopped, stopped
+        assert "preview" not in stopped and "x₀" not in stopped, stopped
+    sampling = Handlers._stopped_text("denoising: step 3 / 50 · about 2 s left")  # Generate's keeps its preview
+    assert "the preview is that step's predicted clean image (x₀)" in sampling

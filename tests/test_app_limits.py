@@ -35,3 +35,15 @@ def test_scales_within_the_limits_come_back_as_request_fields():
 def test_a_scale_out_of_range_is_refused_by_its_slider_label(args, label):
     with pytest.raises(ValueError, match=rf"^{label} must be a number in \d"):
         check_scales(*args)
+
+
+def test_gradio_still_refuses_an_out_of_range_slider_value_that_form_slider_lets_through():
+    """denoiser.app.controls.form_slider exists because Gradio's Slider raises on a typed value out of its range
+    (a traceback before the handler can say so); the day this fails, Gradio stopped and form_slider can go."""
+    gr = pytest.importorskip("gradio")
+    from denoiser.app.controls import form_slider, whole_box
+
+    with pytest.raises(gr.exceptions.Error, match="less than minimum"):
+        gr.Slider(1, 10).preprocess(-5)
+    assert form_slider(1, 10).preprocess(-5) == -5
+    assert whole_box("seed", 0, "seed", "seed").preprocess(1e20) == 10**20  # for check_int to refuse in words

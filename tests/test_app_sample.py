@@ -153,3 +153,42 @@ def test_browser_on_a_phone_the_model_and_class_come_before_the_results(server, 
             assert top["#preview"] < 844 and top["#class"] < 1400, top  # the preview on the first screen, the class near
         finally:
             browser.close()
+
+
+OUT_OF_RANGE = [("steps", "-5", "steps"), ("steps", "0", "steps"), ("steps", "1e9", "steps"), ("seed", "-1", "seed"),
+                ("seed", "1e20", "seed"), ("num-images", "1000", "number of images"),
+                ("num-images", "-3", "number of images"), ("num-images", "0", "number of images")]
+
+
+def test_browser_an_out_of_range_number_is_refused_in_words_and_nothing_runs(server, capfd):
+    """Issue 51 item 2: Gradio's own bounds refused -5 steps or seed 1e20 before our handler ran: a traceback in the
+    log per try, a status line that kept the previous run's text, and steps -5 or images -3 ran at 1 after the
+    toast. Now the handler checks (denoiser.app.limits): the status says "not started: …" naming the value's
+    control, and nothing runs."""
+    with browser_page(server) as page:
+        _set(page, "steps", 2)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+        shown = page.locator("#gallery img").first.get_attribute("src")
+        capfd.readouterr()
+        for elem_id, value, name in OUT_OF_RANGE:
+            box = page.locator(f"#{elem_id} input[type=number]")
+            box.fill(value)
+            box.press("Enter")
+            page.wait_for_timeout(300)  # the change has landed (a slider's budget note is its only other event)
+            page.evaluate(WATCH_STATUS)
+            page.locator("#generate").click()
+            page.wait_for_timeout(3000)
+            page.wait_for_function("() => document.querySelector('#status').innerText.startsWith('not started')",
+                                   timeout=30_000)
+            status = page.locator("#status").inner_text()
+            assert f"{name} must be a whole number" in status, (value, status)
+            page.wait_for_timeout(1000)  # a run the refusal did not stop would have started by now
+            seen = page.evaluate("() => window.statusSeen")
+            assert not any("denoising" in t for t in seen), (value, seen)
+            assert page.locator("#gallery img").first.get_attribute("src") == shown  # the results shown stay
+            assert page.get_by_text("less than minimum").count() == page.get_by_text("greater than maximum").count() == 0
+            box.fill("2" if elem_id != "seed" else "0")
+            box.press("Enter")
+        log = capfd.readouterr().err
+        assert "Traceback" not in log and "gradio.exceptions.Error" not in log, log[-2000:]

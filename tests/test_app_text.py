@@ -75,7 +75,7 @@ def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     prompt, negative, examples = h.text_controls("words")
     assert prompt["visible"] and negative["visible"] and examples["visible"]
     prompt, negative, examples = h.text_controls("tiny-classes")
-    assert not prompt["visible"] and prompt["value"] == "" and not examples["visible"]
+    assert not prompt["visible"] and "value" not in prompt and not examples["visible"]  # kept for the next text model
     class_update, guidance, *_ = h.model_form("words")
     assert not class_update["visible"]
     assert guidance["value"] == 2.5 and "prompt" in guidance["label"]  # the folder's sampling.json, for a prompt
@@ -203,3 +203,95 @@ def test_browser_the_edit_tabs_prompt_box_follows_the_model_and_operation(server
         page.locator("#edit-prompt textarea").wait_for(state="visible", timeout=30_000)
         assert page.locator("#edit-prompt textarea").input_value() == ""  # emptied while hidden: what runs is shown
         no_errors(page)
+
+
+def test_a_filled_form_labels_guidance_for_its_model(weights, tmp_path, monkeypatch):
+    """Issue 51 item 8: after a text model's "try these" row or "use these settings" on its result, the guidance
+    slider still read "(with a class) … needs a class"; picking the model said "(with a prompt)". Both now set the
+    label as picking does (the value the row's or the result's)."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    h = Handlers(Engine(weights))
+    picked = h.model_form("words")[1]
+    *_, last = h.generate("words", "ddim", 2, 3, 1, "(any)", 2.0, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
+    restored = dict(zip(SETTINGS_FORM, h.use_settings(last[1], 0)))["guidance_scale"]
+    _, filled = h.filled_form("words", "(any)")
+    for update in (restored, filled):
+        assert update["label"] == picked["label"] == "guidance (with a prompt)"
+        assert update["info"] == picked["info"] and "needs a prompt" in update["info"]
+    assert restored["value"] == 2.0 and "value" not in filled  # the result's scale; the row's stays as it set it
+    assert h.filled_form("tiny-classes", "(any)")[1]["label"] == "guidance (with a class)"
+
+
+def _edit_cfg_is(page, value: str) -> None:
+    page.wait_for_function("v => document.querySelector('#edit-cfg input[type=number]').value === v", arg=value,
+                           timeout=30_000)
+
+
+def test_browser_a_pasted_prompt_sets_the_edit_guidance_and_clearing_it_sets_1(server):
+    """Issue 51 item 9: on the Edit tab a pasted prompt (or one filled in by a program) left the guidance at 1, so
+    the run and its PNG used 1; typed key by key it set the model's scale; a cleared box kept that scale, though a
+    run without a prompt needs 1 (docs/app.md)."""
+    with browser_page(server) as page:
+        page.get_by_role("tab", name="Edit").click()
+        page.locator("#edit-model input").click()
+        page.locator("#edit-model").get_by_role("option", name="words").click()
+        page.locator("#operation").get_by_text("inpaint", exact=True).click()
+        box = page.locator("#edit-prompt textarea")
+        box.wait_for(state="visible", timeout=30_000)
+        box.fill("red apple")  # at once, as a paste does
+        _edit_cfg_is(page, "2.5")
+        box.fill("")
+        _edit_cfg_is(page, "1")
+        # a paste: the clipboard's text arrives in one input event
+        box.focus()
+        page.evaluate("""() => { const t = document.querySelector('#edit-prompt textarea');
+            t.value = 'blue car'; t.dispatchEvent(new Event('input', {bubbles: true})); }""")
+        _edit_cfg_is(page, "2.5")
+        box.press("Control+a")
+        box.press("Delete")
+        _edit_cfg_is(page, "1")
+        no_errors(page)
+
+
+def test_browser_a_prompt_stays_through_a_switch_to_a_class_model_and_back(server, tmp_path):
+    """Issue 51 item 10: type "blue car" on a text model, switch to a class model and back: the prompt was gone. A
+    class model's run between takes no prompt (its PNG has none)."""
+    with browser_page(server) as page:
+        page.locator("#model input").click()
+        page.locator("#model").get_by_role("option", name="words").click()
+        box = page.locator("#prompt textarea")
+        box.wait_for(state="visible", timeout=30_000)
+        box.fill("blue car")
+        page.locator("#model input").click()
+        page.locator("#model").get_by_role("option", name="tiny-classes").click()
+        box.wait_for(state="hidden", timeout=30_000)
+        page.locator("#steps input[type=number]").fill("2")
+        page.locator("#steps input[type=number]").press("Enter")
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+        src = page.locator("#gallery img").first.get_attribute("src")
+        (tmp_path / "class.png").write_bytes(httpx.get(src, timeout=30).content)
+        assert "prompt" not in read_settings(tmp_path / "class.png")
+        page.locator("#model input").click()
+        page.locator("#model").get_by_role("option", name="words").click()
+        box.wait_for(state="visible", timeout=30_000)
+        assert box.input_value() == "blue car"
+        no_errors(page)
+
+
+def test_a_cut_prompt_says_so_on_the_status_line_and_the_word_list(weights, tmp_path, monkeypatch):
+    """Issue 51 item 5: a prompt longer than the tokenizer's max_length was cut and only the server log said so; the
+    status quoted the whole prompt and the Attention tab quietly listed the words read. Both now say it was cut and
+    which words were not read (Plan.words: what the model reads; the tokenizer's dropped: the rest)."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    h = Handlers(Engine(weights))
+    max_length = TEXT["max_length"]  # the test tokenizer's (tests/test_text.py)
+    prompt = " ".join(f"w{i}" for i in range(max_length + 3))
+    *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", prompt, "")
+    gen, status, words = last[2], last[-1], last[2 + 6 + 4]
+    assert gen.words == tuple(prompt.split()[:max_length]) and gen.unread == tuple(prompt.split()[max_length:])
+    said = f"only the first {max_length} words; 3 more not read"
+    assert said in status and f"w{max_length + 2}" in status, status
+    assert said in words["label"] and len(words["choices"]) == max_length
+    *_, whole = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
+    assert "cut" not in whole[-1] and whole[2 + 6 + 4]["label"] == "the prompt's words"

@@ -155,11 +155,11 @@ def test_a_word_edits_layers_are_not_switched_off(handlers):
 
 
 def _form(page, steps: int, images: int) -> None:
-    """The steps and number of images typed, and held by the sliders (what Generate sends) before going on."""
+    """The steps and number of images typed, and held by their boxes (what Generate sends) before going on."""
     for key, value in (("steps", steps), ("num-images", images)):
         page.locator(f"#{key} input[type=number]").fill(str(value))
         page.locator(f"#{key} input[type=number]").press("Enter")
-        page.wait_for_function(f"() => document.querySelector('#{key} input[type=range]').value === '{value}'",
+        page.wait_for_function(f"() => document.querySelector('#{key} input[type=number]').value === '{value}'",
                                timeout=30_000)
     page.locator("#budget").get_by_text("work:").wait_for(timeout=30_000)
 

@@ -72,6 +72,7 @@ class Generation:
     words: tuple[str, ...] = ()  # image 0's words the model sees (weights taken out): one token, one map each
     image_words: tuple[tuple[str, ...], ...] = ()  # each image's words (an edit's differ from its source's)
     word_weights: tuple[tuple[float, ...], ...] = ()  # each image's weight per word ("(red:1.5) apple": 1.5, 1)
+    unread: tuple[str, ...] = ()  # the prompt's words past the tokenizer's max_length: cut, the model never read them
 
     @property
     def num_steps(self) -> int:

@@ -1,5 +1,6 @@
-"""Pieces every tab of the page is built with: a job's Run and Stop buttons with its status line, and a tab's
-components kept by name for the wiring (denoiser/app/layout.py, denoiser/app/edit.py)."""
+"""Pieces every tab of the page is built with: a job's Run and Stop buttons with its status line, the form's sliders
+and number boxes (their values checked by the handlers, denoiser.app.limits), and a tab's components kept by name for the
+wiring (denoiser/app/layout.py, denoiser/app/edit.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-__all__ = ["SESSION_TTL_S", "keep", "run_controls"]
+from denoiser.app.limits import LIMITS
+
+__all__ = ["SESSION_TTL_S", "form_slider", "keep", "run_controls", "whole_box"]
 
 SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is dropped this long after its last update
 
@@ -25,3 +28,26 @@ def run_controls(label: str, run_id: str, stop_id: str, status_id: str):
         run = gr.Button(label, variant="primary", elem_id=run_id, scale=3)
         stop = gr.Button("Stop", variant="stop", elem_id=stop_id, scale=1)
     return run, stop, gr.Markdown(elem_id=status_id)
+
+
+def form_slider(minimum: float, maximum: float, **kwargs) -> gr.Slider:
+    """A slider whose value reaches its handler as the person typed it, in range or not. Gradio's Slider.preprocess
+    (gradio 6.31) refuses a typed value outside minimum..maximum with gradio.exceptions.Error before any handler runs
+    (a slider's change runs the budget note): a traceback in the server's log and a toast for what the page then
+    moves into range itself (issue 51 item 2). The handlers check every value (denoiser.app.limits, through the
+    engine) and say why nothing started. Set on the instance, not in a subclass: Gradio writes a .pyi file next to
+    the module of every component class. tests/test_app_limits.py fails the day Gradio stops refusing, when this
+    can go."""
+    slider = gr.Slider(minimum, maximum, **kwargs)
+    slider.preprocess = lambda payload: payload
+    return slider
+
+
+def whole_box(name: str, value: int, label: str, elem_id: str, info: str = "") -> gr.Number:
+    """A box for a whole number of LIMITS[name] (steps, images, a seed), its range said in its note and checked by the
+    handlers. Not a slider: Gradio's slider moves a typed -5 to its minimum when the box loses focus, so Generate
+    would run at 1 what the person never asked for; no minimum or maximum either: Gradio's would refuse an
+    out-of-range value with a traceback before the handler can say so (form_slider)."""
+    lo, hi = LIMITS[name]
+    note = f"{lo}..{hi:,}" if name != "seed" else f"any whole number {lo}..{hi:,}"
+    return gr.Number(value=value, precision=0, label=label, elem_id=elem_id, info=f"{note}{'; ' if info else ''}{info}")

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import gradio as gr
 from PIL import Image
 
-from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
+from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, run_controls, whole_box
 from denoiser.app.engine import RESTORE_OPERATIONS, DenoisedTiles, Restored, restore_prompts, takes_prompt
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.limits import LIMITS
@@ -250,6 +250,20 @@ class EditHandlers:
         return gr.update(value=scale, label="guidance (with a prompt)",
                          info="classifier-free guidance toward the prompt (the model's own scale); 1 = off")
 
+    def prompt_changed(self, model, class_name, prompt, restored):
+        """The guidance after the prompt box changed, however it changed (typed, pasted, filled in by a program,
+        cleared): prompt_cfg's; untouched when "use these settings" filled the box (`restored`: the prompt it filled,
+        whose result's guidance it also filled). Outputs: the guidance, `restored` used up."""
+        if restored is not None and str(prompt or "") == restored:
+            return gr.skip(), None
+        return self.prompt_cfg(model, class_name, prompt), None
+
+    def restore_form(self, gallery, selected) -> tuple:
+        """use_settings, and the prompt it filled (prompt_changed then keeps the result's guidance)."""
+        *form, status = self.use_settings(gallery, selected)
+        prompt = form[EDIT_FORM.index("prompt")]
+        return (*form, status, prompt["value"] if isinstance(prompt, dict) and "value" in prompt else gr.skip())
+
     def use_settings(self, gallery, selected) -> tuple:
         """The Edit form refilled from the selected result's PNG (the result when "your image" is selected): EDIT_FORM's
         fields (the class among its model's choices), and a status line saying so."""
@@ -275,6 +289,7 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
     # the session's copy of its upload (keep_upload): removed when the session ends or its photo is replaced
     upload = gr.State(None, time_to_live=SESSION_TTL_S, delete_callback=drop_upload)
     edit_selected = gr.State(0)  # the result selected in the Edit gallery
+    edit_prompt_restored = gr.State(None)  # the prompt "use these settings" just filled (EditHandlers.prompt_changed)
     with gr.Tab("Edit"):
         with gr.Row():
             with gr.Column(scale=1):
@@ -316,22 +331,21 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
                                          max_lines=2, placeholder="e.g. red apple; empty: no condition",
                                          info="what the redrawn pixels should show; typing one sets the guidance to "
                                               "the model's")
-                edit_guidance = gr.Slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
+                edit_guidance = form_slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
                                           elem_id="edit-cfg", info=guidance_info())
                 # one slider per meaning, the one the operation uses shown
-                sigma = gr.Slider(0, 1, value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
+                sigma = form_slider(0, 1, value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
                                   elem_id="sigma", info="noise level σ on the 0..1 pixel scale (0.04 ≈ 10/255)")
-                strength = gr.Slider(0.01, 1, value=0.3, step=0.01, label="edit strength", elem_id="strength", visible=False,
+                strength = form_slider(0.01, 1, value=0.3, step=0.01, label="edit strength", elem_id="strength", visible=False,
                                      info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
                                           "replaces it with a picture of its own")
-                add_noise = gr.Slider(0, 0.5, value=0.0, step=0.01, label="add noise first (0 = off)", elem_id="add-noise",
+                add_noise = form_slider(0, 0.5, value=0.0, step=0.01, label="add noise first (0 = off)", elem_id="add-noise",
                                       info="noise level σ added, then removed (the round trip, with PSNR): works on the "
                                            "centre square at the model's size, not your whole photo")
-                edit_steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps (sampled denoise, edit, inpaint)",
-                                       elem_id="edit-steps")
-                edit_seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1],
-                                      elem_id="edit-seed")
-                edit_pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance",
+                with gr.Row():
+                    edit_steps = whole_box("steps", 50, "steps (sampled denoise, edit, inpaint)", "edit-steps")
+                    edit_seed = whole_box("seed", 0, "seed", "edit-seed")
+                edit_pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance",
                                      elem_id="edit-pag", info="perturbed-attention guidance (PAG), for sampled denoise, "
                                                               "edit and inpaint; 0 = off")
     keep(c, locals())
@@ -363,8 +377,10 @@ def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
     for control in (c.edit_model, c.operation):
         control.change(e.prompt_box, [c.edit_model, c.operation], c.edit_prompt, api_name=False, queue=False,
                        show_progress="hidden")
-    c.edit_prompt.input(e.prompt_cfg, [c.edit_model, c.edit_class, c.edit_prompt], c.edit_guidance, api_name=False,
-                        trigger_mode="always_last")  # typing fast: the last keystroke's text decides
+    # .change, not .input: a paste or a program's fill sets it as typing does (Gradio's .input misses them)
+    c.edit_prompt.change(e.prompt_changed, [c.edit_model, c.edit_class, c.edit_prompt, c.edit_prompt_restored],
+                         [c.edit_guidance, c.edit_prompt_restored], api_name=False,
+                         trigger_mode="always_last")  # typing fast: the last keystroke's text decides
     c.editing = c.edit_run.click(
         e.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.sigma, c.strength, c.add_noise,
                      c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown, c.upload, c.edit_prompt],
@@ -372,7 +388,8 @@ def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
          c.edit_preview, c.upload, c.edit_status],
         concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit")
     c.edit_result.select(h.select_result, None, c.edit_selected, api_name=False)
-    c.edit_use.click(e.use_settings, [c.edit_result, c.edit_selected], [*form, c.edit_status], api_name=False)
+    c.edit_use.click(e.restore_form, [c.edit_result, c.edit_selected], [*form, c.edit_status, c.edit_prompt_restored],
+                     api_name=False)
     # each operation shows its own amount: the noise σ for denoise, the strength for edit
     c.operation.change(lambda op: (gr.update(visible=op.startswith("denoise")), gr.update(visible=op == "edit")),
                        c.operation, [c.sigma, c.strength], api_name=False, queue=False, show_progress="hidden")

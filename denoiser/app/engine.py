@@ -347,13 +347,15 @@ def restore_prompts(operation: str, prompt, negative_prompt) -> tuple[str | None
 
 def _text_fields(plan: Plan, timesteps: Sequence[int] = ()) -> dict:
     """A Generation's text fields from its plan: the encoded prompts of the whole batch (an edit counting its steps on
-    the `timesteps` sampled, as sampling did), the prompt, each image's words and their weights."""
+    the `timesteps` sampled, as sampling did), the prompt, each image's words and their weights, and the prompt's
+    words past the tokenizer's length (which the model never read)."""
     if plan.text is None:
         return {}
     prompt = plan.prompts[0] if plan.prompts else ""
     n = range(plan.num_images)
     return dict(text=plan.text_condition(n).at_timesteps(timesteps), prompt=prompt, words=plan.words(0),
-                image_words=tuple(plan.words(k) for k in n), word_weights=tuple(plan.word_weights(k) for k in n))
+                image_words=tuple(plan.words(k) for k in n), word_weights=tuple(plan.word_weights(k) for k in n),
+                unread=tuple(plan.text[0].dropped(parse_prompt(prompt).text)))
 
 
 def _restore_request(operation: str, image: Image.Image | None, steps, seed, sigma, strength, add_noise) -> tuple:

@@ -21,14 +21,17 @@ from PIL import Image, ImageDraw
 from denoiser.app.budget import plan_work
 from denoiser.app.engine import RESTORE_OPERATIONS, SCHEDULERS, Engine, Stages
 from denoiser.app.kept import recall, remember
+from denoiser.app.limits import LIMITS, check_int
 from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
 from denoiser.app.words import (
+    unread_note,
     word_choices,
     word_label,
     word_maps_label,
     word_maps_panel,
     word_weights_chart,
     word_weights_label,
+    words_label,
 )
 from denoiser.image_io import read_settings, save_with_settings, to_pil
 from denoiser.request import BUILT_IN
@@ -54,6 +57,9 @@ STOP_SETTLE_S = 0.5  # after Stop, the status line is written this long after th
 FEW_STEPS = 10  # sampling with fewer steps than this leaves visible noise (DDIM on the shipped models)
 NO_GENERATION = "generate images first (Sample tab), or run the Edit tab: this view is of a generation"
 RUNNING = ("denoising", "averaging", "measuring", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
+# after Stop, what the jobs without a preview leave shown (Attention's "average the maps", Heads' statistics)
+STOPPED_SHOWS = {"averaging": "nothing was averaged; the maps shown are of the step chosen",
+                 "measuring": "nothing was measured; the charts and table shown are from before, if any"}
 
 
 
@@ -241,6 +247,10 @@ class Handlers:
         text = self.is_text(model)
         if class_name not in (None, "", NO_CLASS) and class_name not in classes:
             raise ValueError(f"class {str(class_name)[:40]!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
+        # the page's boxes hold a number or nothing (an emptied box): each checked here, where the engine would take
+        # steps None for the folder's own
+        steps, seed = check_int("steps", steps, *LIMITS["steps"]), check_int("seed", seed, *LIMITS["seed"])
+        num_images = check_int("number of images", num_images, *LIMITS["num_images"])
         return dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images,
                     class_label=classes.index(class_name) if class_name in classes else None, eta=float(eta or 0),
                     guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
@@ -275,9 +285,10 @@ class Handlers:
         settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
         gallery = result_files(gen.images, settings)
         of = f" of “{escape(gen.prompt)}”" if gen.prompt else ""
+        cut = f" · **{escape(note)}**" if (note := unread_note(gen.words, gen.unread)) else ""
         yield (
             enlarge(to_pil(gen.images)), gallery, *self.generation_views(gen),
-            f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps" + few_steps_note(gen.num_steps),
+            f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps" + cut + few_steps_note(gen.num_steps),
         )
 
     @staticmethod
@@ -314,6 +325,7 @@ class Handlers:
         updates = {k: gr.update(value=v) for k, v in values.items()}
         names = self._class_names(values["model"])  # "(any)" stays what it was: the result was made without a class
         updates["class"] = gr.update(choices=[NO_CLASS] + names, value=values["class"], visible=bool(names))
+        updates["guidance_scale"] = gr.update(value=values["guidance_scale"], **self.guidance_label(values["model"]))
         text = self.is_text(values["model"])
         for key in ("prompt", "negative_prompt"):
             updates[key] = gr.update(value=values[key] or "", visible=text)
@@ -326,19 +338,23 @@ class Handlers:
 
     @staticmethod
     def _stopped_text(status: str | None) -> str:
-        """The status line after Stop: where the job stopped, and that the pictures shown are not its result."""
+        """The status line after Stop: where the job stopped, and what the pictures shown are (a sampling job's
+        preview is the step's predicted x₀; the Attention tab's averaging and the Heads tab's statistics have no
+        preview: their maps or charts are from before)."""
         match = re.search(r"step (\d+) / (\d+)", status or "")
         if match is None or not str(status).startswith(tuple(RUNNING)):
             return status or ""  # nothing was running
         k, n = match.groups()
-        return (f"**stopped at step {k} / {n}**: the preview is that step's predicted clean image (x₀), not a result; the results "
-                "shown are from the run before")
+        shown = STOPPED_SHOWS.get(str(status).split(":")[0], "the preview is that step's predicted clean image (x₀), "
+                                                              "not a result; the results shown are from the run before")
+        return f"**stopped at step {k} / {n}**: {shown}"
 
     def generation_views(self, gen) -> tuple:
         """What a new generation sets on the page (after its pictures): the generation itself, the image and step
         sliders over it (its last step chosen), its first image to click, its layers and heads, and the attention
         views of the previous one cleared."""
-        words = gr.update(choices=word_choices(gen.words_of(0), gen.weights_of(0)), value=None, visible=bool(gen.words))
+        words = gr.update(choices=word_choices(gen.words_of(0), gen.weights_of(0)), value=None, visible=bool(gen.words),
+                          label=words_label(gen.words, gen.unread))
         shown = gr.update(value=None, visible=bool(gen.words))
         heads = gr.update(visible=bool(gen.words))  # the word maps' "each head": as the person left it
         return (gen, _index_slider(gen.images.shape[0], 0), _index_slider(gen.num_steps, gen.num_steps - 1),
@@ -475,16 +491,25 @@ class Handlers:
         sampling.json's scale for a prompt (1 where it names none), on a slider that says it steers by the prompt."""
         if not self.is_text(model):
             return self.cfg_default(model, class_name)
-        d = self.model_defaults(model)[0]
-        return gr.update(value=d.get("guidance_scale", 1.0), label="guidance (with a prompt)",
-                         info=guidance_info(d.get("guidance_interval"), prompt=True))
+        return gr.update(value=self.model_defaults(model)[0].get("guidance_scale", 1.0), **self.guidance_label(model))
+
+    def guidance_label(self, model) -> dict:
+        """The Sample tab's guidance slider's label and note for `model`: guidance with a prompt (a text model) or
+        with a class, and the steps its sampling.json guides."""
+        text, interval = self.is_text(model), self.model_defaults(model)[0].get("guidance_interval")
+        return dict(label=f"guidance (with a {'prompt' if text else 'class'})", info=guidance_info(interval, prompt=text))
+
+    def filled_form(self, model, class_name) -> tuple:
+        """After a "try these" row filled the Sample form: its model's class choices (the row's class shown) and the
+        guidance slider's label for its model (its value the row's)."""
+        return self.sample_class_choices(model, class_name), gr.update(**self.guidance_label(model))
 
     def text_controls(self, model):
-        """The Sample tab's prompt, negative prompt and example prompts: shown for a text model; hidden and emptied for
-        a class model (what it samples takes no prompt)."""
-        if self.is_text(model):
-            return gr.update(visible=True), gr.update(visible=True), gr.update(visible=True)
-        return gr.update(value="", visible=False), gr.update(value="", visible=False), gr.update(visible=False)
+        """The Sample tab's prompt, negative prompt and example prompts: shown for a text model; hidden for a class model
+        and kept for when a text model is picked again (what a class model samples takes no prompt: sample_form reads
+        none for it, so its run and its PNGs have none)."""
+        shown = self.is_text(model)
+        return gr.update(visible=shown), gr.update(visible=shown), gr.update(visible=shown)
 
     def head_stats(self, gen, image, progress=gr.Progress()):
         """The Heads tab's statistics of one generated image: long work (a UNet call per noise level, layer and head),

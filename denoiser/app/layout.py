@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import gradio as gr
 
 from denoiser.app.cache_sweep import sweep_safe, whole_files
-from denoiser.app.controls import SESSION_TTL_S, keep, run_controls
+from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, run_controls, whole_box
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import SCHEDULERS, Engine
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info
 from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.app.limits import LIMITS
 from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
-from denoiser.app.words import word_maps_label, word_weights_label
+from denoiser.app.words import word_maps_label, word_weights_label, words_label
 from denoiser.request import TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
@@ -98,13 +98,13 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                 model = gr.Dropdown(models, value=default, label="model", info="each is a trained model folder (weights/)",
                                     elem_id="model")
                 scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
-                steps = gr.Slider(*LIMITS["steps"], value=50, step=1, label="steps", elem_id="steps",
-                                  info="set to the model's measured best when you pick it; fewer than 10 leave noise")
                 with gr.Row():
-                    seed = gr.Number(value=0, precision=0, label="seed", minimum=LIMITS["seed"][0], maximum=LIMITS["seed"][1],
-                                     elem_id="seed")
+                    steps = whole_box("steps", 50, "steps", "steps",
+                                      "set to the model's best when you pick it; under 10 leave noise")
+                    num_images = whole_box("num_images", 8, "images", "num-images")
+                with gr.Row():
+                    seed = whole_box("seed", 0, "seed", "seed")
                     randomise = gr.Button("🎲 randomise", size="sm")
-                num_images = gr.Slider(*LIMITS["num_images"], value=8, step=1, label="images", elem_id="num-images")
                 budget = gr.Markdown(elem_id="budget")  # this request's work against the server's budget
                 # a text model's prompt in place of the class (handlers.text_controls shows one or the other)
                 prompt = gr.Textbox("", label="prompt", elem_id="prompt", visible=False, max_lines=2,
@@ -117,12 +117,12 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                 class_name = gr.Dropdown(list(dict.fromkeys([NO_CLASS] + [r[5] for r in rows])), value=NO_CLASS,
                                          label="class", visible=False, elem_id="class",
                                          allow_custom_value=True)
-                guidance = gr.Slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)", elem_id="cfg",
+                guidance = form_slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)", elem_id="cfg",
                                      info=guidance_info())
-                pag = gr.Slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
+                pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
                                 info="steer away from the U-Net with its low-resolution decoder attention switched to identity: "
                                      "sharper structure, no class needed; 0 = off, one extra pass")
-                guide_w = gr.Slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
+                guide_w = form_slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
                                     elem_id="autoguidance",
                                     info="steer away from the model's small, less-trained guide model; 1 = off")
                 # folded away: the model folder's own values unless changed (denoiser.sampling.resolve)
@@ -130,7 +130,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                     spacing = gr.Dropdown([MODELS_OWN, *TIMESTEP_SPACINGS], value=MODELS_OWN, label="timestep spacing",
                                           elem_id="spacing", info="which timesteps the steps visit; trailing starts at "
                                                                   "pure noise (what few-step DDIM needs)")
-                    eta = gr.Slider(0, 1, value=0.0, step=0.05, label="fresh noise per step (DDIM eta)", elem_id="eta",
+                    eta = form_slider(0, 1, value=0.0, step=0.05, label="fresh noise per step (DDIM eta)", elem_id="eta",
                                     info="fresh noise at each DDIM step; 0 = deterministic")
                     interval = gr.Textbox("", label="guidance interval: timesteps lo, hi", elem_id="interval",
                                           placeholder="e.g. 70, 550; empty: the model's (or every step)")
@@ -154,19 +154,19 @@ def _attention_tab(c: SimpleNamespace) -> None:
         with gr.Row():
             with gr.Column(scale=1):
                 # shown once there is a generation (their ranges follow it)
-                image_idx = gr.Slider(0, 1, value=0, step=1, label="image", visible=False,
+                image_idx = form_slider(0, 1, value=0, step=1, label="image", visible=False,
                                       elem_id="image-index")
-                step = gr.Slider(0, 1, value=0, step=1, label="denoising step", visible=False)
+                step = form_slider(0, 1, value=0, step=1, label="denoising step", visible=False)
                 clickable = gr.Image(label="click a pixel", format="png", type="pil", interactive=False,
                                      elem_id="clickable")
                 with gr.Row():
-                    py = gr.Number(value=0, precision=0, minimum=0, label="pixel y")
-                    px = gr.Number(value=0, precision=0, minimum=0, label="pixel x")
+                    py = gr.Number(value=0, precision=0, label="pixel y")
+                    px = gr.Number(value=0, precision=0, label="pixel x")
                     show_btn = gr.Button("show", size="sm")
                 # custom values allowed: a session's API call may name a layer before its page has listed any (the handlers
                 # refuse one that is not a layer of the generation, in words: handlers._layer_index)
                 # a text model's generation: its prompt's words (handlers.generation_views shows them)
-                words = gr.Radio([], label="the prompt's words", elem_id="words", visible=False,
+                words = gr.Radio([], label=words_label((), ()), elem_id="words", visible=False,
                                  info="click a word: its map in each cross-attention layer; click a pixel: its weights "
                                       "over the words (both on the right, at the chosen step)")
                 word_heads = gr.Checkbox(False, label="each head of the word's map", elem_id="word-heads", visible=False,
@@ -264,7 +264,8 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     if c.sample_examples is not None:  # a "try these" row fills the form, then generates as Generate does
         filled = c.sample_examples.load_input_event
         filled.then(None, js=SHOW_RUN)  # the row's table is below: the status line and the preview come into view
-        runs.append(filled.then(h.sample_class_choices, [c.model, c.class_name], c.class_name, api_name=False, queue=False)
+        runs.append(filled.then(h.filled_form, [c.model, c.class_name], [c.class_name, c.guidance], api_name=False,
+                                queue=False)
                     .then(h.generate, sample_inputs, sample_outputs, api_name=False, **sampling))
     # a finished run's results join the ones kept in the browser; a reload shows those again
     earlier = [c.earlier, c.use_earlier]

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from denoiser.app.budget import plan_work
-from denoiser.app.controls import keep
+from denoiser.app.controls import form_slider, keep
 from denoiser.app.handlers import (
     N_VIEWS,
     NO_CLASS,
@@ -185,9 +185,9 @@ def word_edit_box(c: SimpleNamespace) -> None:
                              elem_id="edit-type", info="replace: one word for another, as many words (red heart → blue "
                                                        "heart); refine: words added or taken out (heart → red heart)")
         with gr.Row():
-            cross_replace = gr.Slider(0, 1, value=DEFAULT_CROSS_REPLACE, step=0.05, label=CROSS_LABEL,
+            cross_replace = form_slider(0, 1, value=DEFAULT_CROSS_REPLACE, step=0.05, label=CROSS_LABEL,
                                       elem_id="cross-replace", info="more: the edit keeps more of the source's shapes")
-            self_replace = gr.Slider(0, 1, value=DEFAULT_SELF_REPLACE, step=0.05, label=SELF_LABEL,
+            self_replace = form_slider(0, 1, value=DEFAULT_SELF_REPLACE, step=0.05, label=SELF_LABEL,
                                      elem_id="self-replace", info="more: more of the source's layout, less room to change")
         word_edit_run = gr.Button("change the words", variant="primary", elem_id="word-edit-run")
     keep(c, locals())

@@ -16,12 +16,28 @@ from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.visualize import overlay, tiles_image, with_colour_scale
 
-__all__ = ["word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
+__all__ = ["unread_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
            "word_weights_label"]
 
 _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
 _PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 20, 170, 96
 _TOP = 30  # the page's label sits over the picture's top-left corner: the table and the maps start below it
+
+
+def unread_note(read: Sequence[str], unread: Sequence[str]) -> str:
+    """Where a cut prompt is shown: that the model read only its first words (the tokenizer's max_length) and which it
+    did not; "" for a prompt read whole."""
+    if not unread:
+        return ""
+    rest = " ".join(unread)
+    rest = rest if len(rest) <= 80 else rest[:80] + " …"
+    return f"cut: the model reads only the first {len(read)} words; {len(unread)} more not read (“{rest}”)"
+
+
+def words_label(read: Sequence[str], unread: Sequence[str]) -> str:
+    """The Attention tab's word list's label: the words the model read, and a cut prompt said so."""
+    label = "the prompt's words"
+    return f"{label} ({unread_note(read, unread)})" if unread else label
 
 
 def word_label(word: str, weight: float = 1.0) -> str:
