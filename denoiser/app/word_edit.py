@@ -186,7 +186,7 @@ def word_edit_box(c: SimpleNamespace) -> None:
                                                        "heart); refine: words added or taken out (heart → red heart)")
         with gr.Row():
             cross_replace = form_slider(0, 1, value=DEFAULT_CROSS_REPLACE, step=0.05, label=CROSS_LABEL,
-                                      elem_id="cross-replace", info="more: the edit keeps more of the source's shapes")
+                                      elem_id="cross-replace", info="the words' maps; on weights/emoji it changes little (docs/prompt-editing.md)")
             self_replace = form_slider(0, 1, value=DEFAULT_SELF_REPLACE, step=0.05, label=SELF_LABEL,
                                      elem_id="self-replace", info="more: more of the source's layout, less room to change")
         word_edit_run = gr.Button("change the words", variant="primary", elem_id="word-edit-run")
