@@ -130,9 +130,10 @@ def test_browser_a_refused_request_says_why_without_an_error_pill(server, tmp_pa
         assert not any(flashed), f"an Error pill showed on the status line in {sum(flashed)} of {len(flashed)} looks"
 
 
-def test_browser_on_a_phone_the_model_and_class_come_before_the_results(server, tmp_path):
+def test_browser_on_a_phone_the_class_sits_under_generate_and_the_rows_fit(server, tmp_path):
     """Issue 41 item 14: at 390x844 the model and class sat ~2,000 px down, below the results; Generate, its status
-    and the live preview stay on the first screen (issue 35 item 11)."""
+    and the live preview stay on the first screen (issue 35 item 11). Issue 51 item 12: the class (a text model's
+    prompt, tests/test_app_text.py) right under Generate's status, and the "try these" table within the width."""
     from playwright.sync_api import sync_playwright
 
     from tests.app_browser import BROWSER_ARGS
@@ -147,10 +148,13 @@ def test_browser_on_a_phone_the_model_and_class_come_before_the_results(server, 
             _set(page, "steps", 2)
             page.locator("#generate").click()
             page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
-            top = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#generate", "#preview", "#class", "#gallery")}
+            top = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#generate", "#status", "#preview", "#class",
+                                                                          "#gallery")}
             page.screenshot(path=str(screenshots(tmp_path) / "app-phone-order.png"), full_page=True)
-            assert top["#generate"] < top["#preview"] < top["#class"] < top["#gallery"], top
-            assert top["#preview"] < 844 and top["#class"] < 1400, top  # the preview on the first screen, the class near
+            assert top["#generate"] < top["#status"] < top["#class"] < top["#preview"] < top["#gallery"], top
+            assert top["#class"] - top["#status"] < 150 and top["#preview"] < 844, top  # the preview on the first screen
+            table = page.locator("#try-these table").bounding_box()
+            assert table["x"] >= 0 and table["x"] + table["width"] <= 390 - 16, table  # its right edge shown
         finally:
             browser.close()
 

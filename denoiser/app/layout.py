@@ -26,12 +26,20 @@ __all__ = ["build_app", "LAUNCH"]
 # every failure reaches the page as a toast that stays (streaming.user_error) and the status lines say in words what
 # happened (a refusal, a stop); Gradio's red "Error" pill, drawn over each output of a failed event, would repeat it
 # over pictures and text that are still true (the ones from before), so it is not drawn
-# on a phone the Sample tab's two columns stack: Generate, its status and the live preview first, then the model, class
-# and sliders, then the results (the results column is dissolved into the row so its pieces can take that order)
+# on a phone the Sample tab's two columns stack: Generate and its status first, the prompt (or class) right under
+# them, then the live preview, the model and the other settings, then the results (both columns are dissolved into
+# the row so their pieces can take that order); the "try these" table keeps its model, steps, class, guidance and
+# prompt columns, so that it fits the width (a click still sets everything, and the form shows it)
 CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-preview img { image-rendering: pixelated; }\n"
        "[data-testid=status-tracker] .error { display: none; }\n"
-       "@media (max-width: 700px) { #sample-main { display: contents; } #sample-main > * { flex: 1 1 100%; }\n"
-       "  #sample-settings { order: 1; } #gallery, #use-settings, #word-edit, #earlier, #use-earlier { order: 2; } }")
+       "@media (max-width: 700px) { #sample-main, #sample-settings { display: contents; }\n"
+       "  #sample-main > *, #sample-settings > * { flex: 1 1 100%; min-width: 0; }\n"
+       "  #preview, #sample-settings > * { order: 1; }\n"
+       "  #sample-settings > :has(#prompt), #sample-settings > #prompt-examples, #sample-settings > #class-box { order: 0; }\n"
+       "  #gallery, #use-settings, #word-edit, #earlier, #use-earlier { order: 2; }\n"
+       "  #try-these :is(th, td):is(:nth-child(2), :nth-child(4), :nth-child(5), :nth-child(8), :nth-child(9))\n"
+       "  { display: none; } #try-these table { width: 100%; table-layout: fixed; }\n"
+       "  #try-these :is(th, td) { padding: 2px; font-size: 13px; white-space: normal; overflow-wrap: anywhere; } }")
 # a "try these" row (or the word edit under the results) was clicked far below: bring Generate's status line and live
 # preview into view
 SHOW_RUN = ("() => { document.querySelector('#generate').scrollIntoView({block: 'start', behavior: 'instant'}); "
@@ -110,13 +118,13 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                 prompt = gr.Textbox("", label="prompt", elem_id="prompt", visible=False, max_lines=2,
                                     placeholder="what to draw, e.g. red apple; empty: anything (no condition)",
                                     info="a text model sees each word as one token (the Attention tab shows each word's map)")
-                with gr.Column(visible=False, min_width=0) as prompt_examples_box:
+                with gr.Column(visible=False, min_width=0, elem_id="prompt-examples") as prompt_examples_box:
                     gr.Examples([[p] for p in PROMPTS], [prompt], label="example prompts", examples_per_page=len(PROMPTS))
                 # custom values allowed: choices follow the chosen model; generate() validates them
                 # the rows' classes among the first choices, so that the "try these" table shows them
-                class_name = gr.Dropdown(list(dict.fromkeys([NO_CLASS] + [r[5] for r in rows])), value=NO_CLASS,
-                                         label="class", visible=False, elem_id="class",
-                                         allow_custom_value=True)
+                with gr.Column(min_width=0, elem_id="class-box"):  # its own block: on a phone it moves under Generate
+                    class_name = gr.Dropdown(list(dict.fromkeys([NO_CLASS] + [r[5] for r in rows])), value=NO_CLASS,
+                                             label="class", visible=False, elem_id="class", allow_custom_value=True)
                 guidance = form_slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)", elem_id="cfg",
                                      info=guidance_info())
                 pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance (PAG)", elem_id="pag",
@@ -143,6 +151,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
         # full width, under both columns: a click sets everything (a class included) and generates (_wire)
         c.sample_examples = gr.Examples(
             rows, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w, prompt], label="try these",
+            elem_id="try-these",
         ) if rows else None
     keep(c, locals())
 
