@@ -1,6 +1,9 @@
 """denoiser.app.words: a word's map with all cross-attention layers together, and the two layouts of its panel."""
 
+import re
+
 import torch
+from PIL import Image
 
 from denoiser.app.words import all_layers_map, word_maps_panel
 
@@ -32,3 +35,22 @@ def test_the_panel_is_two_rows_unless_each_head_is_asked_for():
     only_down = word_maps_panel(image, maps[:2])  # no up path: one row
     assert only_down.height < compact.height < heads.height  # rows: 1 (down and middle), 2 (and the up path), 3 layers
     assert only_down.width == compact.width < heads.width  # image, all layers, 2 layers; image, mean, 4 heads
+
+
+def test_each_map_is_labelled_with_its_range_and_a_flat_one_says_so(monkeypatch):
+    """Issue 51 item 7: each panel was stretched from its own lowest to highest weight with no numbers, so a map of
+    0.12-0.16 everywhere looked as focused as a sharp one. Every map's label now gives its range, and a nearly flat
+    one says so."""
+    from denoiser.app import words
+
+    assert words.map_label("mid_cross", torch.tensor([[0.12, 0.16]])) == "mid_cross 0.12 to 0.16, nearly flat"
+    assert words.map_label("mid_cross", torch.tensor([[0.05, 0.80]])) == "mid_cross 0.05 to 0.80"
+    seen = []
+    monkeypatch.setattr(words, "tiles_image", lambda rows, scale: seen.append(rows) or Image.new("RGB", (64, 64)))
+    image, maps = torch.rand(3, 8, 8), _maps(words=2, heads=2)[0]
+    words.word_maps_panel(image, maps)
+    words.word_maps_panel(image, maps, heads=True)
+    compact = [label for row in seen[0] for label, _ in row if label not in ("image", "up path:")]  # the maps
+    each_head = [label for row in seen[1] for label, _ in row[1:]]  # a row: the layer's name over the image, its maps
+    assert compact[0].startswith("all layers ") and len(compact) == 1 + len(maps)
+    assert all(re.search(r" \d\.\d\d to \d\.\d\d(, nearly flat)?$", label) for label in compact + each_head), (compact, each_head)

@@ -16,11 +16,12 @@ from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.visualize import overlay, tiles_image, with_colour_scale
 
-__all__ = ["unread_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
+__all__ = ["map_label", "unread_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
            "word_weights_label"]
 
 _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
 _PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 20, 170, 96
+FLAT = 1.5  # a map whose highest weight is under this times its lowest is called nearly flat (map_label)
 _TOP = 30  # the page's label sits over the picture's top-left corner: the table and the maps start below it
 
 
@@ -81,26 +82,36 @@ def word_maps_panel(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]
     image, the head-averaged map, then each head's.
 
     Each map is stretched from its lowest weight to its highest: with a few words every pixel gives each word a
-    large share (two words: about half each), so a map scaled from 0 would be bright everywhere."""
+    large share (two words: about half each), so a map scaled from 0 would be bright everywhere. So each map's label
+    gives its range, and says when the map is nearly flat (map_label)."""
     S = image.shape[-1]
-    tiles = [(label, overlay(image, _stretch(w.mean(0)), pixel)) for label, w in maps]  # each layer's mean of heads
+    tiles = [(map_label(label, w.mean(0)), overlay(image, _stretch(w.mean(0)), pixel)) for label, w in maps]  # mean of heads
     if heads:
         rows = []
         for (label, w), (_, mean) in zip(maps, tiles):
-            row = [(label, image), ("mean of heads", mean)]
+            row = [(label, image), (map_label("mean of heads", w.mean(0)), mean)]
             if w.shape[0] > 1:
-                row += [(f"head {i}", overlay(image, _stretch(w[i]), pixel)) for i in range(w.shape[0])]
+                row += [(map_label(f"head {i}", w[i]), overlay(image, _stretch(w[i]), pixel)) for i in range(w.shape[0])]
             rows.append(row)
     else:
         cut = next((i for i, (label, _) in enumerate(tiles) if label.startswith("up.")), len(tiles))
-        rows = [[("image", image), ("all layers", overlay(image, _stretch(all_layers_map(maps, S)), pixel))]
+        together = all_layers_map(maps, S)
+        rows = [[("image", image), (map_label("all layers", together), overlay(image, _stretch(together), pixel))]
                 + tiles[:cut]]
         if cut < len(tiles):
             rows.append([("up path:", image)] + tiles[cut:])
-    panel = with_colour_scale(tiles_image(rows, max(1, 96 // S)), "the map's lowest weight", "its highest")
+    panel = with_colour_scale(tiles_image(rows, max(1, 96 // S)), "a map's lowest (1st number)", "highest (2nd)")
     framed = Image.new("RGB", (panel.width, panel.height + _TOP), "white")  # the first row's names below the page's label
     framed.paste(panel, (0, _TOP))
     return framed
+
+
+def map_label(label: str, heat: torch.Tensor) -> str:
+    """A word map's label with the weights its colours span ("mid_cross 0.12 to 0.16"), and "nearly flat" where its
+    highest weight is under FLAT times its lowest: the colours then stretch small differences over the whole scale."""
+    lo, hi = float(heat.min()), float(heat.max())
+    flat = ", nearly flat" if hi < FLAT * lo else ""
+    return f"{label} {lo:.2f} to {hi:.2f}{flat}"
 
 
 def _stretch(heat: torch.Tensor) -> torch.Tensor:
