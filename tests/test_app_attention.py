@@ -79,3 +79,13 @@ def test_stop_during_a_job_without_a_preview_does_not_speak_of_one(weights):
         assert "preview" not in stopped and "x₀" not in stopped, stopped
     sampling = Handlers._stopped_text("denoising: step 3 / 50 · about 2 s left")  # Generate's keeps its preview
     assert "the preview is that step's predicted clean image (x₀)" in sampling
+
+
+def test_switch_off_before_a_generation_hints_as_compute_statistics_does(weights):
+    """Issue 51 item 4: the same "no generation yet" case was a Warning from Compute statistics and an Error from
+    Switch off. Both now warn and say it on their line."""
+    h = Handlers(Engine(weights))
+    quiet = dict(progress=lambda *a, **k: None)
+    stats = _run(h.head_stats(None, 0, **quiet))  # neither raises: no Error toast
+    off = _run(h.switch_off(None, ["mid_attn"], "all", **quiet))
+    assert stats[-1][-1] == off[-1][-1] and off[-1][-1].startswith("generate images first")

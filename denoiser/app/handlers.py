@@ -528,8 +528,13 @@ class Handlers:
                f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} noise levels{unprompted}")
 
     def switch_off(self, gen, layers, heads, progress=gr.Progress()):
+        """The Heads tab's switch: the same seed regenerated with the chosen layers or heads at identity attention.
+        Before any generation, the hint Compute statistics gives (a warning and its line, not an error)."""
+        if gen is None:
+            gr.Warning(NO_GENERATION)
+            yield gr.skip(), NO_GENERATION
+            return
         try:
-            _generation(gen)
             head_ids = _parse_heads(heads)
         except Exception as err:  # noqa: BLE001
             raise user_error(err) from None
