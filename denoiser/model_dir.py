@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,6 +25,13 @@ __all__ = [
 ]
 
 CLASSES_FILE = "classes.txt"  # one class name per line, in label order
+
+# diffusers' from_pretrained patches torch for the whole process while it runs (torch.nn.init's functions, and with
+# low_cpu_mem_usage accelerate's init_empty_weights, which swaps nn.Module.register_parameter for a meta-device one
+# and restores what it found). Two loads in two threads (the app's) then interleave: the later one to leave
+# "restores" the earlier one's patch, and every module built afterwards in the process has meta parameters. So one
+# load at a time, and none on meta: a module another thread builds meanwhile gets real tensors.
+_LOADING = threading.Lock()
 
 
 WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"  # a clone's shipped models (not in the wheel)
@@ -87,7 +95,9 @@ def load_model(
     if config.get("_class_name") == "UNet2DModel":
         cls = UNet2DModel  # a diffusers reference model (bench/reference_recipe.py), for evaluation
     try:
-        unet = cls.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32)
+        with _LOADING:
+            unet = cls.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32,
+                                       low_cpu_mem_usage=False)
     except (TypeError, KeyError, OSError, RuntimeError) as err:  # wrong keys, shapes, arguments in config.json
         raise ValueError(f"model folder {folder.name!r} does not load ({type(err).__name__}: {str(err)[:300]})") from None
     # the training scheduler (the noise schedule), whichever sampler the folder's scheduler/ names
@@ -109,7 +119,9 @@ def load_text(model_dir: str | Path, device: str | torch.device = "cpu") -> tupl
         raise ValueError(f"model folder {folder.name!r} has a text_encoder/ but no tokenizer/{WordHashTokenizer.config_name}; "
                          "re-export the model (save_pipeline with its tokenizer)")
     try:
-        encoder = HashTextEncoder.from_pretrained(folder / "text_encoder", use_safetensors=True, torch_dtype=torch.float32)
+        with _LOADING:
+            encoder = HashTextEncoder.from_pretrained(folder / "text_encoder", use_safetensors=True,
+                                                      torch_dtype=torch.float32, low_cpu_mem_usage=False)
     except (TypeError, KeyError, OSError, RuntimeError) as err:
         raise ValueError(f"model folder {folder.name!r}: text_encoder/ does not load ({type(err).__name__}: {str(err)[:300]})") from None
     return WordHashTokenizer.from_pretrained(folder / "tokenizer"), encoder.to(device).eval()

@@ -170,19 +170,24 @@ def _settings(page, tmp_path: Path, k: int) -> dict:
     return read_settings(tmp_path / f"r{k}.png")
 
 
+def _generate_words(page, prompt: str, steps: int, images: int) -> None:
+    """Pick the tiny text model "words", type `prompt`, generate, and wait for the run to finish."""
+    page.locator("#model input").click()
+    page.locator("#model").get_by_role("option", name="words").click()
+    page.locator("#class").wait_for(state="hidden", timeout=30_000)
+    page.locator("#prompt textarea").fill(prompt)
+    _form(page, steps=steps, images=images)
+    page.locator("#generate").click()
+    page.locator("#status").get_by_text("done:").wait_for(timeout=120_000)
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_change_the_words_keep_the_picture(server, tmp_path):
     """Generate a prompt, change its words: the gallery shows source and edit, their PNGs carry the edit, and "use
     these settings" on the edit brings the source prompt, the edited prompt and the fractions back."""
     shots = screenshots(tmp_path)
     with browser_page(server) as page:
-        page.locator("#model input").click()
-        page.locator("#model").get_by_role("option", name="words").click()
-        page.locator("#class").wait_for(state="hidden", timeout=30_000)
-        page.locator("#prompt textarea").fill("red apple")
-        _form(page, steps=3, images=2)
-        page.locator("#generate").click()
-        page.locator("#status").get_by_text("done:").wait_for(timeout=120_000)
+        _generate_words(page, "red apple", steps=3, images=2)
         page.locator("#edit-words textarea").wait_for(state="visible", timeout=30_000)
         page.wait_for_function("() => document.querySelector('#edit-words textarea').value === 'red apple'",
                                timeout=30_000)  # filled with the result's prompt
@@ -243,13 +248,7 @@ def test_browser_a_weighted_word_and_a_malformed_weight(server, tmp_path):
     """"(red:1.5) apple": the Attention tab's word and its map are labelled "red ×1.5"; "(red:x) apple": the status line
     says where the weight is wrong, and nothing runs (the gallery keeps its results)."""
     with browser_page(server) as page:
-        page.locator("#model input").click()
-        page.locator("#model").get_by_role("option", name="words").click()
-        page.locator("#class").wait_for(state="hidden", timeout=30_000)
-        page.locator("#prompt textarea").fill("(red:1.5) apple")
-        _form(page, steps=2, images=1)
-        page.locator("#generate").click()
-        page.locator("#status").get_by_text("done:").wait_for(timeout=120_000)
+        _generate_words(page, "(red:1.5) apple", steps=2, images=1)
         assert page.locator("#status").inner_text().startswith("done: 1 image(s) of “(red:1.5) apple”, 2 steps")
         shown = page.locator("#gallery img").first.get_attribute("src")
         page.get_by_role("tab", name="Attention").click()
