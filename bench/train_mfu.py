@@ -48,7 +48,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from denoiser.config import load_config  # noqa: E402
 from denoiser.fast import malloc  # noqa: E402
-from denoiser.train import TrainLoop  # noqa: E402
+from denoiser.train_loop import TrainLoop  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core FLOP/s, vendor data sheets
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

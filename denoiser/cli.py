@@ -8,17 +8,10 @@ import argparse
 import logging
 import sys
 
-__all__ = ["main", "build_parser", "sampling_request", "parse_classes", "read_image"]
+__all__ = ["main", "build_parser"]
 
 
 DEFAULT_MODEL = "synthetic-shapes"  # found by name: $DENOISER_WEIGHTS, then a clone's weights/
-
-
-def parse_classes(text: str | None):
-    """--class-label as the request's classes: a name or index for every image, "spread", or a comma-separated list."""
-    if text is None or "," not in text:
-        return text
-    return [c.strip() for c in text.split(",") if c.strip()]
 
 
 def _pixel(text: str) -> tuple[int, int]:
@@ -68,22 +61,6 @@ def _add_guidance(p: argparse.ArgumentParser, what: str) -> None:
     g.add_argument("--guidance-interval", type=float, nargs=2, default=None, metavar=("LO", "HI"),
                    help="apply the guidance only at timesteps LO..HI (one plain UNet pass at the others); "
                         "0 999 applies it at every step")
-
-
-def sampling_request(args, **fields):
-    """The sampling request the flags of `_add_sampling` describe; `fields` set what the command fixes itself."""
-    from denoiser.request import SampleRequest
-
-    asked = dict(
-        num_images=getattr(args, "num_images", 1), batch_size=getattr(args, "batch_size", None), seed=args.seed,
-        classes=parse_classes(args.class_label), scheduler=getattr(args, "scheduler", None), steps=getattr(args, "steps", None),
-        prompts=getattr(args, "prompt", None), negative_prompts=getattr(args, "negative_prompt", None),
-        timestep_spacing=getattr(args, "timestep_spacing", None), eta=getattr(args, "eta", 0.0),
-        guidance_scale=args.guidance_scale,
-        pag_scale=args.pag_scale, pag_layers=args.pag_layers, guide_model=args.guide_model, guide_scale=args.guide_scale,
-        guidance_interval=args.guidance_interval,
-    )
-    return SampleRequest(**{**asked, **fields})
 
 
 # command -> (help, the function that adds its arguments): only the command being run gets its arguments (and
@@ -274,13 +251,6 @@ def cmd_train(args) -> None:
     from denoiser.train import cmd_train as run_training  # also `accelerate launch -m denoiser.train`'s entry
 
     run_training(args)
-
-
-def read_image(path: str, what: str = "image", min_side: int | None = None):
-    """An image file as RGB (denoiser.image_io: bounded memory, upright); errors name the file."""
-    from denoiser.image_io import open_image
-
-    return open_image(path, min_side=min_side, what=f"{what} {path!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

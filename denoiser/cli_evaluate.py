@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from denoiser.cli import parse_classes, read_image, sampling_request
+from denoiser.cli_common import parse_classes, read_image, sampling_request
 
 logger = logging.getLogger("denoiser.cli")
 

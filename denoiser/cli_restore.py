@@ -3,7 +3,7 @@ when it is not the model's)."""
 
 from __future__ import annotations
 
-from denoiser.cli import read_image, sampling_request
+from denoiser.cli_common import read_image, sampling_request
 
 __all__ = ["cmd_restore"]
 

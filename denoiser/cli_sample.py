@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from denoiser.cli import sampling_request
+from denoiser.cli_common import sampling_request
 
 __all__ = ["cmd_sample", "cmd_attention"]
 

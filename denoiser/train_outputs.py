@@ -1,6 +1,6 @@
 """What a run writes besides checkpoints: the exported (EMA) weights, sample grids and FID during training.
 
-Split from the loop (denoiser/train.py) so that it reads as its steps; every function here takes the model and an EMA
+Split from the loop (denoiser/train_loop.py) so that it reads as its steps; every function here takes the model and an EMA
 and leaves the training state alone.
 """
 

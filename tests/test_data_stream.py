@@ -199,7 +199,7 @@ def in_process():
 
 def test_a_stream_run_stopped_and_resumed_ends_with_the_uninterrupted_weights(shards, tmp_path, in_process):
     from denoiser.config import load_config
-    from denoiser.train import train
+    from denoiser.train_loop import train
 
     pattern, _ = shards
     data = {"dataset": "webdataset", "path": pattern, "streaming": True, "shuffle_buffer": 4, "val_size": 2}

@@ -125,7 +125,7 @@ def test_cpu_launch_with_more_processes_than_started_warns(tmp_path):
 
 
 def test_launch_warning_reads_the_launcher_command_line():
-    from denoiser.train import launch_warning, requested_processes
+    from denoiser.launch import launch_warning, requested_processes
 
     assert requested_processes(["accelerate", "launch", "--num-processes=4", "x.py"]) == 4
     assert requested_processes(["accelerate", "launch", "x.py"]) is None

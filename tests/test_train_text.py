@@ -13,7 +13,7 @@ import denoiser  # noqa: F401  (registers DenoiserPipeline with DiffusionPipelin
 from denoiser.config import load_config
 from denoiser.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts
-from denoiser.train import train
+from denoiser.train_loop import train
 from denoiser.unet import UNet
 from tests.conftest import TRAIN_CONFIG, write_config
 from tests.test_data_captions import emoji_folder
