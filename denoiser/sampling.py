@@ -124,7 +124,7 @@ class Plan:
 
     def word_weights(self, k: int = 0) -> tuple[float, ...]:
         """Image k's weight per word of `words(k)` ("(red:1.5)": 1.5; 1 for a plain word)."""
-        return parse_prompt(self.prompts[k]).weights[: len(self.words(k))] if self.prompts else ()
+        return parse_prompt(self.prompts[k]).weights[: self.text[0].config.max_length] if self.prompts else ()
 
     def class_name(self, k: int) -> str | None:
         """Image k's class name, or None when it has no class."""
@@ -191,8 +191,6 @@ def _check_edit(request: SampleRequest, prompts: tuple, text: tuple | None, guid
         raise TypeError(f"edit must be a denoiser.prompt_edit.PromptEdit, got {type(request.edit).__name__}")
     if text is None:
         raise ValueError("prompt-to-prompt edits a text model's prompt; this model takes no text")
-    if request.num_images < 2 or len(set(prompts)) < 1:
-        raise ValueError("prompt-to-prompt needs the source prompt and at least one edit: prompts=[source, edit, ...]")
     if guidance.pag:
         raise ValueError("prompt-to-prompt takes the source's self-attention maps, which perturbed-attention guidance "
                          "replaces: set the PAG scale to 0 for an edit")

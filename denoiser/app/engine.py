@@ -156,7 +156,7 @@ class Engine(AttentionViews):
         res = run(plan, callback=record)
         replay = {**form, "steps": plan.steps}  # the request again: ablate samples it with layers off
         return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay,
-                          **_text_fields(plan, timesteps))
+                          **_text_fields(plan))
 
     def sample_plan(self, model: str, scheduler: str | None, steps: int | None, seed: int, num_images: int,
                     class_label: int | None, eta: float, guidance_scale: float, pag_scale: float, guide_scale: float,
@@ -325,7 +325,7 @@ def _check_prompt(name: str, value) -> str | None:
     if not isinstance(value, str) or len(value) > MAX_PROMPT_CHARS:
         raise ValueError(f"the {name} must be text of at most {MAX_PROMPT_CHARS} characters, got "
                          f"{type(value).__name__} of length {len(str(value))}")
-    parse_prompt(value)
+    parse_prompt(value)  # the Edit tab's prompt, read before its photo is
     return value.strip() or None
 
 
@@ -345,15 +345,15 @@ def restore_prompts(operation: str, prompt, negative_prompt) -> tuple[str | None
     return prompt, negative_prompt
 
 
-def _text_fields(plan: Plan, timesteps: Sequence[int] = ()) -> dict:
+def _text_fields(plan: Plan) -> dict:
     """A Generation's text fields from its plan: the encoded prompts of the whole batch (an edit counting its steps on
-    the `timesteps` sampled, as sampling did), the prompt, each image's words and their weights, and the prompt's
+    the plan's timesteps, as sampling did), the prompt, each image's words and their weights, and the prompt's
     words past the tokenizer's length (which the model never read)."""
     if plan.text is None:
         return {}
     prompt = plan.prompts[0] if plan.prompts else ""
     n = range(plan.num_images)
-    return dict(text=plan.text_condition(n).at_timesteps(timesteps), prompt=prompt, words=plan.words(0),
+    return dict(text=plan.text_condition(n), prompt=prompt, words=plan.words(0),
                 image_words=tuple(plan.words(k) for k in n), word_weights=tuple(plan.word_weights(k) for k in n),
                 unread=tuple(plan.text[0].dropped(parse_prompt(prompt).text)))
 
