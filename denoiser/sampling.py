@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 SAMPLING_FILE = "sampling.json"  # a model folder's measured best: its guidance and step count
 SAMPLING_KEYS = {"guidance_scale", "pag_scale", "pag_layers", "guide_model", "guide_scale", "guidance_interval",
-                 "num_inference_steps", "note"}
+                 "num_inference_steps", "note", "example_prompts"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ class ModelDefaults:
     steps: int = BUILT_IN["steps"]  # sampling.json's num_inference_steps, else BUILT_IN
     guidance: dict | None = None  # sampling.json's guidance keys (guidance_scale, pag_scale, ...)
     note: str = ""  # sampling.json's note: how the defaults were measured
+    example_prompts: tuple[str, ...] = ()  # sampling.json's: prompts a text model draws (chosen by prompt fidelity)
 
 
 def read_defaults(folder: str | Path | None, num_classes: int | None) -> ModelDefaults:
@@ -72,11 +73,14 @@ def read_defaults(folder: str | Path | None, num_classes: int | None) -> ModelDe
         raise ValueError(f"{folder / SAMPLING_FILE}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SAMPLING_KEYS))}")
     steps = data.pop("num_inference_steps", BUILT_IN["steps"])
     note = data.pop("note", "")
+    examples = data.pop("example_prompts", [])
+    if not isinstance(examples, list) or not all(isinstance(p, str) and p.strip() for p in examples):
+        raise ValueError(f"{folder / SAMPLING_FILE}: example_prompts must be a list of prompts, got {str(examples)[:80]}")
     config_file = folder / "scheduler" / "scheduler_config.json"
     scheduler_class = _read_json(config_file).get("_class_name", "") if config_file.is_file() else ""
     # a folder saved with the training DDPMScheduler (before folders named their sampler) samples with BUILT_IN's
     scheduler = sampler_name(scheduler_class) if scheduler_class not in ("", "DDPMScheduler") else BUILT_IN["scheduler"]
-    return ModelDefaults(_read_classes(folder, num_classes), scheduler, int(steps), data, note)
+    return ModelDefaults(_read_classes(folder, num_classes), scheduler, int(steps), data, note, tuple(examples))
 
 
 @dataclass
