@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from denoiser.attention import attention_layer_names, identity_attention
+from denoiser.attention import attention_layer_names
+from denoiser.attention_blocks import identity_attention
 from denoiser.attention_stats import attention_stats, stats_chart, write_csv
 from denoiser.config import DataConfig
 from denoiser.data import load_datasets

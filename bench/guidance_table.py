@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from denoiser.attention import attention_layer_names, identity_attention
+from denoiser.attention import attention_layer_names
+from denoiser.attention_blocks import identity_attention
 from denoiser.fid import InceptionFeatures, Statistics, fid_of_images
 from denoiser.guidance import Guidance, check_guide
 from denoiser.model_dir import load_model

@@ -17,11 +17,10 @@ if TYPE_CHECKING:
         MultiHeadAttention,
         MultiHeadCrossAttention,
         MultiHeadSelfAttention,
-        SpatialCrossAttention,
-        SpatialSelfAttention,
-        capture_attention,
         scaled_dot_product_attention,
     )
+    from denoiser.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
+    from denoiser.attention_capture import capture_attention
     from denoiser.pipeline import DenoiserPipeline
     from denoiser.request import SampleRequest
     from denoiser.unet import UNet
@@ -32,9 +31,9 @@ _EXPORTS = {
     "MultiHeadAttention": "denoiser.attention",
     "MultiHeadCrossAttention": "denoiser.attention",
     "MultiHeadSelfAttention": "denoiser.attention",
-    "SpatialCrossAttention": "denoiser.attention",
-    "SpatialSelfAttention": "denoiser.attention",
-    "capture_attention": "denoiser.attention",
+    "SpatialCrossAttention": "denoiser.attention_blocks",
+    "SpatialSelfAttention": "denoiser.attention_blocks",
+    "capture_attention": "denoiser.attention_capture",
     "scaled_dot_product_attention": "denoiser.attention",
     "DenoiserPipeline": "denoiser.pipeline",
     "SampleRequest": "denoiser.request",

@@ -26,7 +26,9 @@ import torch
 from PIL import Image, ImageDraw
 
 from denoiser.atomic import atomic_path
-from denoiser.attention import AttentionRecord, attention_scores, capture_attention, identity_attention
+from denoiser.attention import attention_scores
+from denoiser.attention_blocks import identity_attention
+from denoiser.attention_capture import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 
 __all__ = ["LayerStats", "attention_stats", "head_statistics", "write_csv", "stats_chart", "axis_range", "DEFAULT_TIMESTEPS"]

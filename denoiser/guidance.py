@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from denoiser.attention import attention_layer_names, edit_attention, identity_attention
+from denoiser.attention import attention_layer_names
+from denoiser.attention_blocks import edit_attention, identity_attention
 from denoiser.attention_edit import AttentionEdit
 from denoiser.prompt_edit import EditPlan, PromptEdit
 

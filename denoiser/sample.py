@@ -28,7 +28,7 @@ from diffusers import (
 )
 from diffusers.utils.torch_utils import randn_tensor
 
-from denoiser.attention import AttentionRecord, capture_attention
+from denoiser.attention_capture import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance, TextCondition
 from denoiser.pixels import to_unit

@@ -38,7 +38,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
-from denoiser.attention import SpatialCrossAttention, SpatialSelfAttention
+from denoiser.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
 from denoiser.groupnorm import GroupNorm
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]

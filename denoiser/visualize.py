@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
-from denoiser.attention import AttentionRecord
+from denoiser.attention_capture import AttentionRecord
 from denoiser.pixels import to_uint8
 from denoiser.text import words as split_words
 

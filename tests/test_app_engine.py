@@ -9,7 +9,7 @@ from diffusers import DDPMScheduler
 from denoiser import UNet
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers, stages_text
-from denoiser.attention import identity_attention
+from denoiser.attention_blocks import identity_attention
 from denoiser.guidance import Guidance
 from denoiser.pipeline import save_pipeline
 from denoiser.sample import make_sampler, sample

@@ -6,16 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from denoiser.attention import (
-    AttentionHead,
-    MultiHeadSelfAttention,
-    SpatialSelfAttention,
-    capture_attention,
-    from_tokens,
-    fused_attention,
-    scaled_dot_product_attention,
-    to_tokens,
-)
+from denoiser.attention import AttentionHead, MultiHeadSelfAttention, fused_attention, scaled_dot_product_attention
+from denoiser.attention_blocks import SpatialSelfAttention, from_tokens, to_tokens
+from denoiser.attention_capture import capture_attention
 
 SHAPES = [  # (batch dims, L, S, d, d_v): awkward sizes, L != S, head dims 1..80
     ((2, 3), 7, 7, 1, 1),

@@ -7,15 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from denoiser.attention import (
-    MultiHeadCrossAttention,
-    MultiHeadSelfAttention,
-    attention_scores,
-    attention_weights,
-    capture_attention,
-    edit_attention,
-    identity_attention,
-)
+from denoiser.attention import MultiHeadCrossAttention, MultiHeadSelfAttention, attention_scores, attention_weights
+from denoiser.attention_blocks import edit_attention, identity_attention
+from denoiser.attention_capture import capture_attention
 from denoiser.attention_edit import AttentionEdit
 
 

@@ -11,7 +11,8 @@ from diffusers import DDPMScheduler
 from PIL import Image
 
 from denoiser import UNet
-from denoiser.attention import capture_attention, identity_attention
+from denoiser.attention_blocks import identity_attention
+from denoiser.attention_capture import capture_attention
 from denoiser.attention_stats import attention_stats, head_statistics, stats_chart
 from denoiser.cli import main
 from denoiser.pipeline import save_pipeline

@@ -12,15 +12,9 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from denoiser import UNet
-from denoiser.attention import (
-    MultiHeadCrossAttention,
-    SpatialCrossAttention,
-    attention_layer_names,
-    capture_attention,
-    identity_attention,
-    scaled_dot_product_attention,
-    to_tokens,
-)
+from denoiser.attention import MultiHeadCrossAttention, attention_layer_names, scaled_dot_product_attention
+from denoiser.attention_blocks import SpatialCrossAttention, identity_attention, to_tokens
+from denoiser.attention_capture import capture_attention
 from denoiser.model_dir import WEIGHTS_DIR
 from tests.conftest import TINY
 

@@ -7,7 +7,8 @@ import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
 from denoiser import UNet
-from denoiser.attention import SpatialSelfAttention, attention_layer_names, identity_attention, to_tokens
+from denoiser.attention import attention_layer_names
+from denoiser.attention_blocks import SpatialSelfAttention, identity_attention, to_tokens
 from denoiser.guidance import Guidance, check_guide
 from denoiser.sample import sample
 from tests.conftest import TINY, seeded_noise

@@ -14,7 +14,7 @@ import torch
 from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with DiffusionPipeline)
-from denoiser.attention import SpatialCrossAttention
+from denoiser.attention_blocks import SpatialCrossAttention
 from denoiser.config import RunConfig, apply_overrides, config_from_dict
 from denoiser.guidance import Guidance, TextCondition
 from denoiser.init_from import init_text_encoder, load_init_weights, load_into

@@ -113,7 +113,7 @@ def test_the_network_is_torch_modules_and_the_speed_layer_swaps_in_place(tiny_un
     from denoiser.fast import conv
 
     unet = _cl_copy(tiny_unet)
-    model_files = {"denoiser.unet", "denoiser.attention", "denoiser.groupnorm"}
+    model_files = {"denoiser.unet", "denoiser.attention", "denoiser.attention_blocks", "denoiser.groupnorm"}
     kinds = {type(m).__module__ for m in unet.modules()}
     assert all(k.startswith("torch.nn.") or k in model_files for k in kinds), kinds  # nothing of denoiser.fast
     convs = {name: m for name, m in unet.named_modules() if isinstance(m, torch.nn.Conv2d)}

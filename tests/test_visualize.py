@@ -55,7 +55,7 @@ def test_attention_panel_draws_the_self_attention_layers_only():
     import pytest
 
     from denoiser import UNet
-    from denoiser.attention import capture_attention
+    from denoiser.attention_capture import capture_attention
     from denoiser.visualize import attention_panel
     from tests.conftest import TINY
 

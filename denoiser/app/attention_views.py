@@ -20,13 +20,9 @@ import torch
 from PIL import Image
 
 from denoiser.app.limits import check_int
-from denoiser.attention import (
-    AttentionRecord,
-    MultiHeadSelfAttention,
-    attention_layer_names,
-    capture_attention,
-    identity_attention,
-)
+from denoiser.attention import MultiHeadSelfAttention, attention_layer_names
+from denoiser.attention_blocks import identity_attention
+from denoiser.attention_capture import AttentionRecord, capture_attention
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.guidance import Guidance, TextCondition
 from denoiser.pixels import unit_to_model
