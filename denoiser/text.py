@@ -5,7 +5,9 @@
 
 Why this design (measured in bench/text_encoder_choice.md): one token per word, so a word's attention map is
 one map; no vocabulary, so no word is unknown and a typo shares most of its n-grams with the word it misspells;
-no new dependency. Both are diffusers `ModelMixin`s, so `DiffusionPipeline.from_pretrained` loads them from
+no new dependency. The tokenizer may still *keep* the words its model's training captions held (`vocabulary.txt`
+beside its config): not to encode them, only so that `unseen` can say which words of a prompt the model never
+saw (it draws something for "日本" all the same, with nothing to go on). Both are diffusers `ModelMixin`s, so `DiffusionPipeline.from_pretrained` loads them from
 `model_index.json` (["denoiser.text", "HashTextEncoder"]) as it loads a CLIP text encoder.
 
 An empty prompt is a row of padding (attention_mask all 0): the UNet's cross-attention then passes its
@@ -18,6 +20,7 @@ import functools
 import os
 import re
 import unicodedata
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -49,20 +52,28 @@ def fnv1a(s: str) -> int:
 class WordHashTokenizer(ModelMixin, ConfigMixin):
     """Prompts -> per word, the hashed bucket ids of `<word>` and its character n-grams (fastText's subwords).
 
-    No vocabulary file: the config is the whole tokenizer. It is a ModelMixin (with no weights) only because
-    diffusers loads a pipeline component whose class derives from one of its loadable bases; saving and
-    loading write and read its config alone.
+    The config is the whole encoding. `vocabulary`, optional, is the training captions' texts (or words): kept
+    as their `words`, it changes no id, and only `unseen` reads it. It is a ModelMixin (with no weights) only
+    because diffusers loads a pipeline component whose class derives from one of its loadable bases; saving
+    writes the config and, when there is a vocabulary, `vocabulary.txt` (one word a line, sorted).
     """
 
     config_name = "tokenizer_config.json"
+    vocabulary_name = "vocabulary.txt"
+    ignore_for_config = ["vocabulary"]  # a file of its own, not thousands of words in the config
 
     @register_to_config
     def __init__(self, num_buckets: int = 16384, min_n: int = 2, max_n: int = 4, max_length: int = 32,
-                 max_ngrams: int = 24):
+                 max_ngrams: int = 24, vocabulary: Iterable[str] | None = None):
         super().__init__()
         if num_buckets < 2 or not 1 <= min_n <= max_n or max_length < 1 or max_ngrams < 1:
             raise ValueError(f"tokenizer: need num_buckets >= 2, 1 <= min_n <= max_n, max_length >= 1 and max_ngrams >= 1; "
                              f"got {num_buckets}, {min_n}, {max_n}, {max_length}, {max_ngrams}")
+        if isinstance(vocabulary, str):
+            raise TypeError("vocabulary must be a collection of texts, not one string")
+        # None: the model's captions are not known (a folder saved before vocabularies), so no word is called unseen
+        self.vocabulary: frozenset[str] | None = (
+            None if vocabulary is None else frozenset(w for text in vocabulary for w in words(text)))
 
     def units(self, word: str) -> list[str]:
         """`<word>` itself, then the n-grams of `<word>`, at most max_ngrams in all."""
@@ -81,6 +92,13 @@ class WordHashTokenizer(ModelMixin, ConfigMixin):
     def dropped(self, prompt: str) -> list[str]:
         """The words past max_length, which the model never sees (callers warn about them)."""
         return words(prompt)[self.config.max_length :]
+
+    def unseen(self, prompt: str) -> list[str]:
+        """The words of `prompt` (as `tokens` reads them, each once, in order) that no training caption held;
+        [] when the tokenizer has no vocabulary. The model still draws them, from their n-grams alone."""
+        if self.vocabulary is None:
+            return []
+        return list(dict.fromkeys(w for w in self.tokens(prompt) if w not in self.vocabulary))
 
     def __call__(self, prompts: str | list[str]) -> dict[str, torch.Tensor]:
         """{"input_ids": (B, L, G) bucket ids, 0 where unused; "ngram_mask": (B, L, G) True where used;
@@ -103,12 +121,21 @@ class WordHashTokenizer(ModelMixin, ConfigMixin):
         }
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> None:
-        """The config alone (a tokenizer has no weights)."""
+        """The config, and `vocabulary.txt` when there is a vocabulary (a tokenizer has no weights)."""
         self.save_config(save_directory)
+        if self.vocabulary is not None:
+            text = "".join(f"{w}\n" for w in sorted(self.vocabulary))
+            (Path(save_directory) / self.vocabulary_name).write_text(text, encoding="utf-8")
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str | None = None, **kwargs):
-        return cls.from_config(cls.load_config(pretrained_model_name_or_path, subfolder=subfolder))
+        """A saved tokenizer; with no `vocabulary.txt` (saved before vocabularies), one without a vocabulary."""
+        folder = Path(pretrained_model_name_or_path, subfolder or "")
+        tokenizer = cls.from_config(cls.load_config(pretrained_model_name_or_path, subfolder=subfolder))
+        found = folder / cls.vocabulary_name
+        if found.is_file():  # words already normalised: read as written, not through words() again
+            tokenizer.vocabulary = frozenset(found.read_text(encoding="utf-8").split("\n")) - {""}
+        return tokenizer
 
 
 def _units(word: str, min_n: int, max_n: int, max_ngrams: int) -> list[str]:

@@ -40,6 +40,7 @@ from diffusers.optimization import get_scheduler
 from tqdm.auto import tqdm
 
 from denoiser import checkpoint as ckpt
+from denoiser.atomic import atomic_path
 from denoiser.config import RunConfig
 from denoiser.data import TrainingData, open_training_data, seed_of
 from denoiser.data.order import DROPOUT
@@ -57,7 +58,7 @@ from denoiser.train_batch import TOKEN_KEYS, StepInputs
 from denoiser.train_outputs import evaluate_fid, export, sample_grid
 from denoiser.unet import UNet
 
-__all__ = ["train", "TrainLoop", "TrainingError"]
+__all__ = ["train", "TrainLoop", "TrainingError", "caption_texts"]
 
 logger = logging.getLogger("denoiser.train")  # by name: under `-m denoiser.train`, __name__ is "__main__"
 
@@ -93,6 +94,23 @@ def _check_data(cfg: RunConfig, data: TrainingData) -> None:
             f"model.num_class_embeds={n_cls} but the data has {len(data.classes)} classes; "
             f"set model.num_class_embeds: {len(data.classes)}"
         )
+
+
+def caption_texts(data: TrainingData) -> list[str]:
+    """Every distinct caption text of the training images (the validation images' left out): the words a text
+    model learns. Empty when the data carries no text."""
+    if data.streamed:  # each shard's first `first[s]` items are the validation split (denoiser/data/stream.py)
+        shards, first = data.stream.shards, data.stream.first
+        if shards.candidates is None:
+            return []
+        return list({t for s, items in enumerate(shards.candidates) for groups in items[first[s]:] for g in groups for t in g})
+    table = data.train.candidates
+    if table is None:
+        return []
+    import pyarrow.compute as pc
+
+    column = table.column if table.rows is None else table.column.take(table.rows.numpy())  # (N,) list<list<string>>
+    return pc.unique(pc.list_flatten(pc.list_flatten(column))).to_pylist()
 
 
 def train(
@@ -148,6 +166,9 @@ class TrainLoop:
                                        accumulation=t.gradient_accumulation_steps, rank=self.rank, world=self.world,
                                        caption_dropout=t.caption_dropout)  # captions: where the data carries text
         _check_data(cfg, self.data)
+        # a text model's tokenizer keeps the words of its training captions, so its folder can tell a prompt's
+        # unseen words (WordHashTokenizer.unseen)
+        self.tokenizer = WordHashTokenizer(**cfg.text.tokenizer_args(), vocabulary=caption_texts(self.data)) if cfg.prompted else None
         self._build_optimizer(model)
         self.step = self._resume(resume_dir)
 
@@ -168,9 +189,7 @@ class TrainLoop:
             unet = unet.to(memory_format=torch.channels_last)
         if train_cfg.gradient_checkpointing:
             unet.enable_gradient_checkpointing()
-        self.tokenizer = None
         if self.cfg.prompted:  # a text model: the UNet and its text encoder train together, from the data's captions
-            self.tokenizer = WordHashTokenizer(**self.cfg.text.tokenizer_args())
             text_encoder = HashTextEncoder(**self.cfg.text.encoder_args())
             if init_from is not None and init_text_encoder(text_encoder, init_from) and self.is_main:
                 logger.warning("text encoder initialised from %s", init_from)
@@ -353,7 +372,7 @@ class TrainLoop:
         if train_cfg.sample_every and (due[0] or last):
             if self.is_main:
                 sample_grid(acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.out, step,
-                            list(self.data.classes))
+                            list(self.data.classes), tokenizer=self.tokenizer)
             acc.wait_for_everyone()
         if train_cfg.fid_every and (due[1] or last):
             if self.is_main:
@@ -394,7 +413,8 @@ class TrainLoop:
                 other, other_text = export(acc.unwrap_model(self.model), ema)
                 save_pipeline(other, self.diffusion.scheduler, self.out / length.folder, classes=classes,
                               text_encoder=other_text, tokenizer=self.tokenizer)
-            (self.out / "train_summary.json").write_text(json.dumps(self._summary(all_seen, skipped), indent=1))
+            with atomic_path(self.out / "train_summary.json") as tmp:
+                tmp.write_text(json.dumps(self._summary(all_seen, skipped), indent=1))
         acc.wait_for_everyone()
         acc.end_training()
         return model_dir

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from diffusers.training_utils import EMAModel
 
+from denoiser.atomic import atomic_path
 from denoiser.config import RunConfig
 from denoiser.diffusion import Diffusion
-from denoiser.image_io import save_grid
+from denoiser.image_io import save_grid, save_png
 from denoiser.pipeline import save_pipeline
 from denoiser.pixels import to_uint8
 from denoiser.run_dir import read_losses
@@ -46,9 +47,9 @@ def export(model: UNet | PromptedUNet, ema: EMAModel | None) -> tuple[UNet, Hash
 
 
 def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Diffusion, cfg: RunConfig, out: Path,
-                 step: int, prompts: list[str] | None = None) -> None:
+                 step: int, prompts: list[str] | None = None, tokenizer: WordHashTokenizer | None = None) -> None:
     """A fixed-seed DDIM grid from the (EMA) weights, and the loss curve so far; a text model draws `prompts`
-    (the data's class names), cycled over the grid."""
+    (the data's class names), cycled over the grid, through `tokenizer` (the run's; by default one from `cfg.text`)."""
     device = next(model.parameters()).device
     final, text_encoder = export(model, ema)
     final = final.to(device)
@@ -62,13 +63,13 @@ def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Dif
 
         names = prompts or [""]
         grid = [names[k % len(names)] for k in range(train_cfg.num_sample_images)]
-        tokenizer = WordHashTokenizer(**cfg.text.tokenizer_args())
+        tokenizer = tokenizer if tokenizer is not None else WordHashTokenizer(**cfg.text.tokenizer_args())
         text = TextCondition.encode(tokenizer, text_encoder.to(device), grid)
     result = sample(final, scheduler, train_cfg.num_sample_images, train_cfg.sample_steps, seed=0, class_labels=labels,
                     text=text)
     save_grid(result.images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
     steps, losses = read_losses(out)
-    loss_curve(steps, losses).save(out / "loss.png")
+    save_png(loss_curve(steps, losses), out / "loss.png")  # through a temporary file, as the grid
 
 
 @functools.cache
@@ -108,5 +109,6 @@ def evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, v
         f.write(f"{step},{score:.4f},{train_cfg.fid_samples}\n")
     logger.warning("step %d: FID-%d %.2f", step, train_cfg.fid_samples, score)
     if train_cfg.keep_best and (not previous or score < min(previous)):
-        save_pipeline(final.cpu(), diffusion.scheduler, out / "best-model")
-        (out / "best-model" / "fid.json").write_text(json.dumps({"step": step, "fid": score, "num_samples": train_cfg.fid_samples}))
+        with atomic_path(out / "best-model") as tmp:  # the model and its score replace the last best together
+            save_pipeline(final.cpu(), diffusion.scheduler, tmp)
+            (tmp / "fid.json").write_text(json.dumps({"step": step, "fid": score, "num_samples": train_cfg.fid_samples}))

@@ -287,3 +287,34 @@ def test_a_flat_photo_folder_with_a_broken_file_trains_unconditionally(tmp_path)
     assert "broken.jpg" in next(listed).read_text()
     assert (tmp_path / "run" / "model" / "model_index.json").is_file()
     assert not (tmp_path / "run" / "model" / "classes.txt").exists()  # a flat folder: unconditional
+
+
+def test_a_failed_summary_keeps_the_previous_one(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from accelerate.state import AcceleratorState
+
+    from denoiser.atomic import is_temporary
+    from denoiser.config import load_config
+    from denoiser.train_loop import train
+
+    cfg, run = write_config(tmp_path / "c.yaml", train={"max_steps": 2}), tmp_path / "run"
+    original = Path.write_text
+
+    def half_then_fail(self, *args, **kwargs):  # a full disk or a killed process, midway through the summary
+        if "train_summary.json" not in self.name:
+            return original(self, *args, **kwargs)
+        self.write_bytes(b'{"step": ')
+        raise OSError(28, "No space left on device")
+
+    try:
+        train(load_config(cfg), run)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        before = (run / "train_summary.json").read_text()
+        monkeypatch.setattr(Path, "write_text", half_then_fail)
+        with pytest.raises(OSError, match="No space"):
+            train(load_config(cfg, ["train.max_steps=3"]), run, resume="latest")
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    assert (run / "train_summary.json").read_text() == before and json.loads(before)["step"] == 2
+    assert not [p.name for p in run.iterdir() if is_temporary(p.name)]

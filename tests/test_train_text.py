@@ -11,12 +11,13 @@ from safetensors.torch import load_file
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with DiffusionPipeline)
 from denoiser.config import load_config
+from denoiser.data import DataConfig, open_training_data
 from denoiser.pipeline import DenoiserPipeline, save_pipeline
-from denoiser.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts
-from denoiser.train_loop import train
+from denoiser.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, words
+from denoiser.train_loop import caption_texts, train
 from denoiser.unet import UNet
 from tests.conftest import TRAIN_CONFIG, write_config
-from tests.test_data_captions import emoji_folder
+from tests.test_data_captions import emoji_folder, write_shards
 
 D = 16
 NAMES = ["red apple", "green pear", "yellow lemon", "cat face", "dog face", "blue whale", "hot tea", "red heart"]
@@ -83,6 +84,23 @@ def test_a_text_run_exports_its_text_encoder_and_tokenizer(straight):
     assert {k: pipe.text_encoder.config[k] for k in cfg.text.encoder_args()} == cfg.text.encoder_args()
     images = pipe(prompt=["red apple", ""], num_inference_steps=2, output_type="pt").images
     assert images.shape == (2, 3, 8, 8) and torch.isfinite(images).all()
+
+
+def test_a_text_run_exports_the_words_of_its_captions(straight):
+    run, _, _ = straight
+    tokenizer = WordHashTokenizer.from_pretrained(run / "model" / "tokenizer")
+    assert tokenizer.vocabulary == {w for text in NAMES for w in words(text)} | {"again", "thing", "round"}
+    assert tokenizer.unseen("a red whale with 日本") == ["a", "with", "日本"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_caption_words_leave_the_validation_images_out(tmp_path, streaming):
+    cfg = DataConfig(dataset="webdataset", path=write_shards(tmp_path / "shards"), caption_columns=["txt"], val_size=3,
+                     streaming=streaming)  # 12 items captioned "thing i", item 5 without a caption
+    data = open_training_data(cfg, 8, seed=0, batch_size=4)
+    data.close()
+    held = {t for groups in data.validation.candidates[torch.arange(3)] for g in groups for t in g}
+    assert held and sorted(caption_texts(data)) == sorted({f"thing {i}" for i in range(12) if i != 5} - held)
 
 
 def test_gradients_reach_the_text_encoder_and_ema_covers_it(straight):
