@@ -35,8 +35,8 @@ from denoiser.attention_blocks import identity_attention
 from denoiser.fid import InceptionFeatures, Statistics, fid_of_images
 from denoiser.guidance import Guidance, check_guide
 from denoiser.model_dir import load_model
-from denoiser.sample import make_sampler, sample
-from denoiser.sampling import Plan, spread_labels
+from denoiser.sample import make_sampler, sample, spread_labels
+from denoiser.sampling import Plan
 from denoiser.sampling import run as run_plan
 
 SEED_RULE = "image k seeded k"  # denoiser.request's rule; results without it drew batch i of 64 from seed i

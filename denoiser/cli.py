@@ -153,14 +153,16 @@ def _add_attention_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_restore_args(p: argparse.ArgumentParser) -> None:
-    """denoise, edit and inpaint: one set of flags, and each operation's own."""
+    """denoise, edit and inpaint: one set of flags (denoiser.request.RestoreRequest), and each operation's own."""
+    from denoiser.request import BUILT_IN
+
     name = p.prog.split()[-1]
     _add_model(p)
-    p.add_argument("--image", required=True, help="input image (any size or mode, converted to RGB; denoise keeps its size, "
-                   "edit and inpaint resize and centre-crop it to the model's)")
-    p.add_argument("--out", required=True, help="output PNG (denoise: the image's own size; edit, inpaint: the model's)")
+    p.add_argument("--image", required=True, help="input image (any size or mode, converted to RGB; a one-step denoise keeps "
+                   "its size, in tiles; a sampled denoise, edit and inpaint resize and centre-crop it to the model's)")
+    p.add_argument("--out", required=True, help="output PNG (one-step denoise: the image's own size; the others: the model's)")
     p.add_argument("--compare", default=None, help="also write input | result side by side (PNG)")
-    p.add_argument("--steps", type=int, default=50, help="reverse-chain steps")
+    p.add_argument("--steps", type=int, default=None, help=f"reverse-chain steps (default {BUILT_IN['steps']})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--class-label", default=None, help="class index or name")
     _add_guidance(p, "restored images")
@@ -171,7 +173,9 @@ def _add_restore_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--method", default="mmse", choices=("mmse", "sample"),
                        help="mmse: one x0 prediction (smooth, best PSNR); sample: the reverse chain (sharper)")
     if name == "edit":
-        p.add_argument("--strength", type=float, default=0.6, help="0 keeps the image, 1 samples anew")
+        p.add_argument("--strength", type=float, default=None,
+                       help=f"how far the image is noised before it is redrawn: near 0 keeps it, 1 samples anew "
+                            f"(default {BUILT_IN['strength']})")
     if name == "inpaint":
         p.add_argument("--mask", required=True, help="mask image of the input's size: white = regenerate, black = keep")
     if name in ("edit", "inpaint"):  # what the redrawn pixels should show; denoising keeps the picture's own content

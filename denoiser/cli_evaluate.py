@@ -18,7 +18,7 @@ def cmd_attention_stats(args) -> None:
 
     from denoiser.attention_stats import attention_stats, stats_chart, write_csv
     from denoiser.image_io import image_to_model, save_png
-    from denoiser.model_dir import load_model
+    from denoiser.model_dir import load
     from denoiser.pixels import unit_to_model
     from denoiser.request import SampleRequest
     from denoiser.sampling import resolve, run
@@ -29,12 +29,13 @@ def cmd_attention_stats(args) -> None:
         raise ValueError(f"--timesteps expects comma-separated integers, got {args.timesteps!r}") from None
     if not 1 <= args.num_images <= 256:
         raise ValueError(f"--num-images must be in 1..256, got {args.num_images}")
-    unet, sched = load_model(args.model)
+    model = load(args.model)
+    unet, sched = model.unet, model.scheduler
     n_cls = unet.config.num_class_embeds
     # the generated images: a fixed recipe (DDIM-25, no guidance), the classes asked for
     request = SampleRequest(num_images=args.num_images, classes=parse_classes(args.class_label) if n_cls else None,
                             seed=args.seed, scheduler="ddim", steps=25, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0)
-    plan = resolve(request, args.model, unet=unet, scheduler=sched)
+    plan = resolve(request, model)
     labels = plan.labels
     if args.images:
         files = sorted(p for p in Path(args.images).rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
@@ -64,7 +65,7 @@ def cmd_fid(args) -> None:
     import torch
 
     from denoiser.fid import InceptionFeatures, fid_of_images, reference_statistics
-    from denoiser.model_dir import load_model
+    from denoiser.model_dir import load
     from denoiser.pixels import to_uint8
     from denoiser.sampling import resolve, run
 
@@ -72,19 +73,18 @@ def cmd_fid(args) -> None:
         raise ValueError("--fid needs --reference STATS.safetensors (with --data FOLDER to compute it the first time)")
     if args.num_samples < 2:
         raise ValueError(f"--num-samples must be at least 2 for a covariance, got {args.num_samples}")
-    unet, sched = load_model(args.model)
+    model = load(args.model)
+    unet = model.unet
     extractor = InceptionFeatures()
     ref = reference_statistics(args.reference, args.data, unet.config.sample_size, args.val_size or 0, args.val_seed, extractor)
     if args.samples:
         images = torch.from_numpy(np.load(args.samples)).permute(0, 3, 1, 2)[: args.num_samples]  # (N, H, W, 3) -> (N, 3, H, W)
         how = f"images from {args.samples}"
     else:  # the images `denoiser sample` gives with the same flags; the guide (if any) loads only to sample
-        own = (unet, sched)  # loaded above; a guide model (if any) loads from its own folder
-        load = lambda path: own if Path(path).resolve() == Path(args.model).resolve() else load_model(path)  # noqa: E731
         classes = parse_classes(args.class_label) if unet.config.num_class_embeds else None  # "spread" needs classes
         prompts = _prompts(args, unet, args.num_samples)
         fields = {"prompts": prompts} if prompts is not None else {}
-        plan = resolve(sampling_request(args, num_images=args.num_samples, classes=classes, **fields), args.model, load=load)
+        plan = resolve(sampling_request(args, num_images=args.num_samples, classes=classes, **fields), model)
         images = to_uint8(run(plan, progress=True).images)
         how = f"{plan.describe()}, " + (f"prompts {args.prompts or repr(args.prompt)}" if unet.config.cross_attention_dim
                                         else f"classes {args.class_label}")
@@ -124,9 +124,10 @@ def cmd_evaluate(args) -> None:
     from denoiser.config import DataConfig
     from denoiser.data import load_dataset, make_synthetic, split
     from denoiser.diffusion import Diffusion
-    from denoiser.model_dir import load_model
+    from denoiser.model_dir import load
 
-    unet, sched = load_model(args.model)
+    model = load(args.model)
+    unet, sched = model.unet, model.scheduler
     size = unet.config.sample_size
     if args.data:
         ds = load_dataset(DataConfig(dataset="folder", path=args.data), size)
@@ -140,13 +141,11 @@ def cmd_evaluate(args) -> None:
         labels = None
     text = {}
     if unet.config.cross_attention_dim:  # a text model: the bound given each image's prompt
-        from denoiser.model_dir import require_text
         from denoiser.text import encode_prompts
 
         prompts = _prompts(args, unet, n) or [args.prompt] * n
-        tokenizer, encoder = require_text(args.model)
         with torch.no_grad():
-            states, mask = encode_prompts(tokenizer, encoder, prompts)
+            states, mask = encode_prompts(model.text.tokenizer, model.text.encoder, prompts)
         text = {"encoder_hidden_states": states, "encoder_attention_mask": mask.bool()}  # (N, L, D), (N, L)
     res = Diffusion(sched).evaluate(unet, x, labels, batch_size=args.batch_size or 64, num_timesteps=args.num_timesteps,
                                     seed=args.seed, unet_kwargs=text)

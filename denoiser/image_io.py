@@ -172,7 +172,8 @@ def settings_name(settings: dict) -> str:
     """A file name that says how an image was made: 'cifar10-seed3-cat-ddim25-cfg3-2of8.png' for a sample (a text
     model's: its prompt where the class goes, 'emoji-seed0-red_apple-unipc10-cfg3-1of8.png'; a word edit's pair:
     'emoji-seed0-red_apple-to-green_apple-unipc10-cfg3-2of2.png'),
-    'cifar10-denoise-sigma0.1-seed0-1024x768.png' for an edit of a user's picture (settings with an "operation")."""
+    'cifar10-denoise-sigma0.1-seed0-1024x768.png' for an edit of a user's picture (settings with an "operation"; a
+    copy scaled to the work budget: '...-scaled-from-4000x3000-1600x1200.png')."""
     if "operation" in settings:
         return _edit_name(settings)
     parts = [str(settings.get(k, "")) for k in ("model",)] + [f"seed{settings.get('seed')}"]
@@ -203,6 +204,8 @@ def _edit_name(settings: dict) -> str:
     if settings.get("chain"):  # sampled denoise, edit and inpaint: steps and seed make the result
         parts += [f"steps{settings.get('steps')}", f"seed{settings.get('seed')}"]
     parts += _guidance_parts(settings)
+    if settings.get("scaled_from"):  # a photo over the work budget, restored as a smaller copy: both sizes named
+        parts.append("scaled-from-" + "x".join(str(int(v)) for v in settings["scaled_from"]))
     if settings.get("size"):
         parts.append("x".join(str(int(v)) for v in settings["size"]))
     return _file_name(parts)

@@ -1,8 +1,12 @@
 """Model folders: loading one (safetensors only, never unpickled) and finding models by
 name under the folders of model folders ($DENOISER_WEIGHTS, then a clone's weights/) without ever leaving
 them. A model folder is what `denoiser.pipeline.save_pipeline` writes: `model_index.json`, `unet/`,
-`scheduler/` (the sampler it is best sampled with), plus `classes.txt` (class names) and `sampling.json` (its
-measured best guidance and steps), which `denoiser.sampling.read_defaults` reads.
+`scheduler/` (the sampler it is best sampled with), a text model's `text_encoder/` and `tokenizer/`, plus
+`classes.txt` (class names) and `sampling.json` (its measured best guidance and steps), which `read_defaults` reads.
+
+`load(folder)` is the one loaded model every front door uses (the CLI, the app's engine, which caches it, and
+`denoiser.sampling.resolve`): a `LoadedModel` with its UNet, training scheduler, `TextModel` (tokenizer and text
+encoder, for a text model) and `ModelDefaults`, each loaded once.
 """
 
 from __future__ import annotations
@@ -12,19 +16,28 @@ import json
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from diffusers import DDPMScheduler, UNet2DModel
+from torch import nn
 
+from denoiser.request import BUILT_IN
+from denoiser.sample import sampler_name
+from denoiser.text import HashTextEncoder, WordHashTokenizer
 from denoiser.unet import UNet
 
 __all__ = [
-    "load_model", "find_model", "model_roots", "resolve_model_dir", "list_models", "WEIGHTS_DIR",
-    "WEIGHTS_ENV", "CLASSES_FILE", "load_text", "require_text",
+    "load", "LoadedModel", "TextModel", "ModelDefaults", "read_defaults", "load_model", "find_model", "model_roots",
+    "resolve_model_dir", "list_models", "WEIGHTS_DIR", "WEIGHTS_ENV", "CLASSES_FILE", "SAMPLING_FILE", "load_text",
+    "require_text",
 ]
 
 CLASSES_FILE = "classes.txt"  # one class name per line, in label order
+SAMPLING_FILE = "sampling.json"  # a model folder's measured best: its guidance and step count
+SAMPLING_KEYS = {"guidance_scale", "pag_scale", "pag_layers", "guide_model", "guide_scale", "guidance_interval",
+                 "num_inference_steps", "note", "example_prompts"}
 
 # diffusers' from_pretrained patches torch for the whole process while it runs (torch.nn.init's functions, and with
 # low_cpu_mem_usage accelerate's init_empty_weights, which swaps nn.Module.register_parameter for a meta-device one
@@ -64,6 +77,87 @@ def find_model(name_or_folder: str | Path) -> Path:
         f"{looked}. Pass a folder written by `denoiser train` (run_dir/model), or set {WEIGHTS_ENV} to a folder of "
         "model folders"
     )
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """What a model folder says about sampling it; `ModelDefaults()` is a model without a folder."""
+
+    classes: tuple[str, ...] = ()  # class names by label (classes.txt; indices where it has none)
+    scheduler: str = BUILT_IN["scheduler"]  # the sampler its scheduler/ config names
+    steps: int = BUILT_IN["steps"]  # sampling.json's num_inference_steps, else BUILT_IN
+    guidance: dict | None = None  # sampling.json's guidance keys (guidance_scale, pag_scale, ...)
+    note: str = ""  # sampling.json's note: how the defaults were measured
+    example_prompts: tuple[str, ...] = ()  # sampling.json's: prompts a text model draws (chosen by prompt fidelity)
+
+
+def read_defaults(folder: str | Path | None, num_classes: int | None) -> ModelDefaults:
+    """A model folder's scheduler, step count, guidance and class names (None: no folder, built-in defaults)."""
+    if folder is None:
+        return ModelDefaults(classes=tuple(str(i) for i in range(num_classes or 0)))
+    folder = Path(folder)
+    data = _read_json(folder / SAMPLING_FILE) if (folder / SAMPLING_FILE).is_file() else {}
+    unknown = sorted(set(data) - SAMPLING_KEYS)
+    if unknown:
+        raise ValueError(f"{folder / SAMPLING_FILE}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SAMPLING_KEYS))}")
+    steps = data.pop("num_inference_steps", BUILT_IN["steps"])
+    note = data.pop("note", "")
+    examples = data.pop("example_prompts", [])
+    if not isinstance(examples, list) or not all(isinstance(p, str) and p.strip() for p in examples):
+        raise ValueError(f"{folder / SAMPLING_FILE}: example_prompts must be a list of prompts, got {str(examples)[:80]}")
+    config_file = folder / "scheduler" / "scheduler_config.json"
+    scheduler_class = _read_json(config_file).get("_class_name", "") if config_file.is_file() else ""
+    # a folder saved with the training DDPMScheduler (before folders named their sampler) samples with BUILT_IN's
+    scheduler = sampler_name(scheduler_class) if scheduler_class not in ("", "DDPMScheduler") else BUILT_IN["scheduler"]
+    return ModelDefaults(_read_classes(folder, num_classes), scheduler, int(steps), data, note, tuple(examples))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); fix or delete it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _read_classes(folder: Path, num_classes: int | None) -> tuple[str, ...]:
+    """classes.txt's names by label; indices as names where it has none (or the wrong number)."""
+    n = num_classes or 0
+    path = folder / CLASSES_FILE
+    names = [c.strip() for c in path.read_text().split("\n") if c.strip()] if path.is_file() else []
+    return tuple(names) if len(names) == n else tuple(str(i) for i in range(n))
+
+
+@dataclass(frozen=True)
+class TextModel:
+    """A text model's prompt reader: its tokenizer (words to hashed n-gram ids) and its text encoder."""
+
+    tokenizer: WordHashTokenizer
+    encoder: HashTextEncoder
+
+
+@dataclass
+class LoadedModel:
+    """A model folder loaded once: what sampling and restoring run with. `folder` None: a model built in memory."""
+
+    unet: nn.Module
+    scheduler: DDPMScheduler  # the training scheduler: the model's noise schedule
+    text: TextModel | None = None  # a text model's tokenizer and encoder; None: a class or unconditional model
+    defaults: ModelDefaults = field(default_factory=lambda: ModelDefaults())  # what the folder says about sampling it
+    folder: Path | None = None
+
+
+def load(model_dir: str | Path, device: str | torch.device = "cpu", channels_last: bool = True) -> LoadedModel:
+    """A model folder's UNet and training scheduler (`load_model`), its text model (`load_text`) and its sampling
+    defaults (`read_defaults`), each read once, checked before any work."""
+    folder = Path(model_dir)
+    unet, scheduler = load_model(folder, device, channels_last)
+    text = load_text(folder, device)
+    if text is None and getattr(unet.config, "cross_attention_dim", None) is not None:
+        require_text(folder, device)  # a UNet with cross-attention cannot run without its text encoder: say so now
+    return LoadedModel(unet, scheduler, text, read_defaults(folder, unet.config.num_class_embeds), folder)
 
 
 def load_model(
@@ -108,10 +202,8 @@ def load_model(
     return unet, scheduler
 
 
-def load_text(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple | None:
-    """(tokenizer, text encoder in fp32, eval mode) of a text model's folder; None for a folder without text_encoder/."""
-    from denoiser.text import HashTextEncoder, WordHashTokenizer
-
+def load_text(model_dir: str | Path, device: str | torch.device = "cpu") -> TextModel | None:
+    """A text model folder's tokenizer and text encoder (fp32, eval mode); None for a folder without text_encoder/."""
     folder = Path(model_dir)
     if not (folder / "text_encoder" / "config.json").is_file():
         return None
@@ -124,10 +216,10 @@ def load_text(model_dir: str | Path, device: str | torch.device = "cpu") -> tupl
                                                       torch_dtype=torch.float32, low_cpu_mem_usage=False)
     except (TypeError, KeyError, OSError, RuntimeError) as err:
         raise ValueError(f"model folder {folder.name!r}: text_encoder/ does not load ({type(err).__name__}: {str(err)[:300]})") from None
-    return WordHashTokenizer.from_pretrained(folder / "tokenizer"), encoder.to(device).eval()
+    return TextModel(WordHashTokenizer.from_pretrained(folder / "tokenizer"), encoder.to(device).eval())
 
 
-def require_text(model_dir: str | Path | None, device: str | torch.device = "cpu") -> tuple:
+def require_text(model_dir: str | Path | None, device: str | torch.device = "cpu") -> TextModel:
     """load_text for a UNet with cross-attention, which cannot run without its text encoder: a clear error where the
     folder (or, None, the caller) gives none."""
     text = load_text(model_dir, device) if model_dir is not None else None

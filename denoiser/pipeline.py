@@ -21,10 +21,10 @@ from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline, ImagePipe
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from denoiser.atomic import atomic_path
-from denoiser.model_dir import CLASSES_FILE, load_model
+from denoiser.model_dir import CLASSES_FILE, LoadedModel, ModelDefaults, TextModel, load, read_defaults
 from denoiser.prompt_edit import PromptEdit
 from denoiser.request import SampleRequest
-from denoiser.sampling import ModelDefaults, read_defaults, resolve, run
+from denoiser.sampling import resolve, run
 from denoiser.text import HashTextEncoder, WordHashTokenizer
 from denoiser.unet import UNet
 
@@ -83,7 +83,7 @@ class DenoiserPipeline(DiffusionPipeline):
 
     @property
     def defaults(self) -> ModelDefaults:
-        """What the folder says about sampling this model (denoiser.sampling.read_defaults)."""
+        """What the folder says about sampling this model (denoiser.model_dir.read_defaults)."""
         return read_defaults(self.folder, self.unet.config.num_class_embeds)
 
     @property
@@ -150,7 +150,7 @@ class DenoiserPipeline(DiffusionPipeline):
             guidance_interval=guidance_interval, edit=edit,
             seed=int(torch.randint(0, 2**31 - 1, ())) if generator is None else 0,  # None: a random seed, as diffusers
         )
-        text = (self.tokenizer, self.text_encoder) if self.text_encoder is not None else None
+        text = TextModel(self.tokenizer, self.text_encoder) if self.text_encoder is not None else None
         plan = resolve(request, self.folder, unet=self.unet, scheduler=self.scheduler, load=self._load_guide,
                        class_names=self._classes, text=text)  # names set on this pipeline win over the folder's
 
@@ -169,10 +169,10 @@ class DenoiserPipeline(DiffusionPipeline):
                 images = self.numpy_to_pil(images)
         return ImagePipelineOutput(images=images) if return_dict else (images,)
 
-    def _load_guide(self, folder: Path) -> tuple:
+    def _load_guide(self, folder: Path) -> LoadedModel:
         key = str(Path(folder).resolve())
         if key not in self._guides:
-            self._guides[key] = load_model(folder, device=self.unet.device, channels_last=False)
+            self._guides[key] = load(folder, device=self.unet.device, channels_last=False)
         return self._guides[key]
 
     def save_pretrained(self, save_directory: str | Path, **kwargs) -> None:
@@ -191,7 +191,7 @@ def save_pipeline(
     """Write a DenoiserPipeline folder to a temporary sibling, then swap it into place (denoiser.atomic).
 
     An existing folder is only replaced once the new one is complete; `dtype` (e.g. torch.float16)
-    shrinks the shipped weights, and `load_model` upcasts them again; `classes` names the class labels;
+    shrinks the shipped weights, and `denoiser.model_dir.load` upcasts them again; `classes` names the class labels;
     `text_encoder` and `tokenizer` make a text model's folder (text_encoder/, tokenizer/).
     The folder's scheduler is DDIM on the training scheduler's noise schedule (and its timestep spacing):
     what every front door, diffusers' `from_pretrained` included, samples with unless told otherwise.

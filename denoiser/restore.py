@@ -21,8 +21,9 @@ Every noise drawn here follows the seed rule (`denoiser.sample.image_generators`
 q(x_t | x₀), the chain's steps, inpainting's re-noised known pixels, `add_noise`'s) comes from its own
 generator seeded seed + k, so image k of a batch is the single run of that image with seed + k.
 
-`restore(unet, diffusion, image, operation, ...)` is the one entry point from a user's picture: the CLI
-(`denoiser denoise | edit | inpaint`) and the app's Edit tab both call it.
+`restore(unet, diffusion, image, operation, ...)` runs one of them on a user's picture at the model's size; the
+front doors (the CLI's `denoiser denoise | edit | inpaint`, the app's Edit tab) reach it, and the tiles of a
+one-step denoise at the photo's own size (denoiser.tiles), through `denoiser.restoring`: one request, one plan, one run.
 """
 
 from __future__ import annotations
@@ -39,16 +40,15 @@ from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance, TextCondition
 from denoiser.image_io import image_to_model, mask_to_model
 from denoiser.pixels import to_unit
+from denoiser.request import ADDED_NOISE_SEED, BUILT_IN, METHODS, OPERATIONS
 from denoiser.sample import SampleResult, image_generators, sample
 
 __all__ = [
     "OPERATIONS", "Restoration", "restore", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "add_noise",
 ]
 
-OPERATIONS = ("denoise", "edit", "inpaint")
-METHODS = ("mmse", "sample")
 ClassLabel = int | Sequence[int] | torch.Tensor | None  # one for all or one per image: denoiser.sample.class_label_tensor
-ADDED_NOISE_SEED = 12_345  # add_noise's offset: its generators are not the ones that sample the same seed
+STEPS, STRENGTH = BUILT_IN["steps"], BUILT_IN["strength"]  # the defaults, written once (denoiser.request)
 
 
 @dataclass
@@ -68,8 +68,8 @@ class Restoration:
 
 def restore(
     unet, diffusion: Diffusion, image: Image.Image, operation: str, *, mask: Image.Image | None = None,
-    sigma: float | None = None, method: str = "mmse", strength: float = 0.6, noise_first: float | None = None,
-    steps: int = 50, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
+    sigma: float | None = None, method: str = "mmse", strength: float = STRENGTH, noise_first: float | None = None,
+    steps: int = STEPS, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
     empty_mask_ok: bool = True, text: TextCondition | None = None,
 ) -> Restoration:
     """A user's picture through `operation` ("denoise", "edit" or "inpaint"), checked before any work.
@@ -152,7 +152,7 @@ def _chain(t_start: int, steps: int) -> list[int]:
 
 def denoise(
     unet, diffusion: Diffusion, images: torch.Tensor, sigma: float | None = None, method: str = "mmse",
-    steps: int = 50, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
+    steps: int = STEPS, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
     text: TextCondition | None = None,
 ) -> SampleResult:
     """Remove Gaussian noise of std `sigma` (pixel scale; None: estimated per batch, `estimate_sigma`)."""
@@ -173,7 +173,7 @@ def denoise(
 
 
 def edit(
-    unet, diffusion: Diffusion, images: torch.Tensor, strength: float = 0.6, steps: int = 50, seed: int = 0,
+    unet, diffusion: Diffusion, images: torch.Tensor, strength: float = STRENGTH, steps: int = STEPS, seed: int = 0,
     class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None, text: TextCondition | None = None,
 ) -> SampleResult:
     """SDEdit: noise to t = strength·(T − 1) with seeded noise, then the reverse chain (strength 0: unchanged)."""
@@ -195,7 +195,7 @@ def edit(
 
 
 def inpaint(
-    unet, diffusion: Diffusion, images: torch.Tensor, mask: torch.Tensor, steps: int = 50, seed: int = 0,
+    unet, diffusion: Diffusion, images: torch.Tensor, mask: torch.Tensor, steps: int = STEPS, seed: int = 0,
     class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None, text: TextCondition | None = None,
 ) -> SampleResult:
     """Fill the pixels where `mask` is 1 (B or 1, 1, H, W); the others stay the input's, exactly at the end."""

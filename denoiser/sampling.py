@@ -3,9 +3,9 @@
     plan = resolve(SampleRequest(num_images=8, classes="cat", seed=0), "weights/cifar10")
     images = run(plan).images  # (8, 3, 32, 32) in [0, 1]
 
-`resolve` is the only reader of what a model folder says about sampling it (`read_defaults`: the scheduler
-config, `sampling.json`, `classes.txt`) and the only loader of autoguidance's guide model; the request's
-fields win over the folder's, the folder's over `denoiser.request.BUILT_IN`. `run` owns batching and the
+`resolve` takes the model loaded once (`denoiser.model_dir.LoadedModel`: its UNet, noise schedule, text model and
+what its folder says about sampling it) or a folder to load, and is the only loader of autoguidance's guide model;
+the request's fields win over the folder's, the folder's over `denoiser.request.BUILT_IN`. `run` owns batching and the
 per-step callbacks, and gives each batch its images' generators by the seed rule (image k from a generator
 seeded seed + k, `denoiser.sample.image_generators`); the loop itself is `denoiser.sample.sample`, the
 reading of class labels `denoiser.sample.class_label_tensor`, the guidance maths `denoiser.guidance`. The
@@ -15,7 +15,6 @@ CLI, `evaluate --fid`, the app's engine and `DenoiserPipeline.__call__` only fil
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from denoiser.guidance import Guidance, TextCondition, check_guide
-from denoiser.model_dir import CLASSES_FILE, load_model, require_text
+from denoiser.model_dir import SAMPLING_FILE, LoadedModel, ModelDefaults, TextModel, load, read_defaults, require_text
 from denoiser.prompt_edit import PromptEdit
 from denoiser.prompt_weights import parse_prompt
 from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
@@ -37,50 +36,11 @@ from denoiser.sample import (
     make_sampler,
     sample,
     sampler_name,
-    spread_labels,
 )
 
-# spread_labels lives in denoiser.sample; named here too for the scripts that import it from this module
-__all__ = ["Plan", "ModelDefaults", "read_defaults", "resolve", "run", "spread_labels", "SAMPLING_FILE"]
+__all__ = ["Plan", "resolve", "run"]
 
 logger = logging.getLogger(__name__)
-
-SAMPLING_FILE = "sampling.json"  # a model folder's measured best: its guidance and step count
-SAMPLING_KEYS = {"guidance_scale", "pag_scale", "pag_layers", "guide_model", "guide_scale", "guidance_interval",
-                 "num_inference_steps", "note", "example_prompts"}
-
-
-@dataclass(frozen=True)
-class ModelDefaults:
-    """What a model folder says about sampling it; `ModelDefaults()` is a model without a folder."""
-
-    classes: tuple[str, ...] = ()  # class names by label (classes.txt; indices where it has none)
-    scheduler: str = BUILT_IN["scheduler"]  # the sampler its scheduler/ config names
-    steps: int = BUILT_IN["steps"]  # sampling.json's num_inference_steps, else BUILT_IN
-    guidance: dict | None = None  # sampling.json's guidance keys (guidance_scale, pag_scale, ...)
-    note: str = ""  # sampling.json's note: how the defaults were measured
-    example_prompts: tuple[str, ...] = ()  # sampling.json's: prompts a text model draws (chosen by prompt fidelity)
-
-
-def read_defaults(folder: str | Path | None, num_classes: int | None) -> ModelDefaults:
-    """A model folder's scheduler, step count, guidance and class names (None: no folder, built-in defaults)."""
-    if folder is None:
-        return ModelDefaults(classes=tuple(str(i) for i in range(num_classes or 0)))
-    folder = Path(folder)
-    data = _read_json(folder / SAMPLING_FILE) if (folder / SAMPLING_FILE).is_file() else {}
-    unknown = sorted(set(data) - SAMPLING_KEYS)
-    if unknown:
-        raise ValueError(f"{folder / SAMPLING_FILE}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SAMPLING_KEYS))}")
-    steps = data.pop("num_inference_steps", BUILT_IN["steps"])
-    note = data.pop("note", "")
-    examples = data.pop("example_prompts", [])
-    if not isinstance(examples, list) or not all(isinstance(p, str) and p.strip() for p in examples):
-        raise ValueError(f"{folder / SAMPLING_FILE}: example_prompts must be a list of prompts, got {str(examples)[:80]}")
-    config_file = folder / "scheduler" / "scheduler_config.json"
-    scheduler_class = _read_json(config_file).get("_class_name", "") if config_file.is_file() else ""
-    # a folder saved with the training DDPMScheduler (before folders named their sampler) samples with BUILT_IN's
-    scheduler = sampler_name(scheduler_class) if scheduler_class not in ("", "DDPMScheduler") else BUILT_IN["scheduler"]
-    return ModelDefaults(_read_classes(folder, num_classes), scheduler, int(steps), data, note, tuple(examples))
 
 
 @dataclass
@@ -99,8 +59,9 @@ class Plan:
     classes: tuple[str, ...] = ()  # the model's class names by label
     prompts: tuple[str, ...] = ()  # a text model's prompt per image ("" = no condition); () for a class model
     negative_prompts: tuple[str, ...] = ()  # per image, the classifier-free guidance's unconditional prompt
-    text: tuple | None = None  # (tokenizer, text encoder) of a text model
+    text: TextModel | None = None  # a text model's tokenizer and encoder
     edit: PromptEdit | None = None  # prompt-to-prompt over the images (image 0 the source): one batch, image 0's noise
+    _encoded: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # text_condition's, by images
 
     @property
     def scheduler_name(self) -> str:
@@ -112,23 +73,26 @@ class Plan:
         return [int(t) for t in self.scheduler.timesteps]
 
     def text_condition(self, indices: Sequence[int]) -> TextCondition | None:
-        """The encoded prompts of images `indices` (None for a class model)."""
+        """The encoded prompts of images `indices` (None for a class model), encoded once per set of images."""
         if self.text is None:
             return None
-        tokenizer, encoder = self.text
-        cond = TextCondition.encode(tokenizer, encoder, [self.prompts[k] for k in indices],
-                                    [self.negative_prompts[k] for k in indices], edit=self.edit)
-        return cond if self.edit is None else cond.at_timesteps(self.timesteps())  # a re-run step counts as sampled
+        key = tuple(int(k) for k in indices)
+        if key not in self._encoded:
+            cond = TextCondition.encode(self.text.tokenizer, self.text.encoder, [self.prompts[k] for k in key],
+                                        [self.negative_prompts[k] for k in key], edit=self.edit)
+            # an edit counts its steps on the plan's timesteps: a re-run step counts as sampled
+            self._encoded[key] = cond if self.edit is None else cond.at_timesteps(self.timesteps())
+        return self._encoded[key]
 
     def words(self, k: int = 0) -> tuple[str, ...]:
         """Image k's prompt as the model reads it: its words (weights taken out, cut at the tokenizer's length)."""
         if self.text is None or not self.prompts:
             return ()
-        return tuple(self.text[0].tokens(parse_prompt(self.prompts[k]).text))
+        return tuple(self.text.tokenizer.tokens(parse_prompt(self.prompts[k]).text))
 
     def word_weights(self, k: int = 0) -> tuple[float, ...]:
         """Image k's weight per word of `words(k)` ("(red:1.5)": 1.5; 1 for a plain word)."""
-        return parse_prompt(self.prompts[k]).weights[: self.text[0].config.max_length] if self.prompts else ()
+        return parse_prompt(self.prompts[k]).weights[: self.text.tokenizer.config.max_length] if self.prompts else ()
 
     def class_name(self, k: int) -> str | None:
         """Image k's class name, or None when it has no class."""
@@ -145,30 +109,35 @@ class Plan:
 
 def resolve(
     request: SampleRequest,
-    folder: str | Path | None = None,
+    model: LoadedModel | str | Path | None = None,
     *,
     unet: nn.Module | None = None,
     scheduler=None,
-    load: Callable[[Path], tuple] = load_model,
+    load: Callable[[Path], LoadedModel] = load,
     class_names: Sequence[str] | None = None,
-    text: tuple | None = None,
+    text: TextModel | None = None,
 ) -> Plan:
-    """`request` for the model in `folder`, checked before any work; unset fields from the folder, else built in.
+    """`request` for `model`, checked before any work; unset fields from the model's folder, else built in.
 
-    unet, scheduler: the model already loaded and the scheduler to sample with when the request names none (the
-    pipeline's own, which its user may have swapped); default: `load(folder)` and the folder's sampler.
-    load(folder) -> (unet, training scheduler): how models and guide models are loaded (the app's is cached).
+    model: the model loaded once (`denoiser.model_dir.load`), or its folder (then `load(folder)`).
+    unet, scheduler: a UNet without a LoadedModel and the scheduler to sample with when the request names none (the
+    pipeline's own, which its user may have swapped; `model` then names its folder, if any, for its defaults).
+    load(folder) -> LoadedModel: how a folder and autoguidance's guide are loaded (the app's is cached).
     class_names: the classes' names instead of the folder's classes.txt (a pipeline's own).
-    text: a text model's (tokenizer, text encoder) (a pipeline's own); default: the folder's (`load_text`).
+    text: a text model's tokenizer and encoder for `unet` (a pipeline's own); a LoadedModel brings its own.
     """
     given = unet is not None
-    if not given:
-        if folder is None:
-            raise ValueError("resolve needs a model folder, or a loaded unet and its scheduler")
-        unet, scheduler = load(Path(folder))  # the training scheduler: the model's noise schedule
+    if isinstance(model, (str, Path)) and not given:
+        model = load(Path(model))
+    if isinstance(model, LoadedModel):
+        folder, unet, scheduler, text, defaults = model.folder, model.unet, model.scheduler, model.text, model.defaults
+    elif not given:
+        raise ValueError("resolve needs a model (denoiser.model_dir.load) or its folder, or a loaded unet and its scheduler")
     elif scheduler is None:
         raise ValueError("resolve with a loaded unet needs its scheduler too (scheduler=...)")
-    defaults = read_defaults(folder, unet.config.num_class_embeds)
+    else:
+        folder = None if model is None else Path(model)
+        defaults = read_defaults(folder, unet.config.num_class_embeds)
     if class_names is not None:
         defaults = dataclasses.replace(defaults, classes=tuple(class_names))
     sched = _scheduler(request, defaults.scheduler, scheduler, given)
@@ -189,7 +158,7 @@ def resolve(
                 batch_size, defaults.classes, prompts, negative, text, request.edit)
 
 
-def _check_edit(request: SampleRequest, prompts: tuple, text: tuple | None, guidance: Guidance) -> None:
+def _check_edit(request: SampleRequest, prompts: tuple, text: TextModel | None, guidance: Guidance) -> None:
     """A prompt-to-prompt request, before any work: a text model, the source and its edits, no PAG, maps that fit."""
     if not isinstance(request.edit, PromptEdit):
         raise TypeError(f"edit must be a denoiser.prompt_edit.PromptEdit, got {type(request.edit).__name__}")
@@ -198,11 +167,11 @@ def _check_edit(request: SampleRequest, prompts: tuple, text: tuple | None, guid
     if guidance.pag:
         raise ValueError("prompt-to-prompt takes the source's self-attention maps, which perturbed-attention guidance "
                          "replaces: set the PAG scale to 0 for an edit")
-    request.edit.plan([text[0].tokens(parse_prompt(p).text) for p in prompts])  # the word maps, checked now
+    request.edit.plan([text.tokenizer.tokens(parse_prompt(p).text) for p in prompts])  # the word maps, checked now
 
 
-def _prompts(request: SampleRequest, unet: nn.Module, folder, text: tuple | None) -> tuple[tuple, tuple, tuple | None]:
-    """(prompt per image, negative prompt per image, (tokenizer, encoder)) for a text model; ((), (), None) otherwise.
+def _prompts(request: SampleRequest, unet: nn.Module, folder, text: TextModel | None) -> tuple[tuple, tuple, TextModel | None]:
+    """(prompt per image, negative prompt per image, its TextModel) for a text model; ((), (), None) otherwise.
     Words past the tokenizer's max_length are dropped with a warning."""
     n = request.num_images
     if getattr(unet.config, "cross_attention_dim", None) is None:
@@ -219,8 +188,8 @@ def _prompts(request: SampleRequest, unet: nn.Module, folder, text: tuple | None
             raise ValueError(f"pass one {name} or one per image ({n}), as text; got {len(given)} of "
                              f"{sorted({type(p).__name__ for p in given})}")
         for p in dict.fromkeys(given):
-            if dropped := text[0].dropped(parse_prompt(p).text):  # a malformed weight is an error here, before any work
-                logger.warning("the %s is cut at %d words; the model does not see: %s", name, text[0].config.max_length,
+            if dropped := text.tokenizer.dropped(parse_prompt(p).text):  # a malformed weight is an error here, before any work
+                logger.warning("the %s is cut at %d words; the model does not see: %s", name, text.tokenizer.config.max_length,
                                " ".join(dropped)[:200])
         per_image.append(tuple(given * n if len(given) == 1 else given))
     return per_image[0], per_image[1], text
@@ -291,24 +260,6 @@ def _copy_generator(g: torch.Generator) -> torch.Generator:
     return copy
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); fix or delete it") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _read_classes(folder: Path, num_classes: int | None) -> tuple[str, ...]:
-    """classes.txt's names by label; indices as names where it has none (or the wrong number)."""
-    n = num_classes or 0
-    path = folder / CLASSES_FILE
-    names = [c.strip() for c in path.read_text().split("\n") if c.strip()] if path.is_file() else []
-    return tuple(names) if len(names) == n else tuple(str(i) for i in range(n))
-
-
 def _scheduler(request: SampleRequest, default: str, base, given: bool):
     """The sampler: the request's by name, else the scheduler given as it is (the pipeline's, which its user may
     have swapped), else the folder's; on `base`'s noise schedule, with the request's timestep spacing."""
@@ -354,6 +305,6 @@ def _load_guide(asked, from_folder, folder, unet, scheduler_config, load) -> nn.
     else:
         raise ValueError("autoguidance (guide scale != 1) needs a guide model, and this model ships no guide model (its "
                          "sampling.json names none): pass one (--guide-model FOLDER) or set the guide scale to 1")
-    guide, guide_scheduler = load(path)
-    check_guide(unet, scheduler_config, guide, guide_scheduler.config)
-    return guide
+    guide = load(path)
+    check_guide(unet, scheduler_config, guide.unet, guide.scheduler.config)
+    return guide.unet

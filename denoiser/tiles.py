@@ -11,8 +11,8 @@ Memory stays bounded whatever the photo's size: the photo and the result are uin
 150 MB apiece at 50 megapixels) and the float buffers hold one band of tile rows, not the photo.
 Tile size, overlap and window were chosen by measurement: bench/denoise_tiles.md.
 
-`denoise_photo` is the one entry point from a photo: the CLI (`denoiser denoise` of a picture not at the
-model's size) and the app's Edit tab both call it, each with its own progress display.
+`denoise_photo` is the one entry point from a photo, reached from every front door through `denoiser.restoring`
+(a one-step denoise keeps the photo's size, whatever it is), each with its own progress display.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance
 from denoiser.pixels import to_model_range, to_uint8, to_unit, uint8_to_unit
-from denoiser.restore import estimate_sigma, psnr
+from denoiser.restore import add_noise, estimate_sigma, psnr
 from denoiser.sample import sampling_context
 
 __all__ = ["TileOptions", "WINDOWS", "StopTiling", "DenoisedPhoto", "denoise_photo", "count_tiles", "tile_starts",
@@ -78,15 +78,14 @@ def denoise_photo(
     """A (3, H, W) uint8 photo denoised at its own size (`denoise_tiles`), on the noise schedule of `scheduler`
     (the model's training scheduler).
 
-    noise_first: add Gaussian noise of this σ ([0, 1] pixel scale) first, seeded by `seed` and quantised to
-    uint8 as a camera writes it (the round trip, scored by `DenoisedPhoto.psnr`); sigma is then still the σ to
+    noise_first: add Gaussian noise of this σ ([0, 1] pixel scale) first, seeded by `seed` as every restore's added
+    noise is (`denoiser.restore.add_noise`), and quantised to uint8 as a camera writes it (the round trip, scored by `DenoisedPhoto.psnr`); sigma is then still the σ to
     remove (None: estimated, `photo_sigma`, and returned in `DenoisedPhoto.sigma`). The other arguments as for
     `denoise_tiles`.
     """
     noisy = None
     if noise_first is not None:
-        noise = torch.randn(photo.shape, generator=torch.Generator().manual_seed(seed + 12_345))
-        noisy = to_uint8(uint8_to_unit(photo) + noise_first * noise)
+        noisy = to_uint8(to_unit(add_noise(to_model_range(photo[None]), noise_first, seed))[0])  # (3, H, W) uint8
     given = photo if noisy is None else noisy
     sigma = photo_sigma(given) if sigma is None else float(sigma)  # what denoise_tiles would estimate
     result = denoise_tiles(unet, Diffusion(scheduler), given, sigma, options, progress, should_stop, class_label,

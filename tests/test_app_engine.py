@@ -210,7 +210,7 @@ def test_inpaint_with_a_mask_of_another_size_changes_only_where_it_was_painted(w
     photo = Image.fromarray((torch.rand(256, 256, 3, generator=rng) * 255).to(torch.uint8).numpy())
     mask = Image.new("L", (300, 100), 0)
     mask.paste(255, (100, 0, 200, 100))
-    gen, _, _ = explorer.restore("tiny-classes", "inpaint", photo, mask, steps=3, seed=0)
+    gen, _ = explorer.restore("tiny-classes", explorer.restore_request("inpaint", steps=3), photo, mask)
     from denoiser.image_io import image_to_model
 
     size = gen.images.shape[-1]
@@ -221,7 +221,7 @@ def test_inpaint_with_a_mask_of_another_size_changes_only_where_it_was_painted(w
     assert changed.any(dim=1).all()  # every row: the rectangle spans the mask's full height
     assert cols and min(cols) >= int(lo) - 1 and max(cols) <= int(hi) + 1  # only its columns, not the whole width
     with pytest.raises(ValueError, match="the mask is empty: paint the area"):  # the page: nothing painted
-        explorer.restore("tiny-classes", "inpaint", photo, Image.new("L", (300, 100), 0), steps=3, seed=0)
+        explorer.restore("tiny-classes", explorer.restore_request("inpaint", steps=3), photo, Image.new("L", (300, 100), 0))
 
 
 def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_path):
@@ -262,15 +262,16 @@ def test_denoise_sigma_and_edit_strength_are_separate_checked_settings(weights):
 
     ex = Engine(weights)
     photo = Image.new("RGB", (16, 16), (200, 40, 40))
-    weak, *_ = ex.restore("tiny", "edit", photo, strength=0.2, steps=10, seed=0)
-    strong, *_ = ex.restore("tiny", "edit", photo, strength=0.9, steps=10, seed=0)
+    weak, _ = ex.restore("tiny", ex.restore_request("edit", strength=0.2, steps=10), photo)
+    strong, _ = ex.restore("tiny", ex.restore_request("edit", strength=0.9, steps=10), photo)
     assert weak.num_steps == 2 and strong.num_steps == 9  # the strength sets how much of the chain runs
-    same, *_ = ex.restore("tiny", "edit", photo, sigma=0.5, strength=0.2, steps=10, seed=0)
+    same, _ = ex.restore("tiny", ex.restore_request("edit", sigma=0.5, strength=0.2, steps=10), photo)
     assert torch.equal(same.images, weak.images)  # edit ignores the denoise σ
     for bad, match in ((dict(operation="edit", strength=0.0), "edit strength 0"), (dict(operation="denoise", sigma=1.5),
-                       "noise σ must be a number in 0..1"), (dict(operation="edit", strength=float("nan")), "strength must")):
+                       "noise σ must be a number in 0..1"), (dict(operation="edit", strength=float("nan")), "strength must"),
+                       (dict(operation="denoise", add_noise=0.8), "added noise σ must be a number in 0.*0.5")):
         with pytest.raises(ValueError, match=match):
-            ex.restore("tiny", image=photo, steps=10, seed=0, **bad)
+            ex.restore_request(steps=10, **bad)  # the form's values, checked before any photo is read
 
 
 def test_the_page_starts_at_the_folders_sampler_steps_and_guidance(tmp_path):
@@ -438,32 +439,36 @@ def test_long_attention_work_reports_every_step_and_stops_when_asked(weights):
     ex.generate("tiny-classes", steps=2, num_images=1)  # the stopped run's hook is gone: nothing raises here
 
 
-def test_a_photo_denoise_counts_tiles_and_is_refused_over_the_budget_before_work(weights, monkeypatch):
-    """Issue 41 item 9: the tiled denoise's progress "step k / N" counts tiles; a photo over the budget is refused in
-    megapixels before any UNet call, and photo_limit is where that refusal starts."""
+def test_a_photo_denoise_counts_tiles_and_over_the_budget_runs_on_a_scaled_copy(weights, monkeypatch):
+    """Issue 41 item 9, issue 51 item 13: the tiled denoise's progress "step k / N" counts tiles; a photo over the
+    budget is not refused but denoised as a copy scaled down to photo_limit, the result saying so (its settings'
+    scaled_from, its file name)."""
     from PIL import Image
 
+    from denoiser.image_io import settings_name
     from denoiser.tiles import count_tiles
 
     ex = Engine(weights)
-    unet, _ = ex.model("tiny")
+    unet = ex.loaded("tiny").unet
     photo = Image.new("RGB", (100, 60), (90, 120, 200))
     steps = []
-    done = ex.denoise_tiles("tiny", photo, 0.1, on_step=lambda i, n, x: steps.append((i, n, tuple(x.shape))))
+    gen, done = ex.restore("tiny", ex.restore_request("denoise", sigma=0.1), photo,
+                           on_step=lambda i, n, x: steps.append((i, n, tuple(x.shape))))
     total = count_tiles(unet, 60, 100)
-    assert steps[-1][:2] == (total - 1, total) and all(n == total for _, n, _ in steps)
+    assert gen is None and steps[-1][:2] == (total - 1, total) and all(n == total for _, n, _ in steps)
     assert done.image.size == (100, 60) and done.tiles == total and done.sigma == 0.1
+    assert "scaled_from" not in done.settings
     # a photo of about 2 megapixels (1600x1200): the limit follows the budget
     monkeypatch.setenv("DENOISER_WORK_BUDGET", str(ex.photo_work("tiny", 1600, 1200).units))
     assert ex.photo_limit("tiny") == pytest.approx(1.92, rel=0.05)
-    ex.check_photo("tiny", 1600, 1200)
-    calls = _unet_calls(unet)
-    try:
-        with pytest.raises(ValueError, match=r"1700x1300 \(2\.2 megapixels\).*at most about 1\.9 megapixels"):
-            ex.denoise_tiles("tiny", Image.new("RGB", (1700, 1300)))
-        assert calls[1:] == []
-    finally:
-        calls[0].remove()
+    monkeypatch.setenv("DENOISER_WORK_BUDGET", str(ex.photo_work("tiny", 240, 160).units))  # a small budget: fast
+    big = Image.new("RGB", (400, 300), (90, 120, 200))
+    _, scaled = ex.restore("tiny", ex.restore_request("denoise", sigma=0.1), big)
+    w, h = scaled.image.size
+    assert abs(w / h - 400 / 300) < 0.02 and w >= 200 and w * h <= 240 * 160 * 1.2
+    assert scaled.settings["scaled_from"] == [400, 300] and scaled.settings["size"] == [w, h]
+    assert f"scaled-from-400x300-{w}x{h}" in settings_name({"model": "tiny", **scaled.settings})
+    ex.photo_work("tiny", w, h).check()  # what ran is within the budget
 
 
 def test_a_layer_is_checked_in_one_place(weights):

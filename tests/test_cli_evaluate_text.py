@@ -46,7 +46,8 @@ def test_bound_is_conditioned_on_each_images_prompt(text_model, images, tmp_path
 
     unet, sched = load_model(text_model)
     x, _ = load_folder(images, unet.config.sample_size).batch(torch.arange(4))
-    states, mask = encode_prompts(*load_text(text_model), [PROMPTS[k % 2] for k in range(4)])
+    text = load_text(text_model)
+    states, mask = encode_prompts(text.tokenizer, text.encoder, [PROMPTS[k % 2] for k in range(4)])
     direct = Diffusion(sched).evaluate(unet, x, num_timesteps=4,
                                        unet_kwargs={"encoder_hidden_states": states, "encoder_attention_mask": mask.bool()})
     assert res["bits_per_dim"] == pytest.approx(direct.bits_per_dim, rel=1e-6)

@@ -27,7 +27,7 @@ def test_loads_in_several_threads_at_once_leave_module_construction_alone(tmp_pa
             start.wait()
             for _ in range(3):
                 loaded.append(load_model(folder)[0])
-                loaded.append(load_text(folder)[1])
+                loaded.append(load_text(folder).encoder)
         except Exception as err:  # noqa: BLE001  (reported below)
             errors.append(err)
 

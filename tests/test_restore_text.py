@@ -26,7 +26,7 @@ def text_model(tmp_path_factory):
 
 def _restore(folder, operation, prompt, guidance=None, **kw):
     unet, sched = load_model(folder)
-    text = None if prompt is None else TextCondition.encode(*load_text(folder), [prompt])
+    text = None if prompt is None else TextCondition.encode(load_text(folder).tokenizer, load_text(folder).encoder, [prompt])
     return restore(unet, Diffusion(sched), PHOTO, operation, steps=4, seed=3, text=text, guidance=guidance, **kw).result.images
 
 
@@ -70,14 +70,14 @@ def test_cli_edit_takes_a_prompt_and_a_class_model_refuses_one(text_model, tmp_p
 
 def test_the_engine_edits_toward_a_prompt_and_its_words_have_maps(text_model):
     ex = Engine(text_model.parent)
-    gen, _, done = ex.restore("words", "edit", PHOTO, strength=0.7, steps=4, seed=3, guidance_scale=2.0,
-                              prompt="red apple")
+    gen, done = ex.restore("words", ex.restore_request("edit", guidance_scale=2.0, strength=0.7, steps=4, seed=3,
+                                                       prompt="red apple"), PHOTO)
     assert gen.words == ("red", "apple") and gen.prompt == "red apple" and done.steps == gen.num_steps
     maps = ex.word_maps(gen, 0, gen.num_steps - 1, 1)  # "apple" at the last step, in every cross-attention layer
     assert maps and all(torch.isfinite(w).all() for _, w in maps)
-    bare, _, _ = ex.restore("words", "edit", PHOTO, strength=0.7, steps=4, seed=3)
+    bare, _ = ex.restore("words", ex.restore_request("edit", strength=0.7, steps=4, seed=3), PHOTO)
     assert not bare.words and (bare.images - gen.images).abs().max() > 1e-3
     with pytest.raises(ValueError, match="denoise removes the noise and keeps what your picture shows"):
-        ex.restore("words", "denoise (sampled)", PHOTO, steps=4, prompt="red apple")
-    with pytest.raises(ValueError, match="type a prompt"):
-        ex.restore("words", "edit", PHOTO, strength=0.5, steps=4, guidance_scale=2.0)
+        ex.restore_request("denoise (sampled)", steps=4, prompt="red apple")
+    with pytest.raises(ValueError, match="give a prompt"):
+        ex.restore("words", ex.restore_request("edit", guidance_scale=2.0, strength=0.5, steps=4), PHOTO)

@@ -17,10 +17,11 @@ from denoiser.app.engine import Engine
 from denoiser.cli import main
 from denoiser.fid import Statistics
 from denoiser.image_io import to_pil
+from denoiser.model_dir import read_defaults
 from denoiser.pipeline import save_pipeline
 from denoiser.request import SCHEDULERS, SampleRequest
-from denoiser.sample import SAMPLERS, sample
-from denoiser.sampling import read_defaults, resolve, run, spread_labels
+from denoiser.sample import SAMPLERS, sample, spread_labels
+from denoiser.sampling import resolve, run
 from tests.conftest import ROOT
 
 

@@ -155,45 +155,10 @@ def test_cli_denoise_of_a_photo_takes_class_names_and_refuses_unknown_ones(tmp_p
     assert "unknown class 'circle'" in capsys.readouterr().err and not (tmp_path / "b.png").exists()
 
 
-def test_the_cli_and_the_app_write_what_denoise_photo_gives(tmp_path, class_unet, capsys):
-    """Issue 40 item 2: one tiled denoise of a photo (denoise_photo) behind `denoiser denoise` and the app's Edit tab,
-    each with its own progress (classifier-free guidance over a batch of 24 tiles included); its round trip adds seeded
-    noise quantised to uint8, as a camera writes it."""
-    from torchvision.transforms.functional import pil_to_tensor
-
-    from denoiser.app.engine import Engine
-    from denoiser.cli import main
-    from denoiser.guidance import Guidance
-    from denoiser.model_dir import load_model
-    from denoiser.pipeline import save_pipeline
-    from denoiser.restore import psnr
-    from denoiser.tiles import denoise_photo
-
-    folder = save_pipeline(class_unet, DDPMScheduler(clip_sample=True), tmp_path / "w" / "model",
-                           classes=["red", "green", "blue"])
-    unet, sched = load_model(folder)
-    photo = _photo(45, 70)  # (3, H, W) uint8
-    path = tmp_path / "photo.png"
-    Image.fromarray(photo.permute(1, 2, 0).numpy()).save(path)
-    assert main(["denoise", "--model", str(folder), "--image", str(path), "--out", str(tmp_path / "cli.png"),
-                 "--add-noise", "0.1", "--seed", "3", "--class-label", "green", "--guidance", "2"]) == 0
-    res = denoise_photo(unet, sched, photo, 0.1, noise_first=0.1, seed=3, class_label=1, guidance=Guidance(scale=2.0))
-    assert torch.equal(pil_to_tensor(Image.open(tmp_path / "cli.png")), res.result)
-    noise = torch.randn(photo.shape, generator=torch.Generator().manual_seed(3 + 12_345))
-    assert torch.equal(res.noisy, (photo / 255 + 0.1 * noise).clamp(0, 1).mul(255).round().to(torch.uint8))
-    noisy_db = float(psnr(res.noisy[None] / 255, photo[None] / 255))
-    assert res.psnr()[0] == noisy_db and f"noisy {noisy_db:.2f} dB, result {res.psnr()[1]:.2f} dB" in capsys.readouterr().out
-    steps = []  # the app: no class, σ estimated; 24 tiles in one batch
-    shown = Engine(tmp_path / "w").denoise_tiles("model", Image.open(path), on_step=lambda i, n, x: steps.append((i, n)))
-    reference = denoise_photo(unet, sched, photo)
-    assert torch.equal(pil_to_tensor(shown.image), reference.result) and steps == [(23, 24)]
-    assert shown.sigma == reference.sigma == photo_sigma(photo) and (shown.tiles, shown.tile) == (24, 16)
-
-
 def test_denoise_photo_reports_its_sigma_and_fills_the_buffer_it_is_given(tiny_unet):
     """Issue 41 item 11: the σ estimated is returned (the app shows it); `out` is filled band by band, so a progress
     callback sees the finished rows over the photo (the app's live preview), and the result is the same."""
-    from denoiser.tiles import denoise_photo, photo_sigma
+    from denoiser.tiles import denoise_photo
 
     sched = DDPMScheduler(clip_sample=True)
     photo = _photo(40, 56)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import logging
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -20,7 +21,7 @@ import gradio as gr
 from PIL import Image
 
 from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, run_controls, whole_box
-from denoiser.app.engine import RESTORE_OPERATIONS, DenoisedTiles, Restored, restore_prompts, takes_prompt
+from denoiser.app.engine import RESTORE_OPERATIONS
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.limits import LIMITS
 from denoiser.app.photo import (
@@ -33,9 +34,11 @@ from denoiser.app.photo import (
     photo_preview,
 )
 from denoiser.app.streaming import not_started, relay, stream, user_error
-from denoiser.image_io import open_image, read_settings, save_with_settings, to_pil
+from denoiser.image_io import open_image, read_settings, save_with_settings
+from denoiser.request import BUILT_IN
+from denoiser.restoring import RestoreResult, takes_prompt
 
-__all__ = ["edit_tab", "wire_edit", "EditHandlers", "restored_text", "tiles_text", "EXAMPLES", "CLEAN_SIGMA"]
+__all__ = ["edit_tab", "wire_edit", "EditHandlers", "restored_text", "EXAMPLES", "CLEAN_SIGMA"]
 
 log = logging.getLogger("denoiser.app")
 # pictures for the Edit tab's examples, drawn for this project (MIT, like the code); shipped in the package
@@ -55,27 +58,29 @@ def _sigma_text(sigma: float | None, given: float) -> str:
     text = f" Noise level σ removed: **{sigma:.3f}** ({sigma * 255:.1f}/255, {how})."
     if sigma < CLEAN_SIGMA:
         text += (" **Your picture is already clean (σ ≈ 0): denoising leaves it as it is.** To see the round trip, "
-                 "set **add noise first** (e.g. 0.1): noise is added to the centre square, then removed, scored by PSNR.")
+                 "set **add noise first** (e.g. 0.1): noise is added, then removed, scored by PSNR.")
     return text
 
 
-def restored_text(r: Restored, given_sigma: float = 0.0) -> str:
-    """What the Edit tab did at the model's size, in one paragraph, pointing to where to look next."""
-    w, h = r.input_size
-    text = f"**{r.operation}**: {w}x{h} input, resized and centre-cropped to {r.size}x{r.size}; {r.steps} step(s)."
-    if r.psnr is not None:
-        text += f" PSNR against your image: noisy {r.psnr[0]:.2f} dB, result {r.psnr[1]:.2f} dB."
-    if r.sigma is not None:
-        text += _sigma_text(r.sigma, given_sigma if r.psnr is None else 1.0)
-    return text + " Open the **Attention** tab to see where the U-Net looked."
-
-
-def tiles_text(size: tuple[int, int], d: DenoisedTiles, given_sigma: float = 0.0) -> str:
-    """What a denoise at the photo's own size did, in one paragraph."""
-    w, h = size
-    return (f"**denoise**: {w}x{h} input, denoised at its own size in overlapping {d.tile}x{d.tile} tiles (the model's "
-            f"size; {d.tiles:,} tiles).{_sigma_text(d.sigma, given_sigma)} The result downloads at {w}x{h}. The Attention "
-            "tab opens runs at the model's size: denoise (sampled), edit, inpaint, or noise added first.")
+def restored_text(operation: str, done: RestoreResult, given_sigma: float = 0.0) -> str:
+    """What the Edit tab did, in one paragraph, pointing to where to look next."""
+    s = done.settings
+    w, h = s.get("scaled_from") or done.image.size
+    if s["chain"]:
+        size = done.image.width
+        text = f"**{operation}**: {w}x{h} input, resized and centre-cropped to {size}x{size}; {done.steps} step(s)."
+    else:
+        text = f"**{operation}**: {w}x{h} input, denoised at its own size in overlapping tiles of the model's size"
+        if s.get("scaled_from"):
+            text += (f" — **a copy scaled to {done.image.width}x{done.image.height}**: the photo is over this server's "
+                     "work budget")
+        text += f" ({done.tiles:,} tiles)."
+    if done.psnr is not None:
+        text += f" PSNR against your image: noisy {done.psnr[0]:.2f} dB, result {done.psnr[1]:.2f} dB."
+    text += _sigma_text(done.sigma, given_sigma if done.psnr is None else 1.0)
+    if s["chain"]:
+        return text + " Open the **Attention** tab to see where the U-Net looked."
+    return text + f" The result downloads at {done.image.width}x{done.image.height}."
 
 
 def _preview_last(updates):
@@ -110,60 +115,60 @@ class EditHandlers:
                  pag_scale=0.0, photo=None, shown=None, upload=None, prompt=None, progress=gr.Progress()):
         """photo: the uploaded file; shown: the upload the editor holds (it may still hold the previous one while
         a new upload loads); upload: the session's copy of it (keep_upload); prompt: a text model's, for edit and
-        inpaint. The results, their text and the attention views change only once the run has finished; while it
+        inpaint. One restore request (Engine.restore_request) through one run (Engine.restore): a one-step denoise
+        keeps the photo's size (a copy scaled to the work budget when it is over it), the others work on its centre
+        square. The results, their text and the attention views change only once the run has finished; while it
         runs, the live preview shows how far it is."""
         try:
             classes = self.engine.classes(model) if model else []
             label = classes.index(class_name) if class_name in classes else None
             source = photo_file(photo, upload)
-            prompt, _ = restore_prompts(operation, prompt, None)
-            form = dict(model=model, operation=operation, sigma=float(sigma or 0), add_noise=float(add_noise or 0),
-                        guidance_scale=float(guidance_scale or 1), pag_scale=float(pag_scale or 0), steps=int(steps),
-                        seed=int(seed), **{"class": None if label is None else class_name})
-            if prompt:
-                form["prompt"] = prompt
-            if operation == "edit":
-                form["strength"] = float(strength or 0)
-            if operation == "denoise" and not form["add_noise"]:  # at the picture's own size, in tiles
-                image = self._whole_photo(model, source, editor)
+            request = self.engine.restore_request(operation, label, guidance_scale, pag_scale, sigma,
+                                                  strength if operation == "edit" else None, add_noise, steps, seed, prompt)
+            if request.tiled:
+                image, mask = self._whole_photo(model, source, editor), None
             else:
                 image, mask = edit_input(editor, source, photo, shown, operation)
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
             yield (*(gr.skip(),) * (N_VIEWS + 4), not_started(error.message))  # the status line says why ...
             raise error from None  # ... and the toast (an API caller gets the error)
-        if operation == "denoise" and not form["add_noise"]:
-            return (yield from self._denoise_in_tiles(form, image, upload, progress))
 
         def job(on_step):
-            return self.engine.restore(model, operation, image, mask, form["sigma"], float(strength or 0),
-                                       form["add_noise"], steps, seed, label, guidance_scale, on_step=on_step,
-                                       pag_scale=pag_scale, prompt=prompt)
+            return self.engine.restore(model, request, image, mask, on_step=on_step)
 
-        gen, noisy, done = yield from _preview_last(relay(stream(job, progress, operation), N_VIEWS + 4, self._preview, status=True))
+        preview = self._tiles_preview if request.tiled else self._preview
+        gen, done = yield from _preview_last(relay(stream(job, progress, operation), N_VIEWS + 4, preview, status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
-        square = centre_square(image)  # what the model sees: "your image" in the result's framing
-        shown = [(_write_png(square, folder, "your-image.png"), "your image")]
-        if noisy is not None:
-            shown.append((_write_png(noisy, folder, "noisy.png"), f"noisy (σ {form['add_noise']:g} added)"))
-        result = to_pil(gen.images, nrow=1, padding=0)
-        settings = {**form, "sigma_removed": done.sigma, "chain": operation != "denoise", "size": list(result.size)}
-        shown.append((str(save_with_settings(result, folder, settings)), "result"))
-        yield (shown, restored_text(done, form["sigma"]), *self.h.generation_views(gen), gr.update(visible=False), upload,
-               f"done: {operation} with {model}, {gen.num_steps} step(s)")
+        # "your image" in the result's framing: the photo (or its scaled copy), or the centre square the model sees
+        yours = done.input if request.tiled else centre_square(image)
+        shown = [(_write_png(yours, folder, "your-image.png"), "your image")]
+        if done.noisy is not None:
+            shown.append((_write_png(done.noisy, folder, "noisy.png"), f"noisy (σ {done.settings['add_noise']:g} added)"))
+        settings = {"model": model, **done.settings, "operation": operation}  # the form's name of the operation
+        settings.pop("method")  # the operation's name says it
+        shown.append((str(save_with_settings(done.image, folder, settings)), "result"))
+        views = self.h.generation_views(gen) if gen is not None else (gr.skip(),) * N_VIEWS  # tiles are no generation
+        w, h = done.image.size
+        scaled = (f", a copy scaled from {done.settings['scaled_from'][0]}x{done.settings['scaled_from'][1]} to the work "
+                  "budget") if done.settings.get("scaled_from") else ""
+        what = f"{gen.num_steps} step(s)" if gen is not None else f"at {w}x{h}{scaled}"
+        yield (shown, restored_text(operation, done, float(sigma or 0)), *views, gr.update(visible=False), upload,
+               f"done: {operation} with {model}, {what}")
 
     def _whole_photo(self, model, source: str | None, editor) -> Image.Image:
-        """The photo at its own size for the tiled denoise, refused over the work budget before it is decoded."""
+        """The photo for the tiled denoise: decoded once, and no larger than the work budget lets it run (a JPEG over
+        it decodes at a reduced scale; Engine.restore scales it the rest of the way)."""
         if not source:  # an API call: the editor's picture
             image = editor_layers(editor)[0]
             if image is None:
                 raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
-        else:
-            small, _ = photo_preview(source)  # a file that is no image says so; its size known before the full decode
-            self.engine.check_photo(model, *small.info["source_size"])
-            image = open_image(source, what="the upload")
-        self.engine.check_photo(model, *image.size)
-        return image
+            return image
+        small, _ = photo_preview(source)  # a file that is no image says so; its size known before the full decode
+        w, h = small.info["source_size"]
+        limit = self.engine.photo_limit(model) * 1e6
+        long_side = max(w, h) if w * h <= limit else math.ceil(max(w, h) * (limit / (w * h)) ** 0.5)
+        return open_image(source, min_long_side=long_side, what="the upload")
 
     @staticmethod
     def _preview(preview: Image.Image) -> dict:
@@ -173,27 +178,10 @@ class EditHandlers:
     def _tiles_preview(preview: Image.Image) -> dict:
         return gr.update(value=preview, visible=True, label="running: your photo, its tiles denoised so far (top first)")
 
-    def _denoise_in_tiles(self, form: dict, image: Image.Image, upload, progress):
-        """One-step denoise of the picture at its own size (overlapping tiles at the model's size): before and after
-        in the same framing, the result at full size carrying its settings. The attention views keep the previous
-        generation (tiles are no generation)."""
-
-        def job(on_step):
-            return self.engine.denoise_tiles(form["model"], image, form["sigma"] or None, on_step=on_step)
-
-        done = yield from _preview_last(relay(stream(job, progress, "denoise (tiles)"), N_VIEWS + 4, self._tiles_preview,
-                                                   status=True))
-        folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
-        settings = {**form, "sigma_removed": round(done.sigma, 4), "chain": False, "size": list(image.size)}
-        shown = [(_write_png(image, folder, "your-image.png"), "your image"),
-                 (str(save_with_settings(done.image, folder, settings)), "result")]
-        yield (shown, tiles_text(image.size, done, form["sigma"]), *(gr.skip(),) * N_VIEWS, gr.update(visible=False), upload,
-               f"done: denoise with {form['model']}, at {image.width}x{image.height}")
-
     def load_photo(self, path, upload=None, model=None):
         """The photo into the editor, which upload it shows and the session's copy of it (the previous copy
-        removed); a file that cannot be used says why under the upload box (no path), and so does a photo too large
-        to denoise at its own size with the chosen model."""
+        removed); a file that cannot be used says why under the upload box (no path), and a photo over the chosen
+        model's work budget says that a denoise runs on a copy scaled down to it."""
         drop_upload(upload)
         try:
             image, text = photo_preview(path)
@@ -203,35 +191,42 @@ class EditHandlers:
         if image is None:
             return None, text, path, None
         if model:
-            try:
-                self.engine.check_photo(model, *image.info["source_size"])
-            except ValueError as err:
-                text = f"**Too large to denoise at its own size:** {html.escape(str(err), quote=False)}"
+            text += self._over_budget(model, *image.info["source_size"])
         return {"background": image, "layers": [], "composite": image}, text, path, keep_upload(path)
+
+    def _over_budget(self, model, width: int, height: int) -> str:
+        """For a photo over `model`'s work budget: a sentence saying its denoise runs on a scaled copy ('' otherwise)."""
+        try:
+            limit = self.engine.photo_limit(model)
+        except (ValueError, OSError, TypeError):
+            return ""
+        if width * height <= limit * 1e6:
+            return ""
+        return (f" **It is {width * height / 1e6:.1f} megapixels, over this server's work budget for {model} "
+                f"({limit:.1f}):** denoise runs on a copy scaled down to that, and the result's name says so.")
 
     def sizes(self, model) -> str:
         """The note above the upload box: the largest photo the chosen model denoises at its own size (the work budget)."""
         try:
-            limit, size = self.engine.photo_limit(model), self.engine.model(model)[0].config.sample_size
+            limit, size = self.engine.photo_limit(model), self.engine.loaded(model).unet.config.sample_size
         except (ValueError, OSError, TypeError):
             return ""
-        return (f"Denoise keeps your photo's size: up to **{limit:.1f} megapixels** with {model} (the server's work "
-                f"budget). Denoise (sampled), edit and inpaint work on its centre square at the model's size "
-                f"({size}x{size}).")
+        return (f"Denoise keeps your photo's size up to **{limit:.1f} megapixels** with {model} (the server's work "
+                f"budget; a larger photo is denoised as a copy scaled down to it). Denoise (sampled), edit and inpaint "
+                f"work on its centre square at the model's size ({size}x{size}).")
 
     def scope(self, model, operation, add_noise, upload) -> str:
-        """What Run will do with this form, said before it runs: the whole photo, or its centre square (noise added
-        first, or an operation at the model's size)."""
+        """What Run will do with this form, said before it runs (RestoreRequest.tiled: one rule): the whole photo
+        (the round trip included), or its centre square at the model's size."""
         try:
-            size = self.engine.model(model)[0].config.sample_size
+            size = self.engine.loaded(model).unet.config.sample_size
         except (ValueError, OSError, TypeError):
             return ""
-        square = f"the centre square of your photo at the model's size ({size}x{size})"
         if operation != "denoise":
-            return f"Run: **{operation}** on {square}."
+            return f"Run: **{operation}** on the centre square of your photo at the model's size ({size}x{size})."
         if float(add_noise or 0):
-            return (f"Run: **noise σ {float(add_noise):g} is added to {square}, then removed** (the round trip, scored "
-                    "by PSNR): not your whole photo. Set add noise first to 0 to denoise the photo at its own size.")
+            return (f"Run: **noise σ {float(add_noise):g} is added to your whole photo, then removed** (the round trip, "
+                    f"scored by PSNR), in tiles of the model's size.")
         return "Run: **denoise your whole photo at its own size**, in tiles of the model's size."
 
     def prompt_box(self, model, operation):
@@ -334,16 +329,16 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
                 edit_guidance = form_slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
                                           elem_id="edit-cfg", info=guidance_info())
                 # one slider per meaning, the one the operation uses shown
-                sigma = form_slider(0, 1, value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
+                sigma = form_slider(*LIMITS["sigma"], value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
                                   elem_id="sigma", info="noise level σ on the 0..1 pixel scale (0.04 ≈ 10/255)")
-                strength = form_slider(0.01, 1, value=0.3, step=0.01, label="edit strength", elem_id="strength", visible=False,
+                strength = form_slider(*LIMITS["strength"], value=BUILT_IN["strength"], step=0.01, label="edit strength", elem_id="strength", visible=False,
                                      info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
                                           "replaces it with a picture of its own")
-                add_noise = form_slider(0, 0.5, value=0.0, step=0.01, label="add noise first (0 = off)", elem_id="add-noise",
-                                      info="noise level σ added, then removed (the round trip, with PSNR): works on the "
-                                           "centre square at the model's size, not your whole photo")
+                add_noise = form_slider(*LIMITS["add_noise"], value=0.0, step=0.01, label="add noise first (0 = off)",
+                                        elem_id="add-noise", info="noise level σ added, then removed (the round trip, "
+                                                                  "with PSNR)")
                 with gr.Row():
-                    edit_steps = whole_box("steps", 50, "steps (sampled denoise, edit, inpaint)", "edit-steps")
+                    edit_steps = whole_box("steps", BUILT_IN["steps"], "steps (sampled denoise, edit, inpaint)", "edit-steps")
                     edit_seed = whole_box("seed", 0, "seed", "edit-seed")
                 edit_pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance",
                                      elem_id="edit-pag", info="perturbed-attention guidance (PAG), for sampled denoise, "

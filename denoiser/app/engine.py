@@ -15,33 +15,31 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from PIL import Image
+from torchvision.transforms.functional import pil_to_tensor
 
 from denoiser.app.attention_views import AttentionViews, Generation, Stages
 from denoiser.app.budget import Work, plan_work, work_of
-from denoiser.app.limits import LIMITS, check_int, check_scales
-from denoiser.diffusion import Diffusion
+from denoiser.app.limits import LIMITS, MAX_PROMPT_CHARS, check_int, check_scales
 from denoiser.guidance import Guidance
-from denoiser.image_io import MAX_PIXELS, uint8_to_pil
-from denoiser.model_dir import list_models, load_model, model_roots, resolve_model_dir
-from denoiser.pixels import to_uint8, to_unit, uint8_to_unit
+from denoiser.image_io import MAX_PIXELS
+from denoiser.model_dir import LoadedModel, ModelDefaults, list_models, load, model_roots, resolve_model_dir
+from denoiser.pixels import to_unit, uint8_to_unit
 from denoiser.prompt_edit import PromptEdit
 from denoiser.prompt_weights import parse_prompt
-from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing
-from denoiser.restore import restore
+from denoiser.request import BUILT_IN, RestoreRequest, SampleRequest, check_timestep_spacing
+from denoiser.restoring import RestoreResult, check_request, resolve_restore, run_restore
 from denoiser.sample import SAMPLERS
-from denoiser.sampling import ModelDefaults, Plan, read_defaults, resolve, run
-from denoiser.tiles import TileOptions, count_tiles, denoise_photo
+from denoiser.sampling import Plan, resolve, run
+from denoiser.tiles import count_tiles
 
-__all__ = ["Engine", "Generation", "Restored", "DenoisedTiles", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS",
-           "restore_prompts", "takes_prompt"]
+__all__ = ["Engine", "Generation", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS", "check_prompt"]
 
-# what the Edit tab does to a user's image (denoiser.restore) -> (operation, method); "denoise" is the one-step
-# MMSE estimate, "denoise (sampled)" the reverse chain
+# what the Edit tab does to a user's image (denoiser.restoring) -> (operation, method); "denoise" is the one-step
+# MMSE estimate (the photo at its own size, in tiles), "denoise (sampled)" the reverse chain
 RESTORE_OPERATIONS = {"denoise": ("denoise", "mmse"), "denoise (sampled)": ("denoise", "sample"),
                       "edit": ("edit", "mmse"), "inpaint": ("inpaint", "mmse")}
 
@@ -54,27 +52,6 @@ SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
 TILE_UNITS = 0.6
 PREVIEW_SIDE = 256  # a tiled denoise's live preview: at most this many pixels a side
 
-@dataclass
-class Restored:
-    """What restoring a user's image did, for the page to say."""
-
-    operation: str
-    input_size: tuple[int, int]  # (width, height) of the user's image
-    size: int  # the model's sample size it was resized and cropped to
-    steps: int  # timesteps the chain visited
-    psnr: tuple[float, float] | None  # (noisy, result) in dB against the image, when noise was added first
-    sigma: float | None = None  # the noise σ denoise removed ([0, 1] pixel scale: the one given, or estimated)
-
-
-@dataclass
-class DenoisedTiles:
-    """A photo denoised at its own size in tiles (Engine.denoise_tiles), for the page to show and say."""
-
-    image: Image.Image  # the result, at the photo's size
-    sigma: float  # the noise σ removed ([0, 1] pixel scale: the one given, or estimated on the photo)
-    tiles: int  # UNet images it took
-    tile: int  # tile side in pixels (the model's sample size)
-
 
 class Engine(AttentionViews):
     """Models under folders of model folders, loaded once; generation and attention views."""
@@ -83,37 +60,42 @@ class Engine(AttentionViews):
         """weights_dir: a folder of model folders or several (the first holding a name wins); default
         `denoiser.model_dir.model_roots()`: $DENOISER_WEIGHTS, then the checkout's weights/."""
         self.weights_dir = model_roots() if weights_dir is None else weights_dir
-        self._models: dict[str, tuple] = {}
+        self._models: dict[str, LoadedModel] = {}
         self._lock = threading.Lock()
 
     def models(self) -> list[str]:
         return list_models(self.weights_dir)
 
-    def model(self, name: str):
-        """(unet, training scheduler) of a model folder under weights/, cached; refuses other paths."""
+    def loaded(self, name: str) -> LoadedModel:
+        """A model folder under weights/ (its UNet, noise schedule, text model and defaults), loaded once; refuses
+        other paths."""
         return self._load(resolve_model_dir(str(name), self.weights_dir))
 
-    def _load(self, folder: Path) -> tuple:
+    def model(self, name: str):
+        """(unet, training scheduler) of a model folder under weights/ (`loaded`)."""
+        loaded = self.loaded(name)
+        return loaded.unet, loaded.scheduler
+
+    def _load(self, folder: Path) -> LoadedModel:
         """A model folder (a served model or the guide its sampling.json names), loaded once."""
         key = str(Path(folder).resolve())
         with self._lock:
             if key not in self._models:
-                self._models[key] = load_model(folder)
+                self._models[key] = load(folder)
             return self._models[key]
 
     def defaults(self, name: str) -> ModelDefaults:
         """What a model's folder says about sampling it (scheduler, steps, guidance, class names)."""
-        unet, _ = self.model(name)
-        return read_defaults(resolve_model_dir(str(name), self.weights_dir), unet.config.num_class_embeds)
+        return self.loaded(name).defaults
 
     def classes(self, name: str) -> list[str]:
         """Class names of a class-conditional model (from its card's classes.txt, else indices)."""
         return list(self.defaults(name).classes)
 
     def plan(self, model: str, request: SampleRequest) -> Plan:
-        """The page's request for `model`, resolved against its folder (its sampling.json fills what the page
+        """The page's request for `model`, resolved against its loaded model (its sampling.json fills what the page
         leaves unset: PAG layers, the guidance interval, the guide model)."""
-        return resolve(request, resolve_model_dir(str(model), self.weights_dir), load=self._load)
+        return resolve(request, self.loaded(model), load=self._load)
 
     def generate(
         self,
@@ -180,10 +162,10 @@ class Engine(AttentionViews):
         timestep_spacing = check_timestep_spacing(timestep_spacing)
         if not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
             raise ValueError(f"eta must be a number in 0..1, got {eta!r}")
-        prompt, negative_prompt = _check_prompt("prompt", prompt), _check_prompt("negative prompt", negative_prompt)
+        prompt, negative_prompt = check_prompt("prompt", prompt), check_prompt("negative prompt", negative_prompt)
         prompts = prompt
         if edit is not None:  # the source and its edit, one batch (denoiser.sampling checks the rest before any work)
-            edit_prompt = _check_prompt("edited prompt", edit_prompt)
+            edit_prompt = check_prompt("edited prompt", edit_prompt)
             if not edit_prompt:
                 raise ValueError("type the edited prompt: the result's prompt with the words you want changed (red heart "
                                  "→ blue heart)")
@@ -194,63 +176,63 @@ class Engine(AttentionViews):
                                 guidance_interval=guidance_interval or None, pag_layers=pag_layers or None, **scales)
         return self.plan(model, request)
 
-    def restore(
-        self,
-        model: str,
-        operation: str,
-        image: Image.Image,
-        mask: Image.Image | None = None,
-        sigma: float = 0.0,
-        strength: float = 0.3,
-        add_noise: float = 0.0,
-        steps: int = 50,
-        seed: int = 0,
-        class_label: int | None = None,
-        guidance_scale: float = 1.0,
-        on_step: Callable[[int, int, torch.Tensor], None] | None = None,
-        pag_scale: float = 0.0,
-        guide_scale: float = 1.0,
-        prompt: str | None = None,
-        negative_prompt: str | None = None,
-    ) -> tuple[Generation, Image.Image | None, Restored]:
-        """Denoise, edit or inpaint the user's image (`denoiser.restore.restore`) as a Generation the attention
-        view opens.
-
-        operation: one of RESTORE_OPERATIONS. sigma: the noise σ of the image for denoising (0: estimated).
-        strength: how far "edit" noises the image before redrawing it (0..1). mask: for "inpaint", white (or painted, opaque) pixels are regenerated.
-        prompt, negative_prompt: a text model's, for edit and inpaint (what the redrawn pixels follow; None or
-        empty: unconditioned, where classifier-free guidance has nothing to steer by).
-        Returns the generation (its image, every step's model input), the noisy input when `add_noise` > 0,
-        and what was done.
-        """
-        kind, method, steps, seed = _restore_request(operation, image, steps, seed, sigma, strength, add_noise)
+    def restore_request(self, operation: str, class_label: int | None = None, guidance_scale: float = 1.0,
+                        pag_scale: float = 0.0, sigma: float = 0.0, strength: float | None = None, add_noise: float = 0.0,
+                        steps: int | None = None, seed: int = 0, prompt: str | None = None,
+                        negative_prompt: str | None = None) -> RestoreRequest:
+        """The Edit tab's form as a RestoreRequest, each value checked against the page's LIMITS (an API call is held
+        to what the page allows): operation one of RESTORE_OPERATIONS; sigma 0: estimated; add_noise 0: none;
+        strength, steps None: BUILT_IN's."""
+        if operation not in RESTORE_OPERATIONS:
+            raise ValueError(f"operation must be one of {', '.join(RESTORE_OPERATIONS)}, got {str(operation)[:40]!r}")
+        kind, method = RESTORE_OPERATIONS[operation]
         if class_label is not None:
             class_label = check_int("class", class_label, 0, 2**31 - 1)
-        scales = check_scales(guidance_scale, pag_scale, guide_scale)
-        prompt, negative_prompt = restore_prompts(operation, prompt, negative_prompt)
-        if scales["guidance_scale"] != 1.0 and self.is_text(model) and not prompt:
-            raise ValueError(f"{model} is a text model: without a prompt it runs unconditioned, where classifier-free "
-                             "guidance has nothing to steer by: type a prompt (edit, inpaint) or set guidance to 1")
-        # the guidance, class and prompt as for sampling; the chain itself is the restore operation's
-        plan = self.plan(model, SampleRequest(num_images=1, classes=class_label, prompts=prompt,
-                                              negative_prompts=negative_prompt, **scales))
-        unet, train_sched = self.model(model)
-        self.check_work(unet, 1, steps, plan.guidance)
-        text = _text_fields(plan) if prompt else {}  # the prompt encoded once: the chain and the attention views
-        # steps the chain will take (denoiser.restore visits at most this many timesteps), for progress
-        expected = {"denoise": 1 if method == "mmse" else steps, "edit": max(1, round(steps * strength))}.get(kind, steps)
+        amounts = {}
+        for name, label, value in (("sigma", "noise σ", sigma), ("add_noise", "added noise σ", add_noise),
+                                   ("strength", "strength", strength)):
+            lo, hi = LIMITS[name]
+            if value is not None and not (isinstance(value, (int, float)) and (value == 0 or lo <= value <= hi)):
+                raise ValueError(f"{label} must be a number in {lo:g}..{hi:g}, got {value!r}")  # NaN fails too
+            amounts[name] = None if value is None else float(value)
+        return check_request(RestoreRequest(
+            kind, method, sigma=amounts["sigma"], noise_first=amounts["add_noise"],
+            strength=amounts["strength"] if kind == "edit" else None,
+            steps=None if steps is None else check_int("steps", steps, *LIMITS["steps"]),
+            seed=check_int("seed", seed, *LIMITS["seed"]), classes=class_label,
+            prompts=check_prompt("prompt", prompt), negative_prompts=check_prompt("negative prompt", negative_prompt),
+            **check_scales(guidance_scale, pag_scale, 1.0)))
+
+    def restore(
+        self, model: str, request: RestoreRequest, image: Image.Image, mask: Image.Image | None = None,
+        on_step: Callable[[int, int, torch.Tensor], None] | None = None,
+    ) -> tuple[Generation | None, RestoreResult]:
+        """The user's picture through `request` (denoiser.restoring: one rule for tiles or the centre square, the
+        class, prompt and guidance as for sampling), within the work budget: a photo whose tiled denoise is over it is
+        restored as a copy scaled down to fit (the result's settings say `scaled_from`); a chain over it is refused
+        before any work. on_step(i, total, preview in [0, 1]) after each step of a chain (its predicted x₀) or each
+        batch of tiles (the photo with the rows finished so far, at most PREVIEW_SIDE a side).
+        Returns the chain's Generation (the attention views open it; None for tiles) and what was done."""
+        loaded = self.loaded(model)
+        plan = resolve_restore(request, loaded, image, mask, max_pixels=self._fitting_pixels(loaded.unet, *image.size),
+                               empty_mask_ok=False, load=self._load)  # the page's empty mask: nothing painted
+        if plan.tiled:
+            self._photo_work(loaded.unet, *plan.image.size).check()
+            photo = pil_to_tensor(plan.image)  # (3, H, W) uint8
+            out = photo.clone()  # filled with the result band by band: the preview shows how far it is
+            stride = max(1, -(-max(photo.shape[1:]) // PREVIEW_SIDE))  # every stride-th pixel: a cheap small preview
+
+            def progress(done: int, total: int) -> None:
+                on_step(done - 1, total, uint8_to_unit(out[None, :, ::stride, ::stride]))  # (1, 3, h, w)
+
+            return None, run_restore(plan, progress=None if on_step is None else progress, out=out)
+        self.check_work(loaded.unet, 1, plan.steps, plan.sampling.guidance)
+        text = _text_fields(plan.sampling) if plan.request.prompts else {}  # encoded once: the chain and the views
         inputs, timesteps = [], []
-        record = _recorder(inputs, timesteps, on_step, lambda i: max(expected, i + 1))
-        res = restore(  # the page's empty mask (nothing painted) is refused before any work
-            unet, Diffusion(train_sched), image, kind, mask=mask, sigma=sigma if sigma > 0 else None, method=method,
-            strength=strength, noise_first=add_noise if add_noise > 0 else None, steps=steps, seed=seed,
-            class_label=plan.labels, guidance=plan.guidance, callback=record, empty_mask_ok=False,
-            text=text.get("text"),
-        )
-        gen = Generation(model, res.result.images, inputs, timesteps, plan.labels, plan.guidance, **text)
-        noisy = None if res.noisy is None else _to_image(to_unit(res.noisy))
-        done = Restored(operation, image.size, unet.config.sample_size, len(timesteps), res.psnr(), res.sigma)
-        return gen, noisy, done
+        record = _recorder(inputs, timesteps, on_step, lambda i: max(plan.steps, i + 1))
+        done = run_restore(plan, callback=record)
+        gen = Generation(model, done.sample.images, inputs, timesteps, plan.sampling.labels, plan.sampling.guidance, **text)
+        return gen, done
 
     def sampling_defaults(self, name: str) -> tuple[dict, bool]:
         """(the model folder's sampling.json guidance, whether it names a guide for autoguidance)."""
@@ -269,55 +251,39 @@ class Engine(AttentionViews):
         work_of(unet, num_images, steps, guidance, timesteps).check()
 
     def photo_work(self, model: str, width: int, height: int) -> Work:
-        """The work of denoising a width x height photo in tiles: one UNet call per tile by the budget's one rule
-        (work_of), plus TILE_UNITS a tile for cutting, moving and blending it."""
-        unet, _ = self.model(model)
+        """The work of denoising a width x height photo in tiles (the budget's one rule, work_of)."""
+        return self._photo_work(self.loaded(model).unet, width, height)
+
+    @staticmethod
+    def _photo_work(unet, width: int, height: int) -> Work:
+        """One UNet call per tile by work_of, plus TILE_UNITS a tile for cutting, moving and blending it."""
         work = work_of(unet, count_tiles(unet, height, width), 1)
         return dataclasses.replace(work, per_step=work.per_step + TILE_UNITS)
 
+    def _fitting_pixels(self, unet, width: int, height: int) -> int:
+        """The most pixels a copy of a width x height photo may keep (its shape kept) for its tiled denoise to fit the
+        work budget and MAX_PIXELS: the photo's own where it fits."""
+        def fits(scale: float) -> bool:
+            w, h = max(1, int(width * scale)), max(1, int(height * scale))
+            return w * h <= MAX_PIXELS and not self._photo_work(unet, w, h).over
+
+        if fits(1.0):
+            return width * height
+        lo, hi = 0.0, 1.0  # fits(lo), not fits(hi): halve the gap to a pixel's width
+        while (hi - lo) * max(width, height) > 0.5:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return max(1, int(width * lo)) * max(1, int(height * lo))
+
     def photo_limit(self, model: str) -> float:
         """The most megapixels a photo may have for `model`'s tiled denoise within the work budget (a square photo's
-        tiles counted; a long thin one has a few more) and image_io's MAX_PIXELS: what the page shows before an upload."""
-        per_mp = self.photo_work(model, 1000, 1000).units  # the work of one (square) megapixel
-        return min(MAX_PIXELS / 1e6, self.photo_work(model, 1000, 1000).budget / per_mp)
-
-    def check_photo(self, model: str, width: int, height: int) -> None:
-        """Refuse, before any work, a photo whose tiled denoise is over the work budget: its size, the limit, the fix."""
-        work = self.photo_work(model, width, height)
-        if work.over:
-            raise ValueError(
-                f"your photo is {width}x{height} ({width * height / 1e6:.1f} megapixels): denoising it with {model} takes "
-                f"{work.num_images:,} tiles, over the work budget; at most about {self.photo_limit(model):.1f} megapixels "
-                "with this model: upload a smaller copy, or choose an operation that works on the centre square"
-            )
-
-    def denoise_tiles(self, model: str, image: Image.Image, sigma: float | None = None,
-                      on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> DenoisedTiles:
-        """A picture of any size denoised at its own size (denoiser.tiles.denoise_photo); sigma None: estimated.
-        Refused over the work budget before any work (check_photo). on_step(i, total, preview) after each batch of
-        tiles, i counting tiles (0-based: the last tile done) of `total`; preview (1, 3, h, w) in [0, 1]: the rows
-        finished so far over the rest of the photo, at most PREVIEW_SIDE pixels a side."""
-        from torchvision.transforms.functional import pil_to_tensor
-
-        unet, train_sched = self.model(model)
-        photo = pil_to_tensor(image.convert("RGB"))  # (3, H, W) uint8
-        self.check_photo(model, photo.shape[2], photo.shape[1])
-        out = photo.clone()  # filled with the result row band by row band: the preview shows how far it is
-        stride = max(1, -(-max(photo.shape[1:]) // PREVIEW_SIDE))  # every stride-th pixel: a cheap small preview
-
-        def progress(done: int, total: int) -> None:
-            on_step(done - 1, total, uint8_to_unit(out[None, :, ::stride, ::stride]))  # (1, 3, h, w)
-
-        res = denoise_photo(unet, train_sched, photo, sigma, options=TileOptions(), out=out,
-                            progress=None if on_step is None else progress)
-        return DenoisedTiles(uint8_to_pil(res.result), res.sigma, count_tiles(unet, *photo.shape[1:]),
-                             unet.config.sample_size)
+        tiles counted; a long thin one has a few more) and image_io's MAX_PIXELS: a larger photo is denoised as a copy
+        scaled down to this (restore), and the page says so before an upload."""
+        work = self.photo_work(model, 1000, 1000)  # the work of one (square) megapixel
+        return min(MAX_PIXELS / 1e6, work.budget / work.units)
 
 
-MAX_PROMPT_CHARS = 1000  # a prompt longer than this is refused (the tokenizer keeps its first max_length words anyway)
-
-
-def _check_prompt(name: str, value) -> str | None:
+def check_prompt(name: str, value) -> str | None:
     """A prompt from the page: text of at most MAX_PROMPT_CHARS whose weights read ("(red:1.5) apple": a malformed
     one is refused here, before any work, in denoiser.prompt_weights' words); None or blank: no prompt."""
     if value is None:
@@ -327,22 +293,6 @@ def _check_prompt(name: str, value) -> str | None:
                          f"{type(value).__name__} of length {len(str(value))}")
     parse_prompt(value)  # the Edit tab's prompt, read before its photo is
     return value.strip() or None
-
-
-def takes_prompt(operation: str) -> bool:
-    """Whether a restore operation follows a text model's prompt: edit and inpaint redraw pixels; a denoise keeps
-    what the picture shows."""
-    return RESTORE_OPERATIONS.get(operation, ("",))[0] in ("edit", "inpaint")
-
-
-def restore_prompts(operation: str, prompt, negative_prompt) -> tuple[str | None, str | None]:
-    """The Edit form's prompts, checked before any work: for edit and inpaint (what the redrawn pixels follow); a
-    denoise keeps what the picture shows, so it takes none."""
-    prompt, negative_prompt = _check_prompt("prompt", prompt), _check_prompt("negative prompt", negative_prompt)
-    if (prompt or negative_prompt) and not takes_prompt(operation):
-        raise ValueError("a prompt steers edit and inpaint; denoise removes the noise and keeps what your picture "
-                         "shows: leave the prompt empty, or pick edit or inpaint")
-    return prompt, negative_prompt
 
 
 def _text_fields(plan: Plan) -> dict:
@@ -355,26 +305,7 @@ def _text_fields(plan: Plan) -> dict:
     n = range(plan.num_images)
     return dict(text=plan.text_condition(n), prompt=prompt, words=plan.words(0),
                 image_words=tuple(plan.words(k) for k in n), word_weights=tuple(plan.word_weights(k) for k in n),
-                unread=tuple(plan.text[0].dropped(parse_prompt(prompt).text)))
-
-
-def _restore_request(operation: str, image: Image.Image | None, steps, seed, sigma, strength, add_noise) -> tuple:
-    """The Edit tab's form, checked before any work: (operation kind, method, steps, seed)."""
-    if operation not in RESTORE_OPERATIONS:
-        raise ValueError(f"operation must be one of {', '.join(RESTORE_OPERATIONS)}, got {str(operation)[:40]!r}")
-    if image is None:
-        raise ValueError("upload an image first")
-    if image.width * image.height > MAX_PIXELS:
-        raise ValueError(f"the image is {image.width}x{image.height}: at most {MAX_PIXELS // 1_000_000} megapixels")
-    steps = check_int("steps", steps, *LIMITS["steps"])
-    seed = check_int("seed", seed, *LIMITS["seed"])
-    for name, value in (("noise σ", sigma), ("strength", strength), ("added noise σ", add_noise)):
-        if not isinstance(value, (int, float)) or not 0 <= value <= 1:  # NaN fails too
-            raise ValueError(f"{name} must be a number in 0..1, got {value!r}")
-    kind, method = RESTORE_OPERATIONS[operation]
-    if kind == "edit" and strength == 0:
-        raise ValueError("edit strength 0 keeps the image as it is: choose a strength above 0")
-    return kind, method, steps, seed
+                unread=tuple(plan.text.tokenizer.dropped(parse_prompt(prompt).text)))
 
 
 def _recorder(inputs: list, timesteps: list, on_step, total: Callable[[int], int]):
@@ -388,8 +319,3 @@ def _recorder(inputs: list, timesteps: list, on_step, total: Callable[[int], int
             on_step(i, total(i), to_unit(x0))
 
     return record
-
-
-def _to_image(x: torch.Tensor) -> Image.Image:
-    """(1, 3, H, W) in [0, 1] -> PIL."""
-    return uint8_to_pil(to_uint8(x[0]))
