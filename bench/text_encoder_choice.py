@@ -1,10 +1,11 @@
 """Which tokenizer and text encoder for text prompts (issue 39 item 2): the measurements behind
-bench/text_encoder_choice.md, and a prototype of the recommended pair (word tokens with hashed character
-n-grams, fastText-style [Bojanowski et al. 2017], into a small pre-LN transformer) saved and loaded as
-`tokenizer/` and `text_encoder/` components of a diffusers pipeline folder.
+bench/text_encoder_choice.md, with the recommended pair (word tokens with hashed character n-grams,
+fastText-style [Bojanowski et al. 2017], into a small pre-LN transformer) saved and loaded as `tokenizer/` and
+`text_encoder/` components of a diffusers pipeline folder. The pair is denoiser.text's: the prototype this
+script first carried became that module (bench/text_encoder_choice.md says where they differ).
 
     nice -n 10 .venv/bin/python bench/text_encoder_choice.py tokens            # 3: tokenization of captions, prompts, typos
-    nice -n 10 .venv/bin/python bench/text_encoder_choice.py roundtrip         # 5: prototype save/load + robustness
+    nice -n 10 .venv/bin/python bench/text_encoder_choice.py roundtrip         # 5: save/load + robustness
     PYTHONPATH=/tmp/tk nice -n 10 .venv/bin/python bench/text_encoder_choice.py tokens --bpe   # + BPE/WordPiece
     PYTHONPATH=/tmp/tx nice -n 10 .venv/bin/python bench/text_encoder_choice.py encoder         # 4: encoder vs UNet cost
     PYTHONPATH=/tmp/tx nice -n 10 .venv/bin/python bench/text_encoder_choice.py load            # 2: folder loading
@@ -12,7 +13,6 @@ n-grams, fastText-style [Bojanowski et al. 2017], into a small pre-LN transforme
 
 /tmp/tx holds transformers 5.25.0 + tokenizers 0.23.3 + kernels 0.19.1 (what `pip install transformers` adds to
 our venv), /tmp/tk tokenizers alone, each installed with `pip install --no-deps --target`; never into .venv.
-Bench code, not the package: the integration's home is denoiser/text.py.
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import unicodedata
 from collections import Counter
 from pathlib import Path
 
 import torch
-from diffusers import ConfigMixin, DDIMScheduler, DiffusionPipeline, ModelMixin
-from diffusers.configuration_utils import register_to_config
-from torch import nn
+from diffusers import DDIMScheduler, DiffusionPipeline
+
+from denoiser.text import HashTextEncoder, WordHashTokenizer, fnv1a, words
 
 ROOT = Path(__file__).resolve().parent.parent
 METADATA = [Path.home() / ".cache/denoiser/datasets/emoji/metadata.csv",  # the 5-vendor set, with keywords
@@ -52,14 +51,6 @@ TYPOS = {"appel": "apple", "smiling fase": "smiling face", "piza": "pizza", "har
 
 
 # ---------------------------------------------------------------- captions
-def words(text: str) -> list[str]:
-    """Lower-cased words: accents stripped (NFKD), `_`/`-` split, `#`, `*` and other symbols kept as words of
-    their own (keycaps), sentence punctuation dropped."""
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(c for c in text if not unicodedata.combining(c)).lower().replace("_", " ")
-    return re.findall(r"[^\W_]+|[^\w\s:,.;!?'\"()\-\u2019]", text)
-
-
 def emoji_rows() -> tuple[Path, list[dict]]:
     """One row per emoji name (vendors collapsed) from the first metadata.csv found."""
     path = next(p for p in METADATA if p.is_file())
@@ -87,98 +78,6 @@ def captions(rows: list[dict]) -> dict[str, list[str]]:
 
 def corpus(caps: dict[str, list[str]]) -> list[str]:
     return [c for kind in ("name", "short_name", "keyword", "category") for c in caps[kind]]
-
-
-# ---------------------------------------------------------------- the prototype: tokenizer
-def fnv1a(s: str) -> int:
-    """32-bit FNV-1a of the UTF-8 bytes: stable across processes and machines (Python's hash() is salted)."""
-    h = 0x811C9DC5
-    for b in s.encode("utf-8"):
-        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
-    return h
-
-
-class WordHashTokenizer(ModelMixin, ConfigMixin):
-    """Words, each as the hashed bucket ids of itself and its character n-grams (fastText): no vocabulary file,
-    so no word is unknown, and a typo shares most of its n-grams with the word it misspells.
-
-    A ModelMixin with no weights only because diffusers loads a component whose class derives from one of its
-    loadable bases (diffusers.pipelines.pipeline_loading_utils.LOADABLE_CLASSES); save/load are its config alone.
-    """
-
-    config_name = "tokenizer_config.json"
-
-    @register_to_config
-    def __init__(self, num_buckets: int = 16384, min_n: int = 2, max_n: int = 4, max_length: int = 32,
-                 max_ngrams: int = 24):
-        super().__init__()
-        if num_buckets < 2 or not 1 <= min_n <= max_n or max_length < 1 or max_ngrams < 1:
-            raise ValueError(f"need num_buckets >= 2, 1 <= min_n <= max_n, max_length >= 1, max_ngrams >= 1; got "
-                             f"{num_buckets}, {min_n}, {max_n}, {max_length}, {max_ngrams}")
-
-    def units(self, word: str) -> list[str]:
-        """The word itself (as <word>) then its n-grams of <word>, at most max_ngrams in all."""
-        w = f"<{word[:64]}>"  # a 10,000-letter "word" costs what a 64-letter one does
-        grams = [w[i:i + n] for n in range(self.config.min_n, self.config.max_n + 1) for i in range(len(w) - n + 1)]
-        return [w] + [g for g in grams if g != w][: self.config.max_ngrams - 1]
-
-    def ids(self, word: str) -> list[int]:
-        return [fnv1a(u) % self.config.num_buckets for u in self.units(word)]
-
-    def __call__(self, prompts: str | list[str]) -> dict[str, torch.Tensor]:
-        """{"input_ids": (B, L, G) bucket ids (0-padded), "ngram_mask": (B, L, G), "attention_mask": (B, L)
-        1 = word, 0 = padding}; L = the batch's longest prompt in words (at least 1), cut at max_length.
-        An empty prompt is a row of padding: no condition."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if not all(isinstance(p, str) for p in prompts):
-            raise TypeError(f"prompts must be strings, got {[type(p).__name__ for p in prompts][:4]}")
-        batch = [words(p)[: self.config.max_length] for p in prompts]
-        L, G = max([1] + [len(b) for b in batch]), self.config.max_ngrams
-        input_ids = torch.zeros(len(batch), L, G, dtype=torch.long)
-        ngram_mask = torch.zeros(len(batch), L, G, dtype=torch.bool)
-        attention_mask = torch.zeros(len(batch), L, dtype=torch.long)
-        for i, ws in enumerate(batch):
-            for j, w in enumerate(ws):
-                ids = self.ids(w)
-                input_ids[i, j, : len(ids)] = torch.tensor(ids)
-                ngram_mask[i, j, : len(ids)] = True
-                attention_mask[i, j] = 1
-        return {"input_ids": input_ids, "ngram_mask": ngram_mask, "attention_mask": attention_mask}
-
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> None:
-        self.save_config(save_directory)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, subfolder: str | None = None, **kwargs):
-        return cls.from_config(cls.load_config(pretrained_model_name_or_path, subfolder=subfolder))
-
-
-# ---------------------------------------------------------------- the prototype: encoder
-class HashTextEncoder(ModelMixin, ConfigMixin):
-    """(B, L, G) hashed n-gram ids -> (B, L, hidden_size) token vectors: each word the mean of its n-gram
-    embeddings, plus a learned position, through a pre-LN transformer with a padding mask."""
-
-    @register_to_config
-    def __init__(self, num_buckets: int = 16384, hidden_size: int = 256, num_layers: int = 2, num_heads: int = 4,
-                 max_length: int = 32):
-        super().__init__()
-        self.embed = nn.Embedding(num_buckets, hidden_size)
-        self.position = nn.Embedding(max_length, hidden_size)
-        layer = nn.TransformerEncoderLayer(hidden_size, num_heads, 4 * hidden_size, dropout=0.0, activation="gelu",
-                                           batch_first=True, norm_first=True)
-        self.layers = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(hidden_size)
-
-    def forward(self, input_ids: torch.Tensor, ngram_mask: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        m = ngram_mask.unsqueeze(-1).to(self.embed.weight.dtype)  # (B, L, G, 1)
-        x = (self.embed(input_ids) * m).sum(2) / m.sum(2).clamp(min=1)  # (B, L, D)
-        x = x + self.position.weight[: x.shape[1]]
-        keep = attention_mask.bool()
-        # a row of nothing but padding would give NaN attention: let it attend to itself; its output is zeroed below
-        pad = ~(keep | ~keep.any(1, keepdim=True))
-        x = self.norm(self.layers(x, src_key_padding_mask=pad))
-        return x * keep.unsqueeze(-1)  # (B, L, D), zero at padding
 
 
 # ---------------------------------------------------------------- 1. cost: size and import time
@@ -274,7 +173,7 @@ def cmd_tokens(args) -> None:
     tok = WordHashTokenizer()
     seen = {u for w in vocab for u in tok.units(w)}
     token_stats("hash (= words)", words, caps)
-    signature = Counter(tuple(sorted(set(tok.ids(w)))) for w in vocab)
+    signature = Counter(tuple(sorted(set(tok.word_ids(w)))) for w in vocab)
     print(f"  n = {tok.config.min_n}-{tok.config.max_n}, 16384 buckets: {sum(c for c in signature.values() if c > 1)} of {len(vocab)} caption words share "
           "their whole set of buckets with another word")
     share = [statistics.mean(u in seen for u in tok.units(w)) for w in typed_words + typo_words]
@@ -474,8 +373,8 @@ def load_cases(out: Path) -> None:
         import text_encoder_choice as mod
     sched = DDIMScheduler()
     print(f"offline: HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')}; folders under {out}")
-    # (c) our own module: tokenizer and encoder of this file (in the integration, denoiser.text)
-    tok, enc = mod.WordHashTokenizer(), mod.HashTextEncoder(hidden_size=64, num_layers=1)
+    # (c) our own module: denoiser.text's tokenizer and encoder
+    tok, enc = WordHashTokenizer(), HashTextEncoder(hidden_size=64, num_layers=1)
     TextPipeline(tiny_unet(64), sched, enc, tok).save_pretrained(out / "own")
     own = try_load("(c) own WordHashTokenizer + HashTextEncoder", out / "own", mod.TextPipeline)
     if own is not None:
@@ -536,13 +435,13 @@ def load_cases(out: Path) -> None:
 
 
 def cmd_roundtrip(args) -> None:
-    """Save and load the prototype pair, and feed it what people type; prints what every prompt gives."""
+    """Save and load denoiser.text's pair, and feed it what people type; prints what every prompt gives."""
     mod = sys.modules[__name__]
     if __name__ == "__main__":
         sys.path.insert(0, str(Path(__file__).parent))
         import text_encoder_choice as mod
     torch.manual_seed(0)
-    tok, enc = mod.WordHashTokenizer(max_length=32), mod.HashTextEncoder().eval()
+    tok, enc = WordHashTokenizer(max_length=32), HashTextEncoder().eval()
     with tempfile.TemporaryDirectory() as d:
         mod.TextPipeline(tiny_unet(256), DDIMScheduler(), enc, tok).save_pretrained(d)
         size = {p.name: p.stat().st_size for p in Path(d).rglob("*") if p.is_file() and p.parent.name in ("text_encoder", "tokenizer")}
