@@ -73,15 +73,34 @@ def test_use_these_settings_reads_the_result_whichever_picture_is_selected(weigh
 
 
 def test_run_says_before_it_runs_what_it_works_on(weights):
-    """Issue 41 item 10: "add noise first" makes denoise work on the centre square at the model's size: said when the
-    slider leaves 0, before Run (before: only in the result's text)."""
+    """Issue 41 item 10, issue 52: what Run works on is said before it runs, by the one rule (RestoreRequest.tiled):
+    a denoise, noise added first or not, works on the whole photo; the chains on the centre square."""
     e = EditHandlers(Handlers(Engine(weights)))
     assert "whole photo at its own size" in e.scope("tiny-classes", "denoise", 0, None)
     noisy = e.scope("tiny-classes", "denoise", 0.2, None)
-    assert "centre square of your photo at the model's size (16x16)" in noisy and "not your whole photo" in noisy
-    assert "centre square" in e.scope("tiny-classes", "edit", 0, None)
+    assert "added to your whole photo, then removed" in noisy and "centre square" not in noisy
+    assert "centre square of your photo at the model's size (16x16)" in e.scope("tiny-classes", "edit", 0, None)
+    assert "centre square" in e.scope("tiny-classes", "denoise (sampled)", 0, None)
     limit = Engine(weights).photo_limit("tiny-classes")
     assert f"up to **{limit:.1f} megapixels** with tiny-classes" in e.sizes("tiny-classes")
+
+
+def test_a_run_writes_the_settings_that_ran_and_they_come_back(weights, tmp_path, monkeypatch):
+    """Issue 52: the Edit tab's run goes through the one restore run; its PNG carries what ran (the class and guidance
+    of a tiled denoise included) and "use these settings" fills the form with them."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    e = EditHandlers(Handlers(Engine(weights)))
+    photo = _photo(tmp_path / "photo.png", (40, 24))
+    *_, last = e.run_edit("tiny-classes", "1", 2.0, None, "denoise", 0.0, 0.3, 0.1, 5, 3, photo=str(photo))
+    shown, status = last[0], last[-1]
+    assert [label for _, label in shown] == ["your image", "noisy (σ 0.1 added)", "result"]
+    settings = read_settings(shown[-1][0])
+    assert settings | {"class": "1", "guidance_scale": 2.0, "add_noise": 0.1, "sigma": 0.1, "chain": False,
+                       "operation": "denoise", "size": [40, 24]} == settings
+    assert Image.open(shown[-1][0]).size == (40, 24) and "done: denoise with tiny-classes, at 40x24" in status
+    values = [o.get("value") if isinstance(o, dict) else None for o in e.use_settings(shown, 2)[:-1]]  # EDIT_FORM's order
+    assert values[:5] == ["tiny-classes", "1", 2.0, "denoise", 0.1] and values[6:9] == [0.1, 5, 3]
+    assert values[5] is None  # no strength: a denoise has none, and the form keeps its own
 
 
 # ---- in the browser ----------------------------------------------------------------------------------------------
@@ -215,30 +234,33 @@ def test_browser_an_upload_outlives_the_cache_sweep_and_denoises_at_its_own_size
         page.screenshot(path=str(shots / "app-edit-photo-own-size.png"), full_page=True)
 
     monkeypatch.setenv("DENOISER_WORK_BUDGET", "300")  # the limit follows the server's budget: 700x500 is over it
-    with browser_page(server) as page:
+    with browser_page(server) as page:  # issue 51 item 13: over the budget, a scaled copy is denoised, and said so
         _edit_tab(page)
         limit = float(re.search(r"up to ([\d.]+) megapixels", page.locator("#edit-sizes").inner_text()).group(1))
         assert limit < 0.35
         _upload(page, photo)
-        page.locator("#photo-text").get_by_text("Too large to denoise at its own size").wait_for(timeout=30_000)
+        page.locator("#photo-text").get_by_text("over this server's work budget").wait_for(timeout=30_000)
         page.locator("#edit-run").click()
-        page.locator("#edit-status").get_by_text(re.compile(r"not started.*700x500")).wait_for(timeout=30_000)
-        assert _results(page) == []
+        page.locator("#edit-status").get_by_text(re.compile(r"done: denoise .*scaled from 700x500")).wait_for(timeout=120_000)
+        no_errors(page)
+        result = _results(page)[-1]
+        w, h = _png(result).size
+        assert w * h <= limit * 1.2e6 and abs(w / h - 1.4) < 0.02 and "scaled-from-700x500" in result
+        assert "a copy scaled to" in page.locator("#edit-text").inner_text()
 
 
 @browser
-def test_browser_add_noise_says_before_run_that_it_works_on_the_centre_square(server, tmp_path):
-    """Issue 41 item 10: moving "add noise first" off 0 says at once that denoise now works on the centre square at
-    the model's size (before: only the result's text said so, after the run)."""
+def test_browser_the_scope_of_run_is_said_before_it_runs(server, tmp_path):
+    """Issue 41 item 10, issue 52: what Run works on is said at once when the form changes: the whole photo for a
+    denoise (the round trip included), the centre square at the model's size for the chains."""
     with browser_page(server) as page:
         _edit_tab(page)
         page.locator("#edit-scope").get_by_text("denoise your whole photo at its own size").wait_for(timeout=30_000)
         _set_number(page, "add-noise", 0.2)
-        page.locator("#edit-scope").get_by_text(re.compile(r"added to the centre square .* at the model's size "
+        page.locator("#edit-scope").get_by_text("added to your whole photo, then removed").wait_for(timeout=10_000)
+        page.locator("#operation").get_by_text("edit", exact=True).click()
+        page.locator("#edit-scope").get_by_text(re.compile(r"on the centre square of your photo at the model's size "
                                                            r"\(\d+x\d+\)")).wait_for(timeout=10_000)
-        assert "not your whole photo" in page.locator("#edit-scope").inner_text()
-        _set_number(page, "add-noise", 0)
-        page.locator("#edit-scope").get_by_text("denoise your whole photo").wait_for(timeout=10_000)
 
 
 @browser

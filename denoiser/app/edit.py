@@ -137,8 +137,8 @@ class EditHandlers:
         def job(on_step):
             return self.engine.restore(model, request, image, mask, on_step=on_step)
 
-        preview = self._tiles_preview if request.tiled else self._preview
-        gen, done = yield from _preview_last(relay(stream(job, progress, operation), N_VIEWS + 4, preview, status=True))
+        preview, what = (self._tiles_preview, "denoise (tiles)") if request.tiled else (self._preview, operation)
+        gen, done = yield from _preview_last(relay(stream(job, progress, what), N_VIEWS + 4, preview, status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         # "your image" in the result's framing: the photo (or its scaled copy), or the centre square the model sees
         yours = done.input if request.tiled else centre_square(image)
