@@ -1,4 +1,4 @@
-"""Seconds per megapixel of the app's tiled denoise (Engine.denoise_tiles, what the Edit tab's Run does) for the shipped
+"""Seconds per megapixel of the app's tiled denoise (Engine.restore of a denoise, what the Edit tab's Run does) for the shipped
 models, and the megapixel limit the work budget gives each (Engine.photo_limit): the numbers behind the limit the Edit
 tab shows before an upload. Writes a Markdown table (the notes under it in bench/app_photo_limit.md are by hand).
 
@@ -46,18 +46,19 @@ def main() -> None:
     w, h = (int(v) for v in args.size.split("x"))
     engine, rows = Engine(), []
     for model in args.models.split(","):
-        engine.denoise_tiles(model, photo(64, 64), 0.1)  # warm-up: load, prepare weights
+        request = engine.restore_request("denoise", sigma=0.1)  # the Edit tab's denoise: tiles at the photo's size
+        engine.restore(model, request, photo(64, 64))  # warm-up: load, prepare weights
         times, cpu_times = [], []
         for _ in range(args.repeats):
             tic, cpu_tic = time.perf_counter(), time.process_time()
-            done = engine.denoise_tiles(model, photo(w, h), 0.1)
+            _, done = engine.restore(model, request, photo(w, h))
             times.append(time.perf_counter() - tic)
             cpu_times.append(time.process_time() - cpu_tic)
         mp = w * h / 1e6
         s_per_mp, cpu_per_mp = statistics.median(times) / mp, statistics.median(cpu_times) / mp
         limit = engine.photo_limit(model)
         quiet = cpu_per_mp / torch.get_num_threads()  # what a quiet machine's wall clock gives at best
-        rows.append(f"| {model} | {done.tile} | {done.tiles / mp:,.0f} | {engine.photo_work(model, 1000, 1000).units:,.0f} | "
+        rows.append(f"| {model} | {engine.loaded(model).unet.config.sample_size} | {done.tiles / mp:,.0f} | {engine.photo_work(model, 1000, 1000).units:,.0f} | "
                     f"{s_per_mp:.1f} | {cpu_per_mp:.1f} | {quiet:.1f} | **{limit:.1f}** | {limit * quiet:.0f} |")
     load = os.getloadavg()
     lines = [
@@ -70,7 +71,7 @@ def main() -> None:
         "",
         f"CPU: {cpu()}, {torch.get_num_threads()} threads, torch {torch.__version__}; load average while it ran "
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (the machine is shared). A {w}x{h} photo through "
-        f"`Engine.denoise_tiles` (one-step MMSE, 4-pixel overlap, cosine window), median of {args.repeats} after a "
+        f"`Engine.restore` of a denoise (one-step MMSE, 4-pixel overlap, cosine window), median of {args.repeats} after a "
         f"warm-up. Work budget: {work_budget():,.0f} units (DENOISER_WORK_BUDGET).",
         "",
         "| model | tile | tiles / MP | work units / MP | wall s / MP | CPU s / MP | CPU s / MP / threads | limit (MP) "
