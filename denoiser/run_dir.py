@@ -84,6 +84,7 @@ def _git_commit() -> str | None:
 
 
 def write_run_info(out: Path, cfg: RunConfig, world_size: int) -> None:
+    """Add this sitting's entry (start time, processes, commit, versions) to run_info.json."""
     import accelerate
     import diffusers
     import torch
@@ -102,7 +103,8 @@ def write_run_info(out: Path, cfg: RunConfig, world_size: int) -> None:
     history = out / "run_info.json"
     runs = json.loads(history.read_text()) if history.is_file() else []
     runs.append(info)  # one entry per sitting
-    history.write_text(json.dumps(runs, indent=1))
+    with atomic_path(history) as tmp:  # a sitting killed while writing keeps the earlier sittings' entries
+        tmp.write_text(json.dumps(runs, indent=1))
 
 
 def record_loss(out: Path, step: int, loss: float) -> None:
