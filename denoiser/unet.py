@@ -17,18 +17,14 @@ The network is torch's own modules (`nn.Conv2d`, `nn.Linear`) and denoiser's `Gr
 math is torch's too; the speed layer (`denoiser.fast`) wraps around it: `UNet.packed_weights()` is the one switch
 this file offers, as diffusers' models offer `enable_...` methods.
 
-One workaround of diffusers 0.42.1 lives here: `ModelMixin.to(dtype)` warns "modules that should be kept in
-float32: []" for every model that keeps none (it tests `self._keep_in_fp32_modules or []` against None), a
-warning that names nothing to act on. `UNet.to` drops that one message, during its own call only. It can go when
-diffusers stops warning for an empty list; tests/test_unet_contract.py has a test that fails on that day.
+`UNet.to` drops diffusers' empty "kept in float32: []" warning during its own call: a patch of diffusers 0.42.1
+that lives with the other one in `denoiser.registry`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
-import threading
 from collections.abc import Sequence
 
 import torch
@@ -40,39 +36,9 @@ from torch import nn
 
 from denoiser.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
 from denoiser.groupnorm import GroupNorm
+from denoiser.registry import quiet_empty_fp32_warning
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]
-
-
-class _EmptyFp32ListFilter(logging.Filter):
-    """Drops diffusers' "should be kept in float32: []" warning (see the module docstring), only for a thread
-    inside `UNet.to`: the filter sits on diffusers' logger while any thread is, and other threads' records pass."""
-
-    def __init__(self):
-        super().__init__()
-        self.lock, self.calls, self.inside = threading.Lock(), 0, threading.local()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(self.inside, "depth", 0) or "should be kept in float32: []" not in record.getMessage()
-
-    @contextlib.contextmanager
-    def during_call(self, logger: logging.Logger):
-        with self.lock:
-            if self.calls == 0:
-                logger.addFilter(self)
-            self.calls += 1
-        self.inside.depth = getattr(self.inside, "depth", 0) + 1
-        try:
-            yield
-        finally:
-            self.inside.depth -= 1
-            with self.lock:
-                self.calls -= 1
-                if self.calls == 0:
-                    logger.removeFilter(self)
-
-
-_EMPTY_FP32_LIST = _EmptyFp32ListFilter()
 
 
 def _tracing() -> bool:
@@ -344,8 +310,8 @@ class UNet(ModelMixin, ConfigMixin):
         return module(*args)
 
     def to(self, *args, **kwargs):
-        """ModelMixin.to, without diffusers' empty "kept in float32: []" warning (see the module docstring)."""
-        with _EMPTY_FP32_LIST.during_call(logging.getLogger("diffusers.models.modeling_utils")):
+        """ModelMixin.to, without diffusers' empty "kept in float32: []" warning (`denoiser.registry`)."""
+        with quiet_empty_fp32_warning():
             return super().to(*args, **kwargs)
 
     def packed_weights(self) -> contextlib.AbstractContextManager[None]:
