@@ -243,15 +243,11 @@ class Guidance:
         return 1.0 + guided * extra
 
     def main_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None,
-                  text: TextCondition | None = None) -> list[torch.Tensor]:
-        """The main model's outputs [ε_c, (ε_u), (ε_p)] from one batched call; [ε_c] alone outside the interval."""
-        if not self.applies_at(t):
+                  text: TextCondition | None = None, applies: bool | None = None) -> list[torch.Tensor]:
+        """The main model's outputs [ε_c, (ε_u), (ε_p)]: the rows each term needs, batched into one UNet call; [ε_c]
+        alone outside the interval. applies: `applies_at(t)`, when the caller has it already (None: asked here)."""
+        if not (self.applies_at(t) if applies is None else applies):
             return [_call(unet, x, t, labels, text, "c")]
-        return self._guided_pass(unet, x, t, labels, text)
-
-    def _guided_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None,
-                     text: TextCondition | None = None) -> list[torch.Tensor]:
-        """[ε_c, (ε_u), (ε_p)]: the rows each term needs, batched into one UNet call."""
         B = x.shape[0]
         n = self.main_passes
         batch_labels = labels
@@ -275,10 +271,11 @@ class Guidance:
         self.check(unet, labels, text)
 
         def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            if not self.applies_at(t):
-                return _call(unet, x, t, labels, text, "c")  # outside the interval: ε_c alone
-            parts = self._guided_pass(unet, x, t, labels, text)
+            applies = self.applies_at(t)
+            parts = self.main_pass(unet, x, t, labels, text, applies)
             cond = parts[0]
+            if not applies:
+                return cond  # outside the interval: ε_c alone
             out = parts[1] + self.scale * (cond - parts[1]) if self.classifier_free else cond
             if self.pag:
                 out = out + self.pag_scale * (cond - parts[-1])
