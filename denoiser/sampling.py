@@ -90,6 +90,13 @@ class Plan:
             return ()
         return tuple(self.text.tokenizer.tokens(parse_prompt(self.prompts[k]).text))
 
+    def unseen(self, k: int = 0) -> tuple[str, ...]:
+        """Image k's words that no training caption held (the model folder's vocabulary): drawn from their n-grams
+        alone, so the model is guessing; () without a vocabulary or a prompt."""
+        if self.text is None or not self.prompts:
+            return ()
+        return tuple(self.text.tokenizer.unseen(parse_prompt(self.prompts[k]).text))
+
     def word_weights(self, k: int = 0) -> tuple[float, ...]:
         """Image k's weight per word of `words(k)` ("(red:1.5)": 1.5; 1 for a plain word)."""
         return parse_prompt(self.prompts[k]).weights[: self.text.tokenizer.config.max_length] if self.prompts else ()
@@ -191,6 +198,9 @@ def _prompts(request: SampleRequest, unet: nn.Module, folder, text: TextModel | 
             if dropped := text.tokenizer.dropped(parse_prompt(p).text):  # a malformed weight is an error here, before any work
                 logger.warning("the %s is cut at %d words; the model does not see: %s", name, text.tokenizer.config.max_length,
                                " ".join(dropped)[:200])
+            if unseen := text.tokenizer.unseen(parse_prompt(p).text):
+                logger.warning("the %s has words no training caption held, which the model draws from their letters alone "
+                               "(a guess): %s", name, " ".join(unseen)[:200])
         per_image.append(tuple(given * n if len(given) == 1 else given))
     return per_image[0], per_image[1], text
 

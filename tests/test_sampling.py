@@ -210,3 +210,21 @@ def test_sampling_json_gives_the_defaults_and_arguments_win(tmp_path, class_unet
     (main / "sampling.json").write_text(json.dumps({"guidance": 2}))
     with pytest.raises(ValueError, match="unknown key"):
         guidance_for(main, class_unet, sched.config)
+
+
+def test_words_no_caption_held_are_named_by_the_plan_and_the_cli(tmp_path, caplog):
+    """Issue 51 item 6: a model folder that keeps its captions' words (tokenizer/vocabulary.txt) says which words of a
+    prompt it never saw: Plan.unseen, and a warning from `denoiser sample`; a folder without a vocabulary says nothing."""
+    from denoiser.cli import main
+    from denoiser.text import WordHashTokenizer
+    from tests.conftest import random_text_model
+
+    folder = random_text_model(tmp_path / "words")
+    request = SampleRequest(num_images=1, prompts="a red 日本 zorblat apple", steps=1)
+    assert resolve(request, folder).unseen(0) == ()  # no vocabulary: nothing known to be unseen
+    WordHashTokenizer(num_buckets=64, vocabulary=["a red apple", "a blue car"]).save_pretrained(folder / "tokenizer")
+    assert resolve(request, folder).unseen(0) == ("日本", "zorblat")
+    caplog.clear()
+    assert main(["sample", "--model", str(folder), "--prompt", "a red 日本 zorblat apple", "--steps", "1",
+                 "--num-images", "1", "--out", str(tmp_path / "x.png")]) == 0
+    assert "no training caption held" in caplog.text and "日本 zorblat" in caplog.text
