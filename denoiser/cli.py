@@ -25,7 +25,7 @@ def _pixel(text: str) -> tuple[int, int]:
 def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: bool = True) -> None:
     """The flags of a sampling request (denoiser.request.SampleRequest); unset ones come from the model folder
     (its scheduler/, sampling.json), else the built-in defaults."""
-    from denoiser.request import SCHEDULERS, TIMESTEP_SPACINGS
+    from denoiser.request import BUILT_IN, SCHEDULERS, TIMESTEP_SPACINGS
 
     s = p.add_argument_group("sampling", f"how the {what} are sampled; unset: the model folder's own, else built in")
     if images:
@@ -39,7 +39,7 @@ def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: boo
                                                  '"(red:1.5) apple" weighs a word\'s attention (A1111\'s syntax)')
     s.add_argument("--negative-prompt", default=None, help="what a text model's guidance steers away from (default: \"\")")
     s.add_argument("--scheduler", default=None, choices=list(SCHEDULERS), help="default: the model folder's own (weights/cifar10: ddim, weights/emoji: unipc)")
-    s.add_argument("--steps", type=int, default=None, help="sampling steps; default: the folder's sampling.json, else 50")
+    s.add_argument("--steps", type=int, default=None, help=f"sampling steps; default: the folder's sampling.json, else {BUILT_IN['steps']}")
     s.add_argument("--timestep-spacing", default=None, choices=list(TIMESTEP_SPACINGS),
                    help="which timesteps the sampler visits; default: the folder's (trailing suits few-step DDIM)")
     s.add_argument("--eta", type=float, default=0.0, help="DDIM's stochasticity (0 = deterministic)")

@@ -17,13 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline, ImagePipelineOutput
+from diffusers import DDPMScheduler, DiffusionPipeline, ImagePipelineOutput
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from denoiser.atomic import atomic_path
 from denoiser.model_dir import CLASSES_FILE, LoadedModel, ModelDefaults, TextModel, load, read_defaults
 from denoiser.prompt_edit import PromptEdit
-from denoiser.request import SampleRequest
+from denoiser.request import BUILT_IN, SampleRequest
+from denoiser.sample import make_sampler
 from denoiser.sampling import resolve, run
 from denoiser.text import HashTextEncoder, WordHashTokenizer
 from denoiser.unet import UNet
@@ -123,7 +124,7 @@ class DenoiserPipeline(DiffusionPipeline):
         guidance_scale (classifier-free, needs a class), pag_scale/pag_layers (perturbed-attention),
         guide_model/guide_scale (autoguidance, a folder), guidance_interval ([lo, hi] timesteps the guidance
         applies at): denoiser.guidance; None takes sampling.json's value. num_inference_steps None: sampling.json's,
-        else 50. timestep_spacing: "leading", "trailing" or "linspace" instead of the scheduler's.
+        else denoiser.request.BUILT_IN's. timestep_spacing: "leading", "trailing" or "linspace" instead of the scheduler's.
         generator: one per image (image k seeded S + k gives `denoiser sample --seed S`'s image k), one for the
         whole batch, or None (a random seed).
         output_type: "pil" (list of PIL images), "np" ((B, H, W, C) floats in [0, 1]) or "pt" ((B, C, H, W)).
@@ -193,8 +194,9 @@ def save_pipeline(
     An existing folder is only replaced once the new one is complete; `dtype` (e.g. torch.float16)
     shrinks the shipped weights, and `denoiser.model_dir.load` upcasts them again; `classes` names the class labels;
     `text_encoder` and `tokenizer` make a text model's folder (text_encoder/, tokenizer/).
-    The folder's scheduler is DDIM on the training scheduler's noise schedule (and its timestep spacing):
-    what every front door, diffusers' `from_pretrained` included, samples with unless told otherwise.
+    The folder's scheduler is the built-in sampler (denoiser.request.BUILT_IN: DDIM) on the training scheduler's noise
+    schedule (and its timestep spacing): what every front door, diffusers' `from_pretrained` included, samples with
+    unless told otherwise (a shipped folder may name its measured best instead: weights/emoji's is UniPC).
     """
     # safetensors stores contiguous tensors: undo channels-last (on a copy) before saving
     unet = copy.deepcopy(unet).to(memory_format=torch.contiguous_format)
@@ -202,8 +204,8 @@ def save_pipeline(
         unet = unet.to(dtype=dtype)
     if text_encoder is not None:
         text_encoder = copy.deepcopy(text_encoder).to(dtype=dtype) if dtype is not None else text_encoder
-    pipe = DenoiserPipeline(unet=unet, scheduler=DDIMScheduler.from_config(scheduler.config), text_encoder=text_encoder,
-                            tokenizer=tokenizer)
+    sampler = make_sampler(BUILT_IN["scheduler"], scheduler.config)
+    pipe = DenoiserPipeline(unet=unet, scheduler=sampler, text_encoder=text_encoder, tokenizer=tokenizer)
     if classes is not None:
         pipe.classes = classes
     with atomic_path(out_dir) as tmp:

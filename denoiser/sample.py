@@ -32,7 +32,7 @@ from denoiser.attention_capture import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 from denoiser.guidance import Guidance, TextCondition
 from denoiser.pixels import to_unit
-from denoiser.request import SCHEDULERS, SPREAD, check_timestep_spacing
+from denoiser.request import BUILT_IN, SCHEDULERS, SPREAD, check_timestep_spacing
 from denoiser.unet import UNet
 
 __all__ = [
@@ -162,7 +162,7 @@ def sample(
     unet: torch.nn.Module,
     scheduler,
     num_images: int = 16,
-    num_inference_steps: int = 50,
+    num_inference_steps: int = BUILT_IN["steps"],
     seed: int = 0,
     eta: float = 0.0,
     class_labels: int | str | Sequence[int | str] | torch.Tensor | None = None,
