@@ -1,9 +1,8 @@
-"""denoiser's two patches to diffusers, written against diffusers 0.42.1; each says what would let it go.
-
-1. `DiffusionPipeline.from_pretrained(folder)` returns a `DenoiserPipeline` after `import denoiser`, whichever of
+"""`DiffusionPipeline.from_pretrained(folder)` returns a `DenoiserPipeline` after `import denoiser`, whichever of
 denoiser and diffusers is imported first, while `import denoiser` itself stays light (no torch, no diffusers).
-In diffusers, `DiffusionPipeline.from_pretrained` finds a folder's pipeline class as
-`getattr(diffusers, model_index["_class_name"])`
+
+This is a patch to diffusers, written against diffusers 0.42.1. There, `DiffusionPipeline.from_pretrained` finds a
+folder's pipeline class as `getattr(diffusers, model_index["_class_name"])`
 (`diffusers.pipelines.pipeline_loading_utils._get_pipeline_class`): only names of the diffusers module. Its ways
 to a class from elsewhere, `custom_pipeline=` or a `_class_name` of [file, class] with that .py file in the folder,
 run code from the folder and refuse without `trust_remote_code=True`. Without the patch,
@@ -20,26 +19,16 @@ What would let it go: diffusers resolving a `_class_name` from an installed libr
 resolves each component's [library, class]); the model folders would then name ["denoiser.pipeline",
 "DenoiserPipeline"]. tests/test_registry.py fails the day diffusers finds the class without this module, or
 stops looking it up where this module puts it.
-
-2. A logging filter: `ModelMixin.to(dtype)` warns "modules that should be kept in float32: []" for every model that
-keeps none (it tests `self._keep_in_fp32_modules or []` against None), a warning that names nothing to act on.
-`UNet.to` drops that one message, during its own call and in its own thread only (`quiet_empty_fp32_warning`).
-It can go when diffusers stops warning for an empty list; tests/test_unet_contract.py has a test that fails on
-that day.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.util
-import logging
 import sys
-import threading
-from collections.abc import Iterator
 from types import ModuleType
 
-__all__ = ["register_with_diffusers", "quiet_empty_fp32_warning"]
+__all__ = ["register_with_diffusers"]
 
 NAME = "DenoiserPipeline"
 
@@ -91,44 +80,3 @@ def register_with_diffusers() -> None:
         _teach(sys.modules["diffusers"])
     elif not any(isinstance(f, _AfterDiffusers) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterDiffusers())
-
-
-# --------------------------------------------------------------------------------------------
-# 2. diffusers' empty "kept in float32: []" warning, dropped inside UNet.to
-# --------------------------------------------------------------------------------------------
-
-
-class _EmptyFp32ListFilter(logging.Filter):
-    """Drops diffusers' "should be kept in float32: []" warning (see the module docstring), only for a thread
-    inside `UNet.to`: the filter sits on diffusers' logger while any thread is, and other threads' records pass."""
-
-    def __init__(self):
-        super().__init__()
-        self.lock, self.calls, self.inside = threading.Lock(), 0, threading.local()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(self.inside, "depth", 0) or "should be kept in float32: []" not in record.getMessage()
-
-    @contextlib.contextmanager
-    def during_call(self, logger: logging.Logger) -> Iterator[None]:
-        with self.lock:
-            if self.calls == 0:
-                logger.addFilter(self)
-            self.calls += 1
-        self.inside.depth = getattr(self.inside, "depth", 0) + 1
-        try:
-            yield
-        finally:
-            self.inside.depth -= 1
-            with self.lock:
-                self.calls -= 1
-                if self.calls == 0:
-                    logger.removeFilter(self)
-
-
-_EMPTY_FP32_LIST = _EmptyFp32ListFilter()
-
-
-def quiet_empty_fp32_warning() -> contextlib.AbstractContextManager[None]:
-    """Within, this thread's calls do not log diffusers' "should be kept in float32: []" warning (`UNet.to`)."""
-    return _EMPTY_FP32_LIST.during_call(logging.getLogger("diffusers.models.modeling_utils"))

@@ -18,7 +18,7 @@ math is torch's too; the speed layer (`denoiser.fast`) wraps around it: `UNet.pa
 this file offers, as diffusers' models offer `enable_...` methods.
 
 `UNet.to` drops diffusers' empty "kept in float32: []" warning during its own call: a patch of diffusers 0.42.1
-that lives with the other one in `denoiser.registry`.
+that lives in `denoiser.diffusers_warnings`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
 from denoiser.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
+from denoiser.diffusers_warnings import quiet_empty_fp32_warning
 from denoiser.groupnorm import GroupNorm
-from denoiser.registry import quiet_empty_fp32_warning
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]
 
@@ -310,7 +310,7 @@ class UNet(ModelMixin, ConfigMixin):
         return module(*args)
 
     def to(self, *args, **kwargs):
-        """ModelMixin.to, without diffusers' empty "kept in float32: []" warning (`denoiser.registry`)."""
+        """ModelMixin.to, without diffusers' empty "kept in float32: []" warning (`denoiser.diffusers_warnings`)."""
         with quiet_empty_fp32_warning():
             return super().to(*args, **kwargs)
 
