@@ -36,7 +36,6 @@ grid), prompt-editing-limits.png (BEYOND) and prompt-weighting-<prompt>.png (one
 from __future__ import annotations
 
 import argparse
-import functools
 import subprocess
 import time
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torchvision.utils import make_grid
 
-from denoiser.model_dir import load_model, require_text
+from denoiser.model_dir import load
 from denoiser.prompt_edit import PromptEdit
 from denoiser.request import SampleRequest
 from denoiser.sampling import resolve, run
@@ -78,25 +77,24 @@ MIN_MOVED = 0.8  # the defaults must move the colour at least this far of the wa
 
 @dataclass
 class Model:
-    """One loaded text model that every call shares (resolve's `load` is cached, the text encoder passed in)."""
+    """One loaded text model that every call shares (denoiser.model_dir.load, once)."""
 
     folder: str
 
     def __post_init__(self) -> None:
-        self.load = functools.lru_cache(maxsize=None)(load_model)
-        self.text = require_text(self.folder)
+        self.model = load(self.folder)  # the UNet, its text model and defaults, loaded once
 
     def edit(self, edit_type: str, source: str, targets: tuple[str, ...], seed: int, cross: float,
              self_: float) -> torch.Tensor:
         """(1 + len(targets), 3, H, W): the source, then each edit, all from image 0's noise of `seed`."""
         edit = PromptEdit(edit_type=edit_type, cross_replace_steps=cross, self_replace_steps=self_)
         request = SampleRequest(num_images=1 + len(targets), prompts=[source, *targets], seed=seed, edit=edit)
-        return run(resolve(request, self.folder, load=self.load, text=self.text)).images
+        return run(resolve(request, self.model)).images
 
     def plain(self, prompts: list[str], seed: int) -> torch.Tensor:
         """(len(prompts), 3, H, W): each prompt alone from the noise that image 0 of `seed` starts from."""
         request = SampleRequest(num_images=len(prompts), prompts=prompts, seed=seed)
-        plan = resolve(request, self.folder, load=self.load, text=self.text)
+        plan = resolve(request, self.model)
         return run(plan, generator=[torch.Generator().manual_seed(seed) for _ in prompts]).images
 
 

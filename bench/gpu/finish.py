@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from denoiser.model_dir import load_model
+from denoiser.model_dir import load
 from denoiser.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.request import SPREAD, SampleRequest
 from denoiser.sampling import resolve, run
@@ -57,13 +57,13 @@ def candidate_folder(run_dir: Path, shipped: Path, device: str) -> Path:
 
 def draw(folder: Path, num_samples: int, device: str) -> np.ndarray:
     """The images `denoiser evaluate --model folder --fid --num-samples N` scores, uint8 (N, H, W, 3)."""
-    load = lambda path: load_model(path, device=device)  # noqa: E731  (resolve takes the folder's own sampler)
-    unet = load(folder)[0]
+    model = load(folder, device=device)  # resolve takes the folder's own sampler
+    unet = model.unet
     classes = SPREAD if unet.config.num_class_embeds else None
     # a text model: as `evaluate --fid --prompts TEXT_PROMPTS` (unconditioned samples would score otherwise)
     prompts = prompts_from_file(TEXT_PROMPTS, num_samples) if unet.config.cross_attention_dim else None  # None: no text
     plan = resolve(SampleRequest(num_images=num_samples, classes=classes, prompts=prompts, seed=0, batch_size=BATCH),
-                   folder, load=load)
+                   model, load=lambda path: load(path, device=device))
     tic = time.perf_counter()
     images = run(plan).images.mul(255).round().to(torch.uint8)
     dt = time.perf_counter() - tic
