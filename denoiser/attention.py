@@ -380,6 +380,11 @@ class MultiHeadCrossAttention(MultiHeadAttention):
         return out.masked_fill_(empty[:, None, None], 0.0)  # in place: out is the projection's own new tensor
 
 
+# --------------------------------------------------------------------------------------------
+# Identity weights (stages (2)-(4) return v), and a model's attention layers by name
+# --------------------------------------------------------------------------------------------
+
+
 def _identity_rows(
     attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: tuple[int, ...] | None, batch_start: int
 ) -> torch.Tensor:
