@@ -34,6 +34,7 @@ from denoiser.app.photo import (
     photo_preview,
 )
 from denoiser.app.streaming import not_started, relay, stream, user_error
+from denoiser.atomic import atomic_path
 from denoiser.image_io import open_image, read_settings, save_with_settings
 from denoiser.request import BUILT_IN
 from denoiser.restoring import RestoreResult, takes_prompt
@@ -101,7 +102,8 @@ def _preview_last(updates):
 
 def _write_png(img: Image.Image, folder: Path, name: str) -> str:
     path = folder / name
-    img.save(path, format="PNG", compress_level=1)  # a picture to look at: fast over small
+    with atomic_path(path) as tmp:  # a reader never sees half a picture (denoiser.atomic)
+        img.save(tmp, format="PNG", compress_level=1)  # a picture to look at: fast over small
     return str(path)
 
 
