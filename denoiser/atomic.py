@@ -2,12 +2,13 @@
 
 A reader (another process, a crash-resumed run) never sees half a file or half a folder, and a failed write
 keeps what was saved before. The one home of that rule for the package: a run's config.yaml, run_info.json,
-train_summary.json and loss.png, PNGs with their settings (`image_io.save_png`), FID statistics and attention
-statistics (`atomic_path` on a file); model folders (`pipeline.save_pipeline`: `atomic_path` on a folder);
-checkpoints written by every process of a run (`checkpoint.save_checkpoint`: `temp_sibling` + `publish`, the
-steps apart, with barriers between them); and the prepared data store. A log that grows by a line a step
-(loss.csv) is appended to instead: a kill cuts at most its last line, which its reader skips, and a resumed run
-rewrites it through `atomic_path` when it cuts it back.
+train_summary.json and loss.png, PNGs with their settings (`image_io.save_png`) and the app's Edit pictures, FID
+statistics and attention statistics (`atomic_path` on a file); model folders (`pipeline.save_pipeline`, and
+best-model/ with its fid.json: `atomic_path` on a folder); checkpoints written by every process of a run
+(`checkpoint.save_checkpoint`: `temp_sibling` + `publish`, the steps apart, with barriers between them); and the
+prepared data store. Logs that grow by a line at a time (loss.csv, fid.csv) are appended to instead: a kill cuts
+at most the last line, which loss.csv's reader skips, and a resumed run rewrites loss.csv through `atomic_path`
+when it cuts it back.
 
 The temporary sibling is `.<name>.tmp-<tag>` in the same folder (a rename across folders may copy); a folder
 being replaced is moved aside to `.<name>.old-<tag>` for the moment the new one takes its place. A writer
