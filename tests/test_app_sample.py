@@ -196,3 +196,61 @@ def test_browser_an_out_of_range_number_is_refused_in_words_and_nothing_runs(ser
             box.press("Enter")
         log = capfd.readouterr().err
         assert "Traceback" not in log and "gradio.exceptions.Error" not in log, log[-2000:]
+
+
+
+
+@pytest.fixture
+def slow_steps(monkeypatch):
+    """Each sampling step takes UNET_S longer, as a real model's UNet call on a busy CPU does (cifar10's on 2 cores);
+    the runs the server started, in a list."""
+    from denoiser.app.engine import Engine
+
+    generate, runs = Engine.generate, []
+
+    def slow(self, *args, on_step=None, **kwargs):
+        runs.append(time.monotonic())
+
+        def step(*a):
+            time.sleep(UNET_S)
+            return on_step(*a)
+
+        return generate(self, *args, on_step=step if on_step else None, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", slow)
+    return runs
+
+
+UNET_S = 0.4
+# after Stop, the next Generate at these gaps (seconds): the old page dropped one pressed within ~0.5 s of Stop
+STOP_GAPS = (0.05, 0.2, 0.1, 0.3, 0.0)
+
+
+def test_browser_generate_right_after_stop_runs(server, slow_steps):
+    """Issue 51 item 1: Generate, Stop after a few seconds, Generate again within 0.2 s: in 3 of 4 tries nothing ran (no
+    queue message, the status line stuck at "stopped at step k / N"). Gradio's page skips a click on a button whose
+    job it still counts as running, and it counts a stopped job as running until the server has stopped it (a UNet
+    step later). Now such a click is pressed again until it goes out (controls.retry_js): each try's run starts."""
+    runs = slow_steps
+    with browser_page(server) as page:
+        _set(page, "steps", 200)
+        _set(page, "num-images", 2)
+        page.locator("#budget").get_by_text("work:").wait_for(timeout=30_000)
+        page.locator("#generate").click()
+        for k, gap in enumerate(STOP_GAPS):
+            deadline = time.monotonic() + 30
+            while len(runs) < k + 1 and time.monotonic() < deadline:  # this try's run has started on the server
+                page.wait_for_timeout(100)
+            if len(runs) < k + 1:
+                seen = page.evaluate("() => window.statusSeen || []")
+                pytest.fail(f"try {k} (Generate {STOP_GAPS[k - 1]} s after Stop): nothing ran; the status line showed "
+                            f"{seen[-3:]}")
+            page.locator("#status").get_by_text("denoising: step").wait_for(timeout=30_000)
+            page.wait_for_timeout(1500)
+            page.locator("#stop").click()
+            page.wait_for_timeout(int(gap * 1000))
+            page.evaluate(WATCH_STATUS)
+            page.locator("#generate").click()
+        page.locator("#status").get_by_text("denoising: step").wait_for(timeout=30_000)
+        page.locator("#stop").click()
+        page.locator("#status").get_by_text("stopped at step").wait_for(timeout=30_000)

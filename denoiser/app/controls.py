@@ -10,9 +10,36 @@ import gradio as gr
 
 from denoiser.app.limits import LIMITS
 
-__all__ = ["SESSION_TTL_S", "form_slider", "keep", "run_controls", "whole_box"]
+__all__ = ["SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "keep", "ran_js", "retry_js", "run_controls", "whole_box"]
 
 SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is dropped this long after its last update
+
+# Stop, then Generate at once (issue 51 item 1): Gradio's page (6.31) skips a click on a button whose job it still counts
+# as running (trigger_mode "once"), and it counts a stopped job as running until its /cancel returns, once the server
+# has stopped it a UNet step later ("always_last" defers such a click, but drops it when the cancelled job ends in an
+# error, and a click that goes out before the cancel has finished loses its Stop: the cancel forgets the new job). So a
+# click pressed within RETRY_S of a Stop waits for Stop's line (written once the stopped job has ended: handlers'
+# stopped, then STOP_DONE_JS) and is pressed again every 200 ms until its job has gone out (ran_js marks that): a
+# skipped press does nothing, and the first that is not runs the job once
+RETRY_S = 30
+STOPPED_JS = "() => { window.denoiserStoppedAt = Date.now(); }"
+STOP_DONE_JS = "() => { window.denoiserStopDone = Date.now(); }"
+
+
+def retry_js(button: str) -> str:
+    """A click on #button within RETRY_S of a Stop: pressed again, once Stop is done, until ran_js(button) says its job
+    went out."""
+    return ("() => { const at = Date.now(), stopped = window.denoiserStoppedAt || 0; "
+            f"if (at - stopped > {RETRY_S * 1000} || window.denoiserRetry) return; "
+            "let tries = 0; window.denoiserRetry = setInterval(() => { "
+            f"if ((window.denoiserRan || {{}})['{button}'] >= at || ++tries > {RETRY_S * 5}) {{ "
+            "clearInterval(window.denoiserRetry); window.denoiserRetry = null; return; } "
+            f"if ((window.denoiserStopDone || 0) > stopped) document.querySelector('#{button}').click(); }}, 200); }}")
+
+
+def ran_js(button: str) -> str:
+    """The job of #button has been dispatched (its inputs pass unchanged)."""
+    return f"(...args) => {{ (window.denoiserRan = window.denoiserRan || {{}})['{button}'] = Date.now(); return args; }}"
 
 
 def keep(c: SimpleNamespace, scope: dict) -> None:

@@ -10,7 +10,17 @@ from types import SimpleNamespace
 import gradio as gr
 
 from denoiser.app.cache_sweep import sweep_safe, whole_files
-from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, run_controls, whole_box
+from denoiser.app.controls import (
+    SESSION_TTL_S,
+    STOP_DONE_JS,
+    STOPPED_JS,
+    form_slider,
+    keep,
+    ran_js,
+    retry_js,
+    run_controls,
+    whole_box,
+)
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import SCHEDULERS, Engine
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info
@@ -229,6 +239,9 @@ def _heads_tab(c: SimpleNamespace) -> None:
 
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
+    # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js)
+    for button in (c.run, c.word_edit_run):
+        button.click(None, js=retry_js(button.elem_id), api_name=False, queue=False)
     # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
     # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
     # .change of the model would race it: it reads the class shown before the row's arrived)
@@ -263,7 +276,8 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # progress and errors show on the status line only: a failed or stopped run leaves the pictures shown without
     # "Error" badges over them (the error's message stays until closed: streaming.user_error)
     sampling = dict(concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.status])
-    generating = c.run.click(h.generate, sample_inputs, sample_outputs, api_name="generate", **sampling)
+    generating = c.run.click(h.generate, sample_inputs, sample_outputs, api_name="generate", js=ran_js("generate"),
+                             **sampling)
     word_editing, w = wire_word_edit(app, h, c, sample_outputs, form, sampling)  # a text model's result, words changed
     c.word_edit_run.click(None, js=SHOW_RUN, api_name=False)  # its progress and pictures show where Generate's do
     runs = [generating, word_editing]
@@ -293,8 +307,8 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
                                  show_progress_on=[c.mean_status])
     for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [editing]),
                                (c.mean_stop, c.mean_status, [averaging]), (c.stats_stop, c.stats_status, [heads])):
-        button.click(None, None, None, cancels=jobs, api_name=False).then(
-            h.stopped, line, line, api_name=False, show_progress="hidden")
+        button.click(None, None, None, cancels=jobs, js=STOPPED_JS, api_name=False).then(
+            h.stopper(line.elem_id), line, line, api_name=False, show_progress="hidden").then(None, js=STOP_DONE_JS)
     pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]
     views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
     # a text model's words: the chosen word's maps and the pixel's weights over the words follow every change of view

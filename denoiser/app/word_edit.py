@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from denoiser.app.budget import plan_work
-from denoiser.app.controls import form_slider, keep
+from denoiser.app.controls import form_slider, keep, ran_js
 from denoiser.app.handlers import (
     N_VIEWS,
     NO_CLASS,
@@ -105,7 +105,8 @@ class WordEdit:
         note = " · attention guidance (PAG) off: an edit takes the source's layout" if float(v["pag_scale"] or 0) else ""
         return model, form, note
 
-    def run(self, gallery, selected, edit_prompt, edit_type, cross, self_, progress=gr.Progress()):
+    def run(self, gallery, selected, edit_prompt, edit_type, cross, self_, progress=gr.Progress(),
+            request: gr.Request = None):
         """The selected result and its edit, [source, edit], from its noise. Outputs: Generate's (the preview, the
         results, the generation and its views, the status line)."""
         try:  # the request checked before any work: a refusal is a message on the status line, not a failure
@@ -114,13 +115,15 @@ class WordEdit:
             plan_work(self.engine.sample_plan(model, **form)).check()
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
+            self.h.finished(request, "status")
             yield (*(gr.skip(),) * (N_VIEWS + 2), not_started(error.message))
             raise error from None
 
         def job(on_step):
             return self.engine.generate(model, **form, on_step=on_step)
 
-        gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
+        with self.h.running(request, "status"):
+            gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
         edit = form["edit"]
         made = {k: v for k, v in settings.items() if k not in ("index", "count", *EDIT_SETTINGS)}
         made.update(seed=form["seed"], num_images=2, pag_scale=0.0, prompt=form["prompt"] or "",
@@ -128,6 +131,7 @@ class WordEdit:
                     cross_replace_steps=edit.cross_replace_steps[1], self_replace_steps=edit.self_replace_steps[1])
         what = (f"{edit.edit_type}: the word maps from the source for the first {edit.cross_replace_steps[1]:.0%} of the "
                 f"steps, its layout for the first {edit.self_replace_steps[1]:.0%}; both from the noise of seed {form['seed']}")
+        self.h.finished(request, "status")
         yield (enlarge(to_pil(gen.images)), result_files(gen.images, made), *self.h.generation_views(gen),
                f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, {gen.num_steps} steps"
                f" · {what}{note}" + few_steps_note(gen.num_steps))
@@ -203,6 +207,7 @@ def wire_word_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, outputs: lis
     c.gallery.select(w.shown_on_select, [c.gallery, c.word_filled_from], panel, api_name=False, queue=False,
                      show_progress="hidden")
     edits = [c.edit_words, c.edit_type, c.cross_replace, c.self_replace]  # EDIT_SETTINGS' order
-    running = c.word_edit_run.click(w.run, [c.gallery, c.selected, *edits], outputs, api_name="word_edit", **sampling)
+    running = c.word_edit_run.click(w.run, [c.gallery, c.selected, *edits], outputs, api_name="word_edit",
+                                    js=ran_js("word-edit-run"), **sampling)  # pressed right after Stop: layout.retry_js
     running.success(w.form_of_result, c.gallery, form, api_name=False, queue=False)  # the form shows what ran
     return running, w

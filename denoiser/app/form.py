@@ -1,0 +1,236 @@
+"""The Sample tab's form: a model's best settings (its classes, its sampling.json's guidance, its sampler), the "try
+these" rows and example prompts, the work budget's note, the form read as the engine's arguments and refilled from a
+result's PNG. A mixin of denoiser.app.handlers.Handlers, which binds it to an engine.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import gradio as gr
+
+from denoiser.app.budget import plan_work
+from denoiser.app.engine import SCHEDULERS
+from denoiser.app.limits import LIMITS, check_int
+from denoiser.image_io import read_settings
+from denoiser.request import BUILT_IN
+
+__all__ = ["FormHandlers", "PROMPTS", "NO_CLASS", "MODELS_OWN", "SETTINGS_FORM", "FEW_STEPS", "guidance_info", "escape",
+           "few_steps_note"]
+
+# example prompts a text model's Sample tab offers to click (tried on weights/emoji with guidance 3: each gives
+# recognisable pictures)
+PROMPTS = ("red apple", "grinning face", "red heart", "pizza", "rocket", "cat", "sun", "ghost")
+NO_CLASS = "(any)"
+MODELS_OWN = "(the model's)"  # an advanced setting left to the model folder (its scheduler config, sampling.json)
+# the Sample tab's form as a result's PNG carries it (layout._wire orders the form's controls the same way), and the
+# values of settings a result written before them lacks
+SETTINGS_FORM = {"model": None, "scheduler": None, "steps": None, "seed": None, "num_images": None, "class": None,
+                 "guidance_scale": None, "pag_scale": None, "guide_scale": None, "timestep_spacing": MODELS_OWN,
+                 "eta": 0.0, "guidance_interval": "", "pag_layers": "", "prompt": "", "negative_prompt": ""}
+FEW_STEPS = 10  # sampling with fewer steps than this leaves visible noise (DDIM on the shipped models)
+
+
+def guidance_info(interval=None, prompt: bool = False) -> str:
+    """The classifier-free guidance slider's note (for a text model's prompt with `prompt`); names the steps a model's
+    sampling.json limits guidance to."""
+    what = "prompt" if prompt else "class"
+    text = f"classifier-free guidance: 2-3 makes the {what} clearer, 1 = off, needs a {what}"
+    if interval:
+        text += f"; this model guides steps t = {interval[0]:g}..{interval[1]:g} only (its measured interval)"
+    return text
+
+
+def escape(text: str) -> str:
+    """A person's text (a prompt) shown in Markdown as itself: no HTML, no emphasis, no links."""
+    return re.sub(r"([\\`*_{}\[\]()#+!|~-])", r"\\\1", html.escape(text[:200], quote=False))
+
+
+def few_steps_note(steps: int) -> str:
+    """A warning for settings that give noise rather than pictures."""
+    if steps >= FEW_STEPS:
+        return ""
+    return f" · **only {steps} step(s): the images are still mostly noise; use {FEW_STEPS} or more**"
+
+
+
+class FormHandlers:
+    """The Sample tab's form handlers (and the Edit tab's class and guidance choices); `self.engine` is the Handlers'."""
+
+    def loads(self, model: str) -> bool:
+        """Whether a model folder loads (the page offers broken folders in the model list, which says why)."""
+        try:
+            self.engine.model(model)
+        except (ValueError, OSError):
+            return False
+        return True
+
+    def _class_names(self, model) -> list[str]:
+        try:
+            return self.engine.classes(model) if model else []
+        except ValueError:
+            return []
+
+    def class_choices(self, model, current=None):
+        """The Edit tab's class selector for `model`: the class shown stays when the model has it, else "(any)"."""
+        names = self._class_names(model)
+        value = current if current in names else NO_CLASS
+        return gr.update(choices=[NO_CLASS] + names, value=value, visible=bool(names))
+
+    def sample_class_choices(self, model, current=None):
+        """The Sample tab's class selector for `model`: the class shown stays when the model has it, else its first
+        class (a class-conditional model samples best with one, and guidance needs one)."""
+        names = self._class_names(model)
+        value = current if current in names else (names[0] if names else NO_CLASS)
+        return gr.update(choices=[NO_CLASS] + names, value=value, visible=bool(names))
+
+    def is_text(self, model) -> bool:
+        """Whether `model` takes a prompt (False for a class model and for a folder that does not load)."""
+        try:
+            return bool(model) and self.engine.is_text(model)
+        except (ValueError, OSError):
+            return False
+
+    def example_row(self, model: str, seed: int) -> list:
+        """A "try these" row for `model`: everything the Sample tab sets, at the model's best (a class or, for a text
+        model, a prompt; its sampling.json's guidance)."""
+        names = self._class_names(model)
+        d, has_guide = self.model_defaults(model)
+        text = self.is_text(model)
+        class_name = names[seed % len(names)] if names else NO_CLASS
+        prompt = PROMPTS[seed % len(PROMPTS)] if text else ""
+        guidance_scale = d.get("guidance_scale", 1.0) if names or text else 1.0
+        sampler = self._own_sampler(model) or (BUILT_IN["scheduler"], BUILT_IN["steps"])
+        return [model, *sampler, seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0),
+                d.get("guide_scale", 1.0) if has_guide else 1.0, prompt]
+
+    def _own_sampler(self, model) -> tuple[str, int] | None:
+        """(scheduler, steps): the model folder's measured best, its sampler where the app can run it (SCHEDULERS),
+        else the built-in one; None for a folder that does not load (the page says so when it is used)."""
+        try:
+            own = self.engine.defaults(model)
+        except (ValueError, OSError):
+            return None
+        return (own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"]), own.steps
+
+    def sample_form(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale, guide_scale,
+                    timestep_spacing, eta, guidance_interval, pag_layers, prompt="", negative_prompt="") -> dict:
+        """The Sample tab's form as the engine's arguments (Engine.generate, Engine.sample_plan): the class by name as
+        its label, checked against the model's classes; the advanced settings (timestep spacing, eta, guidance
+        interval "lo, hi", PAG layers "a,b") left at MODELS_OWN or empty as None, the model's own (its scheduler
+        config, sampling.json). The prompts only for a text model (a class model's page hides and empties them)."""
+        classes = self.engine.classes(model) if model else []
+        text = self.is_text(model)
+        if class_name not in (None, "", NO_CLASS) and class_name not in classes:
+            raise ValueError(f"class {str(class_name)[:40]!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
+        # the page's boxes hold a number or nothing (an emptied box): each checked here, where the engine would take
+        # steps None for the folder's own
+        steps, seed = check_int("steps", steps, *LIMITS["steps"]), check_int("seed", seed, *LIMITS["seed"])
+        num_images = check_int("number of images", num_images, *LIMITS["num_images"])
+        return dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images,
+                    class_label=classes.index(class_name) if class_name in classes else None, eta=float(eta or 0),
+                    guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
+                    timestep_spacing=None if timestep_spacing in (None, "", MODELS_OWN) else timestep_spacing,
+                    guidance_interval=guidance_interval, pag_layers=pag_layers,
+                    prompt=(prompt or None) if text else None, negative_prompt=(negative_prompt or None) if text else None)
+
+    def use_settings(self, gallery, selected) -> tuple:
+        """The Sample tab's form refilled from the selected result's PNG (its settings; the first result when none
+        is selected): SETTINGS_FORM's fields (the advanced ones too; the class among its model's choices), and a
+        line saying so."""
+        items = list(gallery or [])
+        if not items:
+            return (*(gr.skip(),) * len(SETTINGS_FORM), "generate first: the settings are read from a result")
+        item = items[min(int(selected or 0), len(items) - 1)]
+        path = Path(str(item[0] if isinstance(item, (list, tuple)) else item))  # (path, caption) or a path
+        s = read_settings(path)
+        if not s:
+            return (*(gr.skip(),) * len(SETTINGS_FORM), "this result carries no settings")
+        values = {k: s.get(k, default) for k, default in SETTINGS_FORM.items()}  # older results lack the advanced ones
+        values["class"] = values["class"] or NO_CLASS
+        updates = {k: gr.update(value=v) for k, v in values.items()}
+        names = self._class_names(values["model"])  # "(any)" stays what it was: the result was made without a class
+        updates["class"] = gr.update(choices=[NO_CLASS] + names, value=values["class"], visible=bool(names))
+        updates["guidance_scale"] = gr.update(value=values["guidance_scale"], **self.guidance_label(values["model"]))
+        text = self.is_text(values["model"])
+        for key in ("prompt", "negative_prompt"):
+            updates[key] = gr.update(value=values[key] or "", visible=text)
+        return (*updates.values(), f"settings of {path.name} restored: press Generate")
+
+    def model_defaults(self, model):
+        """(its sampling.json, whether it ships a guide) of the chosen model; none for a broken folder."""
+        try:
+            return self.engine.sampling_defaults(model) if model else ({}, False)
+        except ValueError:
+            return {}, False
+
+    def budget_note(self, model, steps, num_images, class_name, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0,
+                    scheduler=None, timestep_spacing=MODELS_OWN, guidance_interval="", pag_layers="", prompt="",
+                    negative_prompt="") -> str:
+        """The work Generate would do with this form against the server's budget, shown under the sliders before
+        Generate: the plan Generate samples (the model folder's guidance interval and guide included) counted by the
+        rule its refusal uses (denoiser.app.budget), so the note says "over" exactly when Generate refuses. Nothing for
+        a form Generate refuses for another reason (it says why). scheduler and the advanced settings as Generate
+        reads them (sample_form): left unset, the model's own."""
+        try:
+            form = self.sample_form(model, scheduler, steps, 0, num_images, class_name, guidance_scale, pag_scale,
+                                    guide_scale, timestep_spacing, 0.0, guidance_interval, pag_layers, prompt, negative_prompt)
+            work = plan_work(self.engine.sample_plan(model, **form))
+        except (ValueError, TypeError, OSError):
+            return ""
+        if not work.over:
+            return f"work: {work.units:,.0f} of {work.budget:,.0f} units"
+        return (f"**over the work budget** ({work.units:,.0f} of {work.budget:,.0f} units): at most {work.max_steps} "
+                f"steps with {work.num_images} images, or {work.max_images} images with {work.steps} steps")
+
+    def model_form(self, model, current_class=None):
+        """The Sample tab set to the chosen model's measured best (on load, and when a person picks a model): a class
+        (sample_class_choices), its classifier-free scale (cfg_default), its folder's sampler and step count, and
+        its sampling.json's attention guidance and autoguidance (that slider only where it ships a guide)."""
+        class_update = self.sample_class_choices(model, current_class)
+        if (sampler := self._own_sampler(model)) is None:  # a model that does not load: the page says so when used
+            return (class_update, *(gr.skip(),) * 5)
+        d, has_guide = self.model_defaults(model)
+        scheduler, steps = sampler
+        return (class_update, self.sample_cfg_default(model, class_update["value"]), gr.update(value=scheduler),
+                gr.update(value=steps), gr.update(value=d.get("pag_scale", 0.0)),
+                gr.update(value=d.get("guide_scale", 1.0) if has_guide else 1.0, visible=has_guide))
+
+    def cfg_default(self, model, class_name):
+        """The model's classifier-free scale once a class is chosen; 1 (off) for "(any)", which it needs. The
+        slider's note names the steps the model guides when its sampling.json limits them. (The Edit tab's: a text
+        model runs unconditioned until a prompt is typed, so there it starts at 1 and says so.)"""
+        d = self.model_defaults(model)[0]
+        if self.is_text(model):
+            return gr.update(value=1.0, label="guidance (with a prompt)", info="a text model: without a prompt it runs "
+                             "unconditioned, keep 1; a prompt typed (edit, inpaint) sets the model's scale")
+        scale = d.get("guidance_scale", 1.0) if class_name not in (None, "", NO_CLASS) else 1.0
+        return gr.update(value=scale, label="guidance (with a class)", info=guidance_info(d.get("guidance_interval")))
+
+    def sample_cfg_default(self, model, class_name):
+        """The Sample tab's guidance for the chosen model: a class model's as cfg_default; a text model's is its
+        sampling.json's scale for a prompt (1 where it names none), on a slider that says it steers by the prompt."""
+        if not self.is_text(model):
+            return self.cfg_default(model, class_name)
+        return gr.update(value=self.model_defaults(model)[0].get("guidance_scale", 1.0), **self.guidance_label(model))
+
+    def guidance_label(self, model) -> dict:
+        """The Sample tab's guidance slider's label and note for `model`: guidance with a prompt (a text model) or
+        with a class, and the steps its sampling.json guides."""
+        text, interval = self.is_text(model), self.model_defaults(model)[0].get("guidance_interval")
+        return dict(label=f"guidance (with a {'prompt' if text else 'class'})", info=guidance_info(interval, prompt=text))
+
+    def filled_form(self, model, class_name) -> tuple:
+        """After a "try these" row filled the Sample form: its model's class choices (the row's class shown) and the
+        guidance slider's label for its model (its value the row's)."""
+        return self.sample_class_choices(model, class_name), gr.update(**self.guidance_label(model))
+
+    def text_controls(self, model):
+        """The Sample tab's prompt, negative prompt and example prompts: shown for a text model; hidden for a class model
+        and kept for when a text model is picked again (what a class model samples takes no prompt: sample_form reads
+        none for it, so its run and its PNGs have none)."""
+        shown = self.is_text(model)
+        return gr.update(visible=shown), gr.update(visible=shown), gr.update(visible=shown)
+
