@@ -18,6 +18,7 @@ from denoiser.attention_blocks import SpatialCrossAttention
 from denoiser.config import RunConfig, apply_overrides, config_from_dict
 from denoiser.guidance import Guidance, TextCondition
 from denoiser.init_from import init_text_encoder, load_init_weights, load_into
+from denoiser.model_dir import TextModel
 from denoiser.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.request import SampleRequest
 from denoiser.sample import sample
@@ -240,7 +241,7 @@ def test_an_empty_prompt_is_no_condition(text_model):
     assert (live[0] - plain[0]).abs().max() > 1e-3  # a prompt does change the output (the reference is not trivial)
     # through the sampling core: prompts "" give the images of the UNet sampled without any text
     request = SampleRequest(num_images=3, prompts="", seed=5, steps=3, batch_size=3)
-    got = run(resolve(request, unet=unet, scheduler=DDIMScheduler(), text=(tok, enc))).images
+    got = run(resolve(request, unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))).images
     want = sample(unet, DDIMScheduler(), 3, 3, seed=5).images
     assert torch.equal(got, want)
 
@@ -283,7 +284,7 @@ def test_the_seed_rule_holds_for_prompts_whatever_the_batch(text_model):
 
     def images(**fields) -> torch.Tensor:
         return run(resolve(SampleRequest(**{**base, **fields}), unet=unet, scheduler=DDIMScheduler(),
-                           text=(tok, enc))).images
+                           text=TextModel(tok, enc))).images
 
     whole = images(num_images=4, prompts=PROMPTS, batch_size=4)
     for k in range(4):  # image k of the request is image 0 of a 1-image request seeded seed + k
@@ -297,14 +298,14 @@ def test_the_seed_rule_holds_for_prompts_whatever_the_batch(text_model):
 def test_prompts_are_checked_and_long_ones_warned_about(text_model, class_unet, caplog):
     unet, tok, enc = text_model
     with pytest.raises(ValueError, match=r"one prompt or one per image \(3\)"):
-        resolve(SampleRequest(num_images=3, prompts=["a", "b"]), unet=unet, scheduler=DDIMScheduler(), text=(tok, enc))
+        resolve(SampleRequest(num_images=3, prompts=["a", "b"]), unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))
     with pytest.raises(ValueError, match="no text encoder was found"):
         resolve(SampleRequest(num_images=1, prompts="a"), unet=unet, scheduler=DDIMScheduler())
     with pytest.raises(ValueError, match="leave the prompt out and pick a class"):
         resolve(SampleRequest(num_images=1, prompts="cat"), unet=class_unet, scheduler=DDIMScheduler())
     long = " ".join(f"w{i}" for i in range(12))
     with caplog.at_level("WARNING", logger="denoiser.sampling"):
-        plan = resolve(SampleRequest(num_images=2, prompts=long), unet=unet, scheduler=DDIMScheduler(), text=(tok, enc))
+        plan = resolve(SampleRequest(num_images=2, prompts=long), unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))
     assert plan.prompts == (long, long) and plan.negative_prompts == ("", "")
     assert "cut at 8 words" in caplog.text and "w8 w9 w10 w11" in caplog.text
 
