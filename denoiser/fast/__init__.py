@@ -1,6 +1,6 @@
 """The optional speed layer: everything here makes the model faster and nothing here changes what it computes.
 
-The model files (`denoiser.attention`, `denoiser.groupnorm`, `denoiser.unet`) are written once, readably, with
+The model files (`denoiser.attention`, `denoiser.attention_blocks`, `denoiser.groupnorm`, `denoiser.unet`) are written once, readably, with
 torch's own modules and ops; each piece below is a switch or a wrapper around them, kept because an interleaved
 A/B showed it pays on a CPU (`bench/fast_path_ab.py`, bench/NOTES.md), and tested against the reference where
 it is compiled:
