@@ -72,9 +72,9 @@ def test_word_map_and_pixel_weights_are_the_records(weights):
 def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     h = Handlers(Engine(weights))
-    prompt, negative, examples = h.text_controls("words")
+    prompt, negative, examples, _ = h.text_controls("words")
     assert prompt["visible"] and negative["visible"] and examples["visible"]
-    prompt, negative, examples = h.text_controls("tiny-classes")
+    prompt, negative, examples, _ = h.text_controls("tiny-classes")
     assert not prompt["visible"] and "value" not in prompt and not examples["visible"]  # kept for the next text model
     class_update, guidance, *_ = h.model_form("words")
     assert not class_update["visible"]
@@ -295,3 +295,25 @@ def test_a_cut_prompt_says_so_on_the_status_line_and_the_word_list(weights, tmp_
     assert said in words["label"] and len(words["choices"]) == max_length
     *_, whole = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
     assert "cut" not in whole[-1] and whole[2 + 6 + 4]["label"] == "the prompt's words"
+
+
+def test_examples_are_the_model_folders_prompts(weights, tmp_path, monkeypatch):
+    """A text model's "try these" row and example prompts are its sampling.json's example_prompts (chosen by prompt
+    fidelity), PROMPTS only where it names none; they were PROMPTS for every model ("rocket" drew people)."""
+    import json
+    import shutil
+
+    from denoiser.app.form import PROMPTS
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    root = tmp_path / "weights"
+    shutil.copytree(weights / "words", root / "own-prompts")
+    shutil.copytree(weights / "words", root / "no-prompts")
+    own = ["red apple", "yellow star", "blue car"]
+    (root / "own-prompts" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5, "example_prompts": own}))
+    h = Handlers(Engine(root))
+    assert [h.example_row("own-prompts", k)[-1] for k in range(4)] == [*own, own[0]]
+    assert h.example_prompts("own-prompts") == tuple(own)
+    assert h.text_controls("own-prompts")[3]["samples"] == [[p] for p in own]
+    assert h.example_row("no-prompts", 1)[-1] == PROMPTS[1]  # a folder without them: the app's
+    assert h.text_controls("no-prompts")[3]["samples"] == [[p] for p in PROMPTS]

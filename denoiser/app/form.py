@@ -20,8 +20,8 @@ from denoiser.request import BUILT_IN
 __all__ = ["FormHandlers", "PROMPTS", "NO_CLASS", "MODELS_OWN", "SETTINGS_FORM", "FEW_STEPS", "guidance_info", "escape",
            "few_steps_note"]
 
-# example prompts a text model's Sample tab offers to click (tried on weights/emoji with guidance 3: each gives
-# recognisable pictures)
+# example prompts a text model's Sample tab offers to click where its folder names none (sampling.json's example_prompts,
+# chosen by prompt fidelity: FormHandlers.example_prompts)
 PROMPTS = ("red apple", "grinning face", "red heart", "pizza", "rocket", "cat", "sun", "ghost")
 NO_CLASS = "(any)"
 MODELS_OWN = "(the model's)"  # an advanced setting left to the model folder (its scheduler config, sampling.json)
@@ -100,11 +100,21 @@ class FormHandlers:
         d, has_guide = self.model_defaults(model)
         text = self.is_text(model)
         class_name = names[seed % len(names)] if names else NO_CLASS
-        prompt = PROMPTS[seed % len(PROMPTS)] if text else ""
+        prompts = self.example_prompts(model)
+        prompt = prompts[seed % len(prompts)] if text else ""
         guidance_scale = d.get("guidance_scale", 1.0) if names or text else 1.0
         sampler = self._own_sampler(model) or (BUILT_IN["scheduler"], BUILT_IN["steps"])
         return [model, *sampler, seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0),
                 d.get("guide_scale", 1.0) if has_guide else 1.0, prompt]
+
+    def example_prompts(self, model) -> tuple[str, ...]:
+        """The prompts a text model's examples offer: its folder's (sampling.json's example_prompts, the prompts it was
+        measured to draw), else PROMPTS."""
+        try:
+            own = tuple(self.engine.defaults(model).example_prompts) if model else ()
+        except (ValueError, OSError):
+            own = ()
+        return own or PROMPTS
 
     def _own_sampler(self, model) -> tuple[str, int] | None:
         """(scheduler, steps): the model folder's measured best, its sampler where the app can run it (SCHEDULERS),
@@ -228,9 +238,10 @@ class FormHandlers:
         return self.sample_class_choices(model, class_name), gr.update(**self.guidance_label(model))
 
     def text_controls(self, model):
-        """The Sample tab's prompt, negative prompt and example prompts: shown for a text model; hidden for a class model
-        and kept for when a text model is picked again (what a class model samples takes no prompt: sample_form reads
-        none for it, so its run and its PNGs have none)."""
+        """The Sample tab's prompt, negative prompt, example prompts' box and their table: shown for a text model (the
+        table its example_prompts); hidden for a class model and kept for when a text model is picked again (what a
+        class model samples takes no prompt: sample_form reads none for it, so its run and its PNGs have none)."""
         shown = self.is_text(model)
-        return gr.update(visible=shown), gr.update(visible=shown), gr.update(visible=shown)
+        samples = gr.update(samples=[[p] for p in self.example_prompts(model)]) if shown else gr.skip()
+        return gr.update(visible=shown), gr.update(visible=shown), gr.update(visible=shown), samples
 

@@ -129,7 +129,8 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                                     placeholder="what to draw, e.g. red apple; empty: anything (no condition)",
                                     info="a text model sees each word as one token (the Attention tab shows each word's map)")
                 with gr.Column(visible=False, min_width=0, elem_id="prompt-examples") as prompt_examples_box:
-                    gr.Examples([[p] for p in PROMPTS], [prompt], label="example prompts", examples_per_page=len(PROMPTS))
+                    c.prompt_examples = gr.Examples([[p] for p in PROMPTS], [prompt], label="example prompts",
+                                                    examples_per_page=len(PROMPTS))  # the model's: text_controls
                 # custom values allowed: choices follow the chosen model; generate() validates them
                 # the rows' classes among the first choices, so that the "try these" table shows them
                 with gr.Column(min_width=0, elem_id="class-box"):  # its own block: on a phone it moves under Generate
@@ -248,7 +249,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     model_form = [c.class_name, c.guidance, c.scheduler, c.steps, c.pag, c.guide_w]
     app.load(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     # a text model's prompt in place of the class: shown with its model, however the model was set
-    text_controls = [c.prompt, c.negative_prompt, c.prompt_examples_box]
+    text_controls = [c.prompt, c.negative_prompt, c.prompt_examples_box, c.prompt_examples.dataset]
     app.load(h.text_controls, c.model, text_controls, api_name=False)
     c.model.change(h.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
     c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
