@@ -212,8 +212,14 @@ class UNet(ModelMixin, ConfigMixin):
                 class_labels = torch.full((batch,), null, device=device, dtype=torch.long)
             class_labels = torch.as_tensor(class_labels, device=device).reshape(-1).expand(batch)
             # a data-dependent check: eager calls only (torch.compile/export trace the graph without it)
-            if not _tracing() and ((class_labels < 0) | (class_labels > null)).any():
-                raise ValueError(f"class_labels must lie in 0..{null - 1} (or {null} for 'no class')")
+            if not _tracing():
+                bad = ((class_labels < 0) | (class_labels > null)).any()  # 0-d bool, on the labels' device
+                message = f"class_labels must lie in 0..{null - 1} (or {null} for 'no class')"
+                if bad.device.type == "cpu":
+                    if bad:
+                        raise ValueError(message)
+                else:  # an accelerator's labels: a device-side assert, no host sync each training step (issue 50)
+                    torch._assert_async(~bad, message)
             temb = temb + self.class_embed(class_labels)
         elif class_labels is not None:
             raise ValueError("class_labels were given but this UNet has no classes (num_class_embeds is None)")
