@@ -156,13 +156,13 @@ class WalkChecks:
             self.reference, self.touched = self.settings(files[0]), set()
             problems += self._earlier_problems(self.reference)
         self.gallery = files
-        done = re.match(r"done: (\d+) image\(s\)(?: of “.*”)?, (\d+) steps", status, re.DOTALL)
+        done = re.match(r"done: (\d+) image\(s\)(?: of “.*”| of class (.+?))?, (\d+) steps", status, re.DOTALL)
         if done:
-            n, steps = map(int, done.groups())
+            n, drawn, steps = int(done[1]), done[2], int(done[3])
             made = self.settings(files[0]) if files else {}
-            if len(files) != n or made.get("count") != n or made.get("steps") != steps:
+            if len(files) != n or made.get("count") != n or made.get("steps") != steps or drawn != made.get("class"):
                 problems.append(f"the status says {status!r}, the gallery shows {len(files)} image(s) made with "
-                                f"{made.get('steps')} steps")
+                                f"{made.get('steps')} steps, class {made.get('class')!r}")
         elif re.search(r"stopped at step|not started", status):
             if files != self.before_run:
                 problems.append(f"the status says {status[:120]!r} (the results from the run before), but the gallery "

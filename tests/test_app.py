@@ -549,11 +549,12 @@ def test_browser_examples_fill_the_settings_and_a_picture(server, demo, weights,
         rows.nth(1).click()  # a row sets everything and generates (issue 35 item 10)
         page.wait_for_function(f"() => document.querySelector('#steps input[type=number]').value === '{steps}'",
                                timeout=10_000)
-        page.locator("#status").get_by_text(f"done: 8 image(s), {steps} steps").wait_for(timeout=120_000)
+        page.locator("#status").get_by_text(re.compile(rf"done: 8 image\(s\) of class .+, {steps} steps")).wait_for(
+            timeout=120_000)
         page.locator("#steps input[type=number]").fill("3")
         page.locator("#steps input[type=number]").press("Enter")
         page.locator("#generate").click()  # the issue's failing step: Generate after the switch
-        page.locator("#status").get_by_text("done: 8 image(s), 3 steps").wait_for(timeout=60_000)
+        page.locator("#status").get_by_text(re.compile(r"done: 8 image\(s\) of class .+, 3 steps")).wait_for(timeout=60_000)
         _no_errors(page)
         # issue 35 item 4: Gradio's cache sweep (delete_cache) removes every file it made; the examples stay
         # (the run's keep_results may still be adding files: denoiser.app.cache_sweep keeps that from failing it)
@@ -739,3 +740,34 @@ def test_the_app_without_gradio_says_which_extra_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gradio" else found(name, *a))
     with pytest.raises(SystemExit, match=r"needs Gradio.*pip install 'attention-denoiser\[app\]'"):
         main(["--port", "0"])
+
+
+def test_a_client_that_leaves_is_one_line_not_a_traceback(capsys):
+    """Issue 51 item 14: under load, uploads whose browser left logged uvicorn's ClientDisconnect traceback; a
+    disconnect is not a failure: one line. Other errors keep theirs."""
+    import logging
+
+    from starlette.requests import ClientDisconnect
+
+    from denoiser.app.serve import Disconnects
+
+    logger = logging.getLogger("test-disconnects")
+    handler = logging.StreamHandler()
+    logger.addHandler(handler)
+    logger.addFilter(Disconnects())
+    logger.propagate = False
+    try:
+        for exc in (ClientDisconnect(), RuntimeError("upload failed")):
+            try:
+                try:
+                    raise exc
+                except Exception as inner:
+                    raise OSError("the request's stream") from inner  # as a server's wrapping chains it
+            except Exception:  # noqa: BLE001
+                logger.exception("Exception in ASGI application")
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    left, failed = err.split("Exception in ASGI application", 1)
+    assert left.strip() == "a client left during a request (ClientDisconnect): nothing to do"  # no traceback
+    assert "Traceback" in failed and "RuntimeError: upload failed" in failed and "ClientDisconnect" not in failed

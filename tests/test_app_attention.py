@@ -89,3 +89,14 @@ def test_switch_off_before_a_generation_hints_as_compute_statistics_does(weights
     stats = _run(h.head_stats(None, 0, **quiet))  # neither raises: no Error toast
     off = _run(h.switch_off(None, ["mid_attn"], "all", **quiet))
     assert stats[-1][-1] == off[-1][-1] and off[-1][-1].startswith("generate images first")
+
+
+def test_a_class_models_done_line_names_the_class_it_drew(weights, tmp_path, monkeypatch):
+    """Issue 51 item 14: a class model's status line said "done: 2 image(s), 2 steps" without the class it drew."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    h = Handlers(Engine(weights))
+    name = h.engine.classes("tiny-classes")[1]
+    last = _run(h.generate("tiny-classes", "ddim", 2, 0, 2, name, progress=lambda *a, **k: None))[-1]
+    assert last[-1].startswith(f"done: 2 image(s) of class {name}, 2 steps"), last[-1]
+    last = _run(h.generate("tiny-classes", "ddim", 2, 0, 2, "(any)", progress=lambda *a, **k: None))[-1]
+    assert last[-1].startswith("done: 2 image(s), 2 steps"), last[-1]  # no class chosen: none named

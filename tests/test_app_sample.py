@@ -254,3 +254,22 @@ def test_browser_generate_right_after_stop_runs(server, slow_steps):
         page.locator("#status").get_by_text("denoising: step").wait_for(timeout=30_000)
         page.locator("#stop").click()
         page.locator("#status").get_by_text("stopped at step").wait_for(timeout=30_000)
+
+
+def test_browser_a_new_run_closes_the_messages_of_earlier_requests(server):
+    """Issue 51 item 4: error messages stay until closed, so they piled up, and "generate images first" stayed on the
+    page after a generation existed. A new request closes the earlier ones; its own stay."""
+    with browser_page(server) as page:
+        page.get_by_role("tab", name="Attention", exact=True).click()
+        page.get_by_role("button", name="show", exact=True).click()
+        toasts = page.locator("[data-testid=toast-body]")
+        toasts.filter(has_text="generate images first").first.wait_for(timeout=30_000)
+        page.get_by_role("tab", name="Sample", exact=True).click()
+        _set(page, "steps", 2)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+        assert toasts.filter(has_text="generate images first").count() == 0, toasts.all_inner_texts()
+        _set(page, "steps", -5)
+        page.locator("#generate").click()
+        toasts.filter(has_text="steps must be a whole number").first.wait_for(timeout=30_000)  # its own message stays
+        assert toasts.count() == 1, toasts.all_inner_texts()

@@ -10,7 +10,7 @@ import gradio as gr
 
 from denoiser.app.limits import LIMITS
 
-__all__ = ["SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "keep", "ran_js", "retry_js", "run_controls", "whole_box"]
+__all__ = ["CLEAR_TOASTS", "SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "keep", "ran_js", "retry_js", "run_controls", "whole_box"]
 
 SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is dropped this long after its last update
 
@@ -26,10 +26,15 @@ STOPPED_JS = "() => { window.denoiserStoppedAt = Date.now(); }"
 STOP_DONE_JS = "() => { window.denoiserStopDone = Date.now(); }"
 
 
+# a new job's click closes the messages of earlier ones (they stay until closed: streaming.user_error), so that none
+# is left about a request that is over ("generate images first" after a generation exists)
+CLEAR_TOASTS = "document.querySelectorAll('[data-testid=toast-close]').forEach(b => b.click());"
+
+
 def retry_js(button: str) -> str:
-    """A click on #button within RETRY_S of a Stop: pressed again, once Stop is done, until ran_js(button) says its job
-    went out."""
-    return ("() => { const at = Date.now(), stopped = window.denoiserStoppedAt || 0; "
+    """A click on #button: the earlier messages closed (CLEAR_TOASTS); within RETRY_S of a Stop, pressed again once
+    Stop is done, until ran_js(button) says its job went out."""
+    return ("() => { " + CLEAR_TOASTS + " const at = Date.now(), stopped = window.denoiserStoppedAt || 0; "
             f"if (at - stopped > {RETRY_S * 1000} || window.denoiserRetry) return; "
             "let tries = 0; window.denoiserRetry = setInterval(() => { "
             f"if ((window.denoiserRan || {{}})['{button}'] >= at || ++tries > {RETRY_S * 5}) {{ "

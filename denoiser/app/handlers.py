@@ -129,7 +129,7 @@ class Handlers(FormHandlers, ViewHandlers):
                         prompt=form["prompt"] or "", negative_prompt=form["negative_prompt"] or "")
         settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
         gallery = result_files(gen.images, settings)
-        of = f" of “{escape(gen.prompt)}”" if gen.prompt else ""
+        of = f" of “{escape(gen.prompt)}”" if gen.prompt else (f" of class {escape(class_name)}" if label is not None else "")
         cut = f" · **{escape(note)}**" if (note := unread_note(gen.words, gen.unread)) else ""
         self.finished(request, "status")
         yield (

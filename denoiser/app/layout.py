@@ -11,6 +11,7 @@ import gradio as gr
 
 from denoiser.app.cache_sweep import sweep_safe, whole_files
 from denoiser.app.controls import (
+    CLEAR_TOASTS,
     SESSION_TTL_S,
     STOP_DONE_JS,
     STOPPED_JS,
@@ -156,7 +157,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                     negative_prompt = gr.Textbox("", label="negative prompt", elem_id="negative-prompt", visible=False,
                                                  max_lines=2, placeholder="empty: no condition",
                                                  info="what guidance steers away from (a text model, guidance above 1)")
-                    pag_layers = gr.Textbox("", label="PAG layers", elem_id="pag-layers",
+                    pag_layers = gr.Textbox("", label="attention guidance (PAG) layers", elem_id="pag-layers",
                                             placeholder="comma-separated, as the Heads tab names them (e.g. mid_attn); "
                                                         "empty: the low-resolution decoder attention")
         # full width, under both columns: a click sets everything (a class included) and generates (_wire)
@@ -243,6 +244,8 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js)
     for button in (c.run, c.word_edit_run):
         button.click(None, js=retry_js(button.elem_id), api_name=False, queue=False)
+    for button in (c.edit_run, c.mean_run, c.stats_run, c.off_run, c.show_btn):  # a new request: older messages close
+        button.click(None, js=f"() => {{ {CLEAR_TOASTS} }}", api_name=False, queue=False)
     # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
     # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
     # .change of the model would race it: it reads the class shown before the row's arrived)
@@ -287,7 +290,8 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.use_settings.click(w.use_settings, [c.gallery, c.selected], restored, api_name=False)
     if c.sample_examples is not None:  # a "try these" row fills the form, then generates as Generate does
         filled = c.sample_examples.load_input_event
-        filled.then(None, js=SHOW_RUN)  # the row's table is below: the status line and the preview come into view
+        # the row's table is below: the status line and the preview come into view; older messages close
+        filled.then(None, js=f"() => {{ {CLEAR_TOASTS} ({SHOW_RUN})(); }}")
         runs.append(filled.then(h.filled_form, [c.model, c.class_name], [c.class_name, c.guidance], api_name=False,
                                 queue=False)
                     .then(h.generate, sample_inputs, sample_outputs, api_name=False, **sampling))

@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from starlette.requests import ClientDisconnect
+
 from denoiser.app.engine import Engine
 from denoiser.app.layout import LAUNCH, build_app
 from denoiser.app.streaming import STOPPING, log
@@ -27,7 +29,31 @@ from denoiser.fast import malloc
 from denoiser.fast.kernels import load_kernels
 from denoiser.model_dir import WEIGHTS_ENV, model_roots
 
-__all__ = ["run"]
+__all__ = ["run", "Disconnects"]
+
+
+def _disconnect(exc: BaseException | None) -> bool:
+    """Whether an exception is, or wraps (a cause, a context, an anyio task group's group), a client that left."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ClientDisconnect):
+            return True
+        if hasattr(exc, "exceptions"):  # an exception group (anyio, Python 3.11+)
+            return any(_disconnect(e) for e in exc.exceptions)
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+class Disconnects(logging.Filter):
+    """A browser that leaves during an upload (a closed tab, a lost connection; many under load) is not a failure of
+    the server: uvicorn's traceback for its ClientDisconnect becomes one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and _disconnect(record.exc_info[1]):
+            record.msg, record.args = "a client left during a request (ClientDisconnect): nothing to do", ()
+            record.exc_info, record.exc_text, record.levelno, record.levelname = None, None, logging.INFO, "INFO"
+        return True
 
 
 def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,6 +108,9 @@ def run(argv: list[str] | None = None) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    log.propagate = False  # each line once: a handler on the root logger (basicConfig) would print it again
+    for name in ("uvicorn.error", "uvicorn", "gradio"):
+        logging.getLogger(name).addFilter(Disconnects())
     try:
         _serve(_parse_args(argv))
     finally:

@@ -100,7 +100,8 @@ def stages_text(s: Stages) -> str:
     return (
         f"**{s.layer}, head {s.head}** — query pixel ({yq}, {xq}) of the {H}x{W} grid, "
         f"d = {s.head_dim}, step {s.step} (t = {s.timestep})\n\n"
-        f"(1) q, k, v = projections of the {H * W} pixel tokens · (2) scores = q·kᵀ/√d: "
+        f"(1) q, k, v (query, key, value) = projections of the {H * W} pixel tokens · (2) scores = q·kᵀ/√d (each "
+        f"query against every key, divided by the square root of the head size d): "
         f"min {s.score_range[0]:.3f}, max {s.score_range[1]:.3f} · (3) softmax: weights sum to "
         f"{s.weight_sum:.6f} · (4) output = weights · v\n\n"
         f"| attended pixel (y, x) | score | weight |\n|---|---|---|\n{rows}"
