@@ -3,15 +3,8 @@ its own process for what only a whole process shows (its memory, its temp files,
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,10 +14,10 @@ from PIL import Image
 from denoiser.app import handlers
 from denoiser.app.layout import CSS
 from denoiser.model_dir import WEIGHTS_DIR
-from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, free_port, screenshots
+from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, screenshots
 from tests.app_browser import choose as _choose
 from tests.app_browser import no_errors as _no_errors
-from tests.conftest import ROOT
+from tests.test_app_serve import _assert_sampling_runs, _cpu_seconds_over, _sampling_threads
 
 
 def test_click_maps_through_display_scaling():
@@ -75,79 +68,6 @@ def test_one_image_and_one_step_work_and_the_most_images_too(server):
         assert (y, x) == (3, 4)
 
 
-def _cpu_seconds_over(window: float) -> float:
-    """CPU time this process (the app's server runs in it) spends during `window` seconds of wall-clock."""
-    start = time.process_time()
-    time.sleep(window)
-    return time.process_time() - start
-
-
-def _sampling_threads() -> list[threading.Thread]:
-    """The app's sampling worker threads alive now (denoiser.app.streaming names them)."""
-    return [t for t in threading.enumerate() if t.name == "denoiser-generate"]
-
-
-def _assert_sampling_runs(window: float) -> None:
-    """The sampling thread is alive and the server uses CPU (a share of a core: on a machine busy with other tests
-    it gets less than one; stopped, it uses next to none)."""
-    used = _cpu_seconds_over(window)
-    assert _sampling_threads(), "no sampling thread is running"
-    assert used > 0.1 * window, f"the generation is not running: {used:.2f} CPU seconds in {window} s"
-
-
-def test_cancel_stops_the_sampling_work(server):
-    from gradio_client import Client
-
-    client = Client(server, verbose=False)
-    job = client.submit("tiny-classes", "ddpm", 1000, 0, 64, "(any)", api_name="/generate")  # ~a minute of work
-    _assert_sampling_runs(2.0)
-    job.cancel()
-    idle = [_cpu_seconds_over(1.0) for _ in range(5)]
-    assert min(idle[1:]) < 0.25, f"sampling went on after the cancel (CPU seconds per second: {idle})"
-    assert not _sampling_threads()
-    # the slot is free again: a small job runs at once
-    tic = time.monotonic()
-    out = client.predict("tiny-classes", "ddim", 2, 0, 1, "(any)", api_name="/generate")
-    assert len(out[1]) == 1 and time.monotonic() - tic < 20
-
-
-def test_uploads_are_bounded(server):
-    import httpx
-
-    # 25 MB at most: a phone's JPEG fits, the editor's PNG of its small copy too (layout.LAUNCH)
-    big = httpx.post(server + "gradio_api/upload", files={"files": ("big.bin", b"0" * (26 * 1024 * 1024))}, timeout=30)
-    assert big.status_code in (400, 413) and "size" in big.text.lower()
-    small = httpx.post(server + "gradio_api/upload", files={"files": ("small.bin", b"0" * 1024)}, timeout=30)
-    assert small.status_code == 200
-
-
-def test_edit_tab_inpaints_an_uploaded_image_and_opens_its_attention(server, tmp_path):
-    from gradio_client import Client, handle_file
-
-    image, layer = tmp_path / "photo.png", tmp_path / "paint.png"
-    Image.new("RGB", (32, 24), (30, 160, 60)).save(image)  # not the model's 16x16: resized and cropped
-    paint = Image.new("RGBA", (32, 24), (0, 0, 0, 0))
-    paint.paste((255, 0, 255, 255), (10, 8, 20, 16))  # the brushed area: regenerate it
-    paint.save(layer)
-    editor = {"background": handle_file(str(image)), "layers": [handle_file(str(layer))],
-              "composite": handle_file(str(image)), "id": None}
-    client = Client(server, verbose=False)
-    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.3, 0.0, 3, 0, api_name="/edit")
-    assert len(gallery) == 2 and Image.open(gallery[1]["image"]).size == (16, 16)
-    assert "resized and centre-cropped to 16x16" in text and "3 step(s)" in text
-    y, x, _, maps, stages, info = client.predict(0, 2, 5, 6, 0, 0, api_name="/attention")  # the result's last step
-    assert (y, x) == (5, 6) and Image.open(maps).width > 200 and "sum to 1.000000" in info
-    plain = {"background": handle_file(str(image)), "layers": [], "composite": handle_file(str(image)), "id": None}
-    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, plain, "denoise", 0.0, 0.3, 0.2, 1, 0, api_name="/edit")
-    assert len(gallery) == 3 and "PSNR against your image: noisy" in text  # input, noisy, result
-    with pytest.raises(Exception, match="inpaint needs a mask"):
-        client.predict("tiny-classes", "(any)", 1.0, plain, "inpaint", 0.0, 0.3, 0.0, 3, 0, api_name="/edit")
-    # issue 35 item 15: denoise keeps the picture's size (overlapping tiles at the model's), before and after alike
-    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, plain, "denoise", 0.1, 0.3, 0.0, 1, 0, api_name="/edit")
-    assert [Image.open(g["image"]).size for g in gallery] == [(32, 24), (32, 24)]
-    assert "32x24 input, denoised at its own size in overlapping 16x16 tiles" in text
-
-
 def test_every_view_follows_the_step_and_a_new_generation_clears_them(server):
     from gradio_client import Client
 
@@ -160,20 +80,6 @@ def test_every_view_follows_the_step_and_a_new_generation_clears_them(server):
     client.predict("tiny-classes", "ddim", 2, 1, 1, "(any)", api_name="/generate")
     clickable, maps, stages, text = client.predict(0, 1, 0, 0, api_name="/refresh")
     assert clickable is not None and maps is None and stages is None and text == ""  # the old pixel is gone
-
-
-def test_drawing_on_the_blank_canvas_asks_for_a_photo(server, tmp_path):
-    from gradio_client import Client, handle_file
-
-    blank, layer = tmp_path / "blank.png", tmp_path / "layer.png"
-    Image.new("RGB", (800, 800), "white").save(blank)  # what the editor holds when nothing was uploaded
-    stroke = Image.new("RGBA", (800, 800), (0, 0, 0, 0))
-    stroke.paste((255, 0, 255, 255), (300, 300, 500, 500))
-    stroke.save(layer)
-    editor = {"background": handle_file(str(blank)), "layers": [handle_file(str(layer))],
-              "composite": handle_file(str(blank))}
-    with pytest.raises(Exception, match="upload a photo first"):
-        Client(server, verbose=False).predict("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.3, 0.0, 3, 0, api_name="/edit")
 
 
 def test_failures_read_as_short_escaped_messages(server, weights, capfd, caplog):
@@ -197,108 +103,6 @@ def test_failures_read_as_short_escaped_messages(server, weights, capfd, caplog)
     assert "Traceback" not in capfd.readouterr().err
     with pytest.raises(Exception, match=r"steps must be a whole number in 1\.\.1000, got None"):
         client.predict("tiny-classes", "ddim", None, 0, 1, "(any)", api_name="/generate")  # an emptied box: ours
-
-
-def test_analytics_are_off():
-    assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
-
-
-@contextlib.contextmanager
-def _app_process(weights: Path, temp_parent: Path, *args: str):
-    """`python app.py` in a process of its own, as `make app` starts it, with GRADIO_TEMP_DIR=temp_parent;
-    yields the process and its URL once it answers, and kills it at the end if it is still running."""
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_TEMP_DIR": str(temp_parent)}
-    log = temp_parent.parent / f"app-{port}.log"
-    with log.open("w") as out:
-        cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--weights", str(weights), *args]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        import httpx
-
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(url, timeout=2)
-                break
-            except httpx.HTTPError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"app.py did not start:\n{log.read_text()[-3000:]}") from None
-                time.sleep(0.2)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-
-
-def _rss_mb(pid: int) -> float:
-    """A process's resident memory (Linux /proc), in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"/proc/{pid}/status has no VmRSS")
-
-
-@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the server's RSS from /proc (Linux)")
-def test_server_memory_stays_flat_and_dropped_sessions_are_freed(weights, tmp_path):
-    """Issue 11 item 4, on app.py's own process with --max-sessions 2: over fresh sessions that each keep ~27 MB
-    (64 images x 100 steps: step inputs and attention records), RSS stays at what two of them hold, and
-    once small sessions have pushed them out, their memory is back with the system.
-
-    Measured on a 2-core CPU: held 12..30 MiB, left -3..5 MiB. Without the app's malloc settings (two
-    arenas, free memory handed back after each job): held 53..84, left 47..82, as glibc kept what was freed
-    (the app before them, with its caching CPU allocator: left 34). A generation that outlived its
-    session would add ~27 MiB per session."""
-    from gradio_client import Client
-
-    cap, measured = 2, 7  # a session that outlived the cap would add ~27 MiB each: 5 of them, well over the 60 MiB bar
-    with _app_process(weights, tmp_path / "gradio", "--max-sessions", str(cap)) as (proc, url):
-
-        def fresh_session(steps: int, images: int) -> float:
-            """One generation in a new session (as from a new browser tab); the server's RSS after it, in MiB."""
-            client = Client(url, verbose=False, download_files=False)
-            client.predict("tiny-classes", "ddim", steps, 0, images, "(any)", api_name="/generate")
-            client.close()
-            return _rss_mb(proc.pid)
-
-        start = _rss_mb(proc.pid)
-        # every shape sampled once (64 images, one step: little kept), then small sessions push those out
-        warm_up = [fresh_session(1, 64) for _ in range(cap)] + [fresh_session(1, 1) for _ in range(cap)]
-        big = [fresh_session(100, 64) for _ in range(measured)]
-        small = [fresh_session(1, 1) for _ in range(cap)]  # the big ones are dropped
-    numbers = (f"start {start:.0f} MiB, warm-up {[round(r) for r in warm_up]}, {measured} big sessions "
-               f"{[round(r) for r in big]}, then small ones {[round(r) for r in small]}")
-    held = max(big[cap:]) - max(big[:cap])  # once the cap is full
-    assert held < 60, f"RSS grew {held:.0f} MiB after the {cap} kept sessions were in memory ({numbers})"
-    left = small[-1] - warm_up[-1]  # small sessions only, both times
-    assert left < 25, f"the dropped sessions left {left:.0f} MiB behind in the server ({numbers})"
-
-
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM is a POSIX signal")
-def test_sigterm_closes_the_app_and_removes_its_temp_folder(weights, tmp_path):
-    """Issue 11 item 8: Gradio's served files go to a folder of the app's own, and SIGTERM (as from kill,
-    systemd or docker stop) closes the server and removes it. Before: exit -15 at once, every file left."""
-    from gradio_client import Client
-
-    temp_parent = tmp_path / "gradio"
-    with _app_process(weights, temp_parent) as (proc, url):
-        made = list(temp_parent.iterdir())
-        assert len(made) == 1 and made[0].name.startswith("denoiser-app-"), f"not one folder of the app's own: {made}"
-        own = made[0]
-        client = Client(url, verbose=False, download_files=False)
-        out = client.predict("tiny-classes", "ddim", 2, 0, 3, "(any)", api_name="/generate")
-        client.close()
-        assert len(out[1]) == 3 and len(list(own.rglob("*.png"))) >= 4  # the grid and the gallery, served from there
-        tic = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        took = time.monotonic() - tic
-    assert proc.returncode == 0, f"app.py ended with {proc.returncode}, not through its SIGTERM handler"
-    assert took < 10, f"app.py took {took:.1f} s to stop after SIGTERM"
-    left = sorted(str(p.relative_to(temp_parent)) for p in temp_parent.rglob("*"))
-    assert not left, f"left behind under GRADIO_TEMP_DIR: {left[:10]}"
 
 
 def _click_on_attention_tab(page, fx: float, fy: float):
@@ -366,30 +170,6 @@ def _other_layer_and_head_then_mean(page) -> None:
     page.wait_for_timeout(500)
     _no_errors(page)
     assert page.locator("#stages img").count() == 1 and page.locator("#clickable img").count() == 1
-
-
-def _file_name(path: Path) -> re.Pattern:
-    """A file's name as Gradio's file box shows it: its stem and its extension in two spans ("blue .png" as text)."""
-    return re.compile(rf"{re.escape(path.stem)}\s*{re.escape(path.suffix)}")
-
-
-def _upload_photo(page, path: Path, until_named: bool = False) -> None:
-    """Choose a file in the Edit tab's photo input, as a person does (removing the one shown first, with its ×);
-    until_named: until the box names it (a file the app takes)."""
-    clear = page.locator("#photo").get_by_role("button", name="Clear")
-    if clear.count():
-        clear.first.click()
-        # the box shows its empty state (a new file input) before a file is chosen: on a busy machine a file set
-        # into the old input in between is lost
-        page.locator("#photo").get_by_role("button", name="Clear").wait_for(state="detached", timeout=30_000)
-    page.locator("#photo input[type=file]").set_input_files(str(path))
-    if until_named:
-        # on a loaded machine Gradio's file box sometimes drops a file chosen while it re-renders: a person sees
-        # no name in the box and chooses the file again, and so does this (once)
-        try:
-            page.locator("#photo").get_by_text(_file_name(path)).wait_for(timeout=20_000)
-        except Exception:  # noqa: BLE001 (playwright's TimeoutError)
-            page.locator("#photo input[type=file]").set_input_files(str(path))
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
@@ -577,127 +357,6 @@ def test_browser_examples_fill_the_settings_and_a_picture(server, demo, weights,
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
-def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
-    from tests.test_image_io import _photo
-
-    jpeg = tmp_path / "IMG_2041.jpg"
-    jpeg.write_bytes(_photo(2400, 1800))
-    assert jpeg.stat().st_size >= 500_000
-    small = tmp_path / "IMG_2042.jpg"  # denoised at its own size (issue 41 item 5): a size a CI run denoises quickly
-    small.write_bytes(_photo(640, 480))
-    fake = tmp_path / "notes.png"
-    fake.write_text("a text file renamed to .png")
-    huge = tmp_path / "huge.png"
-    Image.new("1", (16000, 16000), 1).save(huge)  # a few hundred KB claiming 256 megapixels
-    heavy = tmp_path / "heavy.jpg"
-    heavy.write_bytes(os.urandom(26 * 1024 * 1024))  # over the 25 MB upload limit: refused in the browser
-    shots = screenshots(tmp_path)
-    with browser_page(server, height=1000) as page:
-        page.get_by_role("tab", name="Edit").click()
-        _upload_photo(page, jpeg)
-        page.locator("#photo-text").get_by_text("your photo: 2400x1800, shown at 512x384").wait_for(timeout=60_000)
-        started = time.monotonic()
-        _upload_photo(page, small)
-        page.locator("#photo-text").get_by_text("your photo: 640x480").wait_for(timeout=60_000)
-        page.locator("#edit-run").click()
-        page.locator("#edit-text").get_by_text("640x480 input, denoised at its own size").wait_for(timeout=120_000)
-        took = time.monotonic() - started
-        model = page.locator("#edit-model input").input_value()  # the Edit tab shows the model it runs
-        assert model and page.locator("#edit-status").get_by_text(f"done: denoise with {model}").count() == 1
-        assert page.locator("#edit-result img").count() >= 2
-        page.screenshot(path=str(shots / "app-edit-photo.png"), full_page=True)
-        _run_right_after_a_new_upload(page, tmp_path)
-        empty = tmp_path / "empty.png"
-        empty.write_bytes(b"")
-        waits = {}
-        for bad, message in ((fake, "is not an image denoiser can read"), (huge, "at most 50 megapixels"),
-                             (empty, "is empty (0 bytes)"), (heavy, "exceed the maximum allowed size of 25.0 Mb")):
-            asked = time.monotonic()
-            _upload_photo(page, bad)
-            shown = page.get_by_text(message).first
-            shown.wait_for(timeout=30_000)
-            waits[bad.name] = round(time.monotonic() - asked, 2)  # issue 35 item 9: the message's latency
-            assert str(tmp_path) not in page.content() and "gradio" not in shown.inner_text().lower()
-            page.screenshot(path=str(shots / f"app-edit-{bad.stem}.png"), full_page=True)
-            if bad is fake:  # issue 35 item 9: Run names the real reason, not "upload an image first"
-                page.locator("#edit-run").click()
-                page.get_by_text(message).nth(1).wait_for(timeout=30_000)
-                assert page.get_by_text("upload an image first").count() == 0
-    assert took < 60, f"a phone photo took {took:.0f} s from upload to result"
-    print(f"phone photo: {took:.1f} s from upload to result")
-    print(f"bad uploads, seconds from the file chosen to the message: {waits}")
-
-
-def _mean_colour(page, selector: str) -> tuple[float, float, float]:
-    """The mean (R, G, B) of an image the page shows, fetched as the browser fetched it."""
-    import httpx
-
-    data = httpx.get(page.locator(selector).get_attribute("src"), timeout=30).content
-    img = Image.open(io.BytesIO(data)).convert("RGB").resize((1, 1), Image.Resampling.BOX)  # the mean colour
-    return tuple(float(c) for c in img.getpixel((0, 0)))
-
-
-def _run_right_after_a_new_upload(page, tmp_path: Path) -> None:
-    """Issue 35 item 3: Run pressed as soon as a new upload has arrived, while the editor still loads it: the
-    result and "your image" are both the new picture's, and the status gives its size."""
-    blue = tmp_path / "blue.png"
-    Image.new("RGB", (64, 48), (20, 40, 220)).save(blue)
-    _upload_photo(page, blue, until_named=True)
-    page.locator("#photo").get_by_text(_file_name(blue)).wait_for(timeout=30_000)
-    page.locator("#edit-run").click()
-    page.locator("#edit-text").get_by_text("64x48 input").wait_for(timeout=60_000)
-    for which in ("first", "last"):  # "your image", then the result
-        r, g, b = _mean_colour(page, f"#edit-result img >> nth={0 if which == 'first' else -1}")
-        assert b > 150 and r < 80, f"{which} picture is not the new upload's: mean RGB {(r, g, b)}"
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
-def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
-    photo = tmp_path / "photo.png"
-    Image.new("RGB", (64, 48), (30, 160, 60)).save(photo)
-    shots = screenshots(tmp_path)
-    with browser_page(server, height=1000) as page:
-        page.get_by_role("tab", name="Edit").click()
-        # one slider per meaning (issue 34 item 6, issue 35 item 12): denoise shows the noise σ; edit its strength,
-        # with a note on what the scale does; inpaint neither
-        assert page.locator("#sigma").is_visible() and page.locator("#strength").is_hidden()
-        page.get_by_role("radio", name="edit", exact=True).check()
-        page.locator("#strength").get_by_text("from about 0.5 the model replaces it").wait_for(timeout=10_000)
-        assert page.locator("#sigma").is_hidden()
-        editor = page.locator("#editor")
-        _upload_photo(page, photo)
-        page.locator("#photo-text").get_by_text("your photo: 64x48, shown at 64x48").wait_for(timeout=30_000)
-        canvas = editor.locator("canvas").last
-        canvas.wait_for(timeout=30_000)
-        # the photo has landed in the editor once it zooms in on it (a 64x48 image shows at > 100 %)
-        page.wait_for_function(
-            "() => { const z = document.querySelector('#editor .zoom-number'); return z && parseInt(z.textContent) > 100 }",
-            timeout=30_000,
-        )
-        editor.get_by_role("button", name="Brush", exact=True).click()
-        box = canvas.bounding_box()
-        cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-        page.mouse.move(cx - 40, cy - 20)
-        page.mouse.down()
-        for dx in range(-40, 41, 8):  # a thick stroke across the middle
-            page.mouse.move(cx + dx, cy - 20)
-            page.mouse.move(cx + dx, cy + 20)
-        page.mouse.up()
-        page.get_by_role("radio", name="inpaint").check()
-        page.locator("#strength").wait_for(state="hidden", timeout=10_000)
-        assert page.locator("#sigma").is_hidden()
-        page.locator("#edit-run").click()
-        page.locator("#edit-text").get_by_text("resized and centre-cropped").wait_for(timeout=120_000)  # done
-        assert page.locator("#edit-result img").count() >= 2  # your image, result
-        text = page.locator("#edit-text").inner_text()
-        assert "64x48 input, resized and centre-cropped to 16x16" in text  # the upload, not a blank canvas
-        page.screenshot(path=str(shots / "app-edit.png"), full_page=True)
-        _click_on_attention_tab(page, 0.5, 0.5)
-        page.wait_for_function("() => { const i = document.querySelector('#maps img'); return i && i.naturalWidth > 200 }",
-                               timeout=30_000)
-
-
-@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_attention_guidance_then_heads_view_and_switching_a_layer_off(server, tmp_path):
     shots = screenshots(tmp_path)
     with browser_page(server) as page:
@@ -730,44 +389,3 @@ def test_browser_attention_guidance_then_heads_view_and_switching_a_layer_off(se
     assert (shots / "app-heads.png").stat().st_size > 10_000
 
 
-def test_the_app_without_gradio_says_which_extra_to_install(monkeypatch):
-    """Gradio is an optional extra (attention-denoiser[app]): without it `denoiser app` says so, before any work."""
-    import importlib.util
-
-    from denoiser.app import main
-
-    found = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gradio" else found(name, *a))
-    with pytest.raises(SystemExit, match=r"needs Gradio.*pip install 'attention-denoiser\[app\]'"):
-        main(["--port", "0"])
-
-
-def test_a_client_that_leaves_is_one_line_not_a_traceback(capsys):
-    """Issue 51 item 14: under load, uploads whose browser left logged uvicorn's ClientDisconnect traceback; a
-    disconnect is not a failure: one line. Other errors keep theirs."""
-    import logging
-
-    from starlette.requests import ClientDisconnect
-
-    from denoiser.app.serve import Disconnects
-
-    logger = logging.getLogger("test-disconnects")
-    handler = logging.StreamHandler()
-    logger.addHandler(handler)
-    logger.addFilter(Disconnects())
-    logger.propagate = False
-    try:
-        for exc in (ClientDisconnect(), RuntimeError("upload failed")):
-            try:
-                try:
-                    raise exc
-                except Exception as inner:
-                    raise OSError("the request's stream") from inner  # as a server's wrapping chains it
-            except Exception:  # noqa: BLE001
-                logger.exception("Exception in ASGI application")
-    finally:
-        logger.removeHandler(handler)
-    err = capsys.readouterr().err
-    left, failed = err.split("Exception in ASGI application", 1)
-    assert left.strip() == "a client left during a request (ClientDisconnect): nothing to do"  # no traceback
-    assert "Traceback" in failed and "RuntimeError: upload failed" in failed and "ClientDisconnect" not in failed
