@@ -78,6 +78,7 @@ class Walk(WalkActions, WalkChecks):
     settings_cache: dict = field(default_factory=dict)
     segment: int = 0  # the first step since the page was last (re)loaded
     runs: list = field(default_factory=list)  # the settings of each Sample run seen, for the earlier results
+    expect_run: str = ""  # a Generate the last action pressed that must have run (or said why not), in words
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -125,6 +126,7 @@ class Walk(WalkActions, WalkChecks):
         # (the runs seen stay: the browser keeps its earlier results over a reload)
         self.tab, self.reference, self.touched, self.typed = "Sample", None, set(), {}
         self.gallery, self.edit_gallery, self.before_run, self.before_edit, self.edit_touched = [], [], [], [], set()
+        self.expect_run = ""
         self.settle()
 
     def choose(self) -> Callable[[], str]:

@@ -25,6 +25,12 @@ TABS = ("Sample", "Edit", "Attention", "Heads")
 PROMPTS = ["red apple", "(red:1.5) apple", "[red] (apple:0.5)", "(red:x) apple", "red (apple", ""]
 # the edited prompts of a word edit: a word swapped, a word added, weighted, one the edit refuses, the same
 EDITED = ["blue apple", "red apple tree", "(blue:2) apple", "blue apple on a tree", "red apple", ""]
+# numbers Generate refuses in words, typed or pasted: (elem_id, the text, the control's name in the message, FORM's)
+OUT_OF_RANGE = [("steps", "-5", "steps", "steps"), ("steps", "0", "steps", "steps"), ("steps", "1e9", "steps", "steps"),
+                ("seed", "-1", "seed", "seed"), ("seed", "1e20", "seed", "seed"),
+                ("num-images", "1000", "number of images", "num_images"),
+                ("num-images", "-3", "number of images", "num_images"), ("num-images", "0", "number of images", "num_images")]
+STOP_GAPS = [0.0, 0.05, 0.1, 0.2, 0.3]  # seconds from Stop to the next Generate (issue 51 item 1)
 
 
 class WalkActions:
@@ -44,7 +50,7 @@ class WalkActions:
         return [(self.pick_model, 3), (self.pick_class, 3), (self.type_class, 1), (self.move_slider, 8), (self.type_seed, 1),
                 (self.dice, 1), (self.advanced, 2), (self.generate, 8), (self.generate_and_stop, 2), (self.try_row, 2),
                 (self.select_result, 2), (self.use_settings, 2), (self.use_earlier, 1), (self.type_prompt, 2),
-                (self.word_edit, 3)]
+                (self.word_edit, 3), (self.stop_then_generate, 2), (self.out_of_range, 2), (self.example_prompt, 1)]
 
     def _touch(self, name: str) -> None:
         self.touched |= {name} | CASCADE.get(name, set())
@@ -130,6 +136,64 @@ class WalkActions:
         time.sleep(wait)
         self.page.locator("#stop").click()
         return f"set steps 400, images 8, click Generate, click Stop after {wait:.1f} s"
+
+    def stop_then_generate(self) -> str:
+        """Generate, Stop after a moment, Generate again at once: the second press runs (checked: check_sample)."""
+        for key, name, value in (("steps", "steps", 200), ("num-images", "num_images", 2)):
+            self.fill(key, value)
+            self.touched.add(name)
+        self.page.locator("#generate").click()
+        wait, gap = self.rng.uniform(0.5, 3.0), self.rng.choice(STOP_GAPS)
+        time.sleep(wait)
+        self.page.locator("#stop").click()
+        time.sleep(gap)
+        self.before_run = self.files("gallery")
+        self.page.locator("#generate").click()
+        self.expect_run = f"Generate pressed {gap} s after Stop"
+        return f"set steps 200, images 2, click Generate, click Stop after {wait:.1f} s, click Generate {gap} s later"
+
+    def out_of_range(self) -> str:
+        """A number out of range typed (key by key) or pasted (one input), then Generate: one message in words, the
+        status "not started: …", nothing runs; then a valid number back."""
+        key, text, name, field = self.rng.choice(OUT_OF_RANGE)
+        box = self.block(key).locator("input[type=number]").first
+        pasted = self.rng.random() < 0.5
+        box.fill("")
+        if pasted:
+            box.focus()
+            self.page.keyboard.insert_text(text)  # as a paste puts it in: the whole text at once
+        else:
+            box.press_sequentially(text, delay=20)
+        box.press("Enter")
+        self.page.wait_for_timeout(300)
+        self.before_run = self.files("gallery")
+        self.page.locator("#generate").click()
+        self.page.wait_for_function("() => document.querySelector('#status').innerText.startsWith('not started')",
+                                    timeout=30_000)
+        status = self.page.locator("#status").inner_text()
+        assert f"{name} must be a whole number" in status, f"{text!r} in {key}: the status says {status[:200]!r}"
+        self.page.wait_for_timeout(800)  # a run the refusal did not stop would have started by now
+        assert self.files("gallery") == self.before_run, f"{text!r} in {key}: the gallery changed"
+        toasts = self.page.locator(".toast-body").filter(has_text="must be a whole number")
+        assert toasts.count() == 1, f"{text!r} in {key}: {toasts.count()} messages: {toasts.all_inner_texts()}"
+        valid = {"steps": self.number(1, 8), "seed": self.number(0, 999), "num-images": self.number(1, 4)}[key]
+        self.fill(key, valid)
+        self.touched.add(field)
+        return (f"{'paste' if pasted else 'type'} {text!r} into {key}, click Generate: refused in words, nothing ran; "
+                f"set {key} back to {valid}")
+
+    def example_prompt(self) -> str:
+        """A text model's example prompt clicked (the model folder's, or the app's)."""
+        if not self.page.locator("#prompt-examples").is_visible():
+            return "(no example prompts: the model takes no text)"
+        items = self.page.locator("#prompt-examples").get_by_role("button").filter(visible=True)
+        if not items.count():
+            return "(no example prompts shown)"
+        k = self.rng.randrange(items.count())
+        text = items.nth(k).inner_text().strip()
+        items.nth(k).click()
+        self.touched.add("prompt")
+        return f"click the example prompt {text!r}"
 
     def try_row(self) -> str:
         rows = self.page.get_by_text("try these").locator("xpath=ancestor::div[contains(@class,'block')][1]").locator("tbody tr")

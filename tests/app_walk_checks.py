@@ -34,6 +34,7 @@ ALLOWED = [
     r"swaps words one for one",  # a word edit of type replace with words added
     r"the edited prompt is the result's own|type the edited prompt",
     r"a word edit's layers cannot be switched off",
+    r"(steps|seed|number of images) must be a whole number",  # a number typed out of range (denoiser.app.limits)
 ]
 # text no message meant for a person holds: Python's own words for a failure
 RAW = re.compile(r"Traceback|invalid literal|object has no attribute|NoneType|KeyError|IndexError|TypeError|"
@@ -156,6 +157,11 @@ class WalkChecks:
             self.reference, self.touched = self.settings(files[0]), set()
             problems += self._earlier_problems(self.reference)
         self.gallery = files
+        if self.expect_run:  # the press ran (a new result, its line "done") or said why not
+            if not (status.startswith("not started") or (status.startswith("done") and files != self.before_run)):
+                problems.append(f"{self.expect_run}: nothing ran; the status says {status[:120]!r}, the gallery "
+                                f"{'changed' if files != self.before_run else 'is the one from before'}")
+            self.expect_run = ""
         done = re.match(r"done: (\d+) image\(s\)(?: of “.*”| of class (.+?))?, (\d+) steps", status, re.DOTALL)
         if done:
             n, drawn, steps = int(done[1]), done[2], int(done[3])
