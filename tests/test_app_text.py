@@ -317,3 +317,32 @@ def test_examples_are_the_model_folders_prompts(weights, tmp_path, monkeypatch):
     assert h.text_controls("own-prompts")[3]["samples"] == [[p] for p in own]
     assert h.example_row("no-prompts", 1)[-1] == PROMPTS[1]  # a folder without them: the app's
     assert h.text_controls("no-prompts")[3]["samples"] == [[p] for p in PROMPTS]
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
+def test_browser_on_a_phone_the_prompt_sits_under_generate_and_the_tables_fit(server, tmp_path):
+    """Issue 51 item 12 for a text model: at 390x844 its prompt and example prompts come right under Generate and its
+    status (as a class model's class does: tests/test_app_sample.py), and the tables fit the width."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.app_browser import BROWSER_ARGS, screenshots
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 844})
+            page.goto(server)
+            page.locator("#model input").click()
+            page.locator("#model").get_by_role("option", name="words").click()
+            page.locator("#prompt textarea").wait_for(state="visible", timeout=30_000)
+            page.locator("#class").wait_for(state="hidden", timeout=30_000)
+            top = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#generate", "#status", "#prompt",
+                                                                          "#prompt-examples", "#preview", "#model")}
+            page.screenshot(path=str(screenshots(tmp_path) / "app-phone-prompt.png"), full_page=True)
+            assert top["#generate"] < top["#status"] < top["#prompt"] < top["#prompt-examples"] < top["#preview"], top
+            assert top["#prompt"] - top["#status"] < 150 and top["#preview"] < top["#model"], top
+            for table in ("#prompt-examples", "#try-these table"):
+                box = page.locator(table).bounding_box()
+                assert box["x"] >= 0 and box["x"] + box["width"] <= 390 - 16, (table, box)
+        finally:
+            browser.close()
