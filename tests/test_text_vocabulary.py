@@ -57,3 +57,11 @@ def test_the_emoji_model_knows_its_caption_words():
     assert (EMOJI / "tokenizer" / WordHashTokenizer.vocabulary_name).stat().st_size < 64 * 1024
     assert tok.unseen("a red heart, a cat face and a japan flag") == []
     assert tok.unseen("日本 heart zorblaxian 🍎") == ["日本", "zorblaxian", "🍎"]
+
+
+def test_the_emoji_models_example_prompts_use_only_its_caption_words():
+    from denoiser.model_dir import read_defaults
+
+    tok = WordHashTokenizer.from_pretrained(EMOJI / "tokenizer")
+    examples = read_defaults(EMOJI, None).example_prompts
+    assert len(examples) >= 6 and all(tok.unseen(p) == [] for p in examples)
