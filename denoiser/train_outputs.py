@@ -20,6 +20,7 @@ from denoiser.diffusion import Diffusion
 from denoiser.image_io import save_grid, save_png
 from denoiser.pipeline import save_pipeline
 from denoiser.pixels import to_uint8
+from denoiser.request import BUILT_IN
 from denoiser.run_dir import read_losses
 from denoiser.sample import make_sampler, sample
 from denoiser.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
@@ -48,12 +49,12 @@ def export(model: UNet | PromptedUNet, ema: EMAModel | None) -> tuple[UNet, Hash
 
 def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Diffusion, cfg: RunConfig, out: Path,
                  step: int, prompts: list[str] | None = None, tokenizer: WordHashTokenizer | None = None) -> None:
-    """A fixed-seed DDIM grid from the (EMA) weights, and the loss curve so far; a text model draws `prompts`
+    """A fixed-seed grid (the built-in sampler, DDIM) from the (EMA) weights, and the loss curve so far; a text model draws `prompts`
     (the data's class names), cycled over the grid, through `tokenizer` (the run's; by default one from `cfg.text`)."""
     device = next(model.parameters()).device
     final, text_encoder = export(model, ema)
     final = final.to(device)
-    scheduler = make_sampler("ddim", diffusion.scheduler.config)
+    scheduler = make_sampler(BUILT_IN["scheduler"], diffusion.scheduler.config)
     train_cfg = cfg.train
     labels, text = None, None
     if final.config.num_class_embeds:  # one row per class, as far as the grid has room
@@ -97,7 +98,8 @@ def evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, v
 
         ref = Statistics.of(features(val_ds.images, extractor, desc="fid reference"))
         ref.save(reference, source=f"validation split of {cfg.data.path or cfg.data.dataset}")
-    request = SampleRequest(num_images=train_cfg.fid_samples, classes="spread", seed=0, scheduler="ddim", steps=train_cfg.sample_steps)
+    request = SampleRequest(num_images=train_cfg.fid_samples, classes="spread", seed=0, scheduler=BUILT_IN["scheduler"],
+                            steps=train_cfg.sample_steps)
     images = to_uint8(run(resolve(request, unet=final, scheduler=diffusion.scheduler)).images)
     score = fid_of_images(images, ref, extractor)
     accelerator.log({"fid": score}, step=step)
