@@ -23,16 +23,19 @@ from tests.app_browser import CHROMIUM, browser_page, no_errors
 from tests.conftest import TINY
 from tests.test_text import TEXT, D, _tokenizer, _wake_cross
 
+WORDS_EXAMPLES = ["blue car", "red apple", "hot tea"]  # the "words" model's example prompts (its sampling.json)
+
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    """A tiny text model ("words": live cross-attention, guidance 2.5 in its sampling.json) and a class model."""
+    """A tiny text model ("words": live cross-attention, guidance 2.5 and WORDS_EXAMPLES in its sampling.json) and a
+    class model."""
     root = tmp_path_factory.mktemp("weights")
     torch.manual_seed(0)
     unet = _wake_cross(UNet(**TINY, cross_attention_dim=D).eval())
     save_pipeline(unet, DDPMScheduler(), root / "words", text_encoder=HashTextEncoder(**TEXT).eval(),
                   tokenizer=_tokenizer())
-    (root / "words" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5}))
+    (root / "words" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5, "example_prompts": WORDS_EXAMPLES}))
     save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), root / "tiny-classes")
     return root
 
@@ -309,6 +312,7 @@ def test_examples_are_the_model_folders_prompts(weights, tmp_path, monkeypatch):
     root = tmp_path / "weights"
     shutil.copytree(weights / "words", root / "own-prompts")
     shutil.copytree(weights / "words", root / "no-prompts")
+    (root / "no-prompts" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5}))
     own = ["red apple", "yellow star", "blue car"]
     (root / "own-prompts" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5, "example_prompts": own}))
     h = Handlers(Engine(root))
@@ -323,7 +327,7 @@ def test_examples_are_the_model_folders_prompts(weights, tmp_path, monkeypatch):
 def test_browser_on_a_phone_the_prompt_sits_under_generate_and_the_tables_fit(server, tmp_path):
     """Issue 51 item 12 for a text model: at 390x844 its prompt and example prompts come right under Generate and its
     status (as a class model's class does: tests/test_app_sample.py), and the tables fit the width."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     from tests.app_browser import BROWSER_ARGS, screenshots
 
@@ -341,6 +345,9 @@ def test_browser_on_a_phone_the_prompt_sits_under_generate_and_the_tables_fit(se
             page.screenshot(path=str(screenshots(tmp_path) / "app-phone-prompt.png"), full_page=True)
             assert top["#generate"] < top["#status"] < top["#prompt"] < top["#prompt-examples"] < top["#preview"], top
             assert top["#prompt"] - top["#status"] < 150 and top["#preview"] < top["#model"], top
+            # the model's own example prompts, and a click on one types it (not the app's prompt at that place)
+            page.locator("#prompt-examples").get_by_text(WORDS_EXAMPLES[1], exact=True).click()
+            expect(page.locator("#prompt textarea")).to_have_value(WORDS_EXAMPLES[1], timeout=10_000)
             for table in ("#prompt-examples", "#try-these table"):
                 box = page.locator(table).bounding_box()
                 assert box["x"] >= 0 and box["x"] + box["width"] <= 390 - 16, (table, box)

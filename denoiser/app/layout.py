@@ -255,6 +255,10 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     text_controls = [c.prompt, c.negative_prompt, c.prompt_examples_box, c.prompt_examples.dataset]
     app.load(h.text_controls, c.model, text_controls, api_name=False)
     c.model.change(h.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
+    # Gradio's Examples (6.31) set each input's props as built with the value clicked: the prompt box, built hidden,
+    # would hide (and a row's class selector: filled_form shows it)
+    for clicked in (c.prompt_examples.load_input_event, *([c.sample_examples.load_input_event] if c.sample_examples else [])):
+        clicked.then(h.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
     c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
     heads = c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers,
