@@ -47,3 +47,15 @@ def test_gradio_still_refuses_an_out_of_range_slider_value_that_form_slider_lets
         gr.Slider(1, 10).preprocess(-5)
     assert form_slider(1, 10).preprocess(-5) == -5
     assert whole_box("seed", 0, "seed", "seed").preprocess(1e20) == 10**20  # for check_int to refuse in words
+
+
+def test_a_form_slider_takes_any_value_in_a_sessions_copy_too():
+    """Found by the long click-walk (seeds 9 and 10): Gradio copies a component per session when a handler updates
+    its props (the Attention tab's step slider, its maximum set by each generation), and the copy lost form_slider's
+    bypass: a step of the generation before (199) arriving after a 2-step one raised "Value 199 is greater than
+    maximum value 1." with a traceback."""
+    from denoiser.app.controls import form_slider
+
+    slider = form_slider(0, 1, value=0, step=1, label="denoising step")
+    copy = slider.__class__(**{**slider.constructor_args, "maximum": 1, "render": False})  # as gradio's blocks.py does
+    assert copy.preprocess(199) == 199

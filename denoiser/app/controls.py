@@ -62,17 +62,32 @@ def run_controls(label: str, run_id: str, stop_id: str, status_id: str):
     return run, stop, gr.Markdown(elem_id=status_id)
 
 
+# marks a form_slider: Gradio copies a component per session when a handler updates its props (its class called with
+# its constructor's arguments, gradio 6.31 blocks.py), so the mark is an argument (a CSS class) and the check a method
+UNCHECKED = "form-value"
+_CHECKED_PREPROCESS = gr.Slider.preprocess
+
+
+def _preprocess(self: gr.Slider, payload):
+    """Slider.preprocess, but a form_slider's value as the person typed it (form_slider)."""
+    classes = [self.elem_classes] if isinstance(self.elem_classes, str) else (self.elem_classes or [])
+    return payload if UNCHECKED in classes else _CHECKED_PREPROCESS(self, payload)
+
+
 def form_slider(minimum: float, maximum: float, **kwargs) -> gr.Slider:
     """A slider whose value reaches its handler as the person typed it, in range or not. Gradio's Slider.preprocess
     (gradio 6.31) refuses a typed value outside minimum..maximum with gradio.exceptions.Error before any handler runs
     (a slider's change runs the budget note): a traceback in the server's log and a toast for what the page then
-    moves into range itself (issue 51 item 2). The handlers check every value (denoiser.app.limits, through the
-    engine) and say why nothing started. Set on the instance, not in a subclass: Gradio writes a .pyi file next to
-    the module of every component class. tests/test_app_limits.py fails the day Gradio stops refusing, when this
-    can go."""
-    slider = gr.Slider(minimum, maximum, **kwargs)
-    slider.preprocess = lambda payload: payload
-    return slider
+    moves into range itself (issue 51 item 2), and a stale value (the Attention tab's step 199 of the generation before,
+    arriving after a 2-step one set the slider's maximum to 1) the same. The handlers check every value
+    (denoiser.app.limits, through the engine) and say why nothing started. Not a subclass: Gradio writes a .pyi file
+    next to the module of every component class; so Slider.preprocess skips the check for sliders marked UNCHECKED,
+    a mark that survives Gradio's per-session copies (an attribute set on the instance did not). tests/test_app_limits.py
+    fails the day Gradio stops refusing, when this can go."""
+    gr.Slider.preprocess = _preprocess  # once is enough; the same function each time
+    classes = kwargs.pop("elem_classes", None) or []
+    classes = [classes] if isinstance(classes, str) else list(classes)
+    return gr.Slider(minimum, maximum, elem_classes=[*classes, UNCHECKED], **kwargs)
 
 
 def whole_box(name: str, value: int, label: str, elem_id: str, info: str = "") -> gr.Number:
