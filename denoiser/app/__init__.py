@@ -2,9 +2,10 @@
 [--max-sessions 32] [--weights FOLDER]`.
 
 This module starts the process. The app's parts, each in its own file: `serve` (arguments, the server,
-stopping), `layout` (the page), `handlers` (what each event does), `streaming` (jobs in a worker thread,
-progress, errors for people), `engine` (models, sampling and restoring, without the web) with
-`attention_views` (the attention, word maps, four stages and heads it shows).
+stopping), `layout` (the page), `handlers` (Generate, Stop, results) with `form` (the Sample tab's form) and
+`views` (the Attention and Heads tabs), `edit` (the Edit tab), `streaming` (jobs in a worker thread, progress,
+errors for people), `engine` (models, sampling and restoring, without the web) with `attention_views` (the
+attention, word maps, four stages and heads it shows).
 
 Gradio's served files go to a folder of the app's own (under GRADIO_TEMP_DIR when set), made before
 Gradio is imported (parts of Gradio read GRADIO_TEMP_DIR only then), swept every 5 minutes and removed
