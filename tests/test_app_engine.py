@@ -32,7 +32,7 @@ def test_generate_matches_sampler_and_streams_previews(weights):
     previews = []
     gen = ex.generate("tiny", "ddim", steps=4, seed=3, num_images=2, on_step=lambda i, n, x0: previews.append((i, n, x0)))
     assert [p[0] for p in previews] == [0, 1, 2, 3] and previews[0][2].shape == (2, 3, 16, 16)
-    unet, sched = ex.model("tiny")
+    unet, sched = ex.loaded("tiny").unet, ex.loaded("tiny").scheduler
     ref = sample(unet, make_sampler("ddim", sched.config), 2, 4, seed=3).images
     assert torch.equal(gen.images, ref)
     assert gen.num_steps == 4 and len(gen.inputs) == 4
@@ -41,7 +41,7 @@ def test_generate_matches_sampler_and_streams_previews(weights):
 def test_attention_is_exactly_that_of_the_sampling_pass(weights):
     ex = Engine(weights)
     gen = ex.generate("tiny", "ddim", steps=3, seed=0, num_images=2)
-    unet, sched = ex.model("tiny")
+    unet, sched = ex.loaded("tiny").unet, ex.loaded("tiny").scheduler
     during = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, capture_steps=[1]).attention[1]
     recs = ex.records(gen, 1)
     assert [r.name for r in recs] == [r.name for r in during]
@@ -57,7 +57,7 @@ def test_attention_is_exactly_that_of_the_sampling_pass(weights):
 def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
     ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, guidance_scale=2.5)
-    unet, sched = ex.model("tiny-classes")
+    unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").scheduler
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=Guidance(scale=2.5),
                  capture_steps=[1])
     assert torch.equal(gen.images, res.images)
@@ -129,7 +129,7 @@ def test_work_budget_refuses_oversized_requests_up_front(weights, monkeypatch):
     from denoiser.app.budget import model_cost
 
     ex = Engine(weights)
-    unet, _ = ex.model("tiny")
+    unet = ex.loaded("tiny").unet
     cost = model_cost(unet)
     monkeypatch.setenv("DENOISER_WORK_BUDGET", str(10 * 4 * cost))  # 10 images x 4 steps
     ex.generate("tiny", steps=4, num_images=10)
@@ -154,7 +154,7 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     assert ex.models() == ["tiny", "tiny-classes"]  # the guide is no model of its own
     assert ex.sampling_defaults("tiny-classes") == (defaults, True)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, pag_scale=1.5, guide_scale=2.0)
-    unet, sched = ex.model("tiny-classes")
+    unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").scheduler
     # the folder's interval applies: DDIM-3 visits 666, 333, 0 and guides the first two
     g = Guidance(pag_scale=1.5, guide=ex.guide("tiny-classes"), guide_scale=2.0, interval=(300, 700))
     assert gen.guidance == g and "t = 300..700" in Handlers(ex).cfg_default("tiny-classes", "red")["info"]
@@ -166,7 +166,7 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     with pytest.raises(ValueError, match="ships no guide model"):
         ex.generate("tiny", steps=2, num_images=1, guide_scale=2.0)
     monkeypatch.setenv("DENOISER_WORK_BUDGET", "3")
-    tiny, _ = ex.model("tiny")  # no sampling.json: every step guided
+    tiny = ex.loaded("tiny").unet  # no sampling.json: every step guided
     cost = 16**2 / 32**2 * sum(p.numel() for p in tiny.parameters()) / 1e6
     steps = int(3 // (2 * cost))  # 2 passes: the plain one and the perturbed one
     ex.generate("tiny", steps=steps, num_images=1, pag_scale=1.0)
@@ -191,7 +191,7 @@ def test_heads_view_mean_maps_and_switching_layers_off(weights):
     last = ex.attention_maps(gen, image=1, step=2, pixel=(4, 5))
     assert mean.size == last.size and mean.tobytes() != last.tobytes()
     off = ex.ablate(gen, ["mid_attn"])
-    unet, sched = ex.model("tiny-classes")
+    unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").scheduler
     with identity_attention(unet, ["mid_attn"]):
         want = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=2).images
     assert torch.equal(off.images, want) and not torch.equal(off.images, gen.images)
@@ -316,7 +316,7 @@ def test_the_budget_note_says_over_exactly_when_generate_refuses(weights, tmp_pa
     (root / "tiny-classes" / "sampling.json").write_text(json.dumps(defaults))
     ex = Engine(root)
     h = Handlers(ex)
-    unet, _ = ex.model("tiny-classes")
+    unet = ex.loaded("tiny-classes").unet
     monkeypatch.setenv("DENOISER_WORK_BUDGET", str(40 * model_cost(unet)))  # 40 plain image-steps
 
     class Admitted(Exception):
@@ -385,7 +385,7 @@ def test_long_attention_work_is_refused_over_the_budget_before_any_unet_call(wei
 
     ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=2, class_label=1, guidance_scale=2.0)
-    unet, _ = ex.model("tiny-classes")
+    unet = ex.loaded("tiny-classes").unet
     calls = _unet_calls(unet)
     monkeypatch.setenv("DENOISER_WORK_BUDGET", str(2 * 6 * 2 * model_cost(unet) - 1))  # 2 images x 6 steps x CFG's 2
     try:
@@ -411,7 +411,7 @@ def test_long_attention_work_reports_every_step_and_stops_when_asked(weights):
     mean = ex.mean_attention_maps(gen, 1, (4, 5), on_step=lambda i, n, x: seen.append((i, n, tuple(x.shape))))
     assert seen == [(0, 3, (1, 3, 16, 16)), (1, 3, (1, 3, 16, 16)), (2, 3, (1, 3, 16, 16))]
     assert mean.tobytes() == ex.mean_attention_maps(gen, 1, (4, 5)).tobytes()
-    unet, _ = ex.model("tiny-classes")
+    unet = ex.loaded("tiny-classes").unet
     per_t = _stats_calls_per_timestep(unet)
     assert per_t == 1 + 4 + 4 * 2  # the plain call, 4 layers, each of their 2 heads (TINY)
     steps, calls = [], _unet_calls(unet)

@@ -120,10 +120,10 @@ def test_edit_and_heads_run_a_text_model_unconditioned(weights):
 
     ex = Engine(weights)
     photo = Image.new("RGB", (16, 16), (200, 40, 40))
-    gen, _, done = ex.restore("words", "edit", photo, strength=0.5, steps=4)
+    gen, done = ex.restore("words", ex.restore_request("edit", strength=0.5, steps=4), photo)
     assert gen.images.shape == (1, 3, 16, 16) and not gen.words
     with pytest.raises(ValueError, match="without a prompt"):
-        ex.restore("words", "edit", photo, strength=0.5, steps=4, guidance_scale=2.0)
+        ex.restore("words", ex.restore_request("edit", guidance_scale=2.0, strength=0.5, steps=4), photo)
     rows, _ = ex.head_table(gen, 0, timesteps=(500,))
     assert rows
     sampled = ex.generate("words", "ddim", steps=2, seed=0, num_images=1, prompt="red apple")
@@ -353,3 +353,25 @@ def test_browser_on_a_phone_the_prompt_sits_under_generate_and_the_tables_fit(se
                 assert box["x"] >= 0 and box["x"] + box["width"] <= 390 - 16, (table, box)
         finally:
             browser.close()
+
+
+def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list(weights, tmp_path, monkeypatch):
+    """Issue 51 item 6: "日本" or an invented word got images and confident maps with no hint. A model folder that keeps
+    its captions' words (tokenizer/vocabulary.txt) has them named where the prompt is shown."""
+    import shutil
+
+    from denoiser.text import WordHashTokenizer
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    root = tmp_path / "w"
+    shutil.copytree(weights / "words", root / "words")
+    tokenizer = WordHashTokenizer.from_pretrained(root / "words" / "tokenizer")
+    WordHashTokenizer(**tokenizer.config, vocabulary=["a red apple", "a blue car"]).save_pretrained(root / "words" / "tokenizer")
+    h = Handlers(Engine(root))
+    *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red 日本 zorblat", "")
+    gen, status, words = last[2], last[-1], last[2 + 6 + 4]
+    assert gen.unseen == ("日本", "zorblat")
+    assert "never seen in training, drawn as a guess: “日本 zorblat”" in status and "日本 zorblat" in words["label"]
+    *_, known = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
+    assert "never seen" not in known[-1] and known[2 + 6 + 4]["label"] == "the prompt's words"
+

@@ -69,6 +69,7 @@ class Generation:
     image_words: tuple[tuple[str, ...], ...] = ()  # each image's words (an edit's differ from its source's)
     word_weights: tuple[tuple[float, ...], ...] = ()  # each image's weight per word ("(red:1.5) apple": 1.5, 1)
     unread: tuple[str, ...] = ()  # the prompt's words past the tokenizer's max_length: cut, the model never read them
+    unseen: tuple[str, ...] = ()  # the prompt's words no training caption held: drawn from their letters, a guess
 
     @property
     def num_steps(self) -> int:
@@ -100,7 +101,7 @@ class Stages:
 
 
 class AttentionViews:
-    """The engine's attention views of a Generation, a mixin of Engine: it relies on the engine's `model(name)`,
+    """The engine's attention views of a Generation, a mixin of Engine: it relies on the engine's `loaded(name)`,
     `check_work(...)` and `generate(...)`."""
 
     def records(self, gen: Generation, step: int, kind: str = "self") -> list[AttentionRecord]:
@@ -110,7 +111,7 @@ class AttentionViews:
         return [r for r in gen.attention.get(step, lambda: self._capture(gen, step)) if r.kind == kind]
 
     def _capture(self, gen: Generation, step: int) -> list[AttentionRecord]:
-        unet, _ = self.model(gen.model)
+        unet = self.loaded(gen.model).unet
         # the sampling pass's setup (packed weights): the same arithmetic, so the same q and k
         x, labels, B = gen.inputs[step], gen.labels, gen.images.shape[0]
         # the guided call as sampled: the images' own rows first, then "no class" (the negative prompt) and perturbed rows
@@ -130,7 +131,7 @@ class AttentionViews:
 
     def is_text(self, name: str) -> bool:
         """Whether a model takes a prompt (its UNet has cross-attention) rather than classes."""
-        return getattr(self.model(name)[0].config, "cross_attention_dim", None) is not None
+        return getattr(self.loaded(name).unet.config, "cross_attention_dim", None) is not None
 
     def _word(self, gen: Generation, image: int, word) -> int:
         words = gen.words_of(image)
@@ -163,7 +164,7 @@ class AttentionViews:
     def check_layer(self, gen: Generation, layer) -> int:
         """The layer selector's value (an index among the generation's attention layers: an int, or text a person
         typed such as "3") as that index; anything else is refused in words naming how many layers there are."""
-        count = len(attention_layer_names(self.model(gen.model)[0]))
+        count = len(attention_layer_names(self.loaded(gen.model).unet))
         try:
             index = float(str(layer).strip()) if isinstance(layer, str) else float(layer)
         except (TypeError, ValueError):
@@ -184,7 +185,7 @@ class AttentionViews:
         image = check_int("image", image, 0, gen.images.shape[0] - 1)
         S = gen.images.shape[-1]
         y, x = (check_int("pixel y", pixel[0], 0, S - 1), check_int("pixel x", pixel[1], 0, S - 1))
-        unet, _ = self.model(gen.model)
+        unet = self.loaded(gen.model).unet
         self.check_work(unet, gen.images.shape[0], gen.num_steps, gen.guidance)
         sums: dict[str, torch.Tensor] = {}
         for step in range(gen.num_steps):
@@ -202,7 +203,8 @@ class AttentionViews:
         noise level: one plain, then one per layer and per head switched off) are refused over the work budget
         before any work; on_step(i, total, the image in [0, 1]) after each call, and raising from it stops the work."""
         image = check_int("image", image, 0, gen.images.shape[0] - 1)
-        unet, train_sched = self.model(gen.model)
+        model = self.loaded(gen.model)
+        unet, train_sched = model.unet, model.scheduler
         calls = len(timesteps) * _stats_calls_per_timestep(unet)
         self.check_work(unet, 1, calls)
         labels = None if gen.labels is None else gen.labels[image : image + 1]
@@ -221,7 +223,7 @@ class AttentionViews:
                              "which identity attention replaces; switch layers off on a generation of one prompt")
         if not layers:
             raise ValueError("choose at least one attention layer to switch off")
-        unet, _ = self.model(gen.model)
+        unet = self.loaded(gen.model).unet
         with identity_attention(unet, layers, heads):
             return self.generate(gen.model, **gen.replay, on_step=on_step)
 

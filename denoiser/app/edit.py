@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import gradio as gr
 from PIL import Image
 
-from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, run_controls, whole_box
+from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, ran_js, run_controls, whole_box
 from denoiser.app.engine import RESTORE_OPERATIONS
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.limits import LIMITS
@@ -114,7 +114,8 @@ class EditHandlers:
         self.h, self.engine = h, h.engine
 
     def run_edit(self, model, class_name, guidance_scale, editor, operation, sigma, strength, add_noise, steps, seed,
-                 pag_scale=0.0, photo=None, shown=None, upload=None, prompt=None, progress=gr.Progress()):
+                 pag_scale=0.0, photo=None, shown=None, upload=None, prompt=None, progress=gr.Progress(),
+                 request: gr.Request = None):
         """photo: the uploaded file; shown: the upload the editor holds (it may still hold the previous one while
         a new upload loads); upload: the session's copy of it (keep_upload); prompt: a text model's, for edit and
         inpaint. One restore request (Engine.restore_request) through one run (Engine.restore): a one-step denoise
@@ -133,6 +134,7 @@ class EditHandlers:
                 image, mask = edit_input(editor, source, photo, shown, operation)
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
+            self.h.finished(request, "edit-status")
             yield (*(gr.skip(),) * (N_VIEWS + 4), not_started(error.message))  # the status line says why ...
             raise error from None  # ... and the toast (an API caller gets the error)
 
@@ -140,7 +142,8 @@ class EditHandlers:
             return self.engine.restore(model, request, image, mask, on_step=on_step)
 
         preview, what = (self._tiles_preview, "denoise (tiles)") if request.tiled else (self._preview, operation)
-        gen, done = yield from _preview_last(relay(stream(job, progress, what), N_VIEWS + 4, preview, status=True))
+        with self.h.running(request, "edit-status"):  # Stop's line waits for this job to end (Handlers.stopped)
+            gen, done = yield from _preview_last(relay(stream(job, progress, what), N_VIEWS + 4, preview, status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         # "your image" in the result's framing: the photo (or its scaled copy), or the centre square the model sees
         yours = done.input if request.tiled else centre_square(image)
@@ -155,6 +158,7 @@ class EditHandlers:
         scaled = (f", a copy scaled from {done.settings['scaled_from'][0]}x{done.settings['scaled_from'][1]} to the work "
                   "budget") if done.settings.get("scaled_from") else ""
         what = f"{gen.num_steps} step(s)" if gen is not None else f"at {w}x{h}{scaled}"
+        self.h.finished(request, "edit-status")
         yield (shown, restored_text(operation, done, float(sigma or 0)), *views, gr.update(visible=False), upload,
                f"done: {operation} with {model}, {what}")
 
@@ -383,7 +387,8 @@ def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
                      c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown, c.upload, c.edit_prompt],
         [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared,
          c.edit_preview, c.upload, c.edit_status],
-        concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit")
+        concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit",
+        js=ran_js("edit-run"))  # Stop, then Run at once: layout's retry_js presses it again until it has gone out
     c.edit_result.select(h.select_result, None, c.edit_selected, api_name=False)
     c.edit_use.click(e.restore_form, [c.edit_result, c.edit_selected], [*form, c.edit_status, c.edit_prompt_restored],
                      api_name=False)

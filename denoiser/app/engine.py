@@ -71,11 +71,6 @@ class Engine(AttentionViews):
         other paths."""
         return self._load(resolve_model_dir(str(name), self.weights_dir))
 
-    def model(self, name: str):
-        """(unet, training scheduler) of a model folder under weights/ (`loaded`)."""
-        loaded = self.loaded(name)
-        return loaded.unet, loaded.scheduler
-
     def _load(self, folder: Path) -> LoadedModel:
         """A model folder (a served model or the guide its sampling.json names), loaded once."""
         key = str(Path(folder).resolve())
@@ -297,15 +292,15 @@ def check_prompt(name: str, value) -> str | None:
 
 def _text_fields(plan: Plan) -> dict:
     """A Generation's text fields from its plan: the encoded prompts of the whole batch (an edit counting its steps on
-    the plan's timesteps, as sampling did), the prompt, each image's words and their weights, and the prompt's
-    words past the tokenizer's length (which the model never read)."""
+    the plan's timesteps, as sampling did), the prompt, each image's words and their weights, the prompt's words past
+    the tokenizer's length (which the model never read) and those no training caption held (which it guesses)."""
     if plan.text is None:
         return {}
     prompt = plan.prompts[0] if plan.prompts else ""
     n = range(plan.num_images)
     return dict(text=plan.text_condition(n), prompt=prompt, words=plan.words(0),
                 image_words=tuple(plan.words(k) for k in n), word_weights=tuple(plan.word_weights(k) for k in n),
-                unread=tuple(plan.text.tokenizer.dropped(parse_prompt(prompt).text)))
+                unread=tuple(plan.text.tokenizer.dropped(parse_prompt(prompt).text)), unseen=plan.unseen(0))
 
 
 def _recorder(inputs: list, timesteps: list, on_step, total: Callable[[int], int]):

@@ -62,7 +62,7 @@ class FormHandlers:
     def loads(self, model: str) -> bool:
         """Whether a model folder loads (the page offers broken folders in the model list, which says why)."""
         try:
-            self.engine.model(model)
+            self.engine.loaded(model)
         except (ValueError, OSError):
             return False
         return True

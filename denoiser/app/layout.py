@@ -242,9 +242,9 @@ def _heads_tab(c: SimpleNamespace) -> None:
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
     # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js)
-    for button in (c.run, c.word_edit_run):
+    for button in (c.run, c.word_edit_run, c.edit_run):
         button.click(None, js=retry_js(button.elem_id), api_name=False, queue=False)
-    for button in (c.edit_run, c.mean_run, c.stats_run, c.off_run, c.show_btn):  # a new request: older messages close
+    for button in (c.mean_run, c.stats_run, c.off_run, c.show_btn):  # a new request: older messages close
         button.click(None, js=f"() => {{ {CLEAR_TOASTS} }}", api_name=False, queue=False)
     # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
     # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a

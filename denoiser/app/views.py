@@ -116,7 +116,7 @@ class ViewHandlers:
         sliders over it (its last step chosen), its first image to click, its layers and heads, and the attention
         views of the previous one cleared."""
         words = gr.update(choices=word_choices(gen.words_of(0), gen.weights_of(0)), value=None, visible=bool(gen.words),
-                          label=words_label(gen.words, gen.unread))
+                          label=words_label(gen.words, gen.unread, gen.unseen))
         shown = gr.update(value=None, visible=bool(gen.words))
         heads = gr.update(visible=bool(gen.words))  # the word maps' "each head": as the person left it
         return (gen, _index_slider(gen.images.shape[0], 0), _index_slider(gen.num_steps, gen.num_steps - 1),

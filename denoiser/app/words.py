@@ -16,7 +16,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.visualize import overlay, tiles_image, with_colour_scale
 
-__all__ = ["map_label", "unread_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
+__all__ = ["map_label", "unread_note", "unseen_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
            "word_weights_label"]
 
 _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
@@ -35,10 +35,20 @@ def unread_note(read: Sequence[str], unread: Sequence[str]) -> str:
     return f"cut: the model reads only the first {len(read)} words; {len(unread)} more not read (“{rest}”)"
 
 
-def words_label(read: Sequence[str], unread: Sequence[str]) -> str:
-    """The Attention tab's word list's label: the words the model read, and a cut prompt said so."""
-    label = "the prompt's words"
-    return f"{label} ({unread_note(read, unread)})" if unread else label
+def unseen_note(unseen: Sequence[str]) -> str:
+    """Where a prompt is shown: its words no training caption held (the model folder's vocabulary), which the model
+    draws from their letters alone; "" when it saw every word (or the folder keeps no vocabulary)."""
+    if not unseen:
+        return ""
+    words = " ".join(unseen)
+    words = words if len(words) <= 80 else words[:80] + " …"
+    return f"never seen in training, drawn as a guess: “{words}”"
+
+
+def words_label(read: Sequence[str], unread: Sequence[str], unseen: Sequence[str] = ()) -> str:
+    """The Attention tab's word list's label: the words the model read, a cut prompt and unseen words said so."""
+    notes = [note for note in (unread_note(read, unread), unseen_note(unseen)) if note]
+    return "the prompt's words" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def word_label(word: str, weight: float = 1.0) -> str:
