@@ -214,3 +214,19 @@ def test_a_client_that_leaves_is_one_line_not_a_traceback(capsys):
     assert "Traceback" in failed and "RuntimeError: upload failed" in failed and "ClientDisconnect" not in failed
 
 
+
+
+def test_max_work_lets_a_local_app_denoise_larger_photos(tmp_path, monkeypatch):
+    """Issue 51 item 13: `denoiser app --max-work UNITS` sets the work budget a request may use (a local single-user
+    app can allow more: a large photo at full size rather than a scaled copy); a budget that is no budget is refused."""
+    from denoiser.app.budget import WORK_BUDGET, work_budget
+    from denoiser.app.serve import _parse_args
+
+    monkeypatch.delenv("DENOISER_WORK_BUDGET", raising=False)  # restored after the test, whatever _parse_args sets
+    (tmp_path / "w").mkdir()
+    _parse_args(["--weights", str(tmp_path / "w")])
+    assert work_budget() == WORK_BUDGET
+    _parse_args(["--weights", str(tmp_path / "w"), "--max-work", "1e6"])
+    assert work_budget() == 1e6
+    with pytest.raises(SystemExit, match="--max-work must be a positive number"):
+        _parse_args(["--weights", str(tmp_path / "w"), "--max-work", "0"])

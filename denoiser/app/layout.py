@@ -29,7 +29,7 @@ from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.app.limits import LIMITS
 from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
 from denoiser.app.words import word_maps_label, word_weights_label, words_label
-from denoiser.request import TIMESTEP_SPACINGS
+from denoiser.request import BUILT_IN, TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
 
@@ -116,9 +116,9 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
             with gr.Column(scale=1, elem_id="sample-settings"):
                 model = gr.Dropdown(models, value=default, label="model", info="each is a trained model folder (weights/)",
                                     elem_id="model")
-                scheduler = gr.Dropdown(list(SCHEDULERS), value="ddim", label="scheduler", elem_id="scheduler")
+                scheduler = gr.Dropdown(list(SCHEDULERS), value=BUILT_IN["scheduler"], label="scheduler", elem_id="scheduler")
                 with gr.Row():
-                    steps = whole_box("steps", 50, "steps", "steps",
+                    steps = whole_box("steps", BUILT_IN["steps"], "steps", "steps",
                                       "set to the model's best when you pick it; under 10 leave noise")
                     num_images = whole_box("num_images", 8, "images", "num-images")
                 with gr.Row():

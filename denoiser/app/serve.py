@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from starlette.requests import ClientDisconnect
 
+from denoiser.app.budget import WORK_BUDGET
 from denoiser.app.engine import Engine
 from denoiser.app.layout import LAUNCH, build_app
 from denoiser.app.streaming import STOPPING, log
@@ -69,7 +71,15 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=LAUNCH["state_session_capacity"],
         help="sessions whose generation stays in memory, oldest dropped first (default: %(default)s)",
     )
+    p.add_argument("--max-work", type=float, default=None, metavar="UNITS",
+                   help=f"work units one request may use (default: $DENOISER_WORK_BUDGET, else {WORK_BUDGET:,}): a local "
+                        "single-user app can allow more, e.g. to denoise large photos at full size instead of a copy "
+                        "scaled to the budget")
     args = p.parse_args(argv)
+    if args.max_work is not None:
+        if not args.max_work > 0:
+            raise SystemExit(f"--max-work must be a positive number of work units, got {args.max_work:g}")
+        os.environ["DENOISER_WORK_BUDGET"] = str(args.max_work)  # what denoiser.app.budget.work_budget reads
     if args.weights is not None and not Path(args.weights).is_dir():
         raise SystemExit(f"weights folder {args.weights!r} does not exist")
     if args.weights is None and not any(r.is_dir() for r in model_roots()):
