@@ -111,6 +111,8 @@ class RestoreResult:
     psnr: tuple[float, float] | None  # (noisy, result) in dB against the input, when noise was added
     sigma: float | None  # the noise σ a denoise removed ([0, 1] pixel scale: the one given, or estimated)
     settings: dict  # what ran (RestorePlan.settings, plus the σ removed)
+    source_size: tuple[int, int] = (0, 0)  # (width, height) of the picture as given
+    model_size: int = 0  # the model's sample size: the tiles' side, the chain's square
     steps: int = 1  # timesteps the chain visited (1: a one-step denoise)
     tiles: int = 0  # UNet images a tiled denoise took (0: a chain)
     sample: SampleResult | None = None  # a chain's (images in [0, 1]; the app's attention views open it); None: tiles
@@ -177,7 +179,8 @@ def run_restore(
                              guidance=plan.sampling.guidance, progress=progress, should_stop=should_stop, out=out)
         noisy = None if done.noisy is None else uint8_to_pil(done.noisy)
         return RestoreResult(uint8_to_pil(done.result), plan.image, noisy, done.psnr(), done.sigma,
-                             {**plan.settings(), "sigma_removed": round(done.sigma, 4)}, tiles=plan.tiles())
+                             {**plan.settings(), "sigma_removed": round(done.sigma, 4)}, plan.source_size,
+                             unet.config.sample_size, tiles=plan.tiles())
     text = plan.sampling.text_condition([0]) if r.prompts else None
     visited = []
 
@@ -192,7 +195,8 @@ def run_restore(
     noisy = None if res.noisy is None else _pil(to_unit(res.noisy))
     sigma = None if res.sigma is None else round(res.sigma, 4)
     return RestoreResult(_pil(res.result.images), _pil(to_unit(res.clean)), noisy, res.psnr(), res.sigma,
-                         {**plan.settings(), "sigma_removed": sigma}, steps=len(visited), sample=res.result)
+                         {**plan.settings(), "sigma_removed": sigma}, plan.source_size, unet.config.sample_size,
+                         steps=len(visited), sample=res.result)
 
 
 def check_request(request: RestoreRequest) -> RestoreRequest:

@@ -65,17 +65,16 @@ def _sigma_text(sigma: float | None, given: float) -> str:
 
 def restored_text(operation: str, done: RestoreResult, given_sigma: float = 0.0) -> str:
     """What the Edit tab did, in one paragraph, pointing to where to look next."""
-    s = done.settings
-    w, h = s.get("scaled_from") or done.image.size
+    s, size = done.settings, done.model_size
+    w, h = done.source_size
     if s["chain"]:
-        size = done.image.width
         text = f"**{operation}**: {w}x{h} input, resized and centre-cropped to {size}x{size}; {done.steps} step(s)."
     else:
-        text = f"**{operation}**: {w}x{h} input, denoised at its own size in overlapping tiles of the model's size"
+        text = f"**{operation}**: {w}x{h} input, denoised at its own size in overlapping {size}x{size} tiles"
         if s.get("scaled_from"):
             text += (f" — **a copy scaled to {done.image.width}x{done.image.height}**: the photo is over this server's "
                      "work budget")
-        text += f" ({done.tiles:,} tiles)."
+        text += f" (the model's size; {done.tiles:,} tiles)."
     if done.psnr is not None:
         text += f" PSNR against your image: noisy {done.psnr[0]:.2f} dB, result {done.psnr[1]:.2f} dB."
     text += _sigma_text(done.sigma, given_sigma if done.psnr is None else 1.0)
