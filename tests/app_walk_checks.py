@@ -230,6 +230,8 @@ class WalkChecks:
         if self.tab != "Attention":
             return []
         text = self.page.locator("#stage-text [data-testid=markdown]").inner_text().strip()
+        if text.startswith("Not shown:") and "is not one of this generation's" in text:  # a layer typed that is none
+            return []
         said = re.match(r"(.+?), head (\d+) — .*? step (\d+) \(t = ", text, re.DOTALL)
         if not text or said is None:
             return [f"the stages' text reads {text[:120]!r}"] if text else []

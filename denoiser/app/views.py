@@ -245,7 +245,12 @@ class ViewHandlers:
         if gen is None:
             return None, "", gr.skip()
         records = self.engine.records(gen, step)
-        layer = self.engine.check_layer(gen, layer)
+        try:
+            layer = self.engine.check_layer(gen, layer)
+        except ValueError as err:  # a layer typed that is none: said in words, the head list kept, no stale stages
+            message = user_error(err).message
+            gr.Warning(message)
+            return None, f"**Not shown:** {message}", gr.skip()
         heads = records[layer].num_heads
         head = int(head) if head is not None and 0 <= int(head) < heads else 0
         choices = gr.update(choices=list(range(heads)), value=head)
