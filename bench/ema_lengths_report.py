@@ -51,8 +51,8 @@ def main() -> None:
         "",
         f"One run continuing `weights/cifar10` ({step} steps of batch {train['batch_size']}, lr {train['lr']}, "
         f"configs/cifar10.yaml) tracked {len(rows)} EMA lengths (`train.ema_extra_powers`; the run's own EMA: power "
-        f"{train['ema_power']}), each exported and scored with FID-1k on the 5,000-image validation split at the "
-        f"folder's sampler (`bench/ema_lengths.sh`). {args.cpu}",
+        f"{train['ema_power']}), each exported and scored with FID-1k on the 5,000-image validation split "
+        f"(`bench/ema_lengths.sh`). {args.cpu}",
         "",
         "| EMA | warm-up power | length at the last step (steps) | FID-1k |",
         "|---|---|---|---|",
@@ -61,7 +61,9 @@ def main() -> None:
         f"Spread: **{spread:.2f}** against FID-1k's own noise of {FID_NOISE} (the same model scored with other seeds). "
         + ("The spread is within the noise: the tracked lengths are kept, and post-hoc EMA (EDM2) is not built."
            if spread <= FID_NOISE else
-           "The spread is larger than the noise: EMA length matters here, and post-hoc EMA (EDM2) would pay."),
+           f"The spread is {spread / FID_NOISE:.1f}x the noise: at its edge. Best: {rows[min(range(len(rows)), key=lambda i: rows[i][3])][2]}."
+           if spread < 2 * FID_NOISE else
+           "The spread is more than twice the noise: EMA length matters here, and post-hoc EMA (EDM2) would pay."),
         "",
         f"![FID against EMA length]({args.out.with_suffix('.png').name})",
     ]
