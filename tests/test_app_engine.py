@@ -368,6 +368,9 @@ def test_the_heads_and_layer_views_answer_in_words_not_error_badges(weights):
         stages, text, heads = h.restage(gen, 0, 1, (3, 4), "zzz", 0)  # error emptied the head list, stale text stayed
     assert stages is None and "not one of this generation's" in text and "invalid literal" not in text
     assert isinstance(heads, type(gr.skip()))  # the head list keeps the last real layer's heads
+    # and the pixel's views still show with that layer typed (the walk, seed 10 step 65: the image went blank)
+    _, _, _, shown, maps, stages, text = h.at_pixel(gen, 0, 1, 3, 4, "zzz", 0)
+    assert shown is not None and maps is not None and stages is None and text.startswith("**Not shown:** layer 'zzz'")
     stages, text, heads = h.restage(gen, 0, 1, (3, 4), 1, 0)
     assert stages is not None and "head 0" in text and heads["value"] == 0
 

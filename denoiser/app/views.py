@@ -137,11 +137,15 @@ class ViewHandlers:
         pixel = (y, x)
         try:
             maps = self.engine.attention_maps(gen, image, step, pixel)
-            stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head or 0)
         except ValueError as err:
             raise user_error(err) from None
+        try:
+            stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head or 0)
+            text = stages_text(numbers)
+        except ValueError as err:  # a layer typed that is none: said on the stages' line; the pixel's views still show
+            stages, text = None, f"**Not shown:** {user_error(err).message}"
         y, x = int(y), int(x)
-        return (y, x), y, x, _display(gen, int(image), (y, x)), maps, stages, stages_text(numbers)
+        return (y, x), y, x, _display(gen, int(image), (y, x)), maps, stages, text
 
     @friendly
     def click(self, gen, image, step, layer, head, evt: gr.SelectData):
