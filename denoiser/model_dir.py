@@ -145,7 +145,7 @@ class LoadedModel:
     unet: nn.Module
     scheduler: DDPMScheduler  # the training scheduler: the model's noise schedule
     text: TextModel | None = None  # a text model's tokenizer and encoder; None: a class or unconditional model
-    defaults: ModelDefaults = field(default_factory=lambda: ModelDefaults())  # what the folder says about sampling it
+    defaults: ModelDefaults = field(default_factory=ModelDefaults)  # what the folder says about sampling it
     folder: Path | None = None
 
 

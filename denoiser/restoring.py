@@ -30,7 +30,6 @@ from denoiser.diffusion import Diffusion
 from denoiser.image_io import flatten_to_rgb, mask_to_model, uint8_to_pil
 from denoiser.model_dir import LoadedModel, load
 from denoiser.pixels import to_uint8, to_unit
-from denoiser.prompt_weights import parse_prompt
 from denoiser.request import BUILT_IN, METHODS, OPERATIONS, RestoreRequest, SampleRequest
 from denoiser.restore import restore
 from denoiser.sample import SampleResult
@@ -147,8 +146,6 @@ def resolve_restore(
                                      seed=r.seed, guidance_scale=r.guidance_scale, pag_scale=r.pag_scale,
                                      pag_layers=r.pag_layers, guide_model=r.guide_model, guide_scale=r.guide_scale,
                                      guidance_interval=r.guidance_interval), model, load=load)
-    if r.prompts:
-        parse_prompt(r.prompts)  # a malformed weight is refused here, in prompt_weights' words
     source_size = tuple(image.info.get("source_size", image.size))  # a file's own size (decoded smaller, or not)
     picture = flatten_to_rgb(image)
     if r.tiled and max_pixels is not None and image.width * image.height > max_pixels:

@@ -209,7 +209,8 @@ class Engine(AttentionViews):
         batch of tiles (the photo with the rows finished so far, at most PREVIEW_SIDE a side).
         Returns the chain's Generation (the attention views open it; None for tiles) and what was done."""
         loaded = self.loaded(model)
-        plan = resolve_restore(request, loaded, image, mask, max_pixels=self._fitting_pixels(loaded.unet, *image.size),
+        fits = self._fitting_pixels(loaded.unet, *image.size) if request.tiled else None  # the chains: the square
+        plan = resolve_restore(request, loaded, image, mask, max_pixels=fits,
                                empty_mask_ok=False, load=self._load)  # the page's empty mask: nothing painted
         if plan.tiled:
             self._photo_work(loaded.unet, *plan.image.size).check()
