@@ -7,6 +7,7 @@ import contextlib
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -34,14 +35,16 @@ def screenshots(tmp_path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def browser_page(server: str, height: int = 900):
-    """A headless Chromium page of width 1280 on the app."""
+def browser_page(server: str, height: int = 900, init_script: str = ""):
+    """A headless Chromium page of width 1280 on the app (`init_script`: run in the page before its own scripts)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": height})
+            if init_script:
+                page.add_init_script(init_script)
             page.goto(server)
             # settled: the load event has set the form to the default model's best (a class picked), as a visitor
             # sees it; on a busy server it comes late, and would overwrite a change made before it
@@ -59,6 +62,25 @@ def choose(page, elem_id: str, index: int) -> str:
     text = option.inner_text().replace("✓", "").strip()
     option.click()
     return text
+
+
+def type_number(page, elem_id: str, value, timeout_s: float = 30) -> None:
+    """Type `value` into #elem_id's number box and press Enter, as a person does, until the box holds it for a second:
+    a form update the page was still waiting for when the test typed (a model's own settings, on a busy CI machine)
+    overwrites a value typed before it lands, where a person would see it and type again."""
+    box = page.locator(f"#{elem_id} input[type=number]")
+    deadline, held_since = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        if box.input_value() != str(value):
+            box.fill(str(value))
+            box.press("Enter")
+            held_since = time.monotonic()
+        elif held_since is None:
+            held_since = time.monotonic()
+        elif time.monotonic() - held_since >= 1.0:
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError(f"#{elem_id} does not keep the typed {value}: it shows {box.input_value()!r}")
 
 
 def no_errors(page) -> None:

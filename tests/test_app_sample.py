@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from denoiser.image_io import read_settings
-from tests.app_browser import CHROMIUM, browser_page, screenshots
+from tests.app_browser import CHROMIUM, browser_page, screenshots, type_number
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 
@@ -19,9 +19,8 @@ CLASS_COLUMN = 5  # the rows' columns: model, scheduler, steps, seed, images, cl
 
 
 def _set(page, elem_id: str, value: int) -> None:
-    """Type a number into a slider's box and confirm it, as a person does."""
-    page.locator(f"#{elem_id} input[type=number]").fill(str(value))
-    page.locator(f"#{elem_id} input[type=number]").press("Enter")
+    """Type a number into a slider's box and confirm it, as a person does (and again if a late update took it)."""
+    type_number(page, elem_id, value)
 
 
 def _rows(page):
@@ -128,6 +127,32 @@ def test_browser_a_refused_request_says_why_without_an_error_pill(server, tmp_pa
             page.wait_for_timeout(50)
         assert "stopped at step" in page.locator("#status").inner_text()
         assert not any(flashed), f"an Error pill showed on the status line in {sum(flashed)} of {len(flashed)} looks"
+
+
+# the page's request for the work of 64 images x 50 steps reaches the server 2 s late, as a request can under load
+LATE_REQUEST = """
+const post = window.fetch;
+window.fetch = async (url, options) => {
+    const body = options && typeof options.body === "string" ? options.body : "";
+    if (String(url).includes("queue/join") && body.includes('"data":[') ) {
+        const data = JSON.parse(body).data;
+        if (data[1] === 50 && data[2] === 64) await new Promise(r => setTimeout(r, 2000));
+    }
+    return post(url, options);
+};
+"""
+
+
+def test_browser_the_budget_note_is_of_the_latest_form_when_an_older_request_comes_late(server):
+    """The CI run of 2026-12-05: 64 typed into images, then 1000 into steps, and the note stayed at 64 x 50 ("work:
+    2,408 of 30,000 units"): the page posts a request per change, and the older one reached the server last."""
+    with browser_page(server, init_script=LATE_REQUEST) as page:
+        page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '50'")
+        _set(page, "num-images", 64)
+        page.wait_for_timeout(300)  # the late request (64 x 50) has gone out, and waits
+        _set(page, "steps", 1000)
+        page.wait_for_timeout(4000)  # both have landed
+        assert "over the work budget" in page.locator("#budget").inner_text()
 
 
 def test_browser_on_a_phone_the_class_sits_under_generate_and_the_rows_fit(server, tmp_path):

@@ -20,7 +20,7 @@ from denoiser.image_io import read_settings
 from denoiser.prompt_edit import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
 from denoiser.request import SampleRequest
 from denoiser.sampling import resolve, run
-from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
+from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots, type_number
 from tests.test_app_text import weights  # noqa: F401 - the tiny text model "words" and a class model
 
 FORM = ("(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "")  # class .. pag layers, as Generate reads them
@@ -156,11 +156,8 @@ def test_a_word_edits_layers_are_not_switched_off(handlers):
 
 def _form(page, steps: int, images: int) -> None:
     """The steps and number of images typed, and held by their boxes (what Generate sends) before going on."""
-    for key, value in (("steps", steps), ("num-images", images)):
-        page.locator(f"#{key} input[type=number]").fill(str(value))
-        page.locator(f"#{key} input[type=number]").press("Enter")
-        page.wait_for_function(f"() => document.querySelector('#{key} input[type=number]').value === '{value}'",
-                               timeout=30_000)
+    type_number(page, "steps", steps)
+    type_number(page, "num-images", images)
     page.locator("#budget").get_by_text("work:").wait_for(timeout=30_000)
 
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import gradio as gr
 from PIL import Image
 
-from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, ran_js, run_controls, whole_box
+from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, on_any_change, ran_js, run_controls, whole_box
 from denoiser.app.engine import RESTORE_OPERATIONS
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.limits import LIMITS
@@ -358,7 +358,6 @@ def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
     scope_inputs = [c.edit_model, c.operation, c.add_noise, c.upload]
     app.load(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
     app.load(e.sizes, c.edit_model, c.edit_sizes, api_name=False)
-    app.load(e.scope, scope_inputs, c.edit_scope, api_name=False)
     c.edit_model.change(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
     c.edit_model.change(e.sizes, c.edit_model, c.edit_sizes, api_name=False, show_progress="hidden")
     # a person's choice of model or class sets the guidance to the model's; "use these settings" keeps the result's
@@ -368,15 +367,14 @@ def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
     # unqueued: the photo (or why it cannot be used) shows at once, not after a running job's queue turn
     c.photo.change(e.load_photo, [c.photo, c.upload, c.edit_model], [c.editor, c.photo_text, c.photo_shown, c.upload],
                    api_name=False, queue=False).then(e.scope, scope_inputs, c.edit_scope, api_name=False, queue=False)
-    for control in (c.edit_model, c.operation, c.add_noise):  # Run's scope said before it runs
-        control.change(e.scope, scope_inputs, c.edit_scope, api_name=False, queue=False, show_progress="hidden")
+    on_any_change([c.edit_model, c.operation, c.add_noise], e.scope, scope_inputs, c.edit_scope, load=app, queue=False,
+                  show_progress="hidden")  # Run's scope, said before it runs
     form = [c.edit_model, c.edit_class, c.edit_guidance, c.operation, c.sigma, c.strength, c.add_noise, c.edit_steps,
             c.edit_seed, c.edit_pag, c.edit_prompt]  # EDIT_FORM's order
     # a text model's prompt box for edit and inpaint, however the model or operation was set; a typed prompt sets
     # the guidance to the model's (cleared: 1, what an unconditioned run needs)
-    for control in (c.edit_model, c.operation):
-        control.change(e.prompt_box, [c.edit_model, c.operation], c.edit_prompt, api_name=False, queue=False,
-                       show_progress="hidden")
+    on_any_change([c.edit_model, c.operation], e.prompt_box, [c.edit_model, c.operation], c.edit_prompt, queue=False,
+                  show_progress="hidden")
     # .change, not .input: a paste or a program's fill sets it as typing does (Gradio's .input misses them)
     c.edit_prompt.change(e.prompt_changed, [c.edit_model, c.edit_class, c.edit_prompt, c.edit_prompt_restored],
                          [c.edit_guidance, c.edit_prompt_restored], api_name=False,

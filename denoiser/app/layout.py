@@ -17,6 +17,7 @@ from denoiser.app.controls import (
     STOPPED_JS,
     form_slider,
     keep,
+    on_any_change,
     ran_js,
     retry_js,
     run_controls,
@@ -268,10 +269,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
                     concurrency_limit=1, concurrency_id="sampling", api_name="switch_off")
     work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.scheduler, c.spacing, c.interval,
             c.pag_layers, c.prompt, c.negative_prompt]  # what Generate reads, in budget_note's order
-    app.load(h.budget_note, work, c.budget, api_name=False, concurrency_id="budget-note", concurrency_limit=1)
-    for control in work:  # one queue for all of them: two quick changes end with the note of the later one
-        control.change(h.budget_note, work, c.budget, api_name=False, show_progress="hidden", concurrency_id="budget-note",
-                       concurrency_limit=1)
+    on_any_change(work, h.budget_note, work, c.budget, load=app, show_progress="hidden")  # the note of the latest form
     c.gallery.select(h.select_result, None, c.selected, api_name=False)
     # the Sample tab's form, in SETTINGS_FORM's order: Generate reads it, "use these settings" fills it
     form = [c.model, c.scheduler, c.steps, c.seed, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.spacing,
