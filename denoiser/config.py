@@ -266,9 +266,6 @@ def _text_errors(cfg: RunConfig) -> list[str]:
     if D != x.hidden_size:
         errors.append(f"model.cross_attention_dim ({D}) must equal text.hidden_size ({x.hidden_size}), the width of "
                       "the text encoder's token vectors: set both to the same value")
-    if cfg.train.fid_every:
-        errors.append("train.fid_every: FID during training is for class models; score a text model after training with "
-                      "`denoiser evaluate --fid --prompts ...`, and set train.fid_every: 0")
     if not cfg.data.caption_columns:
         errors.append("model.cross_attention_dim makes a text model, which learns from captions: set data.caption_columns "
                       "(e.g. [name, keywords] of a folder's metadata.csv), or remove model.cross_attention_dim")

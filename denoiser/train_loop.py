@@ -376,7 +376,8 @@ class TrainLoop:
             acc.wait_for_everyone()
         if train_cfg.fid_every and (due[1] or last):
             if self.is_main:
-                evaluate_fid(acc, acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.data.validation, self.out, step)
+                evaluate_fid(acc, acc.unwrap_model(self.model), self.ema, self.diffusion, self.cfg, self.data.validation, self.out,
+                             step, tokenizer=self.tokenizer, classes=self.class_names())
             acc.wait_for_everyone()
         if due[2] or last or signum:
             self.save()
@@ -387,6 +388,11 @@ class TrainLoop:
         if out_of_time:
             logger.warning("train.time_limit_minutes=%s reached at step %d; exporting", train_cfg.time_limit_minutes, step)
         return bool(out_of_time)
+
+    def class_names(self) -> list[str] | None:
+        """The data's class names, written to the exported folders: those of a model with as many class embeddings."""
+        names = list(self.data.classes)
+        return names if len(names) == (self.cfg.model.get("num_class_embeds") or 0) else None
 
     def save(self) -> None:
         """A checkpoint of this step (every process writes its part), then the oldest pruned."""
@@ -405,8 +411,7 @@ class TrainLoop:
         model_dir = self.out / "model"
         if self.is_main:
             final, text_encoder = export(acc.unwrap_model(self.model), self.ema)
-            names = list(self.data.classes)
-            classes = names if len(names) == (final.config.num_class_embeds or 0) else None
+            classes = self.class_names()
             save_pipeline(final, self.diffusion.scheduler, model_dir, classes=classes, text_encoder=text_encoder,
                           tokenizer=self.tokenizer)
             for length, ema in zip(ema_lengths(self.train_cfg)[1:], self.emas[1:]):  # each extra length, its own folder

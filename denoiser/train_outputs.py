@@ -27,7 +27,7 @@ from denoiser.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
 from denoiser.unet import UNet
 from denoiser.visualize import loss_curve
 
-__all__ = ["export", "sample_grid", "evaluate_fid"]
+__all__ = ["export", "sample_grid", "evaluate_fid", "validation_captions"]
 
 logger = logging.getLogger("denoiser.train")
 
@@ -81,15 +81,22 @@ def _inception(device: str):
     return InceptionFeatures(device)
 
 
-def evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, val_ds, out: Path, step: int) -> None:
-    """FID-N of the (EMA) weights against the reference; fid.csv, tensorboard, and best-model/ with keep_best."""
+def evaluate_fid(accelerator, model: UNet | PromptedUNet, ema, diffusion: Diffusion, cfg: RunConfig, val_ds, out: Path,
+                 step: int, tokenizer: WordHashTokenizer | None = None, classes: list[str] | None = None) -> None:
+    """FID-N of the (EMA) weights against the reference; fid.csv, tensorboard, and best-model/ with keep_best: a
+    folder like the run's model/ (its class names `classes`; a text model's encoder and `tokenizer`). A class model
+    samples its classes spread over the images; a text model, the validation images' own captions, cycled (no
+    caption: unconditioned); an unconditional model, as it is."""
     from denoiser.fid import fid_of_images, reference_statistics
+    from denoiser.model_dir import TextModel
     from denoiser.request import SampleRequest
     from denoiser.sampling import resolve, run
 
     train_cfg = cfg.train
-    final = export(unet, ema)[0].to(unet.device)
-    extractor = _inception(str(unet.device))
+    final, text_encoder = export(model, ema)
+    device = next(model.parameters()).device
+    final = final.to(device)
+    extractor = _inception(str(device))
     reference = Path(train_cfg.fid_reference) if train_cfg.fid_reference else out / "fid-reference.safetensors"
     if reference.is_file():
         ref = reference_statistics(reference)
@@ -98,9 +105,16 @@ def evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, v
 
         ref = Statistics.of(features(val_ds.images, extractor, desc="fid reference"))
         ref.save(reference, source=f"validation split of {cfg.data.path or cfg.data.dataset}")
-    request = SampleRequest(num_images=train_cfg.fid_samples, classes="spread", seed=0, scheduler=BUILT_IN["scheduler"],
-                            steps=train_cfg.sample_steps)
-    images = to_uint8(run(resolve(request, unet=final, scheduler=diffusion.scheduler)).images)
+    text, prompts = None, None
+    if text_encoder is not None:
+        tokenizer = tokenizer if tokenizer is not None else WordHashTokenizer(**cfg.text.tokenizer_args())
+        text = TextModel(tokenizer, text_encoder.to(device))
+        names = validation_captions(val_ds) or [""]
+        prompts = [names[k % len(names)] for k in range(train_cfg.fid_samples)]
+    spread = "spread" if final.config.num_class_embeds else None
+    request = SampleRequest(num_images=train_cfg.fid_samples, classes=spread, seed=0, scheduler=BUILT_IN["scheduler"],
+                            steps=train_cfg.sample_steps, prompts=prompts)
+    images = to_uint8(run(resolve(request, unet=final, scheduler=diffusion.scheduler, text=text)).images)
     score = fid_of_images(images, ref, extractor)
     accelerator.log({"fid": score}, step=step)
     history = out / "fid.csv"
@@ -112,5 +126,15 @@ def evaluate_fid(accelerator, unet, ema, diffusion: Diffusion, cfg: RunConfig, v
     logger.warning("step %d: FID-%d %.2f", step, train_cfg.fid_samples, score)
     if train_cfg.keep_best and (not previous or score < min(previous)):
         with atomic_path(out / "best-model") as tmp:  # the model and its score replace the last best together
-            save_pipeline(final.cpu(), diffusion.scheduler, tmp)
+            save_pipeline(final.cpu(), diffusion.scheduler, tmp, classes=classes,
+                          text_encoder=None if text_encoder is None else text_encoder.cpu(), tokenizer=tokenizer)
             (tmp / "fid.json").write_text(json.dumps({"step": step, "fid": score, "num_samples": train_cfg.fid_samples}))
+
+
+def validation_captions(val_ds) -> list[str]:
+    """Each validation image's first caption (its first candidate's first text; [] without text): the prompts a text
+    model's FID samples with, so that its images and the reference are of the same words."""
+    table = getattr(val_ds, "candidates", None) if val_ds is not None else None
+    if table is None:
+        return []
+    return [groups[0][0] if groups and groups[0] else "" for groups in table[range(len(table))]]

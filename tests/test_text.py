@@ -402,7 +402,6 @@ def test_a_text_config_loads_and_its_mistakes_are_explained(tmp_path):
     for sections, message in [
         ({"text": {"hidden_size": 32}}, r"model.cross_attention_dim \(16\) must equal text.hidden_size \(32\)"),
         ({"data": {"caption_columns": []}}, "learns from captions: set data.caption_columns"),
-        ({"train": {"fid_every": 10}}, "train.fid_every: FID during training is for class models"),
         ({"text": {"num_heads": 3}}, r"text.hidden_size \(16\) must be divisible by text.num_heads \(3\)"),
         ({"text": {"vocab": 3}}, "text.vocab is unknown"),
     ]:

@@ -86,3 +86,26 @@ def test_a_failed_best_model_keeps_the_previous_model_and_its_score(tmp_path, mo
     assert json.loads((best / "fid.json").read_text()) == {"step": 1, "fid": 2.0, "num_samples": 2}
     assert (best / "unet" / "diffusion_pytorch_model.safetensors").read_bytes() == weights  # the pair, unchanged
     assert not _temporaries(out)
+
+
+@pytest.mark.parametrize("num_class_embeds", [None, 4])
+def test_the_best_model_is_a_folder_like_the_runs_model(tmp_path, monkeypatch, num_class_embeds):
+    """An unconditional model's FID asked for its classes spread over the images, and failed; a class model's
+    best-model/ had no classes.txt, so its classes had no names. Both now score, and best-model/ names its classes."""
+    cfg = load_config(write_config(tmp_path / "c.yaml", model={"num_class_embeds": num_class_embeds},
+                                   train={"fid_samples": 2, "keep_best": True, "fid_every": 1}))
+    torch.manual_seed(0)
+    unet, out = UNet(**cfg.model), tmp_path / "run"
+    out.mkdir()
+    reference = tmp_path / "reference.safetensors"
+    reference.write_bytes(b"")  # never read: the statistics and the score are stubbed (no Inception here)
+    cfg.train.fid_reference = str(reference)
+    monkeypatch.setattr(train_outputs, "_inception", lambda device: None)
+    monkeypatch.setattr(denoiser.fid, "reference_statistics", lambda path: None)
+    monkeypatch.setattr(denoiser.fid, "fid_of_images", lambda images, ref, extractor: 3.0)
+    names = ["cat", "dog", "fox", "owl"] if num_class_embeds else None
+    train_outputs.evaluate_fid(_Accelerator(), unet, None, Diffusion.from_config(cfg.diffusion), cfg, None, out, 1,
+                               classes=names)
+    from denoiser.model_dir import load
+
+    assert list(load(out / "best-model").defaults.classes or ()) == (names or [])

@@ -163,3 +163,43 @@ def test_init_from_a_class_model_starts_a_text_model_at_its_no_class_outputs(str
             got = pipe.unet(x, t, encoder_hidden_states=states, encoder_attention_mask=mask).sample
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
         assert not torch.allclose(old(x, t, class_labels=torch.tensor([0, 0])).sample, want, rtol=1e-3, atol=1e-4)
+
+
+def test_the_best_model_of_a_text_run_has_its_words_and_its_fid_samples_the_validation_captions(tmp_path, single_thread,
+                                                                                                 monkeypatch):
+    """train.keep_best on a text model: its FID sampled with no text (the folder's text encoder was looked up in a
+    folder there is none of) and best-model/ was saved without text_encoder/ and tokenizer/. Now best-model/ loads as
+    model/ does, and the FID's images are of the validation images' own captions."""
+    import denoiser.fid
+    import denoiser.sampling
+    from denoiser import train_outputs
+    from denoiser.model_dir import load
+
+    root = captioned_folder(tmp_path / "data")
+    reference = tmp_path / "reference.safetensors"
+    reference.write_bytes(b"")  # never read: the statistics and the score are stubbed (no Inception here)
+    cfg = load_config(text_config(tmp_path / "c.yaml", root, fid_every=2, fid_samples=4, sample_steps=2, keep_best=True,
+                                  fid_reference=str(reference)))
+    cfg.data.val_size = 3
+    asked, scores = [], iter([2.0, 1.0, 3.0])
+    resolve = denoiser.sampling.resolve
+
+    def recording_resolve(request, *args, **kwargs):
+        asked.append(request.prompts)
+        return resolve(request, *args, **kwargs)
+
+    monkeypatch.setattr(denoiser.sampling, "resolve", recording_resolve)
+    monkeypatch.setattr(train_outputs, "_inception", lambda device: None)
+    monkeypatch.setattr(denoiser.fid, "reference_statistics", lambda path: None)
+    monkeypatch.setattr(denoiser.fid, "fid_of_images", lambda images, ref, extractor: next(scores))
+    try:
+        train(cfg, tmp_path / "run")
+    finally:
+        reset_accelerate()
+    data = open_training_data(cfg.data, cfg.model["sample_size"], seed=cfg.train.seed, batch_size=4)
+    captions = train_outputs.validation_captions(data.validation)
+    assert len(captions) == 3 and all(captions)
+    assert asked and all(p == [captions[k % 3] for k in range(4)] for p in asked)
+    best = load(tmp_path / "run" / "best-model")
+    assert best.text is not None and best.text.tokenizer.vocabulary == load(tmp_path / "run" / "model").text.tokenizer.vocabulary
+    assert (tmp_path / "run" / "best-model" / "fid.json").is_file()
