@@ -243,9 +243,9 @@ def _heads_tab(c: SimpleNamespace) -> None:
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
     # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js)
-    for button in (c.run, c.word_edit_run, c.edit_run):
+    for button in (c.run, c.word_edit_run, c.edit_run, c.mean_run, c.stats_run):
         button.click(None, js=retry_js(button.elem_id), api_name=False, queue=False)
-    for button in (c.mean_run, c.stats_run, c.off_run, c.show_btn):  # a new request: older messages close
+    for button in (c.off_run, c.show_btn):  # a new request: older messages close
         button.click(None, js=f"() => {{ {CLEAR_TOASTS} }}", api_name=False, queue=False)
     # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
     # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
@@ -264,7 +264,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
     heads = c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers,
                               c.stats_status], api_name="heads", concurrency_limit=1, concurrency_id="sampling",
-                              show_progress_on=[c.stats_status])
+                              show_progress_on=[c.stats_status], js=ran_js("stats-run"))  # right after Stop: retry_js
     c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text],
                     concurrency_limit=1, concurrency_id="sampling", api_name="switch_off")
     work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.scheduler, c.spacing, c.interval,
@@ -311,7 +311,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # (after the cancel has landed: that update also clears the cancelled run's error state from the status line)
     averaging = c.mean_run.click(h.mean_maps, [c.gen_state, c.image_idx, c.pixel_state], [c.maps, c.mean_status],
                                  api_name="mean_maps", concurrency_limit=1, concurrency_id="sampling",
-                                 show_progress_on=[c.mean_status])
+                                 show_progress_on=[c.mean_status], js=ran_js("mean-run"))  # right after Stop: retry_js
     for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [editing]),
                                (c.mean_stop, c.mean_status, [averaging]), (c.stats_stop, c.stats_status, [heads])):
         button.click(None, None, None, cancels=jobs, js=STOPPED_JS, api_name=False).then(

@@ -5,6 +5,8 @@ mixin of denoiser.app.handlers.Handlers, which binds it to an engine; the drawin
 
 from __future__ import annotations
 
+import functools
+
 import gradio as gr
 import torch
 from PIL import Image, ImageDraw
@@ -28,6 +30,35 @@ DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the mo
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
 N_VIEWS = 6 + len(CLEARED_VIEWS) + 4  # what generation_views sets: the generation, its sliders and views, its words' views
 NO_GENERATION = "generate images first (Sample tab), or run the Edit tab: this view is of a generation"
+
+
+def _within(value, count: int) -> bool:
+    """Whether a slider's `value` is a whole index in 0..count-1."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return False
+    return v.is_integer() and 0 <= v < count
+
+
+def of_this_generation(outputs: int):
+    """For a view that follows a change of the page's sliders and selectors: an image or step out of the generation's
+    range is the generation before's. A new generation sets the image and step sliders in the update that brings it,
+    but the change event of one component of that update (the layer selector reset to 0) can read the step slider
+    before its new value has landed (the long walk, seed 10 step 94: "step must be a whole number in 0..1, got 89"
+    after a 2-step Generate). Such a view is left as it is (`outputs` skips): the step slider's own change event, with
+    its new value, follows and draws it."""
+
+    def wrap(handler):
+        @functools.wraps(handler)
+        def wrapped(self, gen, image, step, *args, **kwargs):
+            if gen is not None and not (_within(image, gen.images.shape[0]) and _within(step, gen.num_steps)):
+                return (gr.skip(),) * outputs
+            return handler(self, gen, image, step, *args, **kwargs)
+
+        return wrapped
+
+    return wrap
 
 
 def _display(gen, image: int, pixel: tuple[int, int] | None) -> Image.Image:
@@ -154,6 +185,7 @@ class ViewHandlers:
         return self.at_pixel(gen, image, step, y, x, layer, head)
 
     @friendly
+    @of_this_generation(4)
     def refresh(self, gen, image, step, pixel, layer, head):
         """Every view at the current (image, step, pixel): the clickable image, the maps, the four stages."""
         if gen is None:
@@ -163,6 +195,7 @@ class ViewHandlers:
         return self.at_pixel(gen, image, step, pixel[0], pixel[1], layer, head)[3:]
 
     @friendly
+    @of_this_generation(2)
     def word_views(self, gen, image, step, pixel, word, heads=False):
         """A text model's cross-attention at (image, step): the chosen word's map, all layers together and in every
         cross-attention layer (heads: each head's too), and the clicked pixel's weights over the prompt's words;
@@ -201,9 +234,11 @@ class ViewHandlers:
         def job(on_step):
             return self.engine.mean_attention_maps(gen, image, pixel, on_step=on_step)
 
-        maps = yield from relay(stream(job, progress, "averaging"), 2, lambda preview: gr.skip(), status=True)
+        with self.running(request, "mean-status"):
+            maps = yield from relay(stream(job, progress, "averaging"), 2, lambda preview: gr.skip(), status=True)
         self.finished(request, "mean-status")
         yield maps, f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} steps"
+
     def head_stats(self, gen, image, progress=gr.Progress(), request: gr.Request = None):
         """The Heads tab's statistics of one generated image: long work (a UNet call per noise level, layer and head),
         so a job like Generate. Outputs: chart, table, the layers to switch off, status line."""
@@ -215,7 +250,8 @@ class ViewHandlers:
         def job(on_step):
             return self.engine.head_table(gen, image, on_step=on_step)
 
-        rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
+        with self.running(request, "stats-status"):
+            rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
         unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
         self.finished(request, "stats-status")
         yield (chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows))),
@@ -243,6 +279,7 @@ class ViewHandlers:
                f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}")
 
     @friendly
+    @of_this_generation(3)
     def restage(self, gen, image, step, pixel, layer, head):
         """The four stages at the chosen layer and head; the head selector offers the chosen layer's heads (a
         head the layer lacks becomes head 0)."""
