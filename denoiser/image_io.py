@@ -10,6 +10,7 @@ smallest of 1/1, 1/2, 1/4, 1/8 scale that still covers the size asked for (Pillo
 from __future__ import annotations
 
 import io
+import math
 import re
 import warnings
 from pathlib import Path
@@ -57,11 +58,12 @@ def fit_to_size(size: int) -> transforms.Compose:
 
 def open_image(
     source: str | Path | bytes | BinaryIO, min_side: int | None = None, what: str = "the file",
-    min_long_side: int | None = None,
+    min_long_side: int | None = None, keep_pixels: float | None = None,
 ) -> Image.Image:
     """Read an image file: its size checked from the header, JPEGs decoded only as large as `min_side`
-    needs (the short side stays >= min_side; or the long side >= min_long_side), EXIF orientation applied,
-    transparency flattened on white. The file's own (upright) size is in `.info["source_size"]`.
+    needs (the short side stays >= min_side; or the long side >= min_long_side; or, for an image of more than
+    `keep_pixels` pixels, at least that many pixels stay), EXIF orientation applied, transparency flattened on white.
+    The file's own (upright) size is in `.info["source_size"]`.
 
     Raises ValueError (one sentence naming the problem and the fix, no path) for anything that is not a
     readable image of at most MAX_PIXELS pixels; FileNotFoundError for a missing path.
@@ -90,6 +92,8 @@ def open_image(
                 f"the image is {w}x{h} ({w * h / 1e6:.0f} megapixels): at most {MAX_PIXELS // 1_000_000} megapixels; "
                 "upload a smaller copy"
             )
+        if keep_pixels and w * h > keep_pixels:  # the long side of a copy of keep_pixels pixels
+            min_long_side = math.ceil(max(w, h) * (keep_pixels / (w * h)) ** 0.5)
         if (min_side or min_long_side) and img.format == "JPEG":
             # decode at 1/2, 1/4, 1/8 while the short side keeps min_side (the long side min_long_side)
             scale = min(w, h) / min_side if min_side else max(w, h) / min_long_side

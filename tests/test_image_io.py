@@ -163,3 +163,15 @@ def test_a_text_models_file_name_carries_its_prompt_where_a_class_would_go():
     assert len(settings_name({**settings, "prompt": "x" * 500})) < 120  # a long prompt is cut
     edit = {**settings, "prompt": "red apple", "edit_prompt": "(green:1.5) apple", "index": 1, "count": 2}
     assert settings_name(edit) == "emoji-seed0-red_apple-to-_green_1.5__apple-unipc10-cfg3-2of2.png"  # what it shows
+
+
+def test_keep_pixels_decodes_a_large_jpeg_no_larger_than_it_needs(tmp_path):
+    """The Edit tab's denoise of a photo over the work budget: one open decodes the JPEG at the smallest scale that
+    keeps `keep_pixels` pixels (it read a preview first to learn the size, then decoded again); a smaller image, or
+    one that is no JPEG, decodes whole."""
+    Image.new("RGB", (1600, 1200), (200, 30, 30)).save(tmp_path / "big.jpg", quality=90)
+    img = open_image(tmp_path / "big.jpg", keep_pixels=200_000)
+    assert img.size == (800, 600) and img.info["source_size"] == (1600, 1200)  # 1/4 would be 120,000 pixels
+    assert open_image(tmp_path / "big.jpg", keep_pixels=2_000_000).size == (1600, 1200)
+    Image.new("RGB", (600, 400), (0, 0, 255)).save(tmp_path / "big.png")
+    assert open_image(tmp_path / "big.png", keep_pixels=1_000).size == (600, 400)

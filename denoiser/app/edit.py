@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import logging
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -169,11 +168,7 @@ class EditHandlers:
             if image is None:
                 raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
             return image
-        small, _ = photo_preview(source)  # a file that is no image says so; its size known before the full decode
-        w, h = small.info["source_size"]
-        limit = self.engine.photo_limit(model) * 1e6
-        long_side = max(w, h) if w * h <= limit else math.ceil(max(w, h) * (limit / (w * h)) ** 0.5)
-        return open_image(source, min_long_side=long_side, what="the upload")
+        return open_image(source, keep_pixels=self.engine.photo_limit(model) * 1e6, what="the upload")
 
     @staticmethod
     def _preview(preview: Image.Image) -> dict:
