@@ -85,6 +85,19 @@ def test_run_says_before_it_runs_what_it_works_on(weights):
     assert f"up to **{limit:.1f} megapixels** with tiny-classes" in e.sizes("tiny-classes")
 
 
+@pytest.mark.parametrize("operation", ["denoise", "denoise (sampled)", "edit", "inpaint"])
+def test_run_without_a_photo_asks_for_one_before_any_work(weights, operation, caplog):
+    """The long walk, seed 9 step 43: Run on "edit" with no photo reached the restore and failed there ("TypeError:
+    image must be a PIL image, got NoneType", a traceback in the log). Every operation now says what to do, on the
+    status line, before any work."""
+    e = EditHandlers(Handlers(Engine(weights)))
+    run = e.run_edit("tiny-classes", "(any)", 1.0, None, operation, 0.1, 0.3, 0.0, 3, 0)
+    assert next(run)[-1].startswith("**not started**: upload a photo first")
+    with pytest.raises(Exception, match="upload a photo first"):
+        next(run)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
 def test_a_run_writes_the_settings_that_ran_and_they_come_back(weights, tmp_path, monkeypatch):
     """Issue 52: the Edit tab's run goes through the one restore run; its PNG carries what ran (the class and guidance
     of a tiled denoise included) and "use these settings" fills the form with them."""

@@ -24,6 +24,7 @@ from denoiser.app.engine import RESTORE_OPERATIONS
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.limits import LIMITS
 from denoiser.app.photo import (
+    NO_PHOTO,
     centre_square,
     drop_upload,
     edit_input,
@@ -166,7 +167,7 @@ class EditHandlers:
         if not source:  # an API call: the editor's picture
             image = editor_layers(editor)[0]
             if image is None:
-                raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
+                raise ValueError(NO_PHOTO)
             return image
         return open_image(source, keep_pixels=self.engine.photo_limit(model) * 1e6, what="the upload")
 

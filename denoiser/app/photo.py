@@ -17,7 +17,7 @@ from PIL import Image
 
 from denoiser.image_io import open_image
 
-__all__ = ["keep_upload", "drop_upload", "photo_file", "editor_layers", "edit_input", "centre_square", "photo_preview",
+__all__ = ["NO_PHOTO", "keep_upload", "drop_upload", "photo_file", "editor_layers", "edit_input", "centre_square", "photo_preview",
            "EDIT_PREVIEW"]
 
 # the editor paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the editor
@@ -70,11 +70,17 @@ def editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
     return image, alpha
 
 
+NO_PHOTO = "upload a photo first (or click one of the pictures under the Run button)"
+
+
 def edit_input(editor, source: str | None, photo: str | None, shown: str | None, operation: str):
     """(image, mask) to process at the model's size: the photo's small copy (as the editor shows it, `photo_preview`)
     and the mask painted on it; without an upload (an API call), the editor's own picture."""
     if not source:
-        return editor_layers(editor)
+        image, mask = editor_layers(editor)
+        if image is None:
+            raise ValueError(NO_PHOTO)
+        return image, mask
     image, _ = photo_preview(source)
     if shown != photo:  # the editor still holds the previous upload: its paint belongs to that one
         if operation == "inpaint":
