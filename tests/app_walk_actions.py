@@ -20,9 +20,9 @@ __all__ = ["TABS", "WATCH_STATUS", "WalkActions"]
 # what picking a model (its best) or a class (its guidance) sets on the form besides itself (layout._wire)
 CASCADE = {"model": {"class", "guidance_scale", "scheduler", "steps", "pag_scale", "guide_scale", "prompt", "negative_prompt"},
            "class": {"guidance_scale"}}
-# what a "try these" row sets on the Sample form (its columns)
+# what a "try these" row sets on the Sample form: its columns, and the advanced settings back to the model's own
 ROW_FIELDS = ("model", "scheduler", "steps", "seed", "num_images", "class", "guidance_scale", "pag_scale", "guide_scale",
-              "prompt")
+              "prompt", "timestep_spacing", "eta", "guidance_interval", "pag_layers", "negative_prompt")
 TABS = ("Sample", "Edit", "Attention", "Heads")
 # a text model's prompts the walk types: plain, weighted, a weight that does not read, none
 PROMPTS = ["red apple", "(red:1.5) apple", "[red] (apple:0.5)", "(red:x) apple", "red (apple", ""]
@@ -215,8 +215,8 @@ class WalkActions:
         self.before_run = self.files("gallery")
         rows.nth(k).click()
         self.typed.pop("class", None)
-        # the row fills the form, then generates; a run refused for a field the row does not set (an advanced one the
-        # walk typed) leaves the row's settings in the form over the results from before (seed 9, step 92)
+        # the row fills the form, then generates; a run refused (the queue full, a model that does not load) leaves
+        # the row's settings in the form over the results from before (seed 9, step 92)
         self.touched |= set(ROW_FIELDS)
         return f"click 'try these' row {k + 1}"
 

@@ -82,6 +82,21 @@ def test_browser_a_try_these_row_shows_the_class_it_generates_with(server, tmp_p
         assert _first_result_settings(page, tmp_path)["class"] == page.locator("#class input").input_value()
 
 
+def test_browser_a_row_runs_as_it_reads_whatever_the_advanced_settings_held(server, tmp_path):
+    """The long walk, seed 9: a guidance interval typed before ("zzz") refused the "try these" row's run, and an eta
+    typed before would have changed its images. A row sets the advanced settings back to the model's own, so it runs,
+    and its PNG carries none of them."""
+    with browser_page(server, height=1000) as page:
+        page.locator("#advanced").get_by_text("advanced").first.click()
+        page.locator("#interval textarea").fill("zzz")
+        type_number(page, "eta", 1)
+        _run_row(page, _rows(page).nth(0))
+        assert page.locator("#interval textarea").input_value() == ""
+        assert page.locator("#eta input[type=number]").input_value() == "0"
+        made = _first_result_settings(page, tmp_path)
+        assert "eta" not in made and "guidance_interval" not in made, made
+
+
 def test_browser_a_clicked_row_keeps_the_status_and_preview_in_view(server):
     """Issue 41 item 13: the rows sit below the form; a click scrolled to the table, so the status line and the
     live preview of the run it started were off-screen."""

@@ -217,7 +217,7 @@ def test_a_filled_form_labels_guidance_for_its_model(weights, tmp_path, monkeypa
     picked = h.model_form("words")[1]
     *_, last = h.generate("words", "ddim", 2, 3, 1, "(any)", 2.0, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
     restored = dict(zip(SETTINGS_FORM, h.use_settings(last[1], 0)))["guidance_scale"]
-    _, filled = h.filled_form("words", "(any)")
+    filled = h.filled_form("words", "(any)")[1]
     for update in (restored, filled):
         assert update["label"] == picked["label"] == "guidance (with a prompt)"
         assert update["info"] == picked["info"] and "needs a prompt" in update["info"]

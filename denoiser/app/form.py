@@ -30,6 +30,9 @@ MODELS_OWN = "(the model's)"  # an advanced setting left to the model folder (it
 SETTINGS_FORM = {"model": None, "scheduler": None, "steps": None, "seed": None, "num_images": None, "class": None,
                  "guidance_scale": None, "pag_scale": None, "guide_scale": None, "timestep_spacing": MODELS_OWN,
                  "eta": 0.0, "guidance_interval": "", "pag_layers": "", "prompt": "", "negative_prompt": ""}
+# the Sample form's advanced settings and its negative prompt, in the order layout wires them: what a "try these" row
+# resets (filled_form)
+ADVANCED = ("timestep_spacing", "eta", "guidance_interval", "pag_layers", "negative_prompt")
 FEW_STEPS = 10  # sampling with fewer steps than this leaves visible noise (DDIM on the shipped models)
 
 
@@ -233,9 +236,12 @@ class FormHandlers:
         return dict(label=f"guidance (with a {'prompt' if text else 'class'})", info=guidance_info(interval, prompt=text))
 
     def filled_form(self, model, class_name) -> tuple:
-        """After a "try these" row filled the Sample form: its model's class choices (the row's class shown) and the
-        guidance slider's label for its model (its value the row's)."""
-        return self.sample_class_choices(model, class_name), gr.update(**self.guidance_label(model))
+        """After a "try these" row filled the Sample form: its model's class choices (the row's class shown), the
+        guidance slider's label for its model (its value the row's), and the advanced settings the row has no column
+        for back to the model's own (ADVANCED, SETTINGS_FORM's defaults): a row runs as it reads, and an interval typed
+        before ("zzz") no longer refuses it."""
+        return (self.sample_class_choices(model, class_name), gr.update(**self.guidance_label(model)),
+                *(SETTINGS_FORM[name] for name in ADVANCED))
 
     def text_controls(self, model):
         """The Sample tab's prompt, negative prompt, example prompts' box and their table: shown for a text model (the

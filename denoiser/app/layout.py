@@ -294,8 +294,9 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
         filled = c.sample_examples.load_input_event
         # the row's table is below: the status line and the preview come into view; older messages close
         filled.then(None, js=f"() => {{ {CLEAR_TOASTS} ({SHOW_RUN})(); }}")
-        runs.append(filled.then(h.filled_form, [c.model, c.class_name], [c.class_name, c.guidance], api_name=False,
-                                queue=False)
+        advanced = [c.spacing, c.eta, c.interval, c.pag_layers, c.negative_prompt]  # form.ADVANCED's order
+        runs.append(filled.then(h.filled_form, [c.model, c.class_name], [c.class_name, c.guidance, *advanced],
+                                api_name=False, queue=False)
                     .then(h.generate, sample_inputs, sample_outputs, api_name=False, **sampling))
     # a finished run's results join the ones kept in the browser; a reload shows those again
     earlier = [c.earlier, c.use_earlier]
