@@ -64,13 +64,18 @@ def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Dif
 
         names = prompts or [""]
         grid = [names[k % len(names)] for k in range(train_cfg.num_sample_images)]
-        tokenizer = tokenizer if tokenizer is not None else WordHashTokenizer(**cfg.text.tokenizer_args())
+        tokenizer = _run_tokenizer(cfg, tokenizer)
         text = TextCondition.encode(tokenizer, text_encoder.to(device), grid)
     result = sample(final, scheduler, train_cfg.num_sample_images, train_cfg.sample_steps, seed=0, class_labels=labels,
                     text=text)
     save_grid(result.images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
     steps, losses = read_losses(out)
     save_png(loss_curve(steps, losses), out / "loss.png")  # through a temporary file, as the grid
+
+
+def _run_tokenizer(cfg: RunConfig, tokenizer: WordHashTokenizer | None) -> WordHashTokenizer:
+    """The run's tokenizer (its captions' words), or by default one from `cfg.text` (no vocabulary)."""
+    return tokenizer if tokenizer is not None else WordHashTokenizer(**cfg.text.tokenizer_args())
 
 
 @functools.cache
@@ -107,7 +112,7 @@ def evaluate_fid(accelerator, model: UNet | PromptedUNet, ema, diffusion: Diffus
         ref.save(reference, source=f"validation split of {cfg.data.path or cfg.data.dataset}")
     text, prompts = None, None
     if text_encoder is not None:
-        tokenizer = tokenizer if tokenizer is not None else WordHashTokenizer(**cfg.text.tokenizer_args())
+        tokenizer = _run_tokenizer(cfg, tokenizer)
         text = TextModel(tokenizer, text_encoder.to(device))
         names = validation_captions(val_ds) or [""]
         prompts = [names[k % len(names)] for k in range(train_cfg.fid_samples)]

@@ -18,11 +18,6 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test i
 CLASS_COLUMN = 5  # the rows' columns: model, scheduler, steps, seed, images, class, guidance, PAG, autoguidance
 
 
-def _set(page, elem_id: str, value: int) -> None:
-    """Type a number into a slider's box and confirm it, as a person does (and again if a late update took it)."""
-    type_number(page, elem_id, value)
-
-
 def _rows(page):
     rows = page.get_by_text("try these").locator("xpath=ancestor::div[contains(@class,'block')][1]").locator("tbody tr")
     rows.first.wait_for(timeout=30_000)
@@ -75,7 +70,7 @@ def test_browser_a_try_these_row_shows_the_class_it_generates_with(server, tmp_p
             assert page.locator("#class input").input_value() == wanted, f"row {index}: shows another class"
             assert _first_result_settings(page, tmp_path)["class"] == wanted
         # Generate now makes what the form shows
-        _set(page, "steps", 2)
+        type_number(page, "steps", 2)
         before = page.locator("#gallery img").first.get_attribute("src")
         page.locator("#generate").click()
         page.wait_for_function("b => document.querySelector('#gallery img').src !== b", arg=before, timeout=60_000)
@@ -115,12 +110,12 @@ def test_browser_a_refused_request_says_why_without_an_error_pill(server, tmp_pa
     red "Error" pill over stale text; "Error" also flashed on it after each Stop."""
     shots = screenshots(tmp_path)
     with browser_page(server) as page:
-        _set(page, "steps", 2)
+        type_number(page, "steps", 2)
         page.locator("#generate").click()
         page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
         shown = page.locator("#gallery img").first.get_attribute("src")
-        _set(page, "num-images", 64)
-        _set(page, "steps", 1000)
+        type_number(page, "num-images", 64)
+        type_number(page, "steps", 1000)
         page.locator("#budget").get_by_text("over the work budget").wait_for(timeout=30_000)
         page.locator("#generate").click()
         page.locator("#status").get_by_text("not started").wait_for(timeout=30_000)
@@ -130,8 +125,8 @@ def test_browser_a_refused_request_says_why_without_an_error_pill(server, tmp_pa
         assert not _status_error_shown(page)
         assert page.locator("#gallery img").first.get_attribute("src") == shown  # the results shown stay
         # Stop: watched every 50 ms from the click until the status line says where it stopped
-        _set(page, "steps", 400)
-        _set(page, "num-images", 8)
+        type_number(page, "steps", 400)
+        type_number(page, "num-images", 8)
         page.locator("#budget").get_by_text("work:").wait_for(timeout=30_000)
         page.locator("#generate").click()
         page.locator("#status").get_by_text("denoising: step").wait_for(timeout=30_000)
@@ -163,9 +158,9 @@ def test_browser_the_budget_note_is_of_the_latest_form_when_an_older_request_com
     2,408 of 30,000 units"): the page posts a request per change, and the older one reached the server last."""
     with browser_page(server, init_script=LATE_REQUEST) as page:
         page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '50'")
-        _set(page, "num-images", 64)
+        type_number(page, "num-images", 64)
         page.wait_for_timeout(300)  # the late request (64 x 50) has gone out, and waits
-        _set(page, "steps", 1000)
+        type_number(page, "steps", 1000)
         page.wait_for_timeout(4000)  # both have landed
         assert "over the work budget" in page.locator("#budget").inner_text()
 
@@ -185,7 +180,7 @@ def test_browser_on_a_phone_the_class_sits_under_generate_and_the_rows_fit(serve
             page.goto(server)
             page.wait_for_function("() => { const c = document.querySelector('#class input'); "
                                    "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
-            _set(page, "steps", 2)
+            type_number(page, "steps", 2)
             page.locator("#generate").click()
             page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
             top = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#generate", "#status", "#preview", "#class",
@@ -210,7 +205,7 @@ def test_browser_an_out_of_range_number_is_refused_in_words_and_nothing_runs(ser
     toast. Now the handler checks (denoiser.app.limits): the status says "not started: …" naming the value's
     control, and nothing runs."""
     with browser_page(server) as page:
-        _set(page, "steps", 2)
+        type_number(page, "steps", 2)
         page.locator("#generate").click()
         page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
         shown = page.locator("#gallery img").first.get_attribute("src")
@@ -273,8 +268,8 @@ def test_browser_generate_right_after_stop_runs(server, slow_steps):
     step later). Now such a click is pressed again until it goes out (controls.retry_js): each try's run starts."""
     runs = slow_steps
     with browser_page(server) as page:
-        _set(page, "steps", 200)
-        _set(page, "num-images", 2)
+        type_number(page, "steps", 200)
+        type_number(page, "num-images", 2)
         page.locator("#budget").get_by_text("work:").wait_for(timeout=30_000)
         page.locator("#generate").click()
         for k, gap in enumerate(STOP_GAPS):
@@ -305,11 +300,11 @@ def test_browser_a_new_run_closes_the_messages_of_earlier_requests(server):
         toasts = page.locator("[data-testid=toast-body]")
         toasts.filter(has_text="generate images first").first.wait_for(timeout=30_000)
         page.get_by_role("tab", name="Sample", exact=True).click()
-        _set(page, "steps", 2)
+        type_number(page, "steps", 2)
         page.locator("#generate").click()
         page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
         assert toasts.filter(has_text="generate images first").count() == 0, toasts.all_inner_texts()
-        _set(page, "steps", -5)
+        type_number(page, "steps", -5)
         page.locator("#generate").click()
         toasts.filter(has_text="steps must be a whole number").first.wait_for(timeout=30_000)  # its own message stays
         assert toasts.count() == 1, toasts.all_inner_texts()

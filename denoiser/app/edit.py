@@ -24,11 +24,10 @@ from denoiser.app.engine import RESTORE_OPERATIONS
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.limits import LIMITS
 from denoiser.app.photo import (
-    NO_PHOTO,
     centre_square,
     drop_upload,
     edit_input,
-    editor_layers,
+    editor_picture,
     keep_upload,
     photo_file,
     photo_preview,
@@ -165,10 +164,7 @@ class EditHandlers:
         """The photo for the tiled denoise: decoded once, and no larger than the work budget lets it run (a JPEG over
         it decodes at a reduced scale; Engine.restore scales it the rest of the way)."""
         if not source:  # an API call: the editor's picture
-            image = editor_layers(editor)[0]
-            if image is None:
-                raise ValueError(NO_PHOTO)
-            return image
+            return editor_picture(editor)[0]
         return open_image(source, keep_pixels=self.engine.photo_limit(model) * 1e6, what="the upload")
 
     @staticmethod

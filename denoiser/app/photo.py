@@ -17,7 +17,7 @@ from PIL import Image
 
 from denoiser.image_io import open_image
 
-__all__ = ["NO_PHOTO", "keep_upload", "drop_upload", "photo_file", "editor_layers", "edit_input", "centre_square", "photo_preview",
+__all__ = ["NO_PHOTO", "keep_upload", "drop_upload", "photo_file", "editor_layers", "editor_picture", "edit_input", "centre_square", "photo_preview",
            "EDIT_PREVIEW"]
 
 # the editor paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the editor
@@ -54,13 +54,16 @@ def photo_file(photo: str | None, upload) -> str | None:
     return photo
 
 
+NO_PHOTO = "upload a photo first (or click one of the pictures under the Run button)"
+
+
 def editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
     """The ImageEditor's uploaded image and the painted mask (opaque brush pixels: white), or None."""
     if not value or value.get("background") is None:
         return None, None
     image = value["background"]
     if all(band == (255, 255) for band in image.convert("RGB").getextrema()):  # the editor's blank white canvas
-        raise ValueError("upload a photo first (or click one of the pictures under the Run button)")
+        raise ValueError(NO_PHOTO)
     painted = [layer for layer in value.get("layers") or [] if layer is not None]
     if not painted:
         return image, None
@@ -70,17 +73,19 @@ def editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
     return image, alpha
 
 
-NO_PHOTO = "upload a photo first (or click one of the pictures under the Run button)"
+def editor_picture(value) -> tuple[Image.Image, Image.Image | None]:
+    """editor_layers of an editor that must hold a picture (an API call without an upload): NO_PHOTO if it holds none."""
+    image, mask = editor_layers(value)
+    if image is None:
+        raise ValueError(NO_PHOTO)
+    return image, mask
 
 
 def edit_input(editor, source: str | None, photo: str | None, shown: str | None, operation: str):
     """(image, mask) to process at the model's size: the photo's small copy (as the editor shows it, `photo_preview`)
     and the mask painted on it; without an upload (an API call), the editor's own picture."""
     if not source:
-        image, mask = editor_layers(editor)
-        if image is None:
-            raise ValueError(NO_PHOTO)
-        return image, mask
+        return editor_picture(editor)
     image, _ = photo_preview(source)
     if shown != photo:  # the editor still holds the previous upload: its paint belongs to that one
         if operation == "inpaint":

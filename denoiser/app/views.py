@@ -12,6 +12,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from denoiser.app.engine import Stages
+from denoiser.app.limits import check_int
 from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
 from denoiser.app.words import (
     word_choices,
@@ -33,12 +34,12 @@ NO_GENERATION = "generate images first (Sample tab), or run the Edit tab: this v
 
 
 def _within(value, count: int) -> bool:
-    """Whether a slider's `value` is a whole index in 0..count-1."""
+    """Whether a slider's `value` is a whole index in 0..count-1 (the engine's check, limits.check_int)."""
     try:
-        v = float(value)
-    except (TypeError, ValueError):
+        check_int("index", value, 0, count - 1)
+    except ValueError:
         return False
-    return v.is_integer() and 0 <= v < count
+    return True
 
 
 def of_this_generation(outputs: int):
