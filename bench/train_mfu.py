@@ -23,6 +23,11 @@ always a square GEMM measured here in the run's precision. Launches: aten ops pe
 `torch.profiler`, and on a GPU its kernel launches; host syncs: CUDA synchronize calls on a GPU, and on a CPU the
 `.item()`-like reads (`aten::_local_scalar_dense`: `.item()`, `float()`, `if tensor`) outside the optimizer, per step
 over one block that ends in a read, and in the steps between reads.
+
+`--batches 128 256 512 1024`: the throughput knee instead. The fast side alone (with `--compile` if given) at each
+global batch, alternating blocks as above; the knee is the smallest batch whose img/s is within 10 % of the best
+(bench/gpu/knee.py). bench/gpu/run.sh trains there (BATCH=auto), its lr scaled from the config's (batch, lr) by the
+square-root rule (docs/training.md#batch-size-and-learning-rate).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 from diffusers import UNet2DModel  # noqa: E402
 from diffusers.training_utils import EMAModel  # noqa: E402
+from gpu.knee import KNEE_WITHIN, knee  # noqa: E402
 from profiling import cpu_name  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
@@ -203,8 +209,69 @@ def gemm_peak(device: torch.device, dtype: torch.dtype, n: int = 2048, repeats: 
     return 2 * n**3 / statistics.median(times)
 
 
+def time_sides(sides: dict, n: int, warmup: int, repeats: int, seconds: float | None) -> dict[str, list[float]]:
+    """Seconds per step of each side: `warmup` blocks of n steps each, then blocks in turn (side by side) until each
+    side has `repeats` blocks or has run `seconds`."""
+    for _ in range(warmup):
+        for s in sides.values():
+            block(s, n)
+    times: dict[str, list[float]] = {k: [] for k in sides}
+    spent = dict.fromkeys(sides, 0.0)
+    while True:
+        for k, s in sides.items():
+            times[k].append(block(s, n))
+            spent[k] += times[k][-1] * n
+        if (seconds and min(spent.values()) >= seconds) or (not seconds and min(map(len, times.values())) >= repeats):
+            return times
+
+
 def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+def fast_overrides(args) -> list[str]:
+    """The fast side's settings: reads every --read-every steps, the split on the device, torch.compile if asked."""
+    fast = [f"train.log_every={args.read_every}", "train.device_data=true"]
+    if args.compile:
+        fast += ["train.compile=true"] + ([f"train.compile_mode={args.compile_mode}"] if args.compile_mode else [])
+    return fast
+
+
+def peaks(device: torch.device, prec: str) -> tuple[float, float | None]:
+    """(a GEMM measured now in the run's precision, the data-sheet bf16 peak of a named GPU or None), printed."""
+    dtype = torch.bfloat16 if prec == "bf16" else torch.float32
+    gemm = gemm_peak(device, dtype)
+    sheet = next((v for key, v in PEAK_BF16.items() if key in device_name(device)), None) if prec == "bf16" else None
+    print(f"peak: measured {dtype} GEMM {gemm / 1e12:.3f} TFLOP/s" +
+          (f"; data-sheet bf16 dense {sheet / 1e12:.0f} TFLOP/s" if sheet else ""))
+    return gemm, sheet
+
+
+def sweep(args, out: Path) -> None:
+    """The throughput knee: the fast side at each of --batches, side by side; prints the table and the knee."""
+    sides = {b: Ours(build_loop(args.config, b, args.precision, out / f"b{b}", fast_overrides(args), args.data_path))
+             for b in args.batches}
+    first = next(iter(sides.values()))
+    device, prec = first.device, first.loop.train_cfg.mixed_precision
+    print(f"{device_name(device)}; torch {torch.__version__}, {torch.get_num_threads()} threads; config {args.config}, "
+          f"{prec}, fast side{' + torch.compile' if args.compile else ''}; batches {args.batches}, blocks of "
+          f"{args.read_every} steps, alternating")
+    flops = flops_per_image(first)
+    times = time_sides(sides, args.read_every, args.warmup, args.repeats, args.seconds)
+    gemm, sheet = peaks(device, prec)
+    ips = {b: b / statistics.median(t) for b, t in times.items()}
+    print("| batch | img/s | TFLOP/s | MFU (GEMM) | MFU (sheet) | steps/s | blocks |\n|---|---|---|---|---|---|---|")
+    for b, v in ips.items():
+        sheet_mfu = f"{v * flops / sheet:.1%}" if sheet else "-"
+        print(f"| {b} | {v:.1f} | {v * flops / 1e12:.3f} | {v * flops / gemm:.1%} | {sheet_mfu} | {v / b:.2f} | "
+              f"{len(times[b])} |")
+    k = knee(ips)
+    print(f"knee: batch {k} ({ips[k]:.1f} img/s, the smallest within {KNEE_WITHIN:.0%} of the best)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"config": args.config, "compile": args.compile, "knee": k, "batch": k,
+                                               "img_per_s": {"fast": ips[k]}, "by_batch": ips}))
+    for side in sides.values():
+        side.loop.end()
 
 
 def main() -> None:
@@ -221,20 +288,22 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed blocks per side (alternating)")
     p.add_argument("--seconds", type=float, default=None, help="instead of --repeats: time blocks for this long per side")
     p.add_argument("--json", default=None, help="also write {side: img/s, ...} to this file (bench/gpu/run.sh reads it)")
+    p.add_argument("--batches", type=int, nargs="+", default=None, help="the throughput knee over these global batches")
     args = p.parse_args()
     logging.disable(logging.WARNING)
     malloc.configure(keep_peak=True)  # as `denoiser train` runs
+    if args.batches:
+        with tempfile.TemporaryDirectory() as out:
+            sweep(args, Path(out))
+        sys.exit(0)
     cuda = torch.cuda.is_available()
     batch = args.batch or (32 if not cuda else load_config(args.config).train.batch_size)
     n = args.read_every
     tmp = tempfile.TemporaryDirectory()
     AcceleratorState._reset_state(reset_partial_state=True)
     sides: dict[str, object] = {}
-    fast_set = [f"train.log_every={n}", "train.device_data=true"]
-    if args.compile:
-        fast_set += ["train.compile=true"] + ([f"train.compile_mode={args.compile_mode}"] if args.compile_mode else [])
     loops = {}
-    for name, extra in (("eager", ["train.log_every=1", "train.device_data=false"]), ("fast", fast_set)):
+    for name, extra in (("eager", ["train.log_every=1", "train.device_data=false"]), ("fast", fast_overrides(args))):
         if name in args.sides or (name == "eager" and "diffusers" in args.sides):
             loops[name] = build_loop(args.config, batch, args.precision, Path(tmp.name) / name, extra, args.data_path)
             if name in args.sides:
@@ -243,28 +312,13 @@ def main() -> None:
     if "diffusers" in args.sides:
         sides["diffusers"] = Diffusers(first, diffusers_widths(first.cfg.model), batch)
     device, prec = first.accelerator.device, first.train_cfg.mixed_precision
-    dtype = torch.bfloat16 if prec == "bf16" else torch.float32
     timing = f"{args.seconds:.0f} s" if args.seconds else f"{args.repeats} blocks"
     print(f"{device_name(device)}; torch {torch.__version__}, {torch.get_num_threads()} threads; config {args.config} "
           f"({sum(p.numel() for p in first.model.parameters()) / 1e6:.2f}M params), batch {batch}, {prec}; blocks of {n} "
           f"steps, {args.warmup} warm-up blocks then {timing} per side, alternating")
     flops = {k: flops_per_image(s) for k, s in sides.items()}
-    for _ in range(args.warmup):
-        for s in sides.values():
-            block(s, n)
-    times: dict[str, list[float]] = {k: [] for k in sides}
-    spent = dict.fromkeys(sides, 0.0)
-    while True:
-        for k, s in sides.items():
-            t = block(s, n)
-            times[k].append(t)
-            spent[k] += t * n
-        if (args.seconds and min(spent.values()) >= args.seconds) or (not args.seconds and len(times[k]) >= args.repeats):
-            break
-    peak_gemm = gemm_peak(device, dtype)
-    peak_table = next((v for key, v in PEAK_BF16.items() if key in device_name(device)), None) if prec == "bf16" else None
-    print(f"peak: measured {dtype} GEMM {peak_gemm / 1e12:.3f} TFLOP/s" +
-          (f"; data-sheet bf16 dense {peak_table / 1e12:.0f} TFLOP/s" if peak_table else ""))
+    times = time_sides(sides, n, args.warmup, args.repeats, args.seconds)
+    peak_gemm, peak_table = peaks(device, prec)
     print("| side | GFLOP/img | img/s | TFLOP/s | MFU (GEMM) | MFU (sheet) | aten ops/step | kernel launches/step "
           "| host syncs/step | syncs between reads | blocks |\n|---|---|---|---|---|---|---|---|---|---|---|")
     ips = {}

@@ -7,6 +7,9 @@
 #   bash bench/gpu/run.sh full CIFAR_MIN CIFAR_STEPS CIFAR_N EMOJI_MIN EMOJI_STEPS EMOJI_N
 #   MEASURE=1 bash bench/gpu/run.sh full ...         # first bench/train_mfu.py: eager / fast / diffusers, MEASURE_S s a side
 #                                                    # (CIFAR_STEPS or EMOJI_STEPS "auto": the schedule sized to the measured speed)
+#   BATCH=auto bash bench/gpu/run.sh full ...        # first the throughput knee over KNEE_BATCHES (after MEASURE's sides):
+#                                                    # each model trains there, its lr by LR_RULE (sqrt) from SET_NAME's
+#                                                    # or the config's (batch, lr), its warm-up the same in images
 #
 # Training runs the fast path (issue 50): the loss read every LOG_EVERY steps (default 50), the split resident on the
 # GPU with its noise drawn there (train.device_data: on by default on a GPU). With MEASURE=1 and MEASURE_COMPILE=1 the
@@ -64,6 +67,18 @@ EOP
       --sides eager fast --json "$OUT/measure-emoji.json" 2>>"$OUT/measure.err" | tee -a "$OUT/log.txt"
   fi
 }
+knee_sweep() {  # CIFAR_MIN EMOJI_MIN: the throughput knee of each model that trains, as it will train (COMPILE)
+  local s=${MEASURE_S:-20} name conf data compiled=()
+  [ "${COMPILE:-0}" = 1 ] && compiled=(--compile --compile-mode "${COMPILE_MODE:-reduce-overhead}")
+  for name in $([ "$1" = 0 ] || echo cifar10) $([ "$2" = 0 ] || echo emoji); do
+    conf="CONFIG_$name" data=()
+    [ "$name" = emoji ] && data=(--data-path /tmp/data/emoji)
+    log "measure $name: the throughput knee over batches ${KNEE_BATCHES:-256 512 1024 2048} (fast, compile ${COMPILE:-0})"
+    timeout 300 $PY bench/train_mfu.py --config "${!conf:-configs/$name.yaml}" "${data[@]}" --seconds "$s" \
+      --batches ${KNEE_BATCHES:-256 512 1024 2048} "${compiled[@]}" --json "$OUT/measure-$name-knee.json" \
+      2>>"$OUT/measure.err" | tee -a "$OUT/log.txt"
+  done
+}
 if [ "$MODE" = smoke ]; then
   set -- smoke 0.2 100000 100 0.2 100000 100
 fi
@@ -78,15 +93,22 @@ train() {  # name minutes max_steps num_fid_samples
   [ "${COMPILE:-0}" = 1 ] && sets+=(--set train.compile=true --set "train.compile_mode=${COMPILE_MODE:-reduce-overhead}")
   [ -n "${EMA_EXTRA:-}" ] && sets+=(--set "train.ema_extra_decays=[${EMA_EXTRA// /,}]")
   [ -n "${EMA_POWERS:-}" ] && sets+=(--set "train.ema_extra_powers=[${EMA_POWERS// /,}]")
+  if [ "${BATCH:-}" = auto ] && [ -f "$OUT/measure-$name-knee.json" ]; then  # batch, lr and warm-up at the knee
+    local knee_sets=()
+    for kv in ${!extra:-}; do knee_sets+=(--set "$kv"); done
+    for kv in $($PY bench/gpu/knee.py "$OUT/measure-$name-knee.json" "$config" --rule "${LR_RULE:-sqrt}" "${knee_sets[@]}"); do
+      sets+=(--set "$kv")
+    done
+  fi
   if [ "$steps" = auto ]; then  # the cosine schedule sized to the time limit at the measured speed (MEASURE=1 first)
-    steps=$($PY - "$OUT" "$name" "$minutes" "${COMPILE:-0}" "${MEASURE_BATCH:-512}" <<'EOP'
+    steps=$($PY - "$OUT" "$name" "$minutes" "${COMPILE:-0}" "${BATCH:-}" <<'EOP'
 import json, sys
 from pathlib import Path
-out, name, minutes, compiled, batch = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5])
-files = [f"measure-{name}-compile.json"] * compiled + [f"measure-{name}.json"]
-ips = next((json.loads((out / f).read_text())["img_per_s"]["fast"] for f in files if (out / f).is_file()), None)
+out, name, minutes, compiled, auto = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[4] == "1", sys.argv[5] == "auto"
+files = [f"measure-{name}-knee.json"] * auto + [f"measure-{name}-compile.json"] * compiled + [f"measure-{name}.json"]
+found = next((json.loads((out / f).read_text()) for f in files if (out / f).is_file()), None)
 # 85 %: start-up, the reads, the final checkpoint and export take the rest of the time limit
-print(int(0.85 * ips * minutes * 60 / batch) if ips else 100000)
+print(int(0.85 * found["img_per_s"]["fast"] * minutes * 60 / found["batch"]) if found else 100000)
 EOP
 )
     log "$name: max_steps $steps from the measured speed"
@@ -124,10 +146,11 @@ EOP
 }
 CONFIG_emoji=${CONFIG_emoji:-configs/emoji32.yaml}  # the shipped emoji model is the 32x32 one (its text model: configs/emoji-text.yaml)
 mkdir -p /tmp/runs
-if [ "${MEASURE:-0}" = 1 ]; then
+if [ "${MEASURE:-0}" = 1 ] || [ "${BATCH:-}" = auto ]; then
   [ "$5" = 0 ] || [ -d /tmp/data/emoji ] || $PY bench/gpu/unpack_data.py .gpu/data/emoji.safetensors /tmp/data/emoji | tee -a "$OUT/log.txt"
-  measure
 fi
+[ "${MEASURE:-0}" = 1 ] && measure
+[ "${BATCH:-}" = auto ] && knee_sweep "$2" "$5"
 [ "$2" = 0 ] || train cifar10 "$2" "$3" "$4"  # CIFAR_MIN 0: emoji alone
 [ "$5" = 0 ] || train emoji "$5" "$6" "$7"  # EMOJI_MIN 0: cifar10 alone (the tree then travels without the emoji data)
 log "done"

@@ -1,0 +1,61 @@
+"""A run's batch and learning rate at the measured throughput knee (bench/gpu/run.sh with BATCH=auto).
+
+    python3 bench/gpu/knee.py KNEE_JSON CONFIG [--rule sqrt] [--set key=value ...]
+
+KNEE_JSON is `bench/train_mfu.py --batches ... --json`'s output (its "knee": the smallest batch within 10 % of the
+best img/s). The reference is the config's (train.batch_size, train.lr, train.lr_warmup_steps) after the --set
+overrides the run is given; the run trains at the knee with
+
+    lr = lr_ref * (knee / batch_ref) ** 0.5      (--rule sqrt, the default: bench/lr_batch_rule.md measured it)
+    lr = lr_ref * knee / batch_ref               (--rule linear)      lr = lr_ref   (--rule none)
+
+and the same warm-up in images (its steps scaled by batch_ref / knee). Prints the overrides, one per line
+(`train.batch_size=...`), for `denoiser train --set`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from denoiser.config import load_config
+
+KNEE_WITHIN = 0.10  # the knee: the smallest batch within 10 % of the best img/s
+RULES = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}  # lr grows as (batch ratio) ** exponent
+
+
+def knee(img_per_s: dict[int, float], within: float = KNEE_WITHIN) -> int:
+    """The smallest batch whose img/s is within `within` of the best: past it a bigger batch buys little speed and
+    costs optimizer steps (fewer of them for the same images)."""
+    best = max(img_per_s.values())
+    return min(b for b, ips in img_per_s.items() if ips >= (1 - within) * best)
+
+
+def at_knee(knee: int, batch_ref: int, lr_ref: float, warmup_ref: int, rule: str = "sqrt") -> dict[str, float | int]:
+    """The overrides for a run at batch `knee` from a reference (batch, lr, warm-up steps), by `rule`."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule!r}")
+    if knee < 1 or batch_ref < 1:
+        raise ValueError(f"batches must be positive, got knee {knee} and reference {batch_ref}")
+    ratio = knee / batch_ref
+    return {"train.batch_size": knee, "train.lr": float(f"{lr_ref * ratio ** RULES[rule]:.3g}"),
+            "train.lr_warmup_steps": max(1, math.ceil(warmup_ref / ratio))}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("knee_json", type=Path)
+    p.add_argument("config")
+    p.add_argument("--rule", default="sqrt", choices=sorted(RULES))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args()
+    train = load_config(args.config, args.overrides).train
+    knee = int(json.loads(args.knee_json.read_text())["knee"])
+    for key, value in at_knee(knee, train.batch_size, train.lr, train.lr_warmup_steps, args.rule).items():
+        print(f"{key}={value}")
+
+
+if __name__ == "__main__":
+    main()

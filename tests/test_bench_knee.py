@@ -1,0 +1,42 @@
+"""bench/gpu/knee.py: the batch a lent GPU trains at (the throughput knee) and the lr the rule gives it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("knee", ROOT / "bench" / "gpu" / "knee.py")
+knee_module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(knee_module)
+
+
+def test_the_knee_is_the_smallest_batch_within_ten_percent_of_the_best():
+    # this session's Xeon, cifar10's config in bf16 (bench/train_mfu.py --batches 8 16 32 64)
+    assert knee_module.knee({8: 19.0, 16: 22.2, 32: 35.6, 64: 36.0}) == 32
+    assert knee_module.knee({256: 3000.0, 512: 4000.0, 1024: 4300.0}) == 512  # 4,000 >= 0.9 x 4,300
+    assert knee_module.knee({256: 3000.0, 512: 3800.0, 1024: 4300.0}) == 1024
+    assert knee_module.knee({512: 100.0, 256: 99.0}) == 256  # the order measured in does not matter
+
+
+@pytest.mark.parametrize("rule, lr", [("sqrt", 4e-4), ("linear", 8e-4), ("none", 2e-4)])
+def test_the_rule_scales_the_lr_and_keeps_the_warm_up_in_images(rule, lr):
+    got = knee_module.at_knee(2048, batch_ref=512, lr_ref=2e-4, warmup_ref=100, rule=rule)
+    assert got == {"train.batch_size": 2048, "train.lr": pytest.approx(lr), "train.lr_warmup_steps": 25}
+    with pytest.raises(ValueError, match="rule must be one of"):
+        knee_module.at_knee(2048, 512, 2e-4, 100, rule="cubic")
+
+
+def test_the_command_reads_the_reference_after_the_runs_overrides(tmp_path):
+    measured = tmp_path / "knee.json"
+    measured.write_text(json.dumps({"knee": 1024, "batch": 1024, "img_per_s": {"fast": 5000.0}}))
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "knee.py"), str(measured), "cifar10",
+                          "--set", "train.batch_size=256", "--set", "train.lr=0.0001"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
+    # cifar10's warm-up, 200 steps of 256 images, is 50 steps of 1024
+    assert out == ["train.batch_size=1024", "train.lr=0.0002", "train.lr_warmup_steps=50"]
