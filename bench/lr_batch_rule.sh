@@ -47,3 +47,24 @@ for rule in $RULES; do
         2>/dev/null | "$PY" -c "import json, sys; print(json.load(sys.stdin)['fid'])")
   echo "| $rule | $batch | $lr | $steps | $((steps * batch)) | $minutes | $fid |"
 done
+# bench/lr_batch_rule.png: each run's images 0-9 (image k seeded k, classes spread, DDIM-25, no guidance), a row each
+for rule in $RULES; do
+  rm -rf "$RUNS/$rule/look"
+  "$PY" -m denoiser.cli sample --model "$RUNS/$rule/model" --out-dir "$RUNS/$rule/look" --num-images 10 --seed 0 \
+    --class-label spread --scheduler ddim --steps 25 --guidance 1 > /dev/null
+done
+"$PY" - "$RUNS" $RULES <<'EOP'
+import sys
+from pathlib import Path
+
+from PIL import Image
+from torchvision.transforms.functional import to_tensor
+
+from denoiser.image_io import save_png
+from denoiser.visualize import tiles_image
+
+runs, rules = Path(sys.argv[1]), sys.argv[2:]
+rows = [[(f"{r} {k}" if k == 0 else str(k), to_tensor(Image.open(f).convert("RGB")))  # (3, 32, 32) in [0, 1]
+         for k, f in enumerate(sorted((runs / r / "look").glob("*.png")))] for r in rules]
+save_png(tiles_image(rows, scale=3), "bench/lr_batch_rule.png")
+EOP

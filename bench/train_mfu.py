@@ -27,7 +27,7 @@ over one block that ends in a read, and in the steps between reads.
 `--batches 128 256 512 1024`: the throughput knee instead. The fast side alone (with `--compile` if given) at each
 global batch, alternating blocks as above; the knee is the smallest batch whose img/s is within 10 % of the best
 (bench/gpu/knee.py). bench/gpu/run.sh trains there (BATCH=auto), its lr scaled from the config's (batch, lr) by the
-square-root rule (docs/training.md#batch-size-and-learning-rate).
+rule bench/lr_batch_rule.md measured (linear).
 """
 
 from __future__ import annotations

@@ -38,5 +38,5 @@ def test_the_command_reads_the_reference_after_the_runs_overrides(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "knee.py"), str(measured), "cifar10",
                           "--set", "train.batch_size=256", "--set", "train.lr=0.0001"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
-    # cifar10's warm-up, 200 steps of 256 images, is 50 steps of 1024
-    assert out == ["train.batch_size=1024", "train.lr=0.0002", "train.lr_warmup_steps=50"]
+    # the linear rule: 4x the batch, 4x the lr; cifar10's warm-up, 200 steps of 256 images, is 50 steps of 1024
+    assert out == ["train.batch_size=1024", "train.lr=0.0004", "train.lr_warmup_steps=50"]

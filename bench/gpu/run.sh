@@ -8,7 +8,7 @@
 #   MEASURE=1 bash bench/gpu/run.sh full ...         # first bench/train_mfu.py: eager / fast / diffusers, MEASURE_S s a side
 #                                                    # (CIFAR_STEPS or EMOJI_STEPS "auto": the schedule sized to the measured speed)
 #   BATCH=auto bash bench/gpu/run.sh full ...        # first the throughput knee over KNEE_BATCHES (after MEASURE's sides):
-#                                                    # each model trains there, its lr by LR_RULE (sqrt) from SET_NAME's
+#                                                    # each model trains there, its lr by LR_RULE (linear) from SET_NAME's
 #                                                    # or the config's (batch, lr), its warm-up the same in images
 #
 # Training runs the fast path (issue 50): the loss read every LOG_EVERY steps (default 50), the split resident on the
@@ -96,7 +96,7 @@ train() {  # name minutes max_steps num_fid_samples
   if [ "${BATCH:-}" = auto ] && [ -f "$OUT/measure-$name-knee.json" ]; then  # batch, lr and warm-up at the knee
     local knee_sets=()
     for kv in ${!extra:-}; do knee_sets+=(--set "$kv"); done
-    for kv in $($PY bench/gpu/knee.py "$OUT/measure-$name-knee.json" "$config" --rule "${LR_RULE:-sqrt}" "${knee_sets[@]}"); do
+    for kv in $($PY bench/gpu/knee.py "$OUT/measure-$name-knee.json" "$config" --rule "${LR_RULE:-linear}" "${knee_sets[@]}"); do
       sets+=(--set "$kv")
     done
   fi
