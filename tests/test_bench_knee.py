@@ -35,7 +35,9 @@ def test_the_rule_scales_the_lr_and_keeps_the_warm_up_in_images(rule, lr):
 def test_the_command_reads_the_reference_after_the_runs_overrides(tmp_path):
     measured = tmp_path / "knee.json"
     measured.write_text(json.dumps({"knee": 1024, "batch": 1024, "img_per_s": {"fast": 5000.0}}))
+    # as bench/gpu/run.sh calls it: the config checked with the run's data folder
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "knee.py"), str(measured), "cifar10",
+                          "--set", f"data.path={tmp_path}", "--set", "data.val_size=0",
                           "--set", "train.batch_size=256", "--set", "train.lr=0.0001"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
     # the linear rule: 4x the batch, 4x the lr; cifar10's warm-up, 200 steps of 256 images, is 50 steps of 1024

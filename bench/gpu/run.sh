@@ -93,12 +93,14 @@ train() {  # name minutes max_steps num_fid_samples
   [ "${COMPILE:-0}" = 1 ] && sets+=(--set train.compile=true --set "train.compile_mode=${COMPILE_MODE:-reduce-overhead}")
   [ -n "${EMA_EXTRA:-}" ] && sets+=(--set "train.ema_extra_decays=[${EMA_EXTRA// /,}]")
   [ -n "${EMA_POWERS:-}" ] && sets+=(--set "train.ema_extra_powers=[${EMA_POWERS// /,}]")
+  log "unpack $name"
+  [ -d "/tmp/data/$name" ] || $PY bench/gpu/unpack_data.py ".gpu/data/$name.safetensors" "/tmp/data/$name" | tee -a "$OUT/log.txt"
   if [ "${BATCH:-}" = auto ] && [ -f "$OUT/measure-$name-knee.json" ]; then  # batch, lr and warm-up at the knee
-    local knee_sets=()
+    local knee_sets=(--set "data.path=/tmp/data/$name" --set data.val_size=0) at_knee
     for kv in ${!extra:-}; do knee_sets+=(--set "$kv"); done
-    for kv in $($PY bench/gpu/knee.py "$OUT/measure-$name-knee.json" "$config" --rule "${LR_RULE:-linear}" "${knee_sets[@]}"); do
-      sets+=(--set "$kv")
-    done
+    at_knee=$($PY bench/gpu/knee.py "$OUT/measure-$name-knee.json" "$config" --rule "${LR_RULE:-linear}" "${knee_sets[@]}" \
+      2>>"$OUT/log.txt") || { log "$name: bench/gpu/knee.py failed (above): not trained"; return 1; }
+    for kv in $at_knee; do sets+=(--set "$kv"); done
   fi
   if [ "$steps" = auto ]; then  # the cosine schedule sized to the time limit at the measured speed (MEASURE=1 first)
     steps=$($PY - "$OUT" "$name" "$minutes" "${COMPILE:-0}" "${BATCH:-}" <<'EOP'
@@ -113,8 +115,6 @@ EOP
 )
     log "$name: max_steps $steps from the measured speed"
   fi
-  log "unpack $name"
-  [ -d "/tmp/data/$name" ] || $PY bench/gpu/unpack_data.py ".gpu/data/$name.safetensors" "/tmp/data/$name" | tee -a "$OUT/log.txt"
   log "train $name ($config): time limit $minutes min, max_steps $steps ${sets[*]}"
   $PY -m accelerate.commands.launch --num_processes 1 --num_machines 1 --mixed_precision bf16 --dynamo_backend no \
     -m denoiser.train --config "$config" --output-dir "/tmp/runs/$name" --overwrite \
