@@ -87,9 +87,9 @@ def test_readme_speed_figures_are_the_ones_its_cited_files_hold():
     sentence cannot drift from the measurement (before: the README said 1.42x where the file said 1.21x)."""
     text = (ROOT / "README.md").read_text()
     checked, wrong, start = 0, [], 0
-    # a block's figures (a paragraph, a list item, a table row) belong to the one file it cites: what a reader (or a
-    # checker) takes them for, wherever in the block the citation sits
-    for block in re.split(r"\n(?=\s*\n|- |\* |\||#)", text):
+    # a block's figures (a paragraph, a whole list, a table row) belong to the one file it cites: what a reader (or a
+    # checker) takes them for, wherever in the block the citation sits; a list without blank lines is one paragraph
+    for block in re.split(r"\n(?=\s*\n|\||#)", text):
         cites, figures = set(re.findall(r"\]\((bench/[^)\s]+)\)", block)), re.findall(r"(\d+\.\d+)x\b", block)
         assert len(cites) <= 1 or not figures, f"one cited file a block with figures: {block.strip()[:300]}"
         for cited in cites:
