@@ -30,8 +30,8 @@ MODELS_OWN = "(the model's)"  # an advanced setting left to the model folder (it
 SETTINGS_FORM = {"model": None, "scheduler": None, "steps": None, "seed": None, "num_images": None, "class": None,
                  "guidance_scale": None, "pag_scale": None, "guide_scale": None, "timestep_spacing": MODELS_OWN,
                  "eta": 0.0, "guidance_interval": "", "pag_layers": "", "prompt": "", "negative_prompt": ""}
-# the Sample form's advanced settings and its negative prompt, in the order layout wires them: what a "try these" row
-# resets (filled_form)
+# the Sample form's advanced settings and its negative prompt (SETTINGS_FORM's names: layout finds their controls by
+# them): what a "try these" row resets (filled_form)
 ADVANCED = ("timestep_spacing", "eta", "guidance_interval", "pag_layers", "negative_prompt")
 FEW_STEPS = 10  # sampling with fewer steps than this leaves visible noise (DDIM on the shipped models)
 

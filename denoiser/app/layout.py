@@ -25,6 +25,7 @@ from denoiser.app.controls import (
 )
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import SCHEDULERS, Engine
+from denoiser.app.form import ADVANCED, SETTINGS_FORM
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info
 from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.app.limits import LIMITS
@@ -294,7 +295,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
         filled = c.sample_examples.load_input_event
         # the row's table is below: the status line and the preview come into view; older messages close
         filled.then(None, js=f"() => {{ {CLEAR_TOASTS} ({SHOW_RUN})(); }}")
-        advanced = [c.spacing, c.eta, c.interval, c.pag_layers, c.negative_prompt]  # form.ADVANCED's order
+        advanced = [dict(zip(SETTINGS_FORM, form))[name] for name in ADVANCED]  # the form's controls, by name
         runs.append(filled.then(h.filled_form, [c.model, c.class_name], [c.class_name, c.guidance, *advanced],
                                 api_name=False, queue=False)
                     .then(h.generate, sample_inputs, sample_outputs, api_name=False, **sampling))
