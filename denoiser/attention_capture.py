@@ -18,6 +18,7 @@ from torch import nn
 
 from denoiser.attention import CAPTURES, at_least_fp32, attention_layers, attention_scores, attention_weights
 from denoiser.attention_edit import AttentionEdit
+from denoiser.fast.precision import full_precision
 
 __all__ = ["AttentionRecord", "capture_attention"]
 
@@ -111,8 +112,9 @@ def capture_attention(module: nn.Module) -> Iterator[list[AttentionRecord]]:
     """Record every attention call inside `module` while the context is open.
 
     Yields a list that fills with one `AttentionRecord` per call, in call order: self- and cross-attention
-    layers alike (`AttentionRecord.kind` tells them apart). The computation is untouched (records hold
-    detached references to q, k and the padding mask), so outputs are bit-identical.
+    layers alike (`AttentionRecord.kind` tells them apart). The computation is the float32 one (a bf16 autocast
+    around it, denoiser.fast.precision, is switched off inside, so the weights are exact) and is otherwise untouched
+    (records hold detached references to q, k and the padding mask): outputs are bit-identical to float32's.
     """
     records: list[AttentionRecord] = []
     hooked = list(attention_layers(module).items())
@@ -132,5 +134,5 @@ def capture_attention(module: nn.Module) -> Iterator[list[AttentionRecord]]:
             raise RuntimeError(f"attention {name!r} is already being captured here; nested captures are not supported")
     # The recorders live in a context variable, not on the modules: a capture sees only the calls made in
     # its own thread (and context), so another thread sampling with the same model is never recorded.
-    with CAPTURES.set({m: make_recorder(name, m.kind) for name, m in hooked}):
+    with full_precision(), CAPTURES.set({m: make_recorder(name, m.kind) for name, m in hooked}):
         yield records

@@ -32,13 +32,17 @@ def cmd_restore(args) -> None:
     request = restore_request(args)  # its fields checked before the model loads
     model = load(args.model)
     size = model.unet.config.sample_size
-    img = read_image(args.image, min_side=1 if request.tiled else size)
+    # a tiled denoise works at the photo's own size: decode every pixel (a JPEG's draft mode would decode 1/8 of it)
+    img = read_image(args.image, min_side=None if request.tiled else size)
     mask = read_image(args.mask, "mask") if args.command == "inpaint" else None
     plan = resolve_restore(request, model, img, mask)  # everything checked before any work
     if plan.tiled:
-        print(f"{args.command}: {img.width}x{img.height} at its own size, in tiles of {size}x{size} ({plan.tiles()} tiles)")
-    elif img.size != (size, size):
-        print(f"input resized and centre-cropped from {img.width}x{img.height} to {size}x{size} (the model's size)")
+        print(f"{args.command}: {img.width}x{img.height} at its own size, in tiles of {size}x{size} ({plan.tiles()} tiles), "
+              f"{plan.sampling.precision.describe()}")
+    else:
+        if img.size != (size, size):
+            print(f"input resized and centre-cropped from {img.width}x{img.height} to {size}x{size} (the model's size)")
+        print(f"{args.command}: {plan.steps} steps, {plan.sampling.precision.describe()}")
     with tqdm(desc=args.command, unit="tile" if plan.tiled else "step", dynamic_ncols=True) as bar:
 
         def progress(done: int, total: int) -> None:

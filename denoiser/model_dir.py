@@ -190,8 +190,8 @@ def load_model(
         cls = UNet2DModel  # a diffusers reference model (bench/reference_recipe.py), for evaluation
     try:
         with _LOADING:
-            unet = cls.from_pretrained(folder / "unet", use_safetensors=True, torch_dtype=torch.float32,
-                                       low_cpu_mem_usage=False)
+            # no torch_dtype: diffusers loads into float32 (torch's default), and the precision stays ours to choose
+            unet = cls.from_pretrained(folder / "unet", use_safetensors=True, low_cpu_mem_usage=False).float()
     except (TypeError, KeyError, OSError, RuntimeError) as err:  # wrong keys, shapes, arguments in config.json
         raise ValueError(f"model folder {folder.name!r} does not load ({type(err).__name__}: {str(err)[:300]})") from None
     # the training scheduler (the noise schedule), whichever sampler the folder's scheduler/ names

@@ -88,7 +88,8 @@ class RestorePlan:
         s = {"operation": r.operation, "method": r.method, "steps": r.steps, "seed": r.seed,
              "guidance_scale": self.sampling.guidance.scale, "pag_scale": self.sampling.guidance.pag_scale,
              "sigma": r.sigma, "add_noise": r.noise_first or 0.0, "class": self.sampling.class_name(0),
-             "chain": not self.tiled, "size": list(self.image.size) if self.tiled else [self.model.unet.config.sample_size] * 2}
+             "chain": not self.tiled, "size": list(self.image.size) if self.tiled else [self.model.unet.config.sample_size] * 2,
+             "precision": self.sampling.precision.name}
         if r.operation == "edit":
             s["strength"] = r.strength
         if r.prompts:

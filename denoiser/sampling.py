@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from denoiser.fast.precision import Precision, choose_precision
 from denoiser.guidance import Guidance, TextCondition, check_guide
 from denoiser.model_dir import SAMPLING_FILE, LoadedModel, ModelDefaults, TextModel, load, read_defaults, require_text
 from denoiser.prompt_edit import PromptEdit
@@ -61,6 +62,7 @@ class Plan:
     negative_prompts: tuple[str, ...] = ()  # per image, the classifier-free guidance's unconditional prompt
     text: TextModel | None = None  # a text model's tokenizer and encoder
     edit: PromptEdit | None = None  # prompt-to-prompt over the images (image 0 the source): one batch, image 0's noise
+    precision: Precision | None = None  # what the UNet runs in (denoiser.fast.precision; None: chosen when run)
     _encoded: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # text_condition's, by images
 
     @property
@@ -111,7 +113,8 @@ class Plan:
     def describe(self) -> str:
         spacing = self.scheduler.config.get("timestep_spacing", "leading")
         what = f"{self.scheduler_name}-{self.steps}, {self.guidance.describe()}, {spacing} timesteps, seed {self.seed}"
-        return what if self.edit is None else f"{what}, {self.edit.describe()}"
+        what = what if self.edit is None else f"{what}, {self.edit.describe()}"
+        return what if self.precision is None else f"{what}, {self.precision.describe()}"
 
 
 def resolve(
@@ -162,7 +165,7 @@ def resolve(
     if not isinstance(steps, int) or not 1 <= steps <= sched.config.num_train_timesteps:
         raise ValueError(f"steps must be a whole number in 1..{sched.config.num_train_timesteps}, got {steps!r}")
     return Plan(unet, sched, steps, float(request.eta), guidance, labels, int(request.seed), request.num_images,
-                batch_size, defaults.classes, prompts, negative, text, request.edit)
+                batch_size, defaults.classes, prompts, negative, text, request.edit, choose_precision(unet))
 
 
 def _check_edit(request: SampleRequest, prompts: tuple, text: TextModel | None, guidance: Guidance) -> None:

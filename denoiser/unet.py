@@ -192,11 +192,15 @@ class UNet(ModelMixin, ConfigMixin):
         diffusers' safetensors loader leaves parameters at unaligned addresses (`data_ptr % 64 == 44`
         was seen), and oneDNN/MKL pick other code paths for them: a loaded model then computed other
         float roundings than the one that was saved, and ran slower. A fresh copy is 64-byte aligned.
+        A dtype asked for (diffusers' `torch_dtype`/`dtype`) is kept in `dtype_asked`: inference then runs in it,
+        never in the precision denoiser.fast.precision would choose (as in diffusers, torch_dtype=torch.float32
+        means float32).
         """
         model = super().from_pretrained(*args, **kwargs)
         with torch.no_grad():
             for tensor in [*model.parameters(), *model.buffers()]:
                 tensor.data = tensor.data.clone()
+        model.dtype_asked = kwargs.get("dtype", kwargs.get("torch_dtype"))
         return model
 
     def _embed(self, timestep, class_labels, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
@@ -273,6 +277,7 @@ class UNet(ModelMixin, ConfigMixin):
             if level.resample is not None:
                 h = level.resample(h)
         out = self.conv_out(self.norm_out(h))  # GroupNorm + SiLU
+        out = out.to(sample.dtype)  # the input's dtype (float32 from a bf16-autocast call): guidance and schedulers in it
         if not return_dict:
             return (out,)
         return UNet2DOutput(sample=out)

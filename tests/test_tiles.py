@@ -127,6 +127,27 @@ def test_cli_denoise_returns_the_photo_at_its_own_size(tmp_path, tiny_unet, caps
     assert "70x45 at its own size" in text and "PSNR vs the clean input" in text
 
 
+def test_cli_denoise_of_a_phone_jpeg_keeps_every_pixel(tmp_path, tiny_unet, capsys):
+    """Issue 58 item 5: a 4:3 phone JPEG stored sideways (EXIF orientation 6) comes back upright at its own size; the
+    CLI decoded it in Pillow's draft mode at 1/8 of its size and still said "at its own size"."""
+    import io
+
+    from denoiser.cli import main
+    from denoiser.pipeline import save_pipeline
+    from tests.test_image_io import _photo as phone_jpeg
+
+    save_pipeline(tiny_unet, DDPMScheduler(clip_sample=True), tmp_path / "model")
+    photo = tmp_path / "phone.jpg"
+    photo.write_bytes(phone_jpeg(1024, 768, orientation=6))  # stored 1024x768, shown 768x1024
+    assert Image.open(io.BytesIO(photo.read_bytes())).size == (1024, 768)
+    out = tmp_path / "out.png"
+    assert main(["denoise", "--model", str(tmp_path / "model"), "--image", str(photo), "--sigma", "0.05",
+                 "--out", str(out)]) == 0
+    assert Image.open(out).size == (768, 1024)
+    text = capsys.readouterr().out
+    assert "768x1024 at its own size" in text and ("float32" in text or "bfloat16" in text)
+
+
 def test_one_tile_with_a_class_and_guidance_is_the_guided_one_step_denoise(class_unet, diffusion):
     """The tiles take the class and guidance as sampling does (the CLI's plan), and refuse a class the model lacks."""
     from denoiser.guidance import Guidance

@@ -133,7 +133,7 @@ class Engine(AttentionViews):
         res = run(plan, callback=record)
         replay = {**form, "steps": plan.steps}  # the request again: ablate samples it with layers off
         return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay,
-                          **_text_fields(plan))
+                          **_text_fields(plan), precision=plan.precision.name)
 
     def sample_plan(self, model: str, scheduler: str | None, steps: int | None, seed: int, num_images: int,
                     class_label: int | None, eta: float, guidance_scale: float, pag_scale: float, guide_scale: float,
@@ -227,7 +227,8 @@ class Engine(AttentionViews):
         inputs, timesteps = [], []
         record = _recorder(inputs, timesteps, on_step, lambda i: max(plan.steps, i + 1))
         done = run_restore(plan, callback=record)
-        gen = Generation(model, done.sample.images, inputs, timesteps, plan.sampling.labels, plan.sampling.guidance, **text)
+        gen = Generation(model, done.sample.images, inputs, timesteps, plan.sampling.labels, plan.sampling.guidance, **text,
+                         precision=plan.sampling.precision.name)
         return gen, done
 
     def sampling_defaults(self, name: str) -> tuple[dict, bool]:

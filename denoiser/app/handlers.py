@@ -123,7 +123,7 @@ class Handlers(FormHandlers, ViewHandlers):
             gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
         settings = dict(model=model, seed=int(seed), scheduler=scheduler, steps=int(steps), num_images=int(num_images),
                         guidance_scale=float(guidance_scale), pag_scale=float(pag_scale), guide_scale=float(guide_scale),
-                        **{"class": None if label is None else class_name})
+                        precision=gen.precision, **{"class": None if label is None else class_name})
         advanced = dict(timestep_spacing=timestep_spacing or MODELS_OWN, eta=float(eta or 0),
                         guidance_interval=guidance_interval or "", pag_layers=pag_layers or "",
                         prompt=form["prompt"] or "", negative_prompt=form["negative_prompt"] or "")
@@ -135,7 +135,8 @@ class Handlers(FormHandlers, ViewHandlers):
         self.finished(request, "status")
         yield (
             enlarge(to_pil(gen.images)), gallery, *self.generation_views(gen),
-            f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps" + cut + few_steps_note(gen.num_steps),
+            f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps, {gen.precision}" + cut
+            + few_steps_note(gen.num_steps),
         )
 
     @staticmethod

@@ -66,6 +66,7 @@ class Conv2d(nn.Conv2d):
             and x.dim() == 4
             and x.is_contiguous(memory_format=torch.channels_last)
             and not torch.is_grad_enabled()
+            and not torch.is_autocast_enabled("cpu")  # bf16 autocast (denoiser.fast.precision): torch's conv runs it
         )
 
 

@@ -1,0 +1,184 @@
+"""How close the UNet forward runs to this CPU's own GEMM rate, per path: the CPU's roofline, as MFU is a GPU's.
+
+    cd bench && ../.venv/bin/python cpu_roofline.py                       # both shipped models, batch 1, 8, 32
+    cd bench && ../.venv/bin/python cpu_roofline.py --models cifar10 --batches 8 --repeats 9 --compile
+
+The CPU's rate: a 2048² matmul in float32 and in bfloat16 (median of 5). Then for each shipped model and batch, the
+UNet forward (a sampling call: inference mode, channels-last, the model loaded as every door loads it, a text
+model with its prompt's token states) on each path, the paths alternating call by call after a warm-up, median of
+`--repeats`:
+  - float32:  eager, inside `sampling_context` held to float32 (what runs where bf16 does not pay);
+  - bfloat16: eager under CPU bf16 autocast, inside `sampling_context` held to bfloat16;
+  - compile:  `torch.compile` of the float32 path (`--compile`: minutes of compiling first);
+  - openvino-f32 / openvino-bf16: OpenVINO (when `openvino` is importable) from `torch.export`, its CPU plugin with
+    INFERENCE_PRECISION_HINT f32 / bf16, 2 threads, static shapes.
+FLOPs per image come from `torch.utils.flop_counter` over one float32 call. The share is achieved FLOP/s over the best
+of the two GEMM rates (the roof a person's CPU offers); `max |Δε|` is the path's largest difference from float32's
+predicted noise. Prints a Markdown table; bench/cpu_roofline.md keeps the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from profiling import cpu_name
+from torch.utils.flop_counter import FlopCounterMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from denoiser.fast.precision import choose_precision, forced  # noqa: E402
+from denoiser.model_dir import load  # noqa: E402
+from denoiser.sample import sampling_context  # noqa: E402
+from denoiser.text import encode_prompts  # noqa: E402
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+
+
+def gemm_rate(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a square matmul in `dtype` (the practical peak of this CPU in that precision)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times)
+
+
+def model_inputs(model, batch: int) -> dict:
+    """One sampling call's inputs: noise at a mid timestep, class 0 or the text model's prompt."""
+    g = torch.Generator().manual_seed(0)
+    size = model.unet.config.sample_size
+    x = torch.randn(batch, 3, size, size, generator=g).contiguous(memory_format=torch.channels_last)
+    inputs = {"sample": x, "timestep": torch.full((batch,), 500)}
+    if model.unet.config.num_class_embeds:
+        inputs["class_labels"] = torch.zeros(batch, dtype=torch.long)
+    if model.text is not None:
+        with torch.inference_mode():
+            states, mask = encode_prompts(model.text.tokenizer, model.text.encoder, ["red apple"] * batch)
+        inputs["encoder_hidden_states"], inputs["encoder_attention_mask"] = states, mask
+    return inputs
+
+
+def eager_side(unet, inputs: dict, dtype: torch.dtype):
+    def call():
+        with torch.inference_mode(), forced(dtype), sampling_context(unet):
+            return unet(**inputs).sample
+
+    return call
+
+
+def compiled_side(unet, inputs: dict):
+    compiled = torch.compile(unet)
+
+    def call():
+        with torch.inference_mode(), forced(torch.float32):
+            return compiled(**inputs).sample
+
+    return call
+
+
+class _Positional(torch.nn.Module):
+    """The UNet with positional inputs and a tensor output, as torch.export and OpenVINO take it."""
+
+    def __init__(self, unet, names):
+        super().__init__()
+        self.unet, self.names = unet, names
+
+    def forward(self, *args):
+        return self.unet(**dict(zip(self.names, args))).sample
+
+
+def openvino_sides(unet, inputs: dict) -> dict:
+    import openvino as ov
+
+    names = list(inputs)
+    args = tuple(inputs[k].contiguous() for k in names)
+    with torch.no_grad():
+        program = torch.export.export(_Positional(unet, names).eval(), args)
+    model = ov.convert_model(program)
+    core, sides = ov.Core(), {}
+    for hint in ("f32", "bf16"):
+        compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS":
+                                                     torch.get_num_threads(), "PERFORMANCE_HINT": "LATENCY"})
+        request = compiled.create_infer_request()
+        feed = [a.numpy() for a in args]
+
+        def call(request=request, feed=feed):
+            request.infer(feed)
+            return torch.from_numpy(request.get_output_tensor(0).data.copy())
+
+        sides[f"openvino-{hint}"] = call
+    return sides
+
+
+def flops_per_image(unet, inputs: dict, batch: int) -> float:
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        unet(**inputs)
+    return counter.get_total_flops() / batch
+
+
+def measure(sides: dict, warmup: int, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each side, the sides alternating call by call after `warmup` rounds."""
+    for _ in range(warmup):
+        for call in sides.values():
+            call()
+    times = {k: [] for k in sides}
+    for _ in range(repeats):
+        for name, call in sides.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["cifar10", "emoji"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="add torch.compile's float32 path (slow to start)")
+    parser.add_argument("--no-openvino", action="store_true", help="leave OpenVINO out even where it is installed")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    rates = {"float32": gemm_rate(torch.float32), "bfloat16": gemm_rate(torch.bfloat16)}
+    roof = max(rates.values())
+    print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"GEMM 2048²: float32 {rates['float32'] / 1e12:.3f} TFLOP/s, bfloat16 {rates['bfloat16'] / 1e12:.3f} TFLOP/s")
+    print(f"precision every door picks here: {choose_precision().describe()}\n")
+    print("| model | batch | path | ms / call | img/s | vs float32 | TFLOP/s | share of the best GEMM rate | max abs Δε |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.models:
+        model = load(WEIGHTS / name)
+        unet = model.unet
+        for batch in args.batches:
+            inputs = model_inputs(model, batch)
+            flops = flops_per_image(unet, inputs, batch)
+            sides = {"float32": eager_side(unet, inputs, torch.float32),
+                     "bfloat16": eager_side(unet, inputs, torch.bfloat16)}
+            if args.compile:
+                sides["compile"] = compiled_side(unet, inputs)
+            if not args.no_openvino:
+                try:
+                    sides.update(openvino_sides(unet, inputs))
+                except ImportError:
+                    pass
+            reference = sides["float32"]().float()
+            error = {k: float((call().float() - reference).abs().max()) for k, call in sides.items()}
+            seconds = measure(sides, args.warmup, args.repeats)
+            for path, s in seconds.items():
+                achieved = flops * batch / s
+                print(f"| {name} | {batch} | {path} | {s * 1e3:.1f} | {batch / s:.1f} | {seconds['float32'] / s:.2f}x | "
+                      f"{achieved / 1e12:.3f} | {achieved / roof:.0%} | {error[path]:.1e} |", flush=True)
+        print(f"\n{name}: {flops / 1e9:.2f} GFLOP per image (torch.utils.flop_counter)\n")
+
+
+if __name__ == "__main__":
+    main()
