@@ -216,13 +216,16 @@ def test_a_client_that_leaves_is_one_line_not_a_traceback(capsys):
 
 
 
-def test_max_work_lets_a_local_app_denoise_larger_photos(tmp_path, monkeypatch):
-    """Issue 51 item 13: `denoiser app --max-work UNITS` sets the work budget a request may use (a local single-user
-    app can allow more: a large photo at full size rather than a scaled copy); a budget that is no budget is refused."""
+def test_max_work_and_photo_seconds_let_a_local_app_do_more(tmp_path, monkeypatch):
+    """Issue 51 item 13, issue 58: `denoiser app --max-work UNITS` sets the work budget a sampling request may use and
+    `--photo-seconds S` how long a photo's denoise may take (a local single-user app can allow more: a large photo at
+    full size rather than a scaled copy); a budget that is no budget is refused."""
     from denoiser.app.budget import WORK_BUDGET, work_budget
+    from denoiser.app.photo_time import PHOTO_SECONDS, photo_seconds
     from denoiser.app.serve import _parse_args
 
-    monkeypatch.delenv("DENOISER_WORK_BUDGET", raising=False)  # restored after the test, whatever _parse_args sets
+    for name in ("DENOISER_WORK_BUDGET", "DENOISER_PHOTO_SECONDS"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test, whatever _parse_args sets
     (tmp_path / "w").mkdir()
     _parse_args(["--weights", str(tmp_path / "w")])
     assert work_budget() == WORK_BUDGET
@@ -230,3 +233,11 @@ def test_max_work_lets_a_local_app_denoise_larger_photos(tmp_path, monkeypatch):
     assert work_budget() == 1e6
     with pytest.raises(SystemExit, match="--max-work must be a positive number"):
         _parse_args(["--weights", str(tmp_path / "w"), "--max-work", "0"])
+    assert photo_seconds() == PHOTO_SECONDS
+    _parse_args(["--weights", str(tmp_path / "w"), "--photo-seconds", "1800"])
+    assert photo_seconds() == 1800
+    with pytest.raises(SystemExit, match="--photo-seconds must be a positive number of seconds, got -1"):
+        _parse_args(["--weights", str(tmp_path / "w"), "--photo-seconds", "-1"])
+    monkeypatch.setenv("DENOISER_PHOTO_SECONDS", "ten")
+    with pytest.raises(ValueError, match="DENOISER_PHOTO_SECONDS must be a number of seconds, got 'ten'"):
+        photo_seconds()

@@ -95,9 +95,9 @@ def test_attention_is_captured_in_float32_under_bf16(tiny_unet):
 def test_a_plan_names_its_precision_and_torch_dtype_float32_is_kept(tmp_path, tiny_unet, fresh_choice):
     """The plan says what runs; diffusers' `torch_dtype=torch.float32` keeps a pipeline in float32 even where bf16
     would be chosen, as in diffusers."""
-    import denoiser  # noqa: F401  (registers the pipeline with diffusers)
     from diffusers import DiffusionPipeline
 
+    import denoiser  # noqa: F401  (registers the pipeline with diffusers)
     from denoiser.pipeline import save_pipeline
 
     fresh_choice.setenv(precision.PRECISION_ENV, "bfloat16")

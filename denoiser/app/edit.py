@@ -72,7 +72,7 @@ def restored_text(operation: str, done: RestoreResult, given_sigma: float = 0.0)
         text = f"**{operation}**: {w}x{h} input, denoised at its own size in overlapping {size}x{size} tiles"
         if s.get("scaled_from"):
             text += (f" — **a copy scaled to {done.image.width}x{done.image.height}**: the photo is over this server's "
-                     "work budget")
+                     "photo budget")
         text += f" (the model's size; {done.tiles:,} tiles)."
     if done.psnr is not None:
         text += f" PSNR against your image: noisy {done.psnr[0]:.2f} dB, result {done.psnr[1]:.2f} dB."
@@ -117,7 +117,7 @@ class EditHandlers:
         """photo: the uploaded file; shown: the upload the editor holds (it may still hold the previous one while
         a new upload loads); upload: the session's copy of it (keep_upload); prompt: a text model's, for edit and
         inpaint. One restore request (Engine.restore_request) through one run (Engine.restore): a one-step denoise
-        keeps the photo's size (a copy scaled to the work budget when it is over it), the others work on its centre
+        keeps the photo's size (a copy scaled to the photo budget when it is over it), the others work on its centre
         square. The results, their text and the attention views change only once the run has finished; while it
         runs, the live preview shows how far it is."""
         try:
@@ -153,7 +153,7 @@ class EditHandlers:
         shown.append((str(save_with_settings(done.image, folder, settings)), "result"))
         views = self.h.generation_views(gen) if gen is not None else (gr.skip(),) * N_VIEWS  # tiles are no generation
         w, h = done.image.size
-        scaled = (f", a copy scaled from {done.settings['scaled_from'][0]}x{done.settings['scaled_from'][1]} to the work "
+        scaled = (f", a copy scaled from {done.settings['scaled_from'][0]}x{done.settings['scaled_from'][1]} to the photo "
                   "budget") if done.settings.get("scaled_from") else ""
         what = f"{gen.num_steps} step(s)" if gen is not None else f"at {w}x{h}{scaled}"
         self.h.finished(request, "edit-status")
@@ -161,7 +161,7 @@ class EditHandlers:
                f"done: {operation} with {model}, {what}")
 
     def _whole_photo(self, model, source: str | None, editor) -> Image.Image:
-        """The photo for the tiled denoise: decoded once, and no larger than the work budget lets it run (a JPEG over
+        """The photo for the tiled denoise: decoded once, and no larger than the photo budget lets it run (a JPEG over
         it decodes at a reduced scale; Engine.restore scales it the rest of the way)."""
         if not source:  # an API call: the editor's picture
             return editor_picture(editor)[0]
@@ -178,7 +178,7 @@ class EditHandlers:
     def load_photo(self, path, upload=None, model=None):
         """The photo into the editor, which upload it shows and the session's copy of it (the previous copy
         removed); a file that cannot be used says why under the upload box (no path), and a photo over the chosen
-        model's work budget says that a denoise runs on a copy scaled down to it."""
+        model's photo budget says that a denoise runs on a copy scaled down to it."""
         drop_upload(upload)
         try:
             image, text = photo_preview(path)
@@ -192,25 +192,27 @@ class EditHandlers:
         return {"background": image, "layers": [], "composite": image}, text, path, keep_upload(path)
 
     def _over_budget(self, model, width: int, height: int) -> str:
-        """For a photo over `model`'s work budget: a sentence saying its denoise runs on a scaled copy ('' otherwise)."""
+        """For a photo over `model`'s photo budget: a sentence saying its denoise runs on a scaled copy ('' otherwise)."""
         try:
             limit = self.engine.photo_limit(model)
         except (ValueError, OSError, TypeError):
             return ""
         if width * height <= limit * 1e6:
             return ""
-        return (f" **It is {width * height / 1e6:.1f} megapixels, over this server's work budget for {model} "
+        return (f" **It is {width * height / 1e6:.1f} megapixels, over this server's photo budget for {model} "
                 f"({limit:.1f}):** denoise runs on a copy scaled down to that, and the result's name says so.")
 
     def sizes(self, model) -> str:
-        """The note above the upload box: the largest photo the chosen model denoises at its own size (the work budget)."""
+        """The note above the upload box: the largest photo the chosen model denoises at its own size (the photo budget:
+        what this server denoises in DENOISER_PHOTO_SECONDS at its measured speed)."""
         try:
             limit, size = self.engine.photo_limit(model), self.engine.loaded(model).unet.config.sample_size
+            minutes = self.engine.photo_time(model, 1, 1).budget / 60
         except (ValueError, OSError, TypeError):
             return ""
-        return (f"Denoise keeps your photo's size up to **{limit:.1f} megapixels** with {model} (the server's work "
-                f"budget; a larger photo is denoised as a copy scaled down to it). Denoise (sampled), edit and inpaint "
-                f"work on its centre square at the model's size ({size}x{size}).")
+        return (f"Denoise keeps your photo's size up to **{limit:.1f} megapixels** with {model} (what this server "
+                f"denoises in {minutes:g} minutes; a larger photo is denoised as a copy scaled down to it). Denoise "
+                f"(sampled), edit and inpaint work on its centre square at the model's size ({size}x{size}).")
 
     def scope(self, model, operation, add_noise, upload) -> str:
         """What Run will do with this form, said before it runs (RestoreRequest.tiled: one rule): the whole photo
@@ -222,9 +224,29 @@ class EditHandlers:
         if operation != "denoise":
             return f"Run: **{operation}** on the centre square of your photo at the model's size ({size}x{size})."
         if float(add_noise or 0):
-            return (f"Run: **noise σ {float(add_noise):g} is added to your whole photo, then removed** (the round trip, "
-                    f"scored by PSNR), in tiles of the model's size.")
-        return "Run: **denoise your whole photo at its own size**, in tiles of the model's size."
+            what = (f"Run: **noise σ {float(add_noise):g} is added to your whole photo, then removed** (the round trip, "
+                    f"scored by PSNR), in tiles of the model's size")
+        else:
+            what = "Run: **denoise your whole photo at its own size**, in tiles of the model's size"
+        return what + self._expected_wait(model, upload) + "."
+
+    def _expected_wait(self, model, upload) -> str:
+        """How long the tiled denoise of the kept upload will take here (denoiser.app.photo_time): '' without one."""
+        if not isinstance(upload, dict) or not upload.get("copy"):
+            return ""
+        try:
+            with Image.open(upload["copy"]) as img:  # the header's size: the tiles do not depend on its orientation
+                width, height = img.size
+            wait = self.engine.photo_time(model, width, height)
+            if wait.over:  # a copy scaled down to the limit runs
+                limit = self.engine.photo_limit(model)
+                scale = min(1.0, (limit * 1e6 / (width * height)) ** 0.5)
+                wait = self.engine.photo_time(model, max(1, int(width * scale)), max(1, int(height * scale)))
+                return (f": **{wait.describe()} on this server**, on a copy scaled down to {limit:.1f} megapixels (the "
+                        "photo budget)")
+            return f": **{wait.describe()} on this server**"
+        except (ValueError, OSError, TypeError, AttributeError):  # no upload yet, or not a readable picture
+            return ""
 
     def prompt_box(self, model, operation):
         """The prompt box: shown for a text model's edit and inpaint; hidden and emptied otherwise (what runs then

@@ -12,7 +12,6 @@ the exact weights of the sampling pass, rebuilt for the clicked pixel only (O(N�
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,8 +21,9 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from denoiser.app.attention_views import AttentionViews, Generation, Stages
-from denoiser.app.budget import Work, plan_work, work_of
+from denoiser.app.budget import plan_work, work_of
 from denoiser.app.limits import LIMITS, MAX_PROMPT_CHARS, check_int, check_scales
+from denoiser.app.photo_time import PhotoTime, measure_tile_rate, photo_seconds
 from denoiser.guidance import Guidance
 from denoiser.image_io import MAX_PIXELS
 from denoiser.model_dir import LoadedModel, ModelDefaults, list_models, load, model_roots, resolve_model_dir
@@ -46,10 +46,6 @@ RESTORE_OPERATIONS = {"denoise": ("denoise", "mmse"), "denoise (sampled)": ("den
 # the samplers with integer timesteps: the attention view re-runs a step's exact UNet call
 SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
 
-# a tile's work besides its UNet call (cut, moved, blended), in work units: measured (bench/app_photo_limit.md), it is
-# 2.2 ms a tile on 2 cores, as much as 0.6 units of UNet work; small models (synthetic-shapes: 0.25 units a tile)
-# would otherwise get a megapixel limit 3x too high for the budget's time
-TILE_UNITS = 0.6
 PREVIEW_SIDE = 256  # a tiled denoise's live preview: at most this many pixels a side
 
 
@@ -62,6 +58,8 @@ class Engine(AttentionViews):
         self.weights_dir = model_roots() if weights_dir is None else weights_dir
         self._models: dict[str, LoadedModel] = {}
         self._lock = threading.Lock()
+        self._tile_rates: dict[str, float] = {}  # model -> tiles a second of its photo denoise here (measured once)
+        self._rate_lock = threading.Lock()
 
     def models(self) -> list[str]:
         return list_models(self.weights_dir)
@@ -203,17 +201,19 @@ class Engine(AttentionViews):
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
     ) -> tuple[Generation | None, RestoreResult]:
         """The user's picture through `request` (denoiser.restoring: one rule for tiles or the centre square, the
-        class, prompt and guidance as for sampling), within the work budget: a photo whose tiled denoise is over it is
-        restored as a copy scaled down to fit (the result's settings say `scaled_from`); a chain over it is refused
-        before any work. on_step(i, total, preview in [0, 1]) after each step of a chain (its predicted x₀) or each
+        class, prompt and guidance as for sampling), within the budgets: a photo whose tiled denoise is over the photo
+        budget (denoiser.app.photo_time) is restored as a copy scaled down to fit (the result's settings say
+        `scaled_from`); a chain over the work budget is refused before any work. on_step(i, total, preview in [0, 1]) after each step of a chain (its predicted x₀) or each
         batch of tiles (the photo with the rows finished so far, at most PREVIEW_SIDE a side).
         Returns the chain's Generation (the attention views open it; None for tiles) and what was done."""
         loaded = self.loaded(model)
-        fits = self._fitting_pixels(loaded.unet, *image.size) if request.tiled else None  # the chains: the square
-        plan = resolve_restore(request, loaded, image, mask, max_pixels=fits,
-                               empty_mask_ok=False, load=self._load)  # the page's empty mask: nothing painted
+        plan = resolve_restore(request, loaded, image, mask, empty_mask_ok=False,  # the page's empty mask: nothing painted
+                               load=self._load)
         if plan.tiled:
-            self._photo_work(loaded.unet, *plan.image.size).check()
+            passes = plan.sampling.guidance.passes_per_step()
+            fits = self._fitting_pixels(model, *image.size, passes=passes)
+            if fits < image.width * image.height:  # over the photo budget: a copy scaled down to fit, the result says so
+                plan = resolve_restore(request, loaded, image, mask, max_pixels=fits, load=self._load)
             photo = pil_to_tensor(plan.image)  # (3, H, W) uint8
             out = photo.clone()  # filled with the result band by band: the preview shows how far it is
             stride = max(1, -(-max(photo.shape[1:]) // PREVIEW_SIDE))  # every stride-th pixel: a cheap small preview
@@ -247,22 +247,26 @@ class Engine(AttentionViews):
         the only sampling slot for long. DENOISER_WORK_BUDGET changes the budget."""
         work_of(unet, num_images, steps, guidance, timesteps).check()
 
-    def photo_work(self, model: str, width: int, height: int) -> Work:
-        """The work of denoising a width x height photo in tiles (the budget's one rule, work_of)."""
-        return self._photo_work(self.loaded(model).unet, width, height)
+    def photo_time(self, model: str, width: int, height: int, passes: float = 1.0) -> PhotoTime:
+        """How long denoising a width x height photo in tiles takes here (`passes` UNet calls a tile), against the
+        photo budget (denoiser.app.photo_time)."""
+        unet = self.loaded(model).unet
+        return PhotoTime(count_tiles(unet, height, width), self.tile_rate(model), photo_seconds(), passes)
 
-    @staticmethod
-    def _photo_work(unet, width: int, height: int) -> Work:
-        """One UNet call per tile by work_of, plus TILE_UNITS a tile for cutting, moving and blending it."""
-        work = work_of(unet, count_tiles(unet, height, width), 1)
-        return dataclasses.replace(work, per_step=work.per_step + TILE_UNITS)
+    def tile_rate(self, model: str) -> float:
+        """Tiles a second of `model`'s photo denoise on this server's path, measured once (about a second)."""
+        loaded = self.loaded(model)
+        with self._rate_lock:  # one measurement at a time: two at once would each time the other's work too
+            if model not in self._tile_rates:
+                self._tile_rates[model] = measure_tile_rate(loaded.unet, loaded.scheduler)
+            return self._tile_rates[model]
 
-    def _fitting_pixels(self, unet, width: int, height: int) -> int:
+    def _fitting_pixels(self, model: str, width: int, height: int, passes: float = 1.0) -> int:
         """The most pixels a copy of a width x height photo may keep (its shape kept) for its tiled denoise to fit the
-        work budget and MAX_PIXELS: the photo's own where it fits."""
+        photo budget and MAX_PIXELS: the photo's own where it fits."""
         def fits(scale: float) -> bool:
             w, h = max(1, int(width * scale)), max(1, int(height * scale))
-            return w * h <= MAX_PIXELS and not self._photo_work(unet, w, h).over
+            return w * h <= MAX_PIXELS and not self.photo_time(model, w, h, passes).over
 
         if fits(1.0):
             return width * height
@@ -273,11 +277,11 @@ class Engine(AttentionViews):
         return max(1, int(width * lo)) * max(1, int(height * lo))
 
     def photo_limit(self, model: str) -> float:
-        """The most megapixels a photo may have for `model`'s tiled denoise within the work budget (a square photo's
+        """The most megapixels a photo may have for `model`'s tiled denoise within the photo budget (a square photo's
         tiles counted; a long thin one has a few more) and image_io's MAX_PIXELS: a larger photo is denoised as a copy
         scaled down to this (restore), and the page says so before an upload."""
-        work = self.photo_work(model, 1000, 1000)  # the work of one (square) megapixel
-        return min(MAX_PIXELS / 1e6, work.budget / work.units)
+        one = self.photo_time(model, 1000, 1000)  # one (square) megapixel
+        return min(MAX_PIXELS / 1e6, one.budget / one.seconds)
 
 
 def check_prompt(name: str, value) -> str | None:

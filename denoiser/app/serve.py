@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect
 from denoiser.app.budget import WORK_BUDGET
 from denoiser.app.engine import Engine
 from denoiser.app.layout import LAUNCH, build_app
+from denoiser.app.photo_time import PHOTO_SECONDS
 from denoiser.app.streaming import STOPPING, log
 from denoiser.fast import malloc
 from denoiser.fast.kernels import load_kernels
@@ -72,14 +73,18 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="sessions whose generation stays in memory, oldest dropped first (default: %(default)s)",
     )
     p.add_argument("--max-work", type=float, default=None, metavar="UNITS",
-                   help=f"work units one request may use (default: $DENOISER_WORK_BUDGET, else {WORK_BUDGET:,}): a local "
-                        "single-user app can allow more, e.g. to denoise large photos at full size instead of a copy "
-                        "scaled to the budget")
+                   help=f"work units one sampling request may use (default: $DENOISER_WORK_BUDGET, else {WORK_BUDGET:,}): "
+                        "a local single-user app can allow more images and steps")
+    p.add_argument("--photo-seconds", type=float, default=None, metavar="S",
+                   help=f"seconds a photo's denoise may take at this machine's measured speed (default: "
+                        f"$DENOISER_PHOTO_SECONDS, else {PHOTO_SECONDS:g}); a larger photo is denoised as a scaled copy")
     args = p.parse_args(argv)
-    if args.max_work is not None:
-        if not args.max_work > 0:
-            raise SystemExit(f"--max-work must be a positive number of work units, got {args.max_work:g}")
-        os.environ["DENOISER_WORK_BUDGET"] = str(args.max_work)  # what denoiser.app.budget.work_budget reads
+    for flag, value, env, unit in (("--max-work", args.max_work, "DENOISER_WORK_BUDGET", "work units"),
+                                   ("--photo-seconds", args.photo_seconds, "DENOISER_PHOTO_SECONDS", "seconds")):
+        if value is not None:
+            if not value > 0:
+                raise SystemExit(f"{flag} must be a positive number of {unit}, got {value:g}")
+            os.environ[env] = str(value)  # what denoiser.app.budget / denoiser.app.photo_time read
     if args.weights is not None and not Path(args.weights).is_dir():
         raise SystemExit(f"weights folder {args.weights!r} does not exist")
     if args.weights is None and not any(r.is_dir() for r in model_roots()):

@@ -5,6 +5,8 @@ torch's own modules and ops; each piece below is a switch or a wrapper around th
 A/B showed it pays on a CPU (`bench/fast_path_ab.py`, bench/NOTES.md), and tested against the reference where
 it is compiled:
 
+- `precision.py`  the precision inference runs in: float32, or bf16 autocast where this CPU's bf16 convolution
+                  measures at least 1.1x faster (timed once per process; every door through `sampling_context`)
 - `kernels.py`    builds (at install) and loads denoiser's C++ extension from `csrc/`; `tracing()`
 - `attention.py`  the small-head attention kernel behind `denoiser.attention.fused_attention`
 - `groupnorm.py`  the channels-last GroupNorm(+SiLU) kernel behind `denoiser.groupnorm.group_norm`
