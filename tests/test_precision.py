@@ -82,7 +82,7 @@ def test_attention_is_captured_in_float32_under_bf16(tiny_unet):
     """The maps the app shows are the float32 model's exact weights whatever the sampling runs in."""
     x, t = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(1)), torch.tensor([500])
     with torch.inference_mode():
-        with capture_attention(tiny_unet) as plain:
+        with forced(torch.float32), sampling_context(tiny_unet), capture_attention(tiny_unet) as plain:
             tiny_unet(x, t)
         with forced(torch.bfloat16), sampling_context(tiny_unet), capture_attention(tiny_unet) as under_bf16:
             tiny_unet(x, t)
