@@ -13,6 +13,7 @@ from PIL import Image
 
 from denoiser.app import handlers
 from denoiser.app.layout import CSS
+from denoiser.fast.precision import choose_precision
 from denoiser.model_dir import WEIGHTS_DIR
 from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, screenshots
 from tests.app_browser import choose as _choose
@@ -41,7 +42,8 @@ def test_gradio_client_samples_then_shows_attention(server):
     assert Path(gallery[2]["image"]).name == "tiny-classes-seed1-1-ddim4-3of3.png"
     assert read_settings(gallery[2]["image"]) == {"model": "tiny-classes", "seed": 1, "class": "1", "scheduler": "ddim",
                                                    "steps": 4, "num_images": 3, "guidance_scale": 1.0, "pag_scale": 0.0,
-                                                   "guide_scale": 1.0, "index": 2, "count": 3}
+                                                   "guide_scale": 1.0, "index": 2, "count": 3,
+                                                   "precision": choose_precision().name}  # what ran (issue 58)
     assert Image.open(grid_path).format == "PNG"
     y, x, _, maps, stages, text = client.predict(2, 3, 7, 9, 1, 1, api_name="/attention")
     assert (y, x) == (7, 9)
@@ -101,8 +103,14 @@ def test_failures_read_as_short_escaped_messages(server, weights, capfd, caplog)
     assert sum("user error:" in line and "no safetensors weights" in line for line in lines) == 1
     assert sum("is not one of this model's classes" in line for line in lines) == 1
     assert "Traceback" not in capfd.readouterr().err
-    with pytest.raises(Exception, match=r"steps must be a whole number in 1\.\.1000, got None"):
+    with pytest.raises(Exception, match=r"steps must be a whole number in 1\.\.1000: the box is empty"):
         client.predict("tiny-classes", "ddim", None, 0, 1, "(any)", api_name="/generate")  # an emptied box: ours
+    # issue 60 item 3: a decimal reaches the check as typed (Gradio's precision=0 ran steps 2.5 as 2, seed 2.5 as 2)
+    for args, message in (((2.5, 0, 1), "steps must be a whole number in 1..1000, got 2.5"),
+                          ((2, 2.5, 1), "seed must be a whole number in 0..4294967295, got 2.5"),
+                          ((2, 0, 2.5), "number of images must be a whole number in 1..64, got 2.5")):
+        with pytest.raises(Exception, match=re.escape(message)):
+            client.predict("tiny-classes", "ddim", *args, "(any)", api_name="/generate")
 
 
 def _click_on_attention_tab(page, fx: float, fy: float):

@@ -116,6 +116,20 @@ def test_a_run_writes_the_settings_that_ran_and_they_come_back(weights, tmp_path
     assert values[5] is None  # no strength: a denoise has none, and the form keeps its own
 
 
+
+@pytest.mark.parametrize(("steps", "said"), [(None, "steps must be a whole number in 1..1000: the box is empty"),
+                                             (2.5, "steps must be a whole number in 1..1000, got 2.5")])
+def test_an_empty_or_decimal_steps_box_is_refused_in_words(weights, tmp_path, steps, said):
+    """Issue 60 item 3: an empty Edit steps box ran 1 step, and 2.5 ran 2: now both are refused before any work,
+    quoting what was typed."""
+    e = EditHandlers(Handlers(Engine(weights)))
+    photo = _photo(tmp_path / "photo.png", (40, 24))
+    run = e.run_edit("tiny-classes", "(any)", 1.0, None, "edit", 0.0, 0.3, 0.0, steps, 0, photo=str(photo))
+    assert next(run)[-1].startswith(f"**not started**: {said}")
+    with pytest.raises(Exception, match=re.escape(said)):
+        next(run)
+
+
 # ---- in the browser ----------------------------------------------------------------------------------------------
 
 

@@ -13,11 +13,18 @@ def test_a_whole_number_comes_back_as_an_int(value):
     assert got == 3 and type(got) is int
 
 
-@pytest.mark.parametrize("value", [0, 11, 3.5, "three", None, math.nan, math.inf, [3]])
+@pytest.mark.parametrize("value", [0, 11, 3.5, 2.25, "three", math.nan, math.inf, [3]])
 def test_anything_else_is_refused_with_its_name_range_and_value(value):
     with pytest.raises(ValueError, match=r"^steps must be a whole number in 1\.\.10, got ") as err:
         check_int("steps", value, 1, 10)
-    assert repr(value) in str(err.value)
+    assert repr(value) in str(err.value)  # as typed: 2.25 is never rounded to 2
+
+
+@pytest.mark.parametrize("value", [None, "", "  "])
+def test_an_empty_box_is_refused_as_empty(value):
+    """Issue 60 item 3: an empty box was "got None" on one tab and ran 1 step on the other."""
+    with pytest.raises(ValueError, match=r"^steps must be a whole number in 1\.\.10: the box is empty$"):
+        check_int("steps", value, 1, 10)
 
 
 def test_the_ends_of_the_range_are_allowed():

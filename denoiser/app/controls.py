@@ -108,4 +108,6 @@ def whole_box(name: str, value: int, label: str, elem_id: str, info: str = "") -
     out-of-range value with a traceback before the handler can say so (form_slider)."""
     lo, hi = LIMITS[name]
     note = f"{lo}..{hi:,}" if name != "seed" else f"any whole number {lo}..{hi:,}"
-    return gr.Number(value=value, precision=0, label=label, elem_id=elem_id, info=f"{note}{'; ' if info else ''}{info}")
+    # precision None: the handler gets what was typed (2.5 stays 2.5 and is refused in words); Gradio's precision=0
+    # rounded it before any check, so steps 2.5 ran 2 while the box still showed 2.5
+    return gr.Number(value=value, precision=None, label=label, elem_id=elem_id, info=f"{note}{'; ' if info else ''}{info}")

@@ -22,7 +22,7 @@ from PIL import Image
 from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, on_any_change, ran_js, run_controls, whole_box
 from denoiser.app.engine import RESTORE_OPERATIONS
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
-from denoiser.app.limits import LIMITS
+from denoiser.app.limits import LIMITS, check_int
 from denoiser.app.photo import (
     centre_square,
     drop_upload,
@@ -124,6 +124,7 @@ class EditHandlers:
             classes = self.engine.classes(model) if model else []
             label = classes.index(class_name) if class_name in classes else None
             source = photo_file(photo, upload)
+            steps = check_int("steps", steps, *LIMITS["steps"])  # the page's box: empty or 2.5 refused, not run as 1 or 2
             request = self.engine.restore_request(operation, label, guidance_scale, pag_scale, sigma,
                                                   strength if operation == "edit" else None, add_noise, steps, seed, prompt)
             if request.tiled:

@@ -183,8 +183,8 @@ def _attention_tab(c: SimpleNamespace) -> None:
                 clickable = gr.Image(label="click a pixel", format="png", type="pil", interactive=False,
                                      elem_id="clickable")
                 with gr.Row():
-                    py = gr.Number(value=0, precision=0, label="pixel y")
-                    px = gr.Number(value=0, precision=0, label="pixel x")
+                    py = gr.Number(value=0, precision=None, label="pixel y")  # typed values reach the check as typed
+                    px = gr.Number(value=0, precision=None, label="pixel x")
                     show_btn = gr.Button("show", size="sm")
                 # custom values allowed: a session's API call may name a layer before its page has listed any (the handlers
                 # refuse one that is not a layer of the generation, in words: handlers._layer_index)

@@ -17,13 +17,17 @@ MAX_PROMPT_CHARS = 1000  # a prompt longer than this is refused (the tokenizer k
 
 
 def check_int(name: str, value, lo: int, hi: int) -> int:
-    """A whole number in lo..hi (ints, integral floats from sliders, numeric strings), else a clear error."""
+    """A whole number in lo..hi (ints, integral floats from sliders and boxes, numeric strings), else a clear error
+    that quotes what was given (an empty box: says so; 2.5: never rounded)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{name} must be a whole number in {lo}..{hi}: the box is empty")
     try:
         v = float(value)
     except (TypeError, ValueError):
         v = float("nan")
     if not v.is_integer() or not lo <= v <= hi:
-        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
+        typed = f"{value:g}" if isinstance(value, float) else repr(value)
+        raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {typed}")
     return int(v)
 
 
