@@ -99,6 +99,29 @@ class Plan:
             return ()
         return tuple(self.text.tokenizer.unseen(parse_prompt(self.prompts[k]).text))
 
+    def unread(self, k: int = 0) -> tuple[str, ...]:
+        """Image k's words past the tokenizer's max_length: cut, the model never reads them; () for none."""
+        if self.text is None or not self.prompts:
+            return ()
+        return tuple(self.text.tokenizer.dropped(parse_prompt(self.prompts[k]).text))
+
+    def notices(self) -> list[str]:
+        """What a person should hear about the prompts before trusting the pictures: words cut at the tokenizer's
+        length, words no training caption held. `run` logs each once; the app shows them while the prompt is typed."""
+        if self.text is None:
+            return []
+        said = []
+        for name, prompts in (("prompt", self.prompts), ("negative prompt", self.negative_prompts)):
+            for p in dict.fromkeys(prompts):
+                text = parse_prompt(p).text
+                if dropped := self.text.tokenizer.dropped(text):
+                    said.append(f"the {name} is cut at {self.text.tokenizer.config.max_length} words; the model does not "
+                                f"see: {' '.join(dropped)[:200]}")
+                if unseen := self.text.tokenizer.unseen(text):
+                    said.append(f"the {name} has words no training caption held, which the model draws from their "
+                                f"letters alone (a guess): {' '.join(unseen)[:200]}")
+        return said
+
     def word_weights(self, k: int = 0) -> tuple[float, ...]:
         """Image k's weight per word of `words(k)` ("(red:1.5)": 1.5; 1 for a plain word)."""
         return parse_prompt(self.prompts[k]).weights[: self.text.tokenizer.config.max_length] if self.prompts else ()
@@ -182,7 +205,7 @@ def _check_edit(request: SampleRequest, prompts: tuple, text: TextModel | None, 
 
 def _prompts(request: SampleRequest, unet: nn.Module, folder, text: TextModel | None) -> tuple[tuple, tuple, TextModel | None]:
     """(prompt per image, negative prompt per image, its TextModel) for a text model; ((), (), None) otherwise.
-    Words past the tokenizer's max_length are dropped with a warning."""
+    Words past the tokenizer's max_length are dropped (Plan.notices says which)."""
     n = request.num_images
     if getattr(unet.config, "cross_attention_dim", None) is None:
         if request.prompts not in (None, "") or request.negative_prompts not in (None, ""):
@@ -198,12 +221,7 @@ def _prompts(request: SampleRequest, unet: nn.Module, folder, text: TextModel | 
             raise ValueError(f"pass one {name} or one per image ({n}), as text; got {len(given)} of "
                              f"{sorted({type(p).__name__ for p in given})}")
         for p in dict.fromkeys(given):
-            if dropped := text.tokenizer.dropped(parse_prompt(p).text):  # a malformed weight is an error here, before any work
-                logger.warning("the %s is cut at %d words; the model does not see: %s", name, text.tokenizer.config.max_length,
-                               " ".join(dropped)[:200])
-            if unseen := text.tokenizer.unseen(parse_prompt(p).text):
-                logger.warning("the %s has words no training caption held, which the model draws from their letters alone "
-                               "(a guess): %s", name, " ".join(unseen)[:200])
+            parse_prompt(p)  # a malformed weight is an error here, before any work (Plan.notices says the rest, once)
         per_image.append(tuple(given * n if len(given) == 1 else given))
     return per_image[0], per_image[1], text
 
@@ -227,6 +245,8 @@ def run(
     callback(i, t, x_t, x0) and after_step(i, x) run at every step of every batch (denoiser.sample.sample);
     the attention of `capture_steps` and the trajectory are kept for the first batch. progress: a tqdm bar.
     """
+    for notice in plan.notices():  # once per run: resolving (the app's note, on every keystroke) says nothing
+        logger.warning(notice)
     indices = list(range(plan.num_images)) if indices is None else [int(k) for k in indices]
     if any(not 0 <= k < plan.num_images for k in indices):
         raise ValueError(f"image indices must be in 0..{plan.num_images - 1}")

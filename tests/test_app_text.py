@@ -4,6 +4,7 @@ page offers a prompt instead of a class."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import httpx
@@ -355,7 +356,7 @@ def test_browser_on_a_phone_the_prompt_sits_under_generate_and_the_tables_fit(se
             browser.close()
 
 
-def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list(weights, tmp_path, monkeypatch):
+def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list(weights, tmp_path, monkeypatch, caplog):
     """Issue 51 item 6: "日本" or an invented word got images and confident maps with no hint. A model folder that keeps
     its captions' words (tokenizer/vocabulary.txt) has them named where the prompt is shown."""
     import shutil
@@ -368,10 +369,17 @@ def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list
     tokenizer = WordHashTokenizer.from_pretrained(root / "words" / "tokenizer")
     WordHashTokenizer(**tokenizer.config, vocabulary=["a red apple", "a blue car"]).save_pretrained(root / "words" / "tokenizer")
     h = Handlers(Engine(root))
+    # issue 60 item 7: said under the form while the prompt is typed, and logged once per Generate, not per keystroke
+    caplog.set_level(logging.WARNING)
+    for typed in ("red", "red 日本", "red 日本 zorb", "red 日本 zorblat"):
+        note = h.budget_note("words", 2, 1, "(any)", 2.5, prompt=typed)
+    assert note.startswith("work: ") and "never seen in training, drawn as a guess: “日本 zorblat”" in note
+    assert not [r for r in caplog.records if "caption held" in r.getMessage()]
     *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red 日本 zorblat", "")
     gen, status, words = last[2], last[-1], last[2 + 6 + 4]
     assert gen.unseen == ("日本", "zorblat")
     assert "never seen in training, drawn as a guess: “日本 zorblat”" in status and "日本 zorblat" in words["label"]
+    assert len([r for r in caplog.records if "caption held" in r.getMessage()]) == 1  # one Generate, one line
     *_, known = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
     assert "never seen" not in known[-1] and known[2 + 6 + 4]["label"] == "the prompt's words"
 

@@ -305,9 +305,14 @@ def test_prompts_are_checked_and_long_ones_warned_about(text_model, class_unet, 
         resolve(SampleRequest(num_images=1, prompts="cat"), unet=class_unet, scheduler=DDIMScheduler())
     long = " ".join(f"w{i}" for i in range(12))
     with caplog.at_level("WARNING", logger="denoiser.sampling"):
-        plan = resolve(SampleRequest(num_images=2, prompts=long), unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))
-    assert plan.prompts == (long, long) and plan.negative_prompts == ("", "")
-    assert "cut at 8 words" in caplog.text and "w8 w9 w10 w11" in caplog.text
+        plan = resolve(SampleRequest(num_images=2, prompts=long, steps=1), unet=unet, scheduler=DDIMScheduler(),
+                       text=TextModel(tok, enc))
+        assert not caplog.text  # resolving says nothing (the app resolves on every keystroke: issue 60 item 7)
+        assert plan.prompts == (long, long) and plan.negative_prompts == ("", "")
+        assert plan.unread(1) == ("w8", "w9", "w10", "w11")
+        run(plan)
+    # the run says it once, for the two images' one prompt
+    assert caplog.text.count("cut at 8 words") == 1 and "w8 w9 w10 w11" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------------------------

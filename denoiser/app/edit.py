@@ -295,7 +295,8 @@ class EditHandlers:
         updates = {k: gr.update(value=s[k]) if k in s else gr.skip() for k in EDIT_FORM}
         updates["class"] = self.h.class_choices(s.get("model"), s.get("class") or NO_CLASS)  # among its model's classes
         updates["prompt"] = gr.update(value=s.get("prompt", ""))  # none in the PNG: the run had no prompt
-        return (*updates.values(), f"settings of {path.name} restored: press Run")
+        # the file name as code: Markdown would turn its `_red_1.5_` into italics
+        return (*updates.values(), f"settings of `{path.name}` restored: press Run")
 
 
 def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:

@@ -306,7 +306,7 @@ def _text_fields(plan: Plan) -> dict:
     n = range(plan.num_images)
     return dict(text=plan.text_condition(n), prompt=prompt, words=plan.words(0),
                 image_words=tuple(plan.words(k) for k in n), word_weights=tuple(plan.word_weights(k) for k in n),
-                unread=tuple(plan.text.tokenizer.dropped(parse_prompt(prompt).text)), unseen=plan.unseen(0))
+                unread=plan.unread(0), unseen=plan.unseen(0))
 
 
 def _recorder(inputs: list, timesteps: list, on_step, total: Callable[[int], int]):

@@ -14,6 +14,7 @@ import gradio as gr
 from denoiser.app.budget import plan_work
 from denoiser.app.engine import SCHEDULERS
 from denoiser.app.limits import LIMITS, check_int
+from denoiser.app.words import unread_note, unseen_note
 from denoiser.image_io import read_settings
 from denoiser.request import BUILT_IN
 
@@ -170,7 +171,8 @@ class FormHandlers:
         text = self.is_text(values["model"])
         for key in ("prompt", "negative_prompt"):
             updates[key] = gr.update(value=values[key] or "", visible=text)
-        return (*updates.values(), f"settings of {path.name} restored: press Generate")
+        # the file name as code: Markdown would turn its `_red_1.5_` into italics
+        return (*updates.values(), f"settings of `{path.name}` restored: press Generate")
 
     def model_defaults(self, model):
         """(its sampling.json, whether it ships a guide) of the chosen model; none for a broken folder."""
@@ -190,13 +192,17 @@ class FormHandlers:
         try:
             form = self.sample_form(model, scheduler, steps, 0, num_images, class_name, guidance_scale, pag_scale,
                                     guide_scale, timestep_spacing, 0.0, guidance_interval, pag_layers, prompt, negative_prompt)
-            work = plan_work(self.engine.sample_plan(model, **form))
+            plan = self.engine.sample_plan(model, **form)
+            work = plan_work(plan)
         except (ValueError, TypeError, OSError):
             return ""
+        # a text model's prompt, as it is typed: its words past the tokenizer's length, and those it never saw
+        words = [note for note in (unread_note(plan.words(0), plan.unread(0)), unseen_note(plan.unseen(0))) if note]
+        said = "".join(f" · **{escape(note)}**" for note in words)
         if not work.over:
-            return f"work: {work.units:,.0f} of {work.budget:,.0f} units"
+            return f"work: {work.units:,.0f} of {work.budget:,.0f} units" + said
         return (f"**over the work budget** ({work.units:,.0f} of {work.budget:,.0f} units): at most {work.max_steps} "
-                f"steps with {work.num_images} images, or {work.max_images} images with {work.steps} steps")
+                f"steps with {work.num_images} images, or {work.max_images} images with {work.steps} steps" + said)
 
     def model_form(self, model, current_class=None):
         """The Sample tab set to the chosen model's measured best (on load, and when a person picks a model): a class
