@@ -36,9 +36,20 @@ from denoiser.sample import SampleResult
 from denoiser.sampling import Plan, resolve
 from denoiser.tiles import count_tiles, denoise_photo
 
-__all__ = ["RestorePlan", "RestoreResult", "resolve_restore", "run_restore", "check_request", "takes_prompt", "chain_steps"]
+__all__ = ["RestorePlan", "RestoreResult", "resolve_restore", "run_restore", "check_request", "takes_prompt", "chain_steps",
+           "check_size", "MIN_SIDE"]
 
 ScaledTo = tuple[int, int]
+
+
+MIN_SIDE = 8  # pixels: a smaller picture has too little to restore (and 1 pixel a side breaks the noise estimate)
+
+
+def check_size(width: int, height: int) -> None:
+    """Refuse, before any work, a picture too small to restore, saying its size and what would do."""
+    if min(width, height) < MIN_SIDE:
+        raise ValueError(f"the picture is {width}x{height} pixels, too small to restore: use one at least {MIN_SIDE} "
+                         f"pixels a side")
 
 
 def takes_prompt(operation: str) -> bool:
@@ -148,6 +159,7 @@ def resolve_restore(
                                      pag_layers=r.pag_layers, guide_model=r.guide_model, guide_scale=r.guide_scale,
                                      guidance_interval=r.guidance_interval), model, load=load)
     source_size = tuple(image.info.get("source_size", image.size))  # a file's own size (decoded smaller, or not)
+    check_size(*image.size)
     picture = flatten_to_rgb(image)
     if r.tiled and max_pixels is not None and image.width * image.height > max_pixels:
         scale = (max_pixels / (image.width * image.height)) ** 0.5

@@ -16,6 +16,7 @@ from pathlib import Path
 from PIL import Image
 
 from denoiser.image_io import open_image
+from denoiser.restoring import check_size
 
 __all__ = ["NO_PHOTO", "keep_upload", "drop_upload", "photo_file", "editor_layers", "editor_picture", "edit_input", "centre_square", "photo_preview",
            "EDIT_PREVIEW"]
@@ -54,7 +55,7 @@ def photo_file(photo: str | None, upload) -> str | None:
     return photo
 
 
-NO_PHOTO = "upload a photo first (or click one of the pictures under the Run button)"
+NO_PHOTO = "upload a photo first (or click one of the pictures under “try a picture”, below the inpaint mask)"
 
 
 def editor_layers(value) -> tuple[Image.Image | None, Image.Image | None]:
@@ -108,6 +109,7 @@ def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
         return None, ""
     img = open_image(path, min_long_side=EDIT_PREVIEW, what="the upload")  # a JPEG decodes at a reduced scale
     w, h = img.info["source_size"]
+    check_size(w, h)  # refused at the upload, in words, not at Run
     img.thumbnail((EDIT_PREVIEW, EDIT_PREVIEW), Image.Resampling.LANCZOS)
     img.info["source_size"] = (w, h)
     return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}. Denoise works on the photo at its own size; "

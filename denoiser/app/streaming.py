@@ -143,6 +143,12 @@ def not_started(message: str) -> str:
     return f"**not started**: {shown} (the results shown are from the run before, if any)"
 
 
+def not_done(message: str) -> str:
+    """The status line for a job that stopped on an error (its message already escaped by user_error): why, and that
+    the pictures shown are older."""
+    return f"**not done**: {message} (the results shown are from the run before, if any)"
+
+
 def friendly(handler):
     """A handler whose every exception reaches the browser as `user_error`'s message."""
 
@@ -166,6 +172,10 @@ def relay(stream, n_outputs: int, show, status: bool = False):
                 preview, text = next(stream)
             except StopIteration as done:
                 return done.value
+            except gr.Error as err:  # refused or failed once the job had started: the status line says why too
+                if status:
+                    yield (*(gr.skip(),) * (n_outputs - 1), not_done(err.message))
+                raise
             first = gr.skip() if preview is None else show(preview)
             last = ((gr.skip() if text is None else text),) if status else ()
             yield (first,) + (gr.skip(),) * (n_outputs - 1 - len(last)) + last
