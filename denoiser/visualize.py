@@ -8,7 +8,10 @@ and one pixel's weights over the prompt's words as bar charts, and a loss curve 
 
 from __future__ import annotations
 
+import functools
+import io
 import math
+import unicodedata
 from collections.abc import Sequence
 
 import torch
@@ -65,8 +68,62 @@ def layer_label(record: AttentionRecord) -> str:
     return f"{record.name} ({size})"
 
 
-def _font(size: int = 12):
-    return ImageFont.load_default(size=size)
+# characters Pillow's bundled font (what every machine has) lacks, spelled so a chart never draws a missing-glyph box:
+# "red ×1.5" is drawn "red x1.5"; accented letters without their accents; any other (another script) as "?"
+_SPELLED = {"×": "x", "→": "->", "≈": "~", "σ": "sigma", "…": "...", "“": '"', "”": '"', "–": "-", "—": "-",
+            **{chr(0x2080 + i): str(i) for i in range(10)}}
+
+
+class ChartFont(ImageFont.FreeTypeFont):
+    """Pillow's default font, drawing every text it is given: what it lacks spelled (`drawable`)."""
+
+    def drawable(self, text: str) -> str:
+        return "".join(c if self.has(c) else self._spelled(c) for c in str(text))
+
+    def _spelled(self, char: str) -> str:
+        """A character the font lacks: spelled (_SPELLED), else its letters without accents ("é" -> "e", by Unicode's
+        compatibility decomposition), else "?"."""
+        if char in _SPELLED:
+            return _SPELLED[char]
+        base = "".join(c for c in unicodedata.normalize("NFKD", char) if not unicodedata.combining(c))
+        return base if base and all(self.has(c) for c in base) else "?"
+
+    def has(self, char: str) -> bool:
+        """Whether the font draws `char` (its mask differs from the missing-glyph box of a private-use character)."""
+        if char.isspace() or char.isascii():
+            return True
+        return _has_glyph(self.size, char)
+
+    def getmask2(self, text, *args, **kwargs):
+        return super().getmask2(self.drawable(text), *args, **kwargs)
+
+    def getlength(self, text, *args, **kwargs):
+        return super().getlength(self.drawable(text), *args, **kwargs)
+
+    def getbbox(self, text, *args, **kwargs):
+        return super().getbbox(self.drawable(text), *args, **kwargs)
+
+
+@functools.cache
+def _has_glyph(size: float, char: str) -> bool:
+    return _drawn(size, char) != _drawn(size, "\ue000")  # private use: never in the font, drawn as its missing-glyph box
+
+
+@functools.cache
+def _drawn(size: float, char: str) -> bytes:
+    img = Image.new("L", (2 * int(size) + 4, 2 * int(size) + 4))
+    ImageDraw.Draw(img).text((2, 2), char, fill=255, font=ImageFont.load_default(size=size))
+    return img.tobytes()
+
+
+@functools.cache
+def chart_font(size: int = 12) -> ChartFont:
+    """The font every chart and panel label is drawn with (`ChartFont`), one per size."""
+    return ChartFont(io.BytesIO(ImageFont.load_default(size=size).font_bytes), size)
+
+
+def _font(size: int = 12) -> ChartFont:
+    return chart_font(size)
 
 
 def _to_pil(x: torch.Tensor, scale: int) -> Image.Image:

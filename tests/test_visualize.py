@@ -70,3 +70,26 @@ def test_attention_panel_draws_the_self_attention_layers_only():
     assert attention_panel(image, records, (3, 4)).tobytes() == attention_panel(image, own, (3, 4)).tobytes()
     with pytest.raises(ValueError, match="no self-attention layer was captured"):
         attention_panel(image, [r for r in records if r.kind == "cross"], (3, 4))
+
+
+def test_chart_text_never_draws_a_missing_glyph_box():
+    """Issue 60 item 6: Pillow's bundled font has no ×, ₀ or →, so the weights header read "red ▯1.5". Every label a
+    chart draws is drawn with glyphs the font has: spelled, accents dropped, or "?" for another script."""
+    from PIL import Image, ImageDraw
+
+    from denoiser.app.words import word_label, word_weights_chart
+    from denoiser.visualize import chart_font
+
+    font = chart_font(12)
+    assert not font.has("\ue001") and font.has("a") and not font.has("×")  # the check sees the missing-glyph box
+    for label in (word_label("red", 1.5), "t₀ → t₅₀", "café", "日本", "σ 0.1 “quoted” …"):
+        drawn = font.drawable(label)
+        assert all(font.has(c) for c in drawn), (label, drawn)
+    assert font.drawable(word_label("red", 1.5)) == "red x1.5" and font.drawable("café") == "cafe"
+    # drawn through the font, a header with "×" equals the spelled one: no box reaches the picture
+    chart = word_weights_chart([("mid_cross", torch.full((2, 2), 0.5))], [word_label("red", 1.5), "apple"])
+    spelled = word_weights_chart([("mid_cross", torch.full((2, 2), 0.5))], ["red x1.5", "apple"])
+    assert chart.tobytes() == spelled.tobytes()
+    plain = Image.new("L", (40, 20))
+    ImageDraw.Draw(plain).text((2, 2), "×", fill=255, font=font)
+    assert plain.getbbox() is not None  # drawn as "x", not as nothing

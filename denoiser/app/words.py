@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
-from denoiser.visualize import overlay, tiles_image, with_colour_scale
+from denoiser.visualize import chart_font, overlay, tiles_image, with_colour_scale
 
 __all__ = ["map_label", "unread_note", "unseen_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
            "word_weights_label"]
@@ -133,7 +133,7 @@ def _stretch(heat: torch.Tensor) -> torch.Tensor:
 def word_weights_chart(rows: Sequence[tuple[str, torch.Tensor]], words: Sequence[str]) -> Image.Image:
     """A table of bars: one row per cross-attention layer, one column per word; each cell is the pixel's weight on
     that word (mean of heads: a row sums to 1) as a bar and a number. rows: (layer label, weights (h, words))."""
-    font = ImageFont.load_default(size=12)
+    font = chart_font(12)  # draws every glyph it is given: "red ×1.5" as "red x1.5", never a missing-glyph box
     width = _LABEL_W + _CELL_W * len(words) + 2 * _PAD
     height = _TOP + _ROW_H * (len(rows) + 1) + 2 * _PAD
     img = Image.new("RGB", (width, height), "white")
