@@ -25,7 +25,7 @@ from denoiser.text import words as split_words
 __all__ = [
     "heat_colormap", "overlay", "layer_label", "tiles_image", "with_colour_scale", "with_title", "attention_panel",
     "stages_panel", "find_word", "word_maps", "word_maps_panel", "word_maps_grid", "token_weights", "token_weights_panel",
-    "loss_curve",
+    "loss_curve", "word_overlay", "WORD_SCALE", "chart_font", "ChartFont",
 ]
 
 # Anchor colours of a dark-to-bright heat map (black-purple-red-orange-yellow-white), our own choice.
@@ -263,19 +263,26 @@ def word_maps(records: Sequence[AttentionRecord], token: int, batch_index: int =
 
 def _word_row(image: torch.Tensor, records: Sequence[AttentionRecord], token: int, image_label: str,
               names: bool = True) -> list:
-    """The image, then the token's map over it at each cross-attention layer. Each map is stretched from its lowest
-    share to its highest, and its label gives the two: a prompt's words often share every pixel nearly evenly
-    (0.45 to 0.55 of two words), which one absolute scale would draw as one flat colour. names=False: the ranges alone."""
+    """The image, then the token's map over it at each cross-attention layer, on the one absolute scale
+    (`word_overlay`), its label giving the lowest and highest share. names=False: the ranges alone."""
     row = [(image_label, image)]
     for label, m in word_maps(records, token):
         lo, hi = m.min().item(), m.max().item()
-        row.append((f"{label if names else ''} {lo:.2f}-{hi:.2f}".strip(), overlay(image, m - lo)))
+        row.append((f"{label if names else ''} {lo:.2f}-{hi:.2f}".strip(), word_overlay(image, m)))
     return row
 
 
-_WORD_SCALE = ("lowest share", "highest (each map)")
-_WORD_TITLE = "the share of each pixel's cross-attention that goes to it (mean of heads; each map from its lowest to " \
-              "its highest share, the two in its label)"
+def word_overlay(image: torch.Tensor, share: torch.Tensor, query: tuple[int, int] | None = None) -> torch.Tensor:
+    """A word's map on one absolute colour scale, the same for every map: a pixel's share of its cross-attention that
+    goes to the word, 0 (darkest) to 1 (brightest: all of it). A map that is nearly flat looks flat (two words sharing
+    every pixel evenly: one colour), as attention tools draw it; each map's label gives its range:
+    image (3, S, S), share (h, w) -> (3, S, S)."""
+    return overlay(image, share, query, vmax=1.0)
+
+
+WORD_SCALE = ("share 0", "1: all of the pixel's attention")  # the colour bar under every word map
+_WORD_TITLE = "the share of each pixel's cross-attention that goes to it (mean of heads; one colour scale for every map, " \
+              "the lowest and highest share in its label)"
 
 
 def word_maps_panel(image: torch.Tensor, records: Sequence[AttentionRecord], token: int, word: str,
@@ -286,7 +293,7 @@ def word_maps_panel(image: torch.Tensor, records: Sequence[AttentionRecord], tok
     cut = next((i for i, (label, _) in enumerate(tiles) if label.startswith("up.")), len(tiles))
     rows = [tiles[:cut]] + ([[("up path:", image)] + tiles[cut:]] if cut < len(tiles) else [])
     panel = tiles_image(rows, max(1, cell // image.shape[-1]))
-    return with_title(with_colour_scale(panel, *_WORD_SCALE), f'where "{word}" is attended: {_WORD_TITLE}')
+    return with_title(with_colour_scale(panel, *WORD_SCALE), f'where "{word}" is attended: {_WORD_TITLE}')
 
 
 def word_maps_grid(steps: Sequence[tuple[str, torch.Tensor, Sequence[AttentionRecord]]], token: int, word: str,
@@ -296,7 +303,7 @@ def word_maps_grid(steps: Sequence[tuple[str, torch.Tensor, Sequence[AttentionRe
     rows = [_word_row(image, records, token, label, names=r == 0) for r, (label, image, records) in enumerate(steps)]
     panel = tiles_image(rows, max(1, cell // steps[0][1].shape[-1]))
     title = f'where "{word}" is attended at each step (rows, first to last) and layer (columns): {_WORD_TITLE}'
-    return with_title(with_colour_scale(panel, *_WORD_SCALE), title)
+    return with_title(with_colour_scale(panel, *WORD_SCALE), title)
 
 
 def token_weights(records: Sequence[AttentionRecord], query: tuple[int, int], image_size: int,

@@ -54,3 +54,19 @@ def test_each_map_is_labelled_with_its_range_and_a_flat_one_says_so(monkeypatch)
     each_head = [label for row in seen[1] for label, _ in row[1:]]  # a row: the layer's name over the image, its maps
     assert compact[0].startswith("all layers ") and len(compact) == 1 + len(maps)
     assert all(re.search(r" \d\.\d\d to \d\.\d\d(, nearly flat)?$", label) for label in compact + each_head), (compact, each_head)
+
+
+def test_every_word_map_is_drawn_on_one_absolute_scale():
+    """Issue 60 item 5: the labels gave a map's range, but its colours still stretched that range over the whole
+    palette, so a flat map looked focused. Now every map uses one scale (share 0 to 1, its colour bar under the panel):
+    a flat map is one colour, and a map at a higher share is brighter than one at a lower share."""
+    from denoiser.visualize import WORD_SCALE, word_overlay
+
+    image = torch.zeros(3, 8, 8)
+    flat = word_overlay(image, torch.full((4, 4), 0.33))
+    assert torch.equal(flat, flat[:, :1, :1].expand_as(flat))  # one colour: nothing looks focused
+    low, high = word_overlay(image, torch.full((4, 4), 0.2)), word_overlay(image, torch.full((4, 4), 0.6))
+    assert high.sum() > low.sum()  # the absolute level shows (stretched, both were the same colour)
+    nearly_flat = word_overlay(image, torch.tensor([[0.31, 0.35], [0.33, 0.34]]))
+    assert float((nearly_flat - nearly_flat[:, :1, :1]).abs().max()) < 0.05  # 0.31-0.35 stays nearly one colour
+    assert WORD_SCALE == ("share 0", "1: all of the pixel's attention")

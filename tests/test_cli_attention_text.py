@@ -68,12 +68,13 @@ def test_word_maps_are_the_records_token_maps(captured):
 
 
 def test_word_panel_draws_each_map_over_the_image(captured):
-    """Each layer's tile is the record's map, stretched to its own range, blended over the image: find it in the panel."""
+    """Each layer's tile is the record's map on the one absolute scale (issue 60 item 5), blended over the image: find it
+    in the panel."""
     image, records = captured
     panel = np.asarray(word_maps_panel(image, records, 1, "apple"))
     scale, pad = 128 // 16, 4
     for c, (_, m) in enumerate(word_maps(records, 1)[:2], start=1):  # the first row: down.1.cross.0, mid_cross
-        tile = to_uint8(overlay(image, m - m.min())).permute(1, 2, 0).numpy()  # (16, 16, 3)
+        tile = to_uint8(overlay(image, m, vmax=1.0)).permute(1, 2, 0).numpy()  # (16, 16, 3)
         tile = tile.repeat(scale, 0).repeat(scale, 1)  # (128, 128, 3): nearest upscale
         x0 = pad + c * (128 + pad)
         found = [y for y in range(panel.shape[0] - 128) if (panel[y : y + 128, x0 : x0 + 128] == tile).all()]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
-from denoiser.visualize import chart_font, overlay, tiles_image, with_colour_scale
+from denoiser.visualize import WORD_SCALE, chart_font, tiles_image, with_colour_scale, word_overlay
 
 __all__ = ["map_label", "unread_note", "unseen_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
            "word_weights_label"]
@@ -91,26 +91,26 @@ def word_maps_panel(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]
     the down path and the middle in the first row, the up path in the second. heads=True: one row per layer, the
     image, the head-averaged map, then each head's.
 
-    Each map is stretched from its lowest weight to its highest: with a few words every pixel gives each word a
-    large share (two words: about half each), so a map scaled from 0 would be bright everywhere. So each map's label
-    gives its range, and says when the map is nearly flat (map_label)."""
+    Every map is drawn on one absolute colour scale (`denoiser.visualize.word_overlay`: a pixel's share 0 to 1, the
+    colour bar under the panel), so a nearly flat map looks flat; each map's label gives its range, and says when it
+    is nearly flat (map_label)."""
     S = image.shape[-1]
-    tiles = [(map_label(label, w.mean(0)), overlay(image, _stretch(w.mean(0)), pixel)) for label, w in maps]  # mean of heads
+    tiles = [(map_label(label, w.mean(0)), word_overlay(image, w.mean(0), pixel)) for label, w in maps]  # mean of heads
     if heads:
         rows = []
         for (label, w), (_, mean) in zip(maps, tiles):
             row = [(label, image), (map_label("mean of heads", w.mean(0)), mean)]
             if w.shape[0] > 1:
-                row += [(map_label(f"head {i}", w[i]), overlay(image, _stretch(w[i]), pixel)) for i in range(w.shape[0])]
+                row += [(map_label(f"head {i}", w[i]), word_overlay(image, w[i], pixel)) for i in range(w.shape[0])]
             rows.append(row)
     else:
         cut = next((i for i, (label, _) in enumerate(tiles) if label.startswith("up.")), len(tiles))
         together = all_layers_map(maps, S)
-        rows = [[("image", image), (map_label("all layers", together), overlay(image, _stretch(together), pixel))]
+        rows = [[("image", image), (map_label("all layers", together), word_overlay(image, together, pixel))]
                 + tiles[:cut]]
         if cut < len(tiles):
             rows.append([("up path:", image)] + tiles[cut:])
-    panel = with_colour_scale(tiles_image(rows, max(1, 96 // S)), "a map's lowest (1st number)", "highest (2nd)")
+    panel = with_colour_scale(tiles_image(rows, max(1, 96 // S)), *WORD_SCALE)
     framed = Image.new("RGB", (panel.width, panel.height + _TOP), "white")  # the first row's names below the page's label
     framed.paste(panel, (0, _TOP))
     return framed
@@ -122,12 +122,6 @@ def map_label(label: str, heat: torch.Tensor) -> str:
     lo, hi = float(heat.min()), float(heat.max())
     flat = ", nearly flat" if hi < FLAT * lo else ""
     return f"{label} {lo:.2f} to {hi:.2f}{flat}"
-
-
-def _stretch(heat: torch.Tensor) -> torch.Tensor:
-    """A map shifted to start at 0 (overlay scales it to its largest value): its lowest weight dark, its highest bright."""
-    heat = heat.float()
-    return heat - heat.min()
 
 
 def word_weights_chart(rows: Sequence[tuple[str, torch.Tensor]], words: Sequence[str]) -> Image.Image:
