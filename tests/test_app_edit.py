@@ -192,7 +192,7 @@ def _stop_during(page, running: str) -> None:
     # the live preview's first picture may come a moment after the first progress line (a busy CI machine)
     page.locator("#edit-preview img").wait_for(timeout=60_000)
     page.locator("#edit-stop").click()
-    page.locator("#edit-status").get_by_text(re.compile(r"stopped at step \d+ / \d+")).wait_for(timeout=20_000)
+    page.locator("#edit-status").get_by_text(re.compile(r"stopped at (step|tile) \d+ / \d+")).wait_for(timeout=20_000)
 
 
 @browser
@@ -229,10 +229,12 @@ def test_browser_stop_keeps_the_last_results_and_they_carry_their_settings(serve
         # Stop a tiled denoise of a larger photo: the results and their text stay
         _upload(page, big)
         page.locator("#edit-run").click()
-        _stop_during(page, r"denoise \(tiles\): step \d+ / \d+")
+        _stop_during(page, r"denoise \(tiles\): tile \d+ / \d+")  # issue 60 item 9: tiles counted as tiles
         page.wait_for_timeout(1000)
         assert _results(page) == before and page.locator("#edit-text").inner_text() == text
-        assert "the results shown are from the run before" in page.locator("#edit-status").inner_text()
+        stopped = page.locator("#edit-status").inner_text()
+        assert "stopped at tile" in stopped and "the tiles denoised so far" in stopped
+        assert "the results shown are from the run before" in stopped
         assert page.locator("#edit-preview img").count() == 1  # how far it got
         page.screenshot(path=str(shots / "app-edit-stopped-tiles.png"), full_page=True)
 
@@ -361,3 +363,27 @@ def test_a_clean_picture_is_said_to_be_clean():
     assert "already clean" in _sigma_text(0.002, 0.0) and "estimated" in _sigma_text(0.002, 0.0)
     assert "already clean" not in _sigma_text(0.08, 0.0) and "20.4/255" in _sigma_text(0.08, 0.0)
     assert read_settings(Path("/nonexistent.png")) == {}
+
+
+def test_a_photo_denoise_counts_tiles_as_tiles_and_stop_says_so():
+    """Issue 60 item 9: the tiled denoise's progress counted tiles while saying "step"."""
+    from denoiser.app.streaming import progress_text
+
+    line = progress_text("denoise (tiles)", 256, 1024, 2.0, unit="tile")
+    assert line == "denoise (tiles): tile 256 / 1024 · about 6 s left"
+    assert Handlers._stopped_text(line) == ("**stopped at tile 256 / 1024**: the preview shows the tiles denoised so "
+                                            "far, not a result; the results shown are from the run before")
+    assert Handlers._stopped_text("edit: step 3 / 50 · about 9 s left").startswith("**stopped at step 3 / 50**: the "
+                                                                                  "preview is that step's predicted")
+
+
+def test_the_inpaint_brush_is_scaled_to_the_picture(weights, tmp_path):
+    """Issue 60 item 9: the brush covered 80 % of a 64x64 picture in one stroke; it is now a twentieth of the picture's
+    shorter side as the editor shows it (a 64x64 emoji: 3 pixels; a photo shown at 512x366: 18)."""
+    e = EditHandlers(Handlers(Engine(weights)))
+    sizes = {}
+    for name, size in (("emoji.png", (64, 64)), ("photo.png", (700, 500))):
+        update, *_ = e.load_photo(str(_photo(tmp_path / name, size)), None, "tiny-classes")
+        assert update["value"]["background"].size == (size if size[0] <= 512 else (512, 366))
+        sizes[name] = update["brush"].default_size
+    assert sizes == {"emoji.png": 3, "photo.png": 18}

@@ -24,6 +24,7 @@ from denoiser.app.engine import RESTORE_OPERATIONS
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
 from denoiser.app.limits import LIMITS, check_int
 from denoiser.app.photo import (
+    EDIT_PREVIEW,
     centre_square,
     drop_upload,
     edit_input,
@@ -142,7 +143,8 @@ class EditHandlers:
 
         preview, what = (self._tiles_preview, "denoise (tiles)") if request.tiled else (self._preview, operation)
         with self.h.running(request, "edit-status"):  # Stop's line waits for this job to end (Handlers.stopped)
-            gen, done = yield from _preview_last(relay(stream(job, progress, what), N_VIEWS + 4, preview, status=True))
+            unit = "tile" if request.tiled else "step"  # a photo's progress counts its tiles, and says so
+            gen, done = yield from _preview_last(relay(stream(job, progress, what, unit), N_VIEWS + 4, preview, status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         # "your image" in the result's framing: the photo (or its scaled copy), or the centre square the model sees
         yours = done.input if request.tiled else centre_square(image)
@@ -190,7 +192,8 @@ class EditHandlers:
             return None, text, path, None
         if model:
             text += self._over_budget(model, *image.info["source_size"])
-        return {"background": image, "layers": [], "composite": image}, text, path, keep_upload(path)
+        value = {"background": image, "layers": [], "composite": image}
+        return gr.update(value=value, brush=mask_brush(image.size)), text, path, keep_upload(path)
 
     def _over_budget(self, model, width: int, height: int) -> str:
         """For a photo over `model`'s photo budget: a sentence saying its denoise runs on a scaled copy ('' otherwise)."""
@@ -299,6 +302,12 @@ class EditHandlers:
         return (*updates.values(), f"settings of `{path.name}` restored: press Run")
 
 
+def mask_brush(size: tuple[int, int]) -> gr.Brush:
+    """The inpaint brush for a picture of `size` (as the editor shows it): a twentieth of its shorter side, so a stroke
+    marks a part of a 64x64 emoji as of a photo (Gradio's own size covered 80 % of a 64x64 picture in one stroke)."""
+    return gr.Brush(colors=["#ff00ff"], color_mode="fixed", default_size=max(1, round(min(size) / 20)))
+
+
 def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
     """The Edit tab's components, onto `c` (layout.keep)."""
 
@@ -318,7 +327,7 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
                 # browser sends the editor's content back as PNG on every run
                 editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
                                         label="inpaint mask",  # short: the editor's toolbar covers long labels
-                                        brush=gr.Brush(colors=["#ff00ff"], color_mode="fixed"))
+                                        brush=mask_brush((EDIT_PREVIEW, EDIT_PREVIEW)))
                 gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [photo], label="try a picture")
             # Run, Stop, the progress, the live preview and the results together, beside the photo (on a phone: under it)
             with gr.Column(scale=1):

@@ -46,6 +46,8 @@ STOP_WAIT_S = 30  # ... or once the stopped job has ended, at most this long aft
 RUNNING = ("denoising", "averaging", "measuring", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 # after Stop, what the jobs without a preview leave shown (Attention's "average the maps", Heads' statistics)
 STOPPED_SHOWS = {"averaging": "nothing was averaged; the maps shown are of the step chosen",
+                 "denoise (tiles)": "the preview shows the tiles denoised so far, not a result; the results shown are "
+                                    "from the run before",
                  "measuring": "nothing was measured; the charts and table shown are from before, if any"}
 MARKS_KEPT = 1000  # sessions whose last job's end Handlers remembers (for Stop's line: Handlers.stopped)
 
@@ -174,11 +176,11 @@ class Handlers(FormHandlers, ViewHandlers):
         """The status line after Stop: where the job stopped, and what the pictures shown are (a sampling job's
         preview is the step's predicted x₀; the Attention tab's averaging and the Heads tab's statistics have no
         preview: their maps or charts are from before)."""
-        match = re.search(r"step (\d+) / (\d+)", status or "")
+        match = re.search(r"(step|tile) (\d+) / (\d+)", status or "")
         if match is None or not str(status).startswith(tuple(RUNNING)):
             return status or ""  # nothing was running
-        k, n = match.groups()
+        unit, k, n = match.groups()
         shown = STOPPED_SHOWS.get(str(status).split(":")[0], "the preview is that step's predicted clean image (x₀), "
                                                               "not a result; the results shown are from the run before")
-        return f"**stopped at step {k} / {n}**: {shown}"
+        return f"**stopped at {unit} {k} / {n}**: {shown}"
 

@@ -35,18 +35,19 @@ class Cancelled(Exception):
     """Raised inside the sampling loop's callback once the request that started it is gone."""
 
 
-def progress_text(desc: str, done: int, total: int, elapsed: float) -> str:
-    """ "sampling: step 12 / 50 · about 8 s left" (the rest estimated from the steps so far)."""
+def progress_text(desc: str, done: int, total: int, elapsed: float, unit: str = "step") -> str:
+    """ "sampling: step 12 / 50 · about 8 s left" (the rest estimated from this job's steps so far); unit "tile" for a
+    photo denoised in tiles: "denoise (tiles): tile 640 / 2,961 · ..."."""
     left = elapsed / max(done, 1) * (total - done)
     when = f"about {left:.0f} s left" if left < 120 else f"about {left / 60:.0f} min left"
-    return f"{desc}: step {done} / {total} · {when}" if done < total else f"{desc}: step {done} / {total}"
+    return f"{desc}: {unit} {done} / {total} · {when}" if done < total else f"{desc}: {unit} {done} / {total}"
 
 
 class _Worker:
     """One job in its own thread: its previews in a queue, its latest progress line, its result or error."""
 
-    def __init__(self, job, progress, desc: str) -> None:
-        self.job, self.progress, self.desc = job, progress, desc
+    def __init__(self, job, progress, desc: str, unit: str = "step") -> None:
+        self.job, self.progress, self.desc, self.unit = job, progress, desc, unit
         self.previews: queue.Queue = queue.Queue()  # x0 previews, then None when the job has ended
         self.result: dict = {}
         self.stop = threading.Event()  # set when nobody listens any more
@@ -58,7 +59,7 @@ class _Worker:
     def on_step(self, i: int, total: int, x0) -> None:
         if self.stop.is_set() or STOPPING.is_set():
             raise Cancelled  # out of the sampling loop after the UNet call in progress
-        self.status = progress_text(self.desc, i + 1, total, time.monotonic() - self.started)
+        self.status = progress_text(self.desc, i + 1, total, time.monotonic() - self.started, self.unit)
         self.progress((i + 1) / total, desc=self.status)
         now = time.monotonic()
         if i % max(1, total // 10) == 0 or i == total - 1 or now - self.last_preview > PREVIEW_EVERY_S:
@@ -82,12 +83,12 @@ class _Worker:
         return new
 
 
-def stream(job, progress, desc: str):
+def stream(job, progress, desc: str, unit: str = "step"):
     """Run `job(on_step)` (a generation or an edit) in a worker thread; yield (x0 preview, progress text) as they
     come (None for what has not changed, at least every HEARTBEAT_S), then return its result. When the consumer is closed
     (Gradio's cancel, a closed tab), the worker stops at its next step and is joined first, so the
     queue slot frees only once the work has stopped."""
-    worker = _Worker(job, progress, desc)
+    worker = _Worker(job, progress, desc, unit)
     worker.thread.start()
     try:
         while True:
