@@ -57,6 +57,15 @@ def _run_row(page, row) -> str:
     return wanted
 
 
+def test_the_try_these_table_says_guidance_for_a_class_or_a_prompt(demo):
+    """Issue 60 item 9: the column header said "guidance (with a class)" over the text model's rows too."""
+    import gradio as gr
+
+    table = next(b for b in demo.blocks.values() if isinstance(b, gr.Dataset) and b.elem_id == "try-these")
+    assert "guidance" in table.headers and not [h for h in table.headers if "with a class" in h]
+    assert table.headers[0] == "model"
+
+
 def test_browser_a_try_these_row_shows_the_class_it_generates_with(server, tmp_path):
     """Issue 41 item 1: on a fresh page the other model's row generated its own class but showed the first class
     of that model (and the next Generate made that one); a row clicked twice hid the class selector."""

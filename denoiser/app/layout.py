@@ -163,10 +163,11 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                                             placeholder="comma-separated, as the Heads tab names them (e.g. mid_attn); "
                                                         "empty: the low-resolution decoder attention")
         # full width, under both columns: a click sets everything (a class included) and generates (_wire)
-        c.sample_examples = gr.Examples(
-            rows, [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w, prompt], label="try these",
-            elem_id="try-these",
-        ) if rows else None
+        example_inputs = [model, scheduler, steps, seed, num_images, class_name, guidance, pag, guide_w, prompt]
+        c.sample_examples = gr.Examples(rows, example_inputs, label="try these", elem_id="try-these") if rows else None
+        if c.sample_examples is not None:  # the table's headers: the sliders' names, "guidance" for a class or a prompt
+            c.sample_examples.dataset.headers = [
+                "guidance" if comp is guidance else str(comp.label) for comp in example_inputs]
     keep(c, locals())
 
 
