@@ -38,6 +38,7 @@ from denoiser.sample import (
     sample,
     sampler_name,
 )
+from denoiser.text import drops_marks, words
 
 __all__ = ["Plan", "resolve", "run"]
 
@@ -117,6 +118,9 @@ class Plan:
                 if dropped := self.text.tokenizer.dropped(text):
                     said.append(f"the {name} is cut at {self.text.tokenizer.config.max_length} words; the model does not "
                                 f"see: {' '.join(dropped)[:200]}")
+                if drops_marks(text):
+                    said.append(f"the {name} is read as “{' '.join(words(text))[:200]}”: the tokenizer drops accents and "
+                                "other marks")
                 if unseen := self.text.tokenizer.unseen(text):
                     said.append(f"the {name} has words no training caption held, which the model draws from their "
                                 f"letters alone (a guess): {' '.join(unseen)[:200]}")

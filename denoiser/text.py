@@ -41,6 +41,12 @@ def words(text: str) -> list[str]:
     return re.findall(r"[^\W_]+|[^\w\s:,.;!?'\"()\-\u2019]", text)
 
 
+def drops_marks(text: str) -> bool:
+    """Whether `words` changes letters of `text` beyond their case: accents and other marks dropped ("café" -> "cafe",
+    "りんご" -> "りんこ"), which a person should be told."""
+    return any(unicodedata.combining(c) for c in unicodedata.normalize("NFKD", text))
+
+
 def fnv1a(s: str) -> int:
     """32-bit FNV-1a of the UTF-8 bytes: the same on every machine and process (Python's hash() is salted)."""
     h = 0x811C9DC5

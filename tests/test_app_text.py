@@ -383,3 +383,20 @@ def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list
     *_, known = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
     assert "never seen" not in known[-1] and known[2 + 6 + 4]["label"] == "the prompt's words"
 
+
+
+def test_a_prompt_whose_marks_the_tokenizer_drops_is_said_as_it_is_read(weights, tmp_path, monkeypatch):
+    """Issue 60 item 9: "赤いりんご" was shown as "赤いりんこ" with no word why (the tokenizer's NFKD folding drops the
+    dakuten, as it drops "é"'s accent). The status line, the note under the form and the run's log now say so."""
+    from denoiser.request import SampleRequest
+    from denoiser.sampling import resolve
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    h = Handlers(Engine(weights))
+    note = h.budget_note("words", 2, 1, "(any)", 2.5, prompt="赤いりんご")
+    assert "read as “赤いりんこ”: the tokenizer drops accents and marks" in note
+    assert "read as" not in h.budget_note("words", 2, 1, "(any)", 2.5, prompt="red apple")
+    *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "café", "")
+    assert "read as “cafe”: the tokenizer drops accents and marks" in last[-1]
+    plan = resolve(SampleRequest(num_images=1, prompts="赤いりんご", steps=1), weights / "words")
+    assert any("is read as “赤いりんこ”" in n for n in plan.notices())

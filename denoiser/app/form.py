@@ -14,7 +14,7 @@ import gradio as gr
 from denoiser.app.budget import plan_work
 from denoiser.app.engine import SCHEDULERS
 from denoiser.app.limits import LIMITS, check_int
-from denoiser.app.words import unread_note, unseen_note
+from denoiser.app.words import read_as_note, unread_note, unseen_note
 from denoiser.image_io import read_settings
 from denoiser.request import BUILT_IN
 
@@ -197,7 +197,9 @@ class FormHandlers:
         except (ValueError, TypeError, OSError):
             return ""
         # a text model's prompt, as it is typed: its words past the tokenizer's length, and those it never saw
-        words = [note for note in (unread_note(plan.words(0), plan.unread(0)), unseen_note(plan.unseen(0))) if note]
+        prompt = plan.prompts[0] if plan.prompts else ""
+        words = [note for note in (read_as_note(prompt), unread_note(plan.words(0), plan.unread(0)),
+                                   unseen_note(plan.unseen(0))) if note]
         said = "".join(f" · **{escape(note)}**" for note in words)
         if not work.over:
             return f"work: {work.units:,.0f} of {work.budget:,.0f} units" + said

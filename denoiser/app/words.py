@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
+from denoiser.prompt_weights import parse_prompt
+from denoiser.text import drops_marks
+from denoiser.text import words as split_words
 from denoiser.visualize import WORD_SCALE, chart_font, tiles_image, with_colour_scale, word_overlay
 
 __all__ = ["map_label", "unread_note", "unseen_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
@@ -33,6 +36,15 @@ def unread_note(read: Sequence[str], unread: Sequence[str]) -> str:
     rest = " ".join(unread)
     rest = rest if len(rest) <= 80 else rest[:80] + " …"
     return f"cut: the model reads only the first {len(read)} words; {len(unread)} more not read (“{rest}”)"
+
+
+def read_as_note(prompt: str) -> str:
+    """Where a prompt is shown: how the model reads it when its tokenizer changed letters (accents and marks dropped,
+    "赤いりんご" read as "赤いりんこ"); "" when it reads the letters typed."""
+    if not prompt or not drops_marks(parse_prompt(prompt).text):
+        return ""
+    read = " ".join(split_words(parse_prompt(prompt).text))
+    return f"read as “{read if len(read) <= 80 else read[:80] + ' …'}”: the tokenizer drops accents and marks"
 
 
 def unseen_note(unseen: Sequence[str]) -> str:
