@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from denoiser.image_io import read_settings
-from tests.app_browser import CHROMIUM, browser_page, screenshots, type_number
+from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots, type_number
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 
@@ -317,3 +317,28 @@ def test_browser_a_new_run_closes_the_messages_of_earlier_requests(server):
         page.locator("#generate").click()
         toasts.filter(has_text="steps must be a whole number").first.wait_for(timeout=30_000)  # its own message stays
         assert toasts.count() == 1, toasts.all_inner_texts()
+
+
+def test_browser_a_png_dropped_on_the_sample_tab_fills_the_form(server, tmp_path):
+    """Issue 60 item 2: a PNG this app wrote, dropped on the Sample tab, fills the form with what made it (A1111's PNG
+    Info); a picture from elsewhere is said to be one."""
+    from PIL import Image
+
+    from denoiser.image_io import save_with_settings
+
+    made = {"model": "tiny-classes", "seed": 4242, "scheduler": "ddim", "steps": 7, "num_images": 2, "class": "1",
+            "guidance_scale": 2.0, "pag_scale": 0.0, "guide_scale": 1.0, "index": 0, "count": 2}
+    png = save_with_settings(Image.new("RGB", (16, 16), (200, 30, 30)), tmp_path, made)
+    plain = tmp_path / "holiday.png"
+    Image.new("RGB", (16, 16), (30, 200, 30)).save(plain)
+    with browser_page(server) as page:
+        page.locator("#settings-png input[type=file]").set_input_files(str(png))
+        page.locator("#status").get_by_text(f"settings of {png.name} restored: press Generate").wait_for(timeout=30_000)
+        page.wait_for_function("() => document.querySelector('#seed input[type=number]').value === '4242'", timeout=10_000)
+        assert page.locator("#steps input[type=number]").input_value() == "7"
+        page.screenshot(path=str(screenshots(tmp_path) / "app-sample-settings-png.png"), full_page=True)
+        page.locator("#settings-png").get_by_role("button", name="Clear").first.click()
+        page.locator("#settings-png input[type=file]").set_input_files(str(plain))
+        page.locator("#status").get_by_text("holiday.png carries no settings of this app: it is a picture").wait_for(
+            timeout=30_000)
+        no_errors(page)

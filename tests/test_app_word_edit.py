@@ -268,3 +268,31 @@ def test_browser_a_weighted_word_and_a_malformed_weight(server, tmp_path):
         page.locator(".toast-close").first.click()
         page.locator(".toast-body").first.wait_for(state="hidden", timeout=10_000)
         no_errors(page)
+
+
+def test_a_png_this_app_made_gives_its_settings_back_on_either_tab(handlers, tmp_path):
+    """Issue 60 item 2 (A1111's PNG Info): a result PNG dropped on the Sample tab fills the form with what made it, a
+    word edit's panel included; uploaded on the Edit tab before any run, "use these settings" reads it (it answered
+    "run first"); a PNG from elsewhere is a picture, said in words."""
+    from PIL import Image
+
+    h, w = handlers
+    first = _generate(h, "(red:1.5) apple", seed=7, num_images=2)
+    made = first[1][1]  # the second result's PNG
+    out = w.settings_of_file(made)
+    values = dict(zip(SETTINGS_FORM, out[: len(SETTINGS_FORM)]))
+    assert values["seed"]["value"] == 7 and values["prompt"]["value"] == "(red:1.5) apple"
+    assert values["model"]["value"] == "words" and out[-1].startswith("settings of `") and "restored" in out[-1]
+    plain = tmp_path / "holiday.png"
+    Image.new("RGB", (20, 20), (10, 200, 30)).save(plain)
+    said = w.settings_of_file(str(plain))
+    assert said[-1] == "`holiday.png` carries no settings of this app: it is a picture (the Edit tab denoises and edits it)"
+    assert all(isinstance(o, type(gr.skip())) for o in said[:-1])
+    e = EditHandlers(h)
+    restored = e.restore_form([], 0, {"source": made, "copy": made})
+    assert restored[-2].startswith("settings of `") and "restored: press Run" in restored[-2]
+    assert restored[-1] == "(red:1.5) apple"  # the prompt it filled
+    nothing = e.restore_form([], 0, {"source": str(plain), "copy": str(plain)})
+    assert nothing[-2] == "run first, or upload a PNG this app made: the settings are read from a result"
+    text = e.load_photo(made, None, "words")[1]
+    assert "This PNG was made by this app" in text and "made by" not in e.load_photo(str(plain), None, "words")[1]

@@ -192,6 +192,8 @@ class EditHandlers:
             return None, text, path, None
         if model:
             text += self._over_budget(model, *image.info["source_size"])
+        if read_settings(path):  # a result of this app, dropped back in
+            text += " **This PNG was made by this app: “use these settings” fills the form with what made it.**"
         value = {"background": image, "layers": [], "composite": image}
         return gr.update(value=value, brush=mask_brush(image.size)), text, path, keep_upload(path)
 
@@ -276,8 +278,11 @@ class EditHandlers:
             return gr.skip(), None
         return self.prompt_cfg(model, class_name, prompt), None
 
-    def restore_form(self, gallery, selected) -> tuple:
-        """use_settings, and the prompt it filled (prompt_changed then keeps the result's guidance)."""
+    def restore_form(self, gallery, selected, upload=None) -> tuple:
+        """use_settings, and the prompt it filled (prompt_changed then keeps the result's guidance). Before any run, the
+        uploaded picture's settings where it is a PNG this app wrote (a result dropped back in: A1111's "PNG Info")."""
+        if not gallery and isinstance(upload, dict) and read_settings(upload.get("copy", "")):
+            gallery = [(upload["copy"], "your upload")]
         *form, status = self.use_settings(gallery, selected)
         prompt = form[EDIT_FORM.index("prompt")]
         return (*form, status, prompt["value"] if isinstance(prompt, dict) and "value" in prompt else gr.skip())
@@ -288,7 +293,7 @@ class EditHandlers:
         skip = (gr.skip(),) * len(EDIT_FORM)
         items = list(gallery or [])
         if not items:
-            return (*skip, "run first: the settings are read from a result")
+            return (*skip, "run first, or upload a PNG this app made: the settings are read from a result")
         chosen = items[min(int(selected or 0), len(items) - 1)]
         paths = [Path(str(i[0] if isinstance(i, (list, tuple)) else i)) for i in [chosen, *reversed(items)]]
         found = [(p, s) for p in paths if (s := read_settings(p))]
@@ -412,8 +417,8 @@ def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
         concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit",
         js=ran_js("edit-run"))  # Stop, then Run at once: layout's retry_js presses it again until it has gone out
     c.edit_result.select(h.select_result, None, c.edit_selected, api_name=False)
-    c.edit_use.click(e.restore_form, [c.edit_result, c.edit_selected], [*form, c.edit_status, c.edit_prompt_restored],
-                     api_name=False)
+    c.edit_use.click(e.restore_form, [c.edit_result, c.edit_selected, c.upload],
+                     [*form, c.edit_status, c.edit_prompt_restored], api_name=False)
     # each operation shows its own amount: the noise σ for denoise, the strength for edit
     c.operation.change(lambda op: (gr.update(visible=op.startswith("denoise")), gr.update(visible=op == "edit")),
                        c.operation, [c.sigma, c.strength], api_name=False, queue=False, show_progress="hidden")

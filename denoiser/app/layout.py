@@ -108,6 +108,9 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                                      columns=4, elem_id="gallery", buttons=["download", "download_all"], height="auto",
                                      object_fit="contain", type="filepath", interactive=False)
                 use_settings = gr.Button("use these settings (the selected result's)", size="sm", elem_id="use-settings")
+                # A1111's "PNG Info": a PNG this app wrote, dropped here, fills the form with what made it
+                settings_png = gr.File(label="or drop a PNG this app made: its settings fill the form", file_types=[".png"],
+                                       type="filepath", elem_id="settings-png", height=90)
                 word_edit_box(c)  # a text model's result: change its words, keep the picture (denoiser.app.word_edit)
                 # this browser's last results (denoiser.app.kept): shown once there are any, after a reload too
                 earlier = gr.Gallery(label=f"earlier results (the last {KEEP}, kept in this browser)", format="png",
@@ -292,6 +295,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # "use these settings" fills the form, and from a word edit's result the word edit's panel
     restored = [*form, c.edit_words, c.edit_type, c.cross_replace, c.self_replace, c.word_filled_from, c.status]
     c.use_settings.click(w.use_settings, [c.gallery, c.selected], restored, api_name=False)
+    c.settings_png.upload(w.settings_of_file, c.settings_png, restored, api_name=False, queue=False)
     if c.sample_examples is not None:  # a "try these" row fills the form, then generates as Generate does
         filled = c.sample_examples.load_input_event
         # the row's table is below: the status line and the preview come into view; older messages close

@@ -176,6 +176,18 @@ class WordEdit:
         return (*form, *panel, s.get("prompt", ""), status)
 
 
+    def settings_of_file(self, path) -> tuple:
+        """A PNG a person dropped on the Sample tab: the settings it carries into the form (as use_settings), or words
+        saying it carries none (a picture from elsewhere: the Edit tab denoises and edits pictures)."""
+        if not path:
+            return (*(gr.skip(),) * (len(SETTINGS_FORM) + len(EDIT_SETTINGS) + 1), gr.skip())
+        if not read_settings(path):
+            name = Path(str(path)).name
+            return (*(gr.skip(),) * (len(SETTINGS_FORM) + len(EDIT_SETTINGS) + 1),
+                    f"`{name}` carries no settings of this app: it is a picture (the Edit tab denoises and edits it)")
+        return self.use_settings([(str(path), "")], 0)
+
+
 def word_edit_box(c: SimpleNamespace) -> None:
     """The panel's components (under the results, shown for a text model's), onto `c` (layout.keep)."""
     word_filled_from = gr.State(None)  # the result prompt the edited-prompt box was last filled with
