@@ -91,6 +91,22 @@ def test_switch_off_before_a_generation_hints_as_compute_statistics_does(weights
     assert stats[-1][-1] == off[-1][-1] and off[-1][-1].startswith("generate images first")
 
 
+def test_switch_off_is_a_job_with_its_own_status_line(weights):
+    """Issue 60 item 1: "Switch off and regenerate" had no status line of its own and no Stop (its progress showed far
+    below the button). It now says how far it is and what it did on its own line, and refuses in words."""
+    h = Handlers(Engine(weights))
+    gen = h.engine.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=1)
+    layer = h.engine.records(gen, 0)[0].name
+    updates = _run(h.switch_off(gen, [layer], "all", progress=lambda *a, **k: None))
+    lines = [u[-1] for u in updates if isinstance(u[-1], str)]
+    assert any(line.startswith("switching off: step") for line in lines), lines
+    assert lines[-1] == f"done: {layer} switched off, 3 steps" and "switched to identity attention" in updates[-1][1]
+    refused = h.switch_off(gen, [], "all", progress=lambda *a, **k: None)
+    assert next(refused)[-1].startswith("**not started**: choose at least one attention layer to switch off")
+    stopped = Handlers._stopped_text("switching off: step 2 / 3 · about 1 s left")
+    assert stopped.startswith("**stopped at step 2 / 3**")
+
+
 def test_a_class_models_done_line_names_the_class_it_drew(weights, tmp_path, monkeypatch):
     """Issue 51 item 14: a class model's status line said "done: 2 image(s), 2 steps" without the class it drew."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
@@ -160,3 +176,20 @@ def test_a_view_read_with_the_generation_befores_step_waits_for_the_new_one(weig
     assert h.refresh(gen, 3, 1, (1, 1), 0, 0) == (skip,) * 4  # an image of the generation before
     stages, text, heads = h.restage(gen, 0, 1, (1, 1), 0, 0)
     assert stages is not None and "step 1" in text
+
+
+def test_a_job_stopped_while_it_waits_in_the_queue_says_it_never_started(weights):
+    """Issue 60 item 1: a Generate waiting behind another job ("queue: 1/1") was dropped by Stop, and its status line
+    fell back to the old "done: ..." with no word of a cancel."""
+    from types import SimpleNamespace
+
+    h = Handlers(Engine(weights))
+    session = SimpleNamespace(session_hash="queued-session")
+    h.requester("status")(session)  # Generate pressed: noted at once, before the queue hands it out
+    line = h.stopped("done: 4 image(s), 50 steps", session, "status")
+    assert line.startswith("**cancelled before it started**: it was waiting for the job ahead of it")
+    assert h.stopped("done: 4 image(s), 50 steps", session, "status") == "done: 4 image(s), 50 steps"  # said once
+    h.requester("status")(session)
+    with h.running(session, "status"):  # it started: a Stop then says where it stopped, as before
+        pass
+    assert h.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")

@@ -342,3 +342,40 @@ def test_browser_a_png_dropped_on_the_sample_tab_fills_the_form(server, tmp_path
         page.locator("#status").get_by_text("holiday.png carries no settings of this app: it is a picture").wait_for(
             timeout=30_000)
         no_errors(page)
+
+
+def test_browser_switch_off_is_stoppable_and_a_queued_generate_cancelled_says_so(server, slow_steps):
+    """Issue 60 item 1: with "Switch off and regenerate" running, the Heads tab's Stop did nothing and its progress
+    showed far below the button; a Generate pressed meanwhile waited ("queue: 1/1"), Sample's Stop dropped it, and the
+    status line fell back to the old "done: ..." without a word. Now the switch has its own status line and Stop, and
+    a job stopped while queued says it was cancelled before it started."""
+    with browser_page(server, height=1000) as page:
+        _choose_model(page, "tiny-classes")
+        type_number(page, "steps", 30)
+        type_number(page, "num-images", 1)
+        page.locator("#budget").get_by_text("work:").wait_for(timeout=30_000)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+        page.get_by_role("tab", name="Heads").click()
+        page.locator("#stats-run").click()
+        page.locator("#stats-status").get_by_text("done:").wait_for(timeout=60_000)
+        page.locator("#off-layers input").click()
+        page.get_by_role("option", name="mid_attn").click()
+        page.keyboard.press("Escape")
+        page.locator("#off-run").click()
+        page.locator("#off-status").get_by_text("switching off: step").wait_for(timeout=30_000)  # beside its button
+        page.get_by_role("tab", name="Sample").click()
+        page.locator("#generate").click()  # waits in the queue behind the switch
+        page.wait_for_timeout(1500)
+        page.locator("#stop").click()
+        page.locator("#status").get_by_text("cancelled before it started").wait_for(timeout=30_000)
+        page.get_by_role("tab", name="Heads").click()
+        page.locator("#off-stop").click()
+        page.locator("#off-status").get_by_text("stopped at step").wait_for(timeout=30_000)
+        no_errors(page)
+
+
+def _choose_model(page, name: str) -> None:
+    page.locator("#model input").click()
+    page.get_by_role("option", name=name, exact=True).click()
+    page.wait_for_function(f"() => document.querySelector('#model input').value === '{name}'", timeout=10_000)

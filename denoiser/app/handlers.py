@@ -43,7 +43,7 @@ __all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_inf
 log = logging.getLogger("denoiser.app")
 STOP_SETTLE_S = 0.5  # after Stop, the status line is written this long after the cancel
 STOP_WAIT_S = 30  # ... or once the stopped job has ended, at most this long after Stop (controls.retry_js waits for it)
-RUNNING = ("denoising", "averaging", "measuring", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
+RUNNING = ("denoising", "averaging", "measuring", "switching off", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 # after Stop, what the jobs without a preview leave shown (Attention's "average the maps", Heads' statistics)
 STOPPED_SHOWS = {"averaging": "nothing was averaged; the maps shown are of the step chosen",
                  "denoise (tiles)": "the preview shows the tiles denoised so far, not a result; the results shown are "
@@ -71,12 +71,24 @@ class Handlers(FormHandlers, ViewHandlers):
         self.engine = engine
         self._finished: dict[tuple[str, str], float] = {}  # (session, status line) -> when its latest job ended
         self._running: set[tuple[str, str]] = set()  # (session, status line) of the jobs running now
+        self._requested: set[tuple[str, str]] = set()  # (session, status line) of jobs asked for, not started yet
         self._lock = threading.Lock()
+
+    def requester(self, line: str):
+        """A job button's unqueued listener: this session asked for the job of status line `line` (it may wait in the
+        queue behind another job; a Stop before it starts says it was cancelled before it started: stopped)."""
+
+        def requested(request: gr.Request) -> None:
+            if getattr(request, "session_hash", None):
+                self._requested.add((request.session_hash, line))
+
+        return requested
 
     @contextlib.contextmanager
     def running(self, request: gr.Request | None, line: str):
         """A job of this session on the status line `line` runs inside (until its worker has stopped: stream)."""
         key = (getattr(request, "session_hash", None) or "", line)
+        self._requested.discard(key)
         self._running.add(key)
         try:
             yield
@@ -88,6 +100,7 @@ class Handlers(FormHandlers, ViewHandlers):
         start): a Stop pressed before it no longer writes that line (stopped)."""
         if request is None or not getattr(request, "session_hash", None):
             return
+        self._requested.discard((request.session_hash, line))
         with self._lock:
             self._finished.pop((request.session_hash, line), None)
             self._finished[(request.session_hash, line)] = time.monotonic()
@@ -170,6 +183,10 @@ class Handlers(FormHandlers, ViewHandlers):
             time.sleep(0.05)  # the stopped job ends after its UNet call: the page presses a waiting Generate after this
         if session and self._finished.get((session, line), 0.0) > pressed:
             return gr.skip()
+        if (session or "", line) in self._requested:  # asked for, still waiting in the queue: Stop dropped it
+            self._requested.discard((session or "", line))
+            return ("**cancelled before it started**: it was waiting for the job ahead of it (one job runs at a time); "
+                    "the results shown are from the run before, if any")
         return Handlers._stopped_text(status)
 
     @staticmethod

@@ -232,7 +232,8 @@ def _heads_tab(c: SimpleNamespace) -> None:
                 off_layers = gr.Dropdown([], multiselect=True, label="layers to switch off", elem_id="off-layers",
                                          info="listed once the statistics are computed")
                 off_heads = gr.Textbox("all", label="heads to switch off (all, or e.g. 0,2)", elem_id="off-heads")
-                off_run = gr.Button("Switch off and regenerate (same seed)", elem_id="off-run")
+                off_run, off_stop, off_status = run_controls("Switch off and regenerate (same seed)", "off-run",
+                                                             "off-stop", "off-status")
             with gr.Column(scale=2):
                 gr.Markdown("**Per layer** (heads averaged), over the noise level t (noisy on the left)")
                 stats_chart = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stats-chart")
@@ -248,9 +249,13 @@ def _heads_tab(c: SimpleNamespace) -> None:
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
     # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js)
-    for button in (c.run, c.word_edit_run, c.edit_run, c.mean_run, c.stats_run):
+    for button in (c.run, c.word_edit_run, c.edit_run, c.mean_run, c.stats_run, c.off_run):
         button.click(None, js=retry_js(button.elem_id), api_name=False, queue=False)
-    for button in (c.off_run, c.show_btn):  # a new request: older messages close
+    # each job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started
+    for button, line in ((c.run, c.status), (c.word_edit_run, c.status), (c.edit_run, c.edit_status),
+                         (c.mean_run, c.mean_status), (c.stats_run, c.stats_status), (c.off_run, c.off_status)):
+        button.click(h.requester(line.elem_id), None, None, api_name=False, queue=False)
+    for button in (c.show_btn,):  # a new request: older messages close
         button.click(None, js=f"() => {{ {CLEAR_TOASTS} }}", api_name=False, queue=False)
     # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
     # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
@@ -270,8 +275,9 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     heads = c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers,
                               c.stats_status], api_name="heads", concurrency_limit=1, concurrency_id="sampling",
                               show_progress_on=[c.stats_status], js=ran_js("stats-run"))  # right after Stop: retry_js
-    c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text],
-                    concurrency_limit=1, concurrency_id="sampling", api_name="switch_off")
+    switching = c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text,
+                                c.off_status], concurrency_limit=1, concurrency_id="sampling", api_name="switch_off",
+                                show_progress_on=[c.off_status], js=ran_js("off-run"))  # right after Stop: retry_js
     work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.scheduler, c.spacing, c.interval,
             c.pag_layers, c.prompt, c.negative_prompt]  # what Generate reads, in budget_note's order
     on_any_change(work, h.budget_note, work, c.budget, load=app, show_progress="hidden")  # the note of the latest form
@@ -320,7 +326,8 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
                                  api_name="mean_maps", concurrency_limit=1, concurrency_id="sampling",
                                  show_progress_on=[c.mean_status], js=ran_js("mean-run"))  # right after Stop: retry_js
     for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [editing]),
-                               (c.mean_stop, c.mean_status, [averaging]), (c.stats_stop, c.stats_status, [heads])):
+                               (c.mean_stop, c.mean_status, [averaging]), (c.stats_stop, c.stats_status, [heads]),
+                               (c.off_stop, c.off_status, [switching])):
         button.click(None, None, None, cancels=jobs, js=STOPPED_JS, api_name=False).then(
             h.stopper(line.elem_id), line, line, api_name=False, show_progress="hidden").then(None, js=STOP_DONE_JS)
     pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]

@@ -245,6 +245,7 @@ class ViewHandlers:
         so a job like Generate. Outputs: chart, table, the layers to switch off, status line."""
         if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
             gr.Warning(NO_GENERATION)
+            self.finished(request, "stats-status")
             yield gr.skip(), gr.skip(), gr.skip(), NO_GENERATION
             return
 
@@ -258,26 +259,37 @@ class ViewHandlers:
         yield (chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows))),
                f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} noise levels{unprompted}")
 
-    def switch_off(self, gen, layers, heads, progress=gr.Progress()):
-        """The Heads tab's switch: the same seed regenerated with the chosen layers or heads at identity attention.
-        Before any generation, the hint Compute statistics gives (a warning and its line, not an error)."""
+    def switch_off(self, gen, layers, heads, progress=gr.Progress(), request: gr.Request = None):
+        """The Heads tab's switch: the same seed regenerated with the chosen layers or heads at identity attention, a
+        job like Generate (its own status line and Stop). Before any generation, the hint Compute statistics gives (a
+        warning and its line, not an error). Outputs: the picture, its text, the status line."""
         if gen is None:
             gr.Warning(NO_GENERATION)
-            yield gr.skip(), NO_GENERATION
+            self.finished(request, "off-status")
+            yield gr.skip(), gr.skip(), NO_GENERATION
             return
         try:
             head_ids = _parse_heads(heads)
+            if not layers:
+                raise ValueError("choose at least one attention layer to switch off (listed once the statistics are "
+                                 "computed)")
         except Exception as err:  # noqa: BLE001
-            raise user_error(err) from None
+            error = user_error(err)
+            self.finished(request, "off-status")
+            yield gr.skip(), gr.skip(), not_started(error.message)
+            raise error from None
 
         def job(on_step):
-            return self.engine.ablate(gen, list(layers or []), head_ids, on_step=on_step)
+            return self.engine.ablate(gen, list(layers), head_ids, on_step=on_step)
 
-        off = yield from relay(stream(job, progress, "switched off"), 2, lambda preview: enlarge(preview))
+        with self.running(request, "off-status"):
+            off = yield from relay(stream(job, progress, "switching off"), 3, lambda preview: enlarge(preview), status=True)
         which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
+        self.finished(request, "off-status")
         yield (enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
                f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity attention "
-               f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}")
+               f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}",
+               f"done: {which} switched off, {off.num_steps} steps")
 
     @friendly
     @of_this_generation(3)
