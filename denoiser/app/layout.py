@@ -52,7 +52,9 @@ CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-previe
        "  #gallery, #use-settings, #word-edit, #earlier, #use-earlier { order: 2; }\n"
        "  #try-these :is(th, td):is(:nth-child(2), :nth-child(4), :nth-child(5), :nth-child(8), :nth-child(9))\n"
        "  { display: none; } #try-these table { width: 100%; table-layout: fixed; }\n"
-       "  #try-these :is(th, td) { padding: 2px; font-size: 13px; white-space: normal; overflow-wrap: anywhere; } }")
+       "  #try-these :is(th, td) { padding: 2px; font-size: 13px; white-space: normal; overflow-wrap: anywhere; }\n"
+       # a chart shrunk to a phone's width: its label above it, not over its first row of names
+       "  :is(#word-maps, #word-weights) [data-testid=block-label] { position: static; } }")
 # a "try these" row (or the word edit under the results) was clicked far below: bring Generate's status line and live
 # preview into view
 SHOW_RUN = ("() => { document.querySelector('#generate').scrollIntoView({block: 'start', behavior: 'instant'}); "
