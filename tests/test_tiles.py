@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from diffusers import DDPMScheduler
@@ -194,3 +195,30 @@ def test_denoise_photo_reports_its_sigma_and_fills_the_buffer_it_is_given(tiny_u
     assert noisy.sigma == photo_sigma(noisy.noisy) > plain.sigma  # estimated on what it denoised
     with pytest.raises(ValueError, match="out must be a"):
         denoise_photo(tiny_unet, sched, photo, out=torch.zeros(3, 8, 8, dtype=torch.uint8))
+
+
+def test_a_cameras_grain_is_read_at_its_own_sigma():
+    """Issue 60 item 10: grain of about 10/255 on a phone JPEG was read as 3.0-4.4/255 (the finest wavelet band holds
+    little of a camera's correlated noise), so the denoise left most of it. photo_sigma reads the 2x2 means' band too."""
+    import io
+
+    from denoiser.restore import estimate_sigma
+    from denoiser.tiles import photo_sigma
+
+    g = torch.Generator().manual_seed(0)
+    smooth = torch.nn.functional.interpolate(torch.rand(1, 3, 9, 9, generator=g), size=(384, 384), mode="bicubic")[0]
+    kernel = torch.exp(-torch.arange(-3, 4.0) ** 2 / (2 * 0.8**2))
+    kernel = (kernel[:, None] * kernel[None, :] / kernel.sum() ** 2)[None, None]  # (1, 1, 7, 7), sums to 1
+    for kind in ("white", "grain"):
+        noise = torch.randn(3, 1, 384, 384, generator=g)
+        if kind == "grain":  # correlated as a demosaiced sensor's: blurred, rescaled to std 1
+            noise = torch.nn.functional.conv2d(torch.nn.functional.pad(noise, (3, 3, 3, 3), mode="reflect"), kernel)
+            noise = noise / noise.std()
+        noisy = ((smooth * 0.8 + 0.1 + 10 / 255 * noise[:, 0]).clamp(0, 1) * 255).round().byte()  # (3, H, W)
+        buf = io.BytesIO()
+        Image.fromarray(noisy.permute(1, 2, 0).numpy()).save(buf, "JPEG", quality=90)
+        photo = torch.from_numpy(np.asarray(Image.open(buf).convert("RGB")).copy()).permute(2, 0, 1)
+        present = float((photo.double() - (smooth * 0.8 + 0.1).double() * 255).std())
+        assert photo_sigma(photo) * 255 == pytest.approx(present, rel=0.15), kind
+        if kind == "grain":  # the finest band alone, what was read before: a third of it
+            assert float(estimate_sigma(photo[None].float() / 127.5 - 1)) * 255 < 0.5 * present
