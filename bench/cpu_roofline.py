@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from profiling import cpu_name
 from torch.utils.flop_counter import FlopCounterMode
+from train_throughput import gemm_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from denoiser.fast.precision import choose_precision, forced  # noqa: E402
@@ -36,18 +37,6 @@ from denoiser.sample import sampling_context  # noqa: E402
 from denoiser.text import encode_prompts  # noqa: E402
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
-
-
-def gemm_rate(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a square matmul in `dtype` (the practical peak of this CPU in that precision)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times)
 
 
 def model_inputs(model, batch: int) -> dict:
