@@ -111,6 +111,7 @@ def test_a_run_writes_the_settings_that_ran_and_they_come_back(weights, tmp_path
     assert settings | {"class": "1", "guidance_scale": 2.0, "add_noise": 0.1, "sigma": 0.1, "chain": False,
                        "operation": "denoise", "size": [40, 24]} == settings
     assert Image.open(shown[-1][0]).size == (40, 24) and "done: denoise with tiny-classes, at 40x24" in status
+    assert status.endswith(settings["precision"]) and settings["precision"] in ("float32", "bfloat16")  # what ran
     values = [o.get("value") if isinstance(o, dict) else None for o in e.use_settings(shown, 2)[:-1]]  # EDIT_FORM's order
     assert values[:5] == ["tiny-classes", "1", 2.0, "denoise", 0.1] and values[6:9] == [0.1, 5, 3]
     assert values[5] is None  # no strength: a denoise has none, and the form keeps its own

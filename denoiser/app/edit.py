@@ -161,7 +161,7 @@ class EditHandlers:
         what = f"{gen.num_steps} step(s)" if gen is not None else f"at {w}x{h}{scaled}"
         self.h.finished(request, "edit-status")
         yield (shown, restored_text(operation, done, float(sigma or 0)), *views, gr.update(visible=False), upload,
-               f"done: {operation} with {model}, {what}")
+               f"done: {operation} with {model}, {what}, {done.settings['precision']}")  # what ran
 
     def _whole_photo(self, model, source: str | None, editor) -> Image.Image:
         """The photo for the tiled denoise: decoded once, and no larger than the photo budget lets it run (a JPEG over
