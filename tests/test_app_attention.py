@@ -181,15 +181,20 @@ def test_a_view_read_with_the_generation_befores_step_waits_for_the_new_one(weig
 def test_a_job_stopped_while_it_waits_in_the_queue_says_it_never_started(weights):
     """Issue 60 item 1: a Generate waiting behind another job ("queue: 1/1") was dropped by Stop, and its status line
     fell back to the old "done: ..." with no word of a cancel."""
+    import time
     from types import SimpleNamespace
 
     h = Handlers(Engine(weights))
     session = SimpleNamespace(session_hash="queued-session")
     h.requester("status")(session)  # Generate pressed: noted at once, before the queue hands it out
+    time.sleep(0.6)  # it waits in the queue (QUEUED_S): a Generate pressed right after Stop is no cancelled one
     line = h.stopped("done: 4 image(s), 50 steps", session, "status")
     assert line.startswith("**cancelled before it started**: it was waiting for the job ahead of it")
     assert h.stopped("done: 4 image(s), 50 steps", session, "status") == "done: 4 image(s), 50 steps"  # said once
     h.requester("status")(session)
     with h.running(session, "status"):  # it started: a Stop then says where it stopped, as before
-        pass
+        h.requester("status")(session)  # a click repeated while it runs (retry_js) asks for nothing new
+    time.sleep(0.6)
+    assert h.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")
+    h.requester("status")(session)  # pressed right after Stop: asked for after it, not cancelled by it
     assert h.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")

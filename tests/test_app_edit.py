@@ -193,7 +193,10 @@ def _stop_during(page, running: str) -> None:
     # the live preview's first picture may come a moment after the first progress line (a busy CI machine)
     page.locator("#edit-preview img").wait_for(timeout=60_000)
     page.locator("#edit-stop").click()
-    page.locator("#edit-status").get_by_text(re.compile(r"stopped at (step|tile) \d+ / \d+")).wait_for(timeout=20_000)
+    try:
+        page.locator("#edit-status").get_by_text(re.compile(r"stopped at (step|tile) \d+ / \d+")).wait_for(timeout=20_000)
+    except Exception:
+        raise AssertionError(f"after Stop the status line says: {page.locator('#edit-status').inner_text()!r}") from None
 
 
 @browser

@@ -126,9 +126,10 @@ class EditHandlers:
             label = classes.index(class_name) if class_name in classes else None
             source = photo_file(photo, upload)
             steps = check_int("steps", steps, *LIMITS["steps"])  # the page's box: empty or 2.5 refused, not run as 1 or 2
-            request = self.engine.restore_request(operation, label, guidance_scale, pag_scale, sigma,
+            # `restore`, not `request`: that name is the page's gr.Request, which says whose job this is (running)
+            restore = self.engine.restore_request(operation, label, guidance_scale, pag_scale, sigma,
                                                   strength if operation == "edit" else None, add_noise, steps, seed, prompt)
-            if request.tiled:
+            if restore.tiled:
                 image, mask = self._whole_photo(model, source, editor), None
             else:
                 image, mask = edit_input(editor, source, photo, shown, operation)
@@ -139,15 +140,15 @@ class EditHandlers:
             raise error from None  # ... and the toast (an API caller gets the error)
 
         def job(on_step):
-            return self.engine.restore(model, request, image, mask, on_step=on_step)
+            return self.engine.restore(model, restore, image, mask, on_step=on_step)
 
-        preview, what = (self._tiles_preview, "denoise (tiles)") if request.tiled else (self._preview, operation)
+        preview, what = (self._tiles_preview, "denoise (tiles)") if restore.tiled else (self._preview, operation)
         with self.h.running(request, "edit-status"):  # Stop's line waits for this job to end (Handlers.stopped)
-            unit = "tile" if request.tiled else "step"  # a photo's progress counts its tiles, and says so
+            unit = "tile" if restore.tiled else "step"  # a photo's progress counts its tiles, and says so
             gen, done = yield from _preview_last(relay(stream(job, progress, what, unit), N_VIEWS + 4, preview, status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         # "your image" in the result's framing: the photo (or its scaled copy), or the centre square the model sees
-        yours = done.input if request.tiled else centre_square(image)
+        yours = done.input if restore.tiled else centre_square(image)
         shown = [(_write_png(yours, folder, "your-image.png"), "your image")]
         if done.noisy is not None:
             shown.append((_write_png(done.noisy, folder, "noisy.png"), f"noisy (σ {done.settings['add_noise']:g} added)"))

@@ -42,6 +42,8 @@ __all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_inf
 
 log = logging.getLogger("denoiser.app")
 STOP_SETTLE_S = 0.5  # after Stop, the status line is written this long after the cancel
+QUEUED_S = 0.5  # a job asked for at least this long before Stop and not started since was waiting in the queue (a
+# Generate pressed right after Stop, retry_js's, is asked for after it: not a cancelled one)
 STOP_WAIT_S = 30  # ... or once the stopped job has ended, at most this long after Stop (controls.retry_js waits for it)
 RUNNING = ("denoising", "averaging", "measuring", "switching off", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 # after Stop, what the jobs without a preview leave shown (Attention's "average the maps", Heads' statistics)
@@ -71,7 +73,7 @@ class Handlers(FormHandlers, ViewHandlers):
         self.engine = engine
         self._finished: dict[tuple[str, str], float] = {}  # (session, status line) -> when its latest job ended
         self._running: set[tuple[str, str]] = set()  # (session, status line) of the jobs running now
-        self._requested: set[tuple[str, str]] = set()  # (session, status line) of jobs asked for, not started yet
+        self._requested: dict[tuple[str, str], float] = {}  # (session, status line) -> when a job not started was asked
         self._lock = threading.Lock()
 
     def requester(self, line: str):
@@ -79,8 +81,11 @@ class Handlers(FormHandlers, ViewHandlers):
         queue behind another job; a Stop before it starts says it was cancelled before it started: stopped)."""
 
         def requested(request: gr.Request) -> None:
-            if getattr(request, "session_hash", None):
-                self._requested.add((request.session_hash, line))
+            key = (getattr(request, "session_hash", None) or "", line)
+            # a click repeated while its job runs (retry_js presses again after a Stop; the page skips the job's
+            # second start) asks for nothing new
+            if key[0] and key not in self._running:
+                self._requested[key] = time.monotonic()
 
         return requested
 
@@ -88,7 +93,7 @@ class Handlers(FormHandlers, ViewHandlers):
     def running(self, request: gr.Request | None, line: str):
         """A job of this session on the status line `line` runs inside (until its worker has stopped: stream)."""
         key = (getattr(request, "session_hash", None) or "", line)
-        self._requested.discard(key)
+        self._requested.pop(key, None)
         self._running.add(key)
         try:
             yield
@@ -100,7 +105,7 @@ class Handlers(FormHandlers, ViewHandlers):
         start): a Stop pressed before it no longer writes that line (stopped)."""
         if request is None or not getattr(request, "session_hash", None):
             return
-        self._requested.discard((request.session_hash, line))
+        self._requested.pop((request.session_hash, line), None)
         with self._lock:
             self._finished.pop((request.session_hash, line), None)
             self._finished[(request.session_hash, line)] = time.monotonic()
@@ -183,8 +188,9 @@ class Handlers(FormHandlers, ViewHandlers):
             time.sleep(0.05)  # the stopped job ends after its UNet call: the page presses a waiting Generate after this
         if session and self._finished.get((session, line), 0.0) > pressed:
             return gr.skip()
-        if (session or "", line) in self._requested:  # asked for, still waiting in the queue: Stop dropped it
-            self._requested.discard((session or "", line))
+        asked = self._requested.get((session or "", line))
+        if asked is not None and asked < pressed - QUEUED_S:  # asked for before Stop, still waiting: Stop dropped it
+            self._requested.pop((session or "", line), None)
             return ("**cancelled before it started**: it was waiting for the job ahead of it (one job runs at a time); "
                     "the results shown are from the run before, if any")
         return Handlers._stopped_text(status)

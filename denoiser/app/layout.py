@@ -49,7 +49,7 @@ CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-previe
        "  #sample-main > *, #sample-settings > * { flex: 1 1 100%; min-width: 0; }\n"
        "  #preview, #sample-settings > * { order: 1; }\n"
        "  #sample-settings > :has(#prompt), #sample-settings > #prompt-examples, #sample-settings > #class-box { order: 0; }\n"
-       "  #gallery, #use-settings, #word-edit, #earlier, #use-earlier { order: 2; }\n"
+       "  #gallery, #use-settings, #settings-png, #word-edit, #earlier, #use-earlier { order: 2; }\n"
        "  #try-these :is(th, td):is(:nth-child(2), :nth-child(4), :nth-child(5), :nth-child(8), :nth-child(9))\n"
        "  { display: none; } #try-these table { width: 100%; table-layout: fixed; }\n"
        "  #try-these :is(th, td) { padding: 2px; font-size: 13px; white-space: normal; overflow-wrap: anywhere; }\n"
