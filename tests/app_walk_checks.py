@@ -19,6 +19,7 @@ ALLOWED = [
     r"generate images first",  # a view of a generation before there is one
     r"click a pixel of the image first",  # "average the maps over every step" before a pixel is chosen
     r"choose at least one attention layer to switch off",
+    r"not a layer of .+, the model of the images shown",  # a layer listed by an earlier generation's statistics
     r"an edit has no seed to repeat",  # switching layers off after an edit
     r"no safetensors weights|is not valid JSON|does not load",  # the two broken model folders the fixture serves
     r"upload a photo first|upload an image first",

@@ -103,6 +103,12 @@ def test_switch_off_is_a_job_with_its_own_status_line(weights):
     assert lines[-1] == f"done: {layer} switched off, 3 steps" and "switched to identity attention" in updates[-1][1]
     refused = h.switch_off(gen, [], "all", progress=lambda *a, **k: None)
     assert next(refused)[-1].startswith("**not started**: choose at least one attention layer to switch off")
+    # a layer listed by another model's statistics (the walk, seed 11 step 134): said in words, on the status line
+    lines = []
+    with pytest.raises(Exception, match="not a layer of tiny-classes, the model of the images shown"):
+        for out in h.switch_off(gen, ["down.7.attn.3"], "all", progress=lambda *a, **k: None):
+            lines.append(out[-1])
+    assert lines[-1].startswith("**not done**: down.7.attn.3: not a layer of tiny-classes") and "Compute statistics" in lines[-1]
     stopped = Handlers._stopped_text("switching off: step 2 / 3 · about 1 s left")
     assert stopped.startswith("**stopped at step 2 / 3**")
 

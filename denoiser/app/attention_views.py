@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from denoiser.app.limits import check_int
-from denoiser.attention import MultiHeadSelfAttention, attention_layer_names
+from denoiser.attention import MultiHeadSelfAttention, attention_layer_names, attention_layers
 from denoiser.attention_blocks import identity_attention
 from denoiser.attention_capture import AttentionRecord, capture_attention
 from denoiser.attention_stats import LayerStats, attention_stats, stats_chart
@@ -225,6 +225,10 @@ class AttentionViews:
         if not layers:
             raise ValueError("choose at least one attention layer to switch off")
         unet = self.loaded(gen.model).unet
+        if stale := [name for name in layers if name not in attention_layers(unet)]:  # checked before any work
+            raise ValueError(f"{', '.join(stale)}: not a layer of {gen.model}, the model of the images shown (the list is "
+                             "of an earlier generation's statistics): press Compute statistics, then choose among its "
+                             "layers")
         with identity_attention(unet, layers, heads):
             return self.generate(gen.model, **gen.replay, on_step=on_step)
 
