@@ -4,7 +4,9 @@ pill over it; Stop leaves no "Error" flash; a clicked row brings the status line
 
 from __future__ import annotations
 
+import re
 import time
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -379,3 +381,44 @@ def _choose_model(page, name: str) -> None:
     page.locator("#model input").click()
     page.get_by_role("option", name=name, exact=True).click()
     page.wait_for_function(f"() => document.querySelector('#model input').value === '{name}'", timeout=10_000)
+
+
+def test_browser_before_the_first_step_the_status_is_this_jobs_not_an_old_estimate(server, slow_steps):
+    """Issue 60 item 9: before a job's first step the status line showed Gradio's estimate, the average time to the
+    first output of the button's earlier jobs ("processing | 0.3/1.6s" after a 3-step run, for a 20-step one). Now the
+    job's own line shows at once: "denoising: starting", no estimate of another job's."""
+    with browser_page(server) as page:
+        _choose_model(page, "tiny-classes")
+        type_number(page, "steps", 3)
+        type_number(page, "num-images", 1)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+        type_number(page, "steps", 20)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("denoising: starting").wait_for(timeout=30_000)  # slow_steps: a 0.4 s step
+        shown = page.locator("#status").inner_text()
+        assert "processing" not in shown and not re.search(r"\d/\d+(\.\d+)?s", shown), shown
+        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+
+
+def test_browser_download_all_is_one_zip_named_after_the_run(server, tmp_path):
+    """Issue 60 item 9: Gradio's "Download All" names every zip gallery.zip. Now the results' own button downloads
+    them in one zip named after the run, each PNG inside under its own name."""
+    with browser_page(server) as page:
+        _choose_model(page, "tiny-classes")
+        type_number(page, "steps", 2)
+        type_number(page, "num-images", 3)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+        button = page.locator("#download-all")
+        button.wait_for(timeout=30_000)
+        with page.expect_download() as event:
+            button.click()
+        download = event.value
+        path = tmp_path / download.suggested_filename
+        download.save_as(path)
+    assert re.fullmatch(r"tiny-classes-seed0-[^/]+\.zip", path.name), path.name
+    with zipfile.ZipFile(path) as zf:
+        inside = sorted(zf.namelist())
+    stem = path.name.removesuffix(".zip")
+    assert inside == [f"{stem}-{i}of3.png" for i in (1, 2, 3)], inside

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
+from denoiser.model_dir import WEIGHTS_DIR
 from tests.app_browser import CHROMIUM, browser_page, screenshots
 
 SEEDS = [int(s) for s in os.environ.get("DENOISER_WALK_SEED", "41").split(",") if s.strip()]
@@ -22,6 +24,8 @@ MAX_STEPS = int(os.environ.get("DENOISER_WALK_STEPS", "40"))  # actions per seed
 MAX_SECONDS = float(os.environ.get("DENOISER_WALK_SECONDS", "90"))  # per seed: `make test` on 2 cores stays short
 # a long walk's report: after a failure, note it, reload the page and walk on (the test fails at the end, naming each)
 KEEP_GOING = os.environ.get("DENOISER_WALK_KEEP_GOING", "") not in ("", "0")
+# shipped model folders (weights/) the page offers besides the tiny ones: cifar10 is then the page's default model
+SHIPPED = [m.strip() for m in os.environ.get("DENOISER_WALK_MODELS", "").split(",") if m.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +48,8 @@ def weights(weights):
     save_pipeline(unet, DDPMScheduler(), weights / "words", text_encoder=HashTextEncoder(**TEXT).eval(),
                   tokenizer=_tokenizer())
     (weights / "words" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5}))
+    for name in SHIPPED:  # `make walk WALK_MODELS=cifar10,emoji`: the shipped models on the page too
+        shutil.copytree(WEIGHTS_DIR / name, weights / name)
     return weights
 
 

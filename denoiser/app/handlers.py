@@ -14,6 +14,8 @@ import re
 import tempfile
 import threading
 import time
+import zipfile
+from pathlib import Path
 
 import gradio as gr
 import torch
@@ -38,7 +40,7 @@ from denoiser.app.words import read_as_note, unread_note, unseen_note
 from denoiser.image_io import save_with_settings, to_pil
 
 __all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "HEAD_COLUMNS", "NO_CLASS", "MODELS_OWN",
-           "N_VIEWS", "NO_GENERATION", "PROMPTS", "SETTINGS_FORM", "FEW_STEPS", "result_files", "escape", "few_steps_note"]
+           "N_VIEWS", "NO_GENERATION", "PROMPTS", "SETTINGS_FORM", "FEW_STEPS", "result_files", "results_zip", "escape", "few_steps_note"]
 
 log = logging.getLogger("denoiser.app")
 STOP_SETTLE_S = 0.5  # after Stop, the status line is written this long after the cancel
@@ -64,6 +66,22 @@ def result_files(images: torch.Tensor, settings: dict) -> list[str]:
         path = save_with_settings(to_pil(images[i : i + 1], nrow=1, padding=0), folder, each)
         files.append(str(path))  # no caption over the picture: the file's name says it on download
     return files
+
+
+def results_zip(gallery) -> dict:
+    """The "download all" button's update: the gallery's results in one zip named after the run, the name its files
+    share without their '-2of8' ('cifar10-seed3-cat-ddim25-cfg3.zip'; Gradio's own button names every zip
+    gallery.zip). Hidden while the gallery is empty."""
+    paths = [Path(item[0] if isinstance(item, (list, tuple)) else item) for item in gallery or []]
+    if not paths:
+        return gr.update(value=None, visible=False)
+    stems = {re.sub(r"-\d+of\d+$", "", p.stem) for p in paths}
+    name = stems.pop() if len(stems) == 1 else os.path.commonprefix(sorted(stems)).strip("-_") or "results"
+    path = Path(tempfile.mkdtemp(prefix="zip-", dir=os.environ.get("GRADIO_TEMP_DIR"))) / f"{name}.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:  # PNGs are compressed already
+        for p in paths:
+            zf.write(p, p.name)
+    return gr.update(value=str(path), label=f"download all {len(paths)} ({path.name})", visible=True)
 
 
 class Handlers(FormHandlers, ViewHandlers):

@@ -26,7 +26,7 @@ from denoiser.app.controls import (
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import SCHEDULERS, Engine
 from denoiser.app.form import ADVANCED, SETTINGS_FORM
-from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info
+from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info, results_zip
 from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.app.limits import LIMITS
 from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
@@ -49,7 +49,7 @@ CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-previe
        "  #sample-main > *, #sample-settings > * { flex: 1 1 100%; min-width: 0; }\n"
        "  #preview, #sample-settings > * { order: 1; }\n"
        "  #sample-settings > :has(#prompt), #sample-settings > #prompt-examples, #sample-settings > #class-box { order: 0; }\n"
-       "  #gallery, #use-settings, #settings-png, #word-edit, #earlier, #use-earlier { order: 2; }\n"
+       "  #gallery, #download-all, #use-settings, #settings-png, #word-edit, #earlier, #use-earlier { order: 2; }\n"
        "  #try-these :is(th, td):is(:nth-child(2), :nth-child(4), :nth-child(5), :nth-child(8), :nth-child(9))\n"
        "  { display: none; } #try-these table { width: 100%; table-layout: fixed; }\n"
        "  #try-these :is(th, td) { padding: 2px; font-size: 13px; white-space: normal; overflow-wrap: anywhere; }\n"
@@ -107,8 +107,10 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                 preview = gr.Image(label="denoising: the predicted clean image (x₀) so far", format="png", type="pil", interactive=False,
                                    elem_id="preview", height=280)
                 gallery = gr.Gallery(label="results (lossless PNG, named after and carrying their settings)", format="png",
-                                     columns=4, elem_id="gallery", buttons=["download", "download_all"], height="auto",
+                                     columns=4, elem_id="gallery", buttons=["download", "fullscreen"], height="auto",
                                      object_fit="contain", type="filepath", interactive=False)
+                # every result in one zip named after the run (handlers.results_zip), shown once there are results
+                c.download_all = gr.DownloadButton("download all", size="sm", elem_id="download-all", visible=False)
                 use_settings = gr.Button("use these settings (the selected result's)", size="sm", elem_id="use-settings")
                 # A1111's "PNG Info": a PNG this app wrote, dropped here, fills the form with what made it
                 settings_png = gr.File(label="or drop a PNG this app made: its settings fill the form", file_types=[".png"],
@@ -316,6 +318,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     earlier = [c.earlier, c.use_earlier]
     for run in runs:
         run.success(h.keep_results, [c.gallery, c.kept], [c.kept, *earlier], api_name=False, queue=False)
+        run.success(results_zip, c.gallery, c.download_all, api_name=False, queue=False)
     app.load(h.kept_results, c.kept, earlier, api_name=False)
     c.earlier.select(h.select_result, None, c.earlier_selected, api_name=False)
     c.use_earlier.click(w.use_settings, [c.earlier, c.earlier_selected], restored, api_name=False)

@@ -89,6 +89,9 @@ def stream(job, progress, desc: str, unit: str = "step"):
     (Gradio's cancel, a closed tab), the worker stops at its next step and is joined first, so the
     queue slot frees only once the work has stopped."""
     worker = _Worker(job, progress, desc, unit)
+    # this job's own line at once: before its first step the page would show Gradio's estimate, the average time to
+    # the first output of earlier jobs of this button, whatever their size (issue 60)
+    progress(0, desc=f"{desc}: starting")
     worker.thread.start()
     try:
         while True:
