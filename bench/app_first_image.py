@@ -83,7 +83,7 @@ def main() -> None:
     args = p.parse_args()
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", DENOISER_WEIGHTS=args.weights)
-    server = subprocess.Popen([sys.executable, "-m", "denoiser.cli", "app", "--port", str(port)], cwd=ROOT, env=env,
+    server = subprocess.Popen([sys.executable, "-m", "denoiser.cli.main", "app", "--port", str(port)], cwd=ROOT, env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     try:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from denoiser.app.engine import Engine  # noqa: E402
 from denoiser.app.layout import LAUNCH, build_app  # noqa: E402
-from denoiser.model_dir import WEIGHTS_DIR  # noqa: E402
+from denoiser.folders.model_dir import WEIGHTS_DIR  # noqa: E402
 from tests.app_browser import BROWSER_ARGS, CHROMIUM, free_port, no_errors  # noqa: E402
 
 

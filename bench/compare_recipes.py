@@ -104,15 +104,15 @@ def cmd_train(args) -> None:
 
 
 def cmd_score(args) -> None:
-    from denoiser.config import DataConfig
+    from denoiser.train.config import DataConfig
     from denoiser.data import load_datasets
     from denoiser.diffusion import Diffusion
-    from denoiser.fid import InceptionFeatures, Statistics, fid_of_images
+    from denoiser.evaluate.fid import InceptionFeatures, Statistics, fid_of_images
     from denoiser.image_io import save_grid
-    from denoiser.model_dir import load_model
-    from denoiser.request import SPREAD, SampleRequest
-    from denoiser.sampling import resolve
-    from denoiser.sampling import run as run_plan
+    from denoiser.folders.model_dir import load_model
+    from denoiser.sampling.request import SPREAD, SampleRequest
+    from denoiser.sampling.plan import resolve
+    from denoiser.sampling.plan import run as run_plan
 
     extractor = InceptionFeatures()
     ref = Statistics.load(REFERENCE)

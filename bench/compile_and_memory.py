@@ -27,7 +27,7 @@ from profiling import cpu_name
 
 from denoiser import UNet
 from denoiser.fast import malloc
-from denoiser.model_dir import load_model
+from denoiser.folders.model_dir import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,7 @@
 
 The issue's budget: one sampling step with a prompt costs at most 1.15x one with a class, at the same size. A step
 is one UNet call (the text encoder runs once per prompt, not per step; the scheduler's update is the same), so
-this times UNet calls as `denoiser.sample` makes them: channels-last, inference mode, the speed layer on
+this times UNet calls as `denoiser.sampling.loop` makes them: channels-last, inference mode, the speed layer on
 (`UNet.packed_weights`, the kernels), glibc malloc configured as the CLI does. Configurations:
 
     class           the shipped model (`--model`), class labels: today's step
@@ -32,7 +32,7 @@ import torch
 
 from denoiser import UNet
 from denoiser.fast import malloc
-from denoiser.model_dir import load_model
+from denoiser.folders.model_dir import load_model
 
 
 def cpu_name() -> str:

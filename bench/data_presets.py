@@ -32,9 +32,9 @@ def child(args) -> None:
     import torch
     import yaml
 
-    from denoiser.config import DiffusionConfig
+    from denoiser.train.config import DiffusionConfig
     from denoiser.diffusion import Diffusion
-    from denoiser.unet import UNet
+    from denoiser.model.unet import UNet
 
     base = _status("VmRSS")
     model = yaml.safe_load((ROOT / "configs" / f"{args.preset}.yaml").read_text())["model"]

@@ -58,9 +58,9 @@ def _status(key: str) -> float:
 def child_startup(args) -> None:
     import torch
 
-    from denoiser.config import DataConfig
+    from denoiser.train.config import DataConfig
     from denoiser.diffusion import Diffusion
-    from denoiser.unet import UNet
+    from denoiser.model.unet import UNet
 
     loader = _old_data().load_datasets if args.loader == "today" else __import__("denoiser.data").data.load_datasets
     imported = time.perf_counter()
@@ -71,7 +71,7 @@ def child_startup(args) -> None:
     unet = UNet(sample_size=args.size, base_channels=32, channel_mult=(1, 2), layers_per_block=1,
                 attention_resolutions=(), num_heads=1, norm_num_groups=8)
     opt = torch.optim.AdamW(unet.parameters(), lr=1e-4)
-    diffusion = Diffusion.from_config(__import__("denoiser.config").config.DiffusionConfig())
+    diffusion = Diffusion.from_config(__import__("denoiser.train.config").config.DiffusionConfig())
     x, _ = train.batch(torch.randperm(len(train))[:16])
     diffusion.training_loss(unet, x, None).backward()
     opt.step()
@@ -219,7 +219,7 @@ def data_wait(args) -> list[str]:
     for config, batch, steps in (("cifar10-cpu", 16, 40), ("emoji", 32, 12)):
         out = Path(tempfile.mkdtemp(prefix="bench-wait-"))
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-               "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "denoiser.train", "--config", config,
+               "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "denoiser.train.command", "--config", config,
                "--output-dir", str(out), "--max-steps", str(steps), "--set", f"train.batch_size={batch}",
                "--set", "train.sample_every=0", "--set", f"train.checkpoint_every={steps}", "--set", "train.ema=false"]
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "ACCELERATE_USE_CPU": "true",

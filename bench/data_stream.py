@@ -61,7 +61,7 @@ def write_shards(out: Path, num: int, per_shard: int) -> str:
 
 def stream_rate(pattern: str, size: int, batch: int, steps: int, workers: int) -> tuple[float, float]:
     """(seconds to open the stream, images/s over `steps` steps after a warm-up step) of one process."""
-    from denoiser.config import DataConfig
+    from denoiser.train.config import DataConfig
     from denoiser.data.stream import open_stream
 
     cfg = DataConfig(dataset="webdataset", path=pattern, streaming=True, val_size=0)

@@ -1,4 +1,4 @@
-"""Denoising whole photos in tiles (denoiser.tiles): PSNR and seconds per megapixel per tile size, overlap,
+"""Denoising whole photos in tiles (denoiser.restore.tiles): PSNR and seconds per megapixel per tile size, overlap,
 window and precision, with BM3D and a tuned Gaussian blur on the same noisy photos, side by side in one run.
 
     .venv/bin/pip install scikit-image bm3d==4.0.3 torch==2.14.1 torchvision==0.29.1   # bench only
@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from denoiser.diffusion import Diffusion  # noqa: E402
 from denoiser.fast.kernels import load_kernels  # noqa: E402
-from denoiser.model_dir import load_model  # noqa: E402
-from denoiser.tiles import TileOptions, denoise_tiles  # noqa: E402
+from denoiser.folders.model_dir import load_model  # noqa: E402
+from denoiser.restore.tiles import TileOptions, denoise_tiles  # noqa: E402
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 # (tile, overlap, window): the sweep; tile 0 = the model's own size

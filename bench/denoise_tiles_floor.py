@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from denoise_tiles import cpu_name  # noqa: E402  (bench/denoise_tiles.py)
 
 from denoiser.diffusion import Diffusion  # noqa: E402
-from denoiser.model_dir import load_model  # noqa: E402
-from denoiser.tiles import TileOptions, denoise_tiles, tile_starts  # noqa: E402
+from denoiser.folders.model_dir import load_model  # noqa: E402
+from denoiser.restore.tiles import TileOptions, denoise_tiles, tile_starts  # noqa: E402
 
 FLOP_PER_CYCLE = 32  # fp32, per core: two 256-bit FMA pipes (8 lanes x 2 FLOP x 2)
 TARGET_MP, TARGET_S = 12.0, 120.0  # issue 35: a 12-megapixel photo in under 2 minutes

@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from denoiser.image_io import save_png
-from denoiser.visualize import loss_curve
+from denoiser.evaluate.visualize import loss_curve
 
 FID_NOISE = 1.31  # FID-1k's spread over seeds at this size (weights/cifar10/sampling.json's note)
 

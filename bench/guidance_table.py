@@ -30,16 +30,16 @@ from pathlib import Path
 
 import torch
 
-from denoiser.attention import attention_layer_names
-from denoiser.attention_blocks import identity_attention
-from denoiser.fid import InceptionFeatures, Statistics, fid_of_images
-from denoiser.guidance import Guidance, check_guide
-from denoiser.model_dir import load_model
-from denoiser.sample import make_sampler, sample, spread_labels
-from denoiser.sampling import Plan
-from denoiser.sampling import run as run_plan
+from denoiser.model.attention import attention_layer_names
+from denoiser.model.attention_blocks import identity_attention
+from denoiser.evaluate.fid import InceptionFeatures, Statistics, fid_of_images
+from denoiser.sampling.guidance import Guidance, check_guide
+from denoiser.folders.model_dir import load_model
+from denoiser.sampling.loop import make_sampler, sample, spread_labels
+from denoiser.sampling.plan import Plan
+from denoiser.sampling.plan import run as run_plan
 
-SEED_RULE = "image k seeded k"  # denoiser.request's rule; results without it drew batch i of 64 from seed i
+SEED_RULE = "image k seeded k"  # denoiser.sampling.request's rule; results without it drew batch i of 64 from seed i
 REFERENCES = {"cifar10": "bench/fid-reference/cifar10-val5000.safetensors", "emoji": "bench/fid-reference/emoji32-val500.safetensors"}
 
 
@@ -60,7 +60,7 @@ class Setting:
     off: tuple[str, ...] | None = None  # attention layers switched to the identity while sampling
     overrides: dict = field(default_factory=dict)  # scheduler config keys (timestep spacing, thresholding)
     eta: float = 0.0  # DDIM's stochasticity
-    sampler: str = "ddim"  # denoiser.sample.SAMPLERS name
+    sampler: str = "ddim"  # denoiser.sampling.loop.SAMPLERS name
     steps: int | None = None  # sampling steps (None: the run's --steps)
     seed: int = 0  # image k seeded seed + k (seed-100000: another draw of the same setting, FID's own noise)
 
@@ -101,7 +101,7 @@ def parse_setting(text: str, unet, sched) -> Setting:
             eta = float(value)
         elif kind == "spacing":  # spacing-trailing: the sampler's timestep spacing
             overrides["timestep_spacing"] = value
-        elif kind == "sampler":  # sampler-unipc: a denoiser.sample.SAMPLERS name (default ddim)
+        elif kind == "sampler":  # sampler-unipc: a denoiser.sampling.loop.SAMPLERS name (default ddim)
             sampler = value
         elif kind == "steps":  # steps-20: this setting's step count (default: the run's --steps)
             steps = int(value)
@@ -134,7 +134,7 @@ def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, ste
 def generate(unet, setting: Setting, config: dict, num_images: int, steps: int, batch_size: int,
              batches: list[int] | None, seed: int = 0) -> torch.Tensor:
     """A setting's samples as uint8 (N, 3, H, W), classes spread evenly, image k seeded k (the seed rule of
-    denoiser.request) from `seed`; batches: only these batch indices (one shard of the run)."""
+    denoiser.sampling.request) from `seed`; batches: only these batch indices (one shard of the run)."""
     labels = spread_labels(num_images, unet.config.num_class_embeds) if setting.labelled else None
     plan = Plan(unet, make_sampler(setting.sampler, config), steps, setting.eta, setting.guidance, labels, seed, num_images, batch_size)
     indices = None if batches is None else [k for i in batches for k in range(i * batch_size, min(num_images, (i + 1) * batch_size))]

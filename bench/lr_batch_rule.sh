@@ -61,7 +61,7 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 from denoiser.image_io import save_png
-from denoiser.visualize import tiles_image
+from denoiser.evaluate.visualize import tiles_image
 
 runs, rules = Path(sys.argv[1]), sys.argv[2:]
 rows = [[(f"{r} {k}" if k == 0 else str(k), to_tensor(Image.open(f).convert("RGB")))  # (3, 32, 32) in [0, 1]

@@ -1,4 +1,4 @@
-"""How far to trust the photo denoise's noise estimate (denoiser.tiles.photo_sigma): known noise against the estimate.
+"""How far to trust the photo denoise's noise estimate (denoiser.restore.tiles.photo_sigma): known noise against the estimate.
 
     .venv/bin/python bench/noise_estimate.py [--images 16] [--out bench/noise_estimate.md]
 
@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from denoiser.pixels import to_model_range
-from denoiser.restore import estimate_sigma
-from denoiser.tiles import photo_sigma
+from denoiser.restore.chains import estimate_sigma
+from denoiser.restore.tiles import photo_sigma
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "cifar10-jpeg" / "train"
 

@@ -5,7 +5,7 @@
 
 bench/cpu_roofline.py times the UNet call alone; this times what a person waits for: the model's own Generate of
 `--images` images (its folder's sampler, steps and guidance; classes spread, or the prompt "red apple") through
-`denoiser.sampling.resolve`/`run`, as the CLI and the app run it. Sides, alternating run by run after a warm-up, median
+`denoiser.sampling.plan.resolve`/`run`, as the CLI and the app run it. Sides, alternating run by run after a warm-up, median
 of `--repeats`:
   - eager:        today's path (float32 here where bf16 does not measure faster: denoiser.fast.precision decides);
   - openvino-f32: the same run with each UNet call served by OpenVINO's CPU plugin (INFERENCE_PRECISION_HINT f32), a
@@ -31,9 +31,9 @@ from profiling import cpu_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from denoiser.fast.precision import choose_precision  # noqa: E402
-from denoiser.model_dir import load  # noqa: E402
-from denoiser.request import SampleRequest  # noqa: E402
-from denoiser.sampling import resolve, run  # noqa: E402
+from denoiser.folders.model_dir import load  # noqa: E402
+from denoiser.sampling.request import SampleRequest  # noqa: E402
+from denoiser.sampling.plan import resolve, run  # noqa: E402
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 INPUTS = ("class_labels", "encoder_hidden_states", "encoder_attention_mask")  # the UNet's optional tensor inputs

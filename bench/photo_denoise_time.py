@@ -28,7 +28,7 @@ from profiling import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from denoiser.model_dir import load  # noqa: E402
+from denoiser.folders.model_dir import load  # noqa: E402
 
 
 def phone_jpeg(width: int, height: int) -> bytes:

@@ -8,7 +8,7 @@ The model folder's own sampler (UniPC-10) and guidance (CFG 3) throughout, in fp
 
 Colour swaps (SWAPS: 8 pairs from 5 source prompts): for every seed and every (cross_replace_steps,
 self_replace_steps) of the grid and of --extra (self fractions between the grid's), one call samples a source and
-all its edits from image 0's noise (`denoiser.sampling.run` with a `PromptEdit`, edit_type "replace"). The plain target is each target prompt sampled
+all its edits from image 0's noise (`denoiser.sampling.plan.run` with a `PromptEdit`, edit_type "replace"). The plain target is each target prompt sampled
 alone from the same noise (a generator seeded the same): what an edit must beat at keeping the shape. Per 32x32 image:
 
 - foreground: the pixels whose RGB distance (Euclidean, in 0..1 units) from the background colour exceeds
@@ -45,10 +45,10 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torchvision.utils import make_grid
 
-from denoiser.model_dir import load
-from denoiser.prompt_edit import PromptEdit
-from denoiser.request import SampleRequest
-from denoiser.sampling import resolve, run
+from denoiser.folders.model_dir import load
+from denoiser.sampling.prompt_to_prompt import PromptEdit
+from denoiser.sampling.request import SampleRequest
+from denoiser.sampling.plan import resolve, run
 
 SWAPS = {  # source prompt -> its edits (one batch each: the source row serves them all)
     "red circle": ("green circle", "yellow circle"),
@@ -77,7 +77,7 @@ MIN_MOVED = 0.8  # the defaults must move the colour at least this far of the wa
 
 @dataclass
 class Model:
-    """One loaded text model that every call shares (denoiser.model_dir.load, once)."""
+    """One loaded text model that every call shares (denoiser.folders.model_dir.load, once)."""
 
     folder: str
 

@@ -8,7 +8,7 @@ Three sides, side by side in one process, alternating after a warm-up (median of
   (channels, ResBlocks per level, attention placement, heads, GroupNorm) in DDIMPipeline/DDPMPipeline,
   as they ship (NCHW, diffusers' attention processor). Random weights: speed does not depend on them.
 - "pipe+ours": the same pipelines running denoiser's UNet with the shipped weights, NCHW, as loaded.
-- "denoiser": denoiser's sampler (`denoiser.sample.sample`, what the CLI and the app run) on those
+- "denoiser": denoiser's sampler (`denoiser.sampling.loop.sample`, what the CLI and the app run) on those
   weights: channels-last, the GroupNorm kernel, convolution weights packed once, the small-head
   attention kernel on AVX-512 CPUs, malloc configured (`denoiser.fast.malloc.configure`, as the CLI does).
 
@@ -28,8 +28,8 @@ from diffusers import DDIMPipeline, DDPMPipeline, UNet2DModel
 from profiling import cpu_name
 
 from denoiser.fast import malloc
-from denoiser.model_dir import load_model
-from denoiser.sample import make_sampler, sample
+from denoiser.folders.model_dir import load_model
+from denoiser.sampling.loop import make_sampler, sample
 
 
 def unet2d_like(config) -> UNet2DModel:

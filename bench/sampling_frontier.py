@@ -27,8 +27,8 @@ from guidance_table import cpu_name, parse_setting
 
 from denoiser.atomic import atomic_path
 from denoiser.fast import malloc
-from denoiser.model_dir import load_model
-from denoiser.sample import make_sampler, sample, spread_labels
+from denoiser.folders.model_dir import load_model
+from denoiser.sampling.loop import make_sampler, sample, spread_labels
 
 NAMES = {"ddim": "DDIM", "dpmpp": "DPM-Solver++ (2M)", "unipc": "UniPC (bh2)"}
 CLIP = "thresh-0.995-1"  # x0 clipped to [-1, 1] (diffusers' thresholding with sample_max_value 1), as DDIM's clip_sample

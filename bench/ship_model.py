@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 import yaml
 
-from denoiser.config import config_from_dict
+from denoiser.train.config import config_from_dict
 from denoiser.data import load_datasets
 from denoiser.diffusion import Diffusion
-from denoiser.guidance import Guidance
+from denoiser.sampling.guidance import Guidance
 from denoiser.image_io import save_grid
-from denoiser.model_dir import WEIGHTS_DIR, load_model
-from denoiser.pipeline import save_pipeline
-from denoiser.sample import make_sampler, sample
+from denoiser.folders.model_dir import WEIGHTS_DIR, load_model
+from denoiser.folders.pipeline import save_pipeline
+from denoiser.sampling.loop import make_sampler, sample
 
 MSE_TIMESTEPS = (1, 10, 50, 100, 250, 500, 750, 999)
 
@@ -107,7 +107,7 @@ def main() -> None:
 
 A {n_params / 1e6:.2f}M-parameter attention U-Net (denoiser `UNet`), {'class-conditional on ' + str(len(classes)) + ' classes' if conditional else 'unconditional'},
 {unet.config.sample_size}x{unet.config.sample_size} RGB, {sched.config.prediction_type} prediction, T = {sched.config.num_train_timesteps} ({sched.config.beta_schedule} betas).
-Weights are fp16 safetensors; `denoiser.model_dir.load_model` and `DiffusionPipeline.from_pretrained` load them.
+Weights are fp16 safetensors; `denoiser.folders.model_dir.load_model` and `DiffusionPipeline.from_pretrained` load them.
 
 ![samples](samples.png)
 {unguided_md}

@@ -144,7 +144,7 @@ class Ours:
     """denoiser's stream: the state is the step."""
 
     def __init__(self, kind: str, path: str, workers: int, args):
-        from denoiser.config import DataConfig
+        from denoiser.train.config import DataConfig
 
         self.cfg = DataConfig(dataset=kind, path=path, streaming=True, val_size=0, shuffle_buffer=args.buffer,
                               label_column="label")

@@ -1,7 +1,7 @@
 """Which tokenizer and text encoder for text prompts (issue 39 item 2): the measurements behind
 bench/text_encoder_choice.md, with the recommended pair (word tokens with hashed character n-grams,
 fastText-style [Bojanowski et al. 2017], into a small pre-LN transformer) saved and loaded as `tokenizer/` and
-`text_encoder/` components of a diffusers pipeline folder. The pair is denoiser.text's: the prototype this
+`text_encoder/` components of a diffusers pipeline folder. The pair is denoiser.model.text's: the prototype this
 script first carried became that module (bench/text_encoder_choice.md says where they differ).
 
     nice -n 10 .venv/bin/python bench/text_encoder_choice.py tokens            # 3: tokenization of captions, prompts, typos
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from diffusers import DDIMScheduler, DiffusionPipeline
 
-from denoiser.text import HashTextEncoder, WordHashTokenizer, fnv1a, words
+from denoiser.model.text import HashTextEncoder, WordHashTokenizer, fnv1a, words
 
 ROOT = Path(__file__).resolve().parent.parent
 METADATA = [Path.home() / ".cache/denoiser/datasets/emoji/metadata.csv",  # the 5-vendor set, with keywords
@@ -116,13 +116,13 @@ def cmd_cost(args) -> None:
     rows = [("python -c pass", "pass", None),
             ("import torch", "import torch", None),
             ("import diffusers", "import diffusers", None),
-            ("import denoiser.pipeline", "import denoiser.pipeline", None),
+            ("import denoiser.folders.pipeline", "import denoiser.folders.pipeline", None),
             ("import tokenizers", "import tokenizers", args.tk),
             ("import transformers", "import transformers", args.tx),
             ("from transformers import CLIPTextModel, CLIPTokenizerFast",
              "from transformers import CLIPTextModel, CLIPTokenizerFast", args.tx),
-            ("import denoiser.pipeline + CLIPTextModel",
-             "import denoiser.pipeline; from transformers import CLIPTextModel, CLIPTokenizerFast", args.tx)]
+            ("import denoiser.folders.pipeline + CLIPTextModel",
+             "import denoiser.folders.pipeline; from transformers import CLIPTextModel, CLIPTokenizerFast", args.tx)]
     for label, code, path in rows:
         wall, cpu = import_time(code, path, args.repeats)
         print(f"{label:60s} wall {wall:6.2f} s  cpu {cpu:6.2f} s  (median of {args.repeats} runs)  load {os.getloadavg()[0]:.1f}")
@@ -269,7 +269,7 @@ def timed(fn, repeats: int) -> list[float]:
 
 
 def cmd_encoder(args) -> None:
-    from denoiser.model_dir import load_model
+    from denoiser.folders.model_dir import load_model
 
     torch.manual_seed(0)
     B = 64
@@ -342,7 +342,7 @@ class TextPipeline(DiffusionPipeline):
 
 
 def tiny_unet(D: int | None):
-    from denoiser.unet import UNet
+    from denoiser.model.unet import UNet
 
     return UNet(sample_size=8, base_channels=32, channel_mult=(1, 2), layers_per_block=1,
                 attention_resolutions=(4,), num_heads=2, cross_attention_dim=D)
@@ -373,7 +373,7 @@ def load_cases(out: Path) -> None:
         import text_encoder_choice as mod
     sched = DDIMScheduler()
     print(f"offline: HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')}; folders under {out}")
-    # (c) our own module: denoiser.text's tokenizer and encoder
+    # (c) our own module: denoiser.model.text's tokenizer and encoder
     tok, enc = WordHashTokenizer(), HashTextEncoder(hidden_size=64, num_layers=1)
     TextPipeline(tiny_unet(64), sched, enc, tok).save_pretrained(out / "own")
     own = try_load("(c) own WordHashTokenizer + HashTextEncoder", out / "own", mod.TextPipeline)
@@ -435,7 +435,7 @@ def load_cases(out: Path) -> None:
 
 
 def cmd_roundtrip(args) -> None:
-    """Save and load denoiser.text's pair, and feed it what people type; prints what every prompt gives."""
+    """Save and load denoiser.model.text's pair, and feed it what people type; prints what every prompt gives."""
     mod = sys.modules[__name__]
     if __name__ == "__main__":
         sys.path.insert(0, str(Path(__file__).parent))

@@ -3,7 +3,7 @@
     .venv/bin/python bench/train_profile.py [--configs ddpm-cifar10 cifar10] [--batch 32] [--steps 3] [--precision fp32]
     .venv/bin/python bench/train_profile.py --malloc-ab [--rounds 3]   # malloc.configure() vs configure(keep_peak=True)
 
-The loop is `denoiser.train_loop.TrainLoop` as `denoiser train` builds it (channels-last and its kernels, fused AdamW,
+The loop is `denoiser.train.loop.TrainLoop` as `denoiser train` builds it (channels-last and its kernels, fused AdamW,
 diffusers' EMAModel, Accelerate), on the built-in synthetic images at the preset's size so no data set is read.
 Each phase of a step (data wait, forward with the loss, backward, gradient clipping, optimizer, EMA) is labelled
 with `torch.profiler.record_function`, and every op's self time is put in one kind (convolutions, GroupNorm,
@@ -33,9 +33,9 @@ import torch
 from accelerate.state import AcceleratorState
 from profiling import cpu_name
 
-from denoiser.config import load_config
+from denoiser.train.config import load_config
 from denoiser.fast import malloc
-from denoiser.train_loop import TrainLoop
+from denoiser.train.loop import TrainLoop
 
 PHASES = ("data", "forward+loss", "backward", "clip", "optimizer", "ema")
 KINDS = (  # (kind, substrings of the op's name), first match wins

@@ -1,7 +1,7 @@
 """denoiser: an attention U-Net diffusion model, its training loop, sampler and web app.
 
 The names below load on first use (PEP 562), so `import denoiser` and the command line start without torch;
-`DenoiserPipeline` is registered with diffusers whenever diffusers is imported (denoiser.registry).
+`DenoiserPipeline` is registered with diffusers whenever diffusers is imported (denoiser.folders.registry).
 """
 
 from __future__ import annotations
@@ -9,35 +9,35 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from denoiser.registry import register_with_diffusers
+from denoiser.folders.registry import register_with_diffusers
 
 if TYPE_CHECKING:
-    from denoiser.attention import (
+    from denoiser.model.attention import (
         AttentionHead,
         MultiHeadAttention,
         MultiHeadCrossAttention,
         MultiHeadSelfAttention,
         scaled_dot_product_attention,
     )
-    from denoiser.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
-    from denoiser.attention_capture import capture_attention
-    from denoiser.pipeline import DenoiserPipeline
-    from denoiser.request import SampleRequest
-    from denoiser.unet import UNet
+    from denoiser.model.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
+    from denoiser.model.attention_capture import capture_attention
+    from denoiser.folders.pipeline import DenoiserPipeline
+    from denoiser.sampling.request import SampleRequest
+    from denoiser.model.unet import UNet
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "AttentionHead": "denoiser.attention",
-    "MultiHeadAttention": "denoiser.attention",
-    "MultiHeadCrossAttention": "denoiser.attention",
-    "MultiHeadSelfAttention": "denoiser.attention",
-    "SpatialCrossAttention": "denoiser.attention_blocks",
-    "SpatialSelfAttention": "denoiser.attention_blocks",
-    "capture_attention": "denoiser.attention_capture",
-    "scaled_dot_product_attention": "denoiser.attention",
-    "DenoiserPipeline": "denoiser.pipeline",
-    "SampleRequest": "denoiser.request",
-    "UNet": "denoiser.unet",
+    "AttentionHead": "denoiser.model.attention",
+    "MultiHeadAttention": "denoiser.model.attention",
+    "MultiHeadCrossAttention": "denoiser.model.attention",
+    "MultiHeadSelfAttention": "denoiser.model.attention",
+    "SpatialCrossAttention": "denoiser.model.attention_blocks",
+    "SpatialSelfAttention": "denoiser.model.attention_blocks",
+    "capture_attention": "denoiser.model.attention_capture",
+    "scaled_dot_product_attention": "denoiser.model.attention",
+    "DenoiserPipeline": "denoiser.folders.pipeline",
+    "SampleRequest": "denoiser.sampling.request",
+    "UNet": "denoiser.model.unet",
 }
 
 __all__ = [

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from diffusers import DDPMScheduler
 
-from denoiser.config import DiffusionConfig
+from denoiser.train.config import DiffusionConfig
 
 __all__ = ["Diffusion", "make_scheduler", "EvalResult"]
 
@@ -31,7 +31,7 @@ __all__ = ["Diffusion", "make_scheduler", "EvalResult"]
 def make_scheduler(cfg: DiffusionConfig) -> DDPMScheduler:
     """The DDPM training scheduler for a diffusion config (clip x₀ to [-1, 1] when sampling).
 
-    Samplers built from it (`denoiser.sample.make_sampler`, diffusers' pipelines) visit "trailing" timesteps:
+    Samplers built from it (`denoiser.sampling.loop.make_sampler`, diffusers' pipelines) visit "trailing" timesteps:
     T-1, T-1-T/n, ..., so few-step sampling starts from pure noise (Lin et al. 2024); on weights/cifar10 it
     scores a lower FID than "leading" (980, 960, ..., 0): measured in weights/cifar10/README.md."""
     return DDPMScheduler(
@@ -126,7 +126,7 @@ class Diffusion:
         unet_kwargs: dict | None = None,
     ) -> torch.Tensor:
         """The mean (optionally min-SNR-γ weighted) MSE between the UNet output and its target.
-        unet_kwargs: passed on to the UNet call (a text model's prompt tokens, denoiser.text.PromptedUNet).
+        unet_kwargs: passed on to the UNet call (a text model's prompt tokens, denoiser.model.text.PromptedUNet).
 
         `noise` and `timesteps` may be given (the training loop draws them for the global batch so
         that any number of processes sees the same numbers); otherwise they come from `generator`.

@@ -15,8 +15,8 @@ import torch
 from diffusers import DDPMScheduler
 
 from denoiser import UNet
-from denoiser.model_dir import WEIGHTS_DIR
-from denoiser.pipeline import save_pipeline
+from denoiser.folders.model_dir import WEIGHTS_DIR
+from denoiser.folders.pipeline import save_pipeline
 from tests.conftest import TINY
 
 __all__ = ["CHROMIUM", "BROWSER_ARGS", "browser_page", "screenshots", "free_port", "choose", "no_errors", "weights", "demo",

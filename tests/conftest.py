@@ -39,7 +39,7 @@ needs_kernels = pytest.mark.skipif(not _KERNELS_LOADED, reason=f"denoiser's C++ 
 
 
 def generators(seed: int, n: int) -> list[torch.Generator]:
-    """The seed rule (denoiser.request): image k of a request with seed S has its own generator, seeded S + k."""
+    """The seed rule (denoiser.sampling.request): image k of a request with seed S has its own generator, seeded S + k."""
     return [torch.Generator().manual_seed(seed + k) for k in range(n)]
 
 
@@ -54,8 +54,8 @@ def random_text_model(folder: Path, width: int = 12) -> Path:
     from diffusers import DDPMScheduler
 
     from denoiser import UNet
-    from denoiser.pipeline import save_pipeline
-    from denoiser.text import HashTextEncoder, WordHashTokenizer
+    from denoiser.folders.pipeline import save_pipeline
+    from denoiser.model.text import HashTextEncoder, WordHashTokenizer
 
     torch.manual_seed(0)
     unet = UNet(**TINY, cross_attention_dim=width).eval()
@@ -137,7 +137,7 @@ def write_config(path: Path, **sections) -> Path:
 
 def cli(*args: str, launcher: list[str] | None = None, env: dict | None = None, check: bool = True, timeout: int = 300):
     """Run `denoiser ...` in a subprocess (optionally under a launcher), returning the CompletedProcess."""
-    cmd = (launcher or [sys.executable, "-m", "denoiser.cli"]) + list(args)
+    cmd = (launcher or [sys.executable, "-m", "denoiser.cli.main"]) + list(args)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     res = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and res.returncode != 0:

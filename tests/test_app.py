@@ -14,7 +14,7 @@ from PIL import Image
 from denoiser.app import handlers
 from denoiser.app.layout import CSS
 from denoiser.fast.precision import choose_precision
-from denoiser.model_dir import WEIGHTS_DIR
+from denoiser.folders.model_dir import WEIGHTS_DIR
 from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, screenshots
 from tests.app_browser import choose as _choose
 from tests.app_browser import no_errors as _no_errors

@@ -9,10 +9,10 @@ from diffusers import DDPMScheduler
 from denoiser import UNet
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers, stages_text
-from denoiser.attention_blocks import identity_attention
-from denoiser.guidance import Guidance
-from denoiser.pipeline import save_pipeline
-from denoiser.sample import make_sampler, sample
+from denoiser.model.attention_blocks import identity_attention
+from denoiser.sampling.guidance import Guidance
+from denoiser.folders.pipeline import save_pipeline
+from denoiser.sampling.loop import make_sampler, sample
 from tests.conftest import TINY
 
 
@@ -228,8 +228,8 @@ def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_pat
     """Issue 34 item 3: the app's folded-away options (spacing, eta, guidance interval, PAG layers) give the images
     the sampling core gives for the same request; left empty, the model's own; bad values refused up front."""
     from denoiser.image_io import read_settings
-    from denoiser.request import SampleRequest
-    from denoiser.sampling import resolve, run
+    from denoiser.sampling.request import SampleRequest
+    from denoiser.sampling.plan import resolve, run
 
     ex = Engine(weights)
     common = dict(steps=3, seed=1, num_images=2, class_label=2, guidance_scale=2.0, pag_scale=1.0)
@@ -450,7 +450,7 @@ def test_a_photo_denoise_counts_tiles_and_over_the_budget_runs_on_a_scaled_copy(
     from PIL import Image
 
     from denoiser.image_io import settings_name
-    from denoiser.tiles import count_tiles
+    from denoiser.restore.tiles import count_tiles
 
     ex = Engine(weights)
     unet = ex.loaded("tiny").unet

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from denoiser.model_dir import WEIGHTS_DIR
+from denoiser.folders.model_dir import WEIGHTS_DIR
 from tests.app_browser import CHROMIUM, browser_page, screenshots
 
 SEEDS = [int(s) for s in os.environ.get("DENOISER_WALK_SEED", "41").split(",") if s.strip()]
@@ -38,8 +38,8 @@ def weights(weights):
     from diffusers import DDPMScheduler
 
     from denoiser import UNet
-    from denoiser.pipeline import save_pipeline
-    from denoiser.text import HashTextEncoder
+    from denoiser.folders.pipeline import save_pipeline
+    from denoiser.model.text import HashTextEncoder
     from tests.conftest import TINY
     from tests.test_text import TEXT, D, _tokenizer, _wake_cross
 

@@ -60,7 +60,7 @@ def test_every_word_map_is_drawn_on_one_absolute_scale():
     """Issue 60 item 5: the labels gave a map's range, but its colours still stretched that range over the whole
     palette, so a flat map looked focused. Now every map uses one scale (share 0 to 1, its colour bar under the panel):
     a flat map is one colour, and a map at a higher share is brighter than one at a lower share."""
-    from denoiser.visualize import WORD_SCALE, word_overlay
+    from denoiser.evaluate.visualize import WORD_SCALE, word_overlay
 
     image = torch.zeros(3, 8, 8)
     flat = word_overlay(image, torch.full((4, 4), 0.33))

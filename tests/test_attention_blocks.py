@@ -1,11 +1,11 @@
-"""denoiser/attention_blocks.py: pixel tokens and the residual pixel-attention block."""
+"""denoiser/model/attention_blocks.py: pixel tokens and the residual pixel-attention block."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from denoiser.attention_blocks import SpatialSelfAttention, from_tokens, to_tokens
+from denoiser.model.attention_blocks import SpatialSelfAttention, from_tokens, to_tokens
 
 
 def test_tokens_round_trip_row_major():

@@ -1,13 +1,13 @@
-"""denoiser/attention_capture.py: exact weights rebuilt from the recorded q and k; a capture sees only its thread."""
+"""denoiser/model/attention_capture.py: exact weights rebuilt from the recorded q and k; a capture sees only its thread."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from denoiser.attention import scaled_dot_product_attention
-from denoiser.attention_blocks import SpatialSelfAttention
-from denoiser.attention_capture import capture_attention
+from denoiser.model.attention import scaled_dot_product_attention
+from denoiser.model.attention_blocks import SpatialSelfAttention
+from denoiser.model.attention_capture import capture_attention
 
 
 def test_capture_rebuilds_exact_weights_and_changes_nothing():

@@ -1,4 +1,4 @@
-"""Edited attention weights (denoiser/attention_edit.py, `edit_attention`): the rule on explicit weights against a
+"""Edited attention weights (denoiser/model/attention_edit.py, `edit_attention`): the rule on explicit weights against a
 loop written from its definition in float64, the fused path (the edit moved onto v) against the readable one, the
 attention modules on both paths, and captures that return the weights that ran."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from denoiser.attention import MultiHeadCrossAttention, MultiHeadSelfAttention, attention_scores, attention_weights
-from denoiser.attention_blocks import edit_attention, identity_attention
-from denoiser.attention_capture import capture_attention
-from denoiser.attention_edit import AttentionEdit
+from denoiser.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention, attention_scores, attention_weights
+from denoiser.model.attention_blocks import edit_attention, identity_attention
+from denoiser.model.attention_capture import capture_attention
+from denoiser.model.attention_edit import AttentionEdit
 
 
 def _sdpa(q, k, v, mask):

@@ -1,4 +1,4 @@
-"""denoiser/checkpoint.py: every process writes into one temporary folder; it gets its name only when complete."""
+"""denoiser/train/checkpoint.py: every process writes into one temporary folder; it gets its name only when complete."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from denoiser.checkpoint import complete_checkpoints, find_checkpoint, remove_partial, save_checkpoint
+from denoiser.train.checkpoint import complete_checkpoints, find_checkpoint, remove_partial, save_checkpoint
 
 
 class FakeAccelerator:

@@ -9,9 +9,9 @@ import torch
 from diffusers import DDPMScheduler
 from PIL import Image
 
-from denoiser.cli import main
-from denoiser.model_dir import load_model, resolve_model_dir
-from denoiser.pipeline import save_pipeline
+from denoiser.cli.main import main
+from denoiser.folders.model_dir import load_model, resolve_model_dir
+from denoiser.folders.pipeline import save_pipeline
 from tests.conftest import cli
 
 
@@ -97,7 +97,7 @@ def test_model_names_cannot_leave_the_weights_folder(model_dir):
 def test_symlinks_out_of_the_weights_folder_are_neither_listed_nor_opened(model_dir, tmp_path):
     import shutil
 
-    from denoiser.model_dir import list_models
+    from denoiser.folders.model_dir import list_models
 
     root = tmp_path / "weights"
     root.mkdir()
@@ -124,9 +124,9 @@ def test_channels_last_model_saves_and_reloads(tiny_unet, tmp_path):
 
 def test_sample_and_restore_take_the_guidance_flags(tmp_path, capsys):
     from denoiser import UNet
-    from denoiser.guidance import Guidance
+    from denoiser.sampling.guidance import Guidance
     from denoiser.image_io import to_pil
-    from denoiser.sample import make_sampler, sample
+    from denoiser.sampling.loop import make_sampler, sample
     from tests.conftest import TINY
 
     torch.manual_seed(0)

@@ -9,11 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
-from denoiser.cli import main
+from denoiser.cli.main import main
 from denoiser.data import load_folder
 from denoiser.diffusion import Diffusion
-from denoiser.model_dir import load_model, load_text
-from denoiser.text import encode_prompts
+from denoiser.folders.model_dir import load_model, load_text
+from denoiser.model.text import encode_prompts
 from tests.conftest import random_text_model
 
 PROMPTS = ["red apple", "blue car", "", "a very sad cat"]

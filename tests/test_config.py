@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from denoiser.config import apply_overrides, config_from_dict, load_config
+from denoiser.train.config import apply_overrides, config_from_dict, load_config
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -84,7 +84,7 @@ def test_presets_load_by_name_or_path(name):
 
 
 def test_older_run_folders_still_load(tmp_path):
-    from denoiser.config import load_config
+    from denoiser.train.config import load_config
 
     path = tmp_path / "config.yaml"
     path.write_text("data:\n  num_workers: 4\n  val_size: 10\n")  # num_workers: removed once, back for preparation

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from denoiser.config import DataConfig
+from denoiser.train.config import DataConfig
 from denoiser.data import (
     MappedImages,
     load_datasets,
@@ -186,7 +186,7 @@ PREPARER = """
 import sys, time
 import denoiser.data.folder as sources
 import denoiser.data.store as store
-from denoiser.config import DataConfig
+from denoiser.train.config import DataConfig
 slow = sources.decode_image
 sources.decode_image = lambda *a: (time.sleep(0.05), slow(*a))[1]
 real = store._prepare
@@ -364,7 +364,7 @@ def test_webdataset_shards_by_brace_pattern(tmp_path):
 def test_prepare_data_command_prepares_the_store_a_run_opens(tmp_path, capsys):
     import yaml
 
-    from denoiser.cli import main
+    from denoiser.cli.main import main
     from tests.conftest import TRAIN_CONFIG
 
     photo_folder(tmp_path / "photos")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from denoiser.config import DataConfig, config_from_dict
+from denoiser.train.config import DataConfig, config_from_dict
 from denoiser.data import load_dataset, open_training_data, prepare
 from denoiser.data.captions import CaptionSpec, pick_caption
 from denoiser.data.sources import open_shards, open_source

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from denoiser.config import DataConfig, config_from_dict
+from denoiser.train.config import DataConfig, config_from_dict
 from denoiser.data.decode import decode_image
 from denoiser.data.order import Cursor, buffer_order
 from denoiser.data.sources import open_shards
@@ -198,8 +198,8 @@ def in_process():
 
 
 def test_a_stream_run_stopped_and_resumed_ends_with_the_uninterrupted_weights(shards, tmp_path, in_process):
-    from denoiser.config import load_config
-    from denoiser.train_loop import train
+    from denoiser.train.config import load_config
+    from denoiser.train.loop import train
 
     pattern, _ = shards
     data = {"dataset": "webdataset", "path": pattern, "streaming": True, "shuffle_buffer": 4, "val_size": 2}

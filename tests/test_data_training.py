@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from denoiser.config import config_from_dict
+from denoiser.train.config import config_from_dict
 from denoiser.data import SOURCES, open_training_data
 from denoiser.data.base import Chunk, Shards, Source
 from denoiser.data.order import batch_indices

@@ -10,16 +10,16 @@ import torch
 from diffusers import DDPMScheduler
 from PIL import Image
 
-from denoiser.cli import main
-from denoiser.fid import (
+from denoiser.cli.main import main
+from denoiser.evaluate.fid import (
     InceptionFeatures,
     Statistics,
     frechet_distance,
     inception_path,
     reference_statistics,
 )
-from denoiser.pipeline import save_pipeline
-from denoiser.unet import UNet
+from denoiser.folders.pipeline import save_pipeline
+from denoiser.model.unet import UNet
 from tests.conftest import TINY
 
 

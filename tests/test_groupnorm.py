@@ -10,7 +10,7 @@ from torch import nn
 from denoiser.fast import kernels
 from denoiser.fast.groupnorm import default_channels_last
 from denoiser.fast.kernels import load_kernels
-from denoiser.groupnorm import GroupNorm, group_norm
+from denoiser.model.groupnorm import GroupNorm, group_norm
 from tests.conftest import needs_kernels
 
 # awkward shapes: 1 channel per group, odd and non-square sizes, pixel counts that are not a multiple

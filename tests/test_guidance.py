@@ -7,10 +7,10 @@ import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
 from denoiser import UNet
-from denoiser.attention import attention_layer_names
-from denoiser.attention_blocks import SpatialSelfAttention, identity_attention, to_tokens
-from denoiser.guidance import Guidance, check_guide
-from denoiser.sample import sample
+from denoiser.model.attention import attention_layer_names
+from denoiser.model.attention_blocks import SpatialSelfAttention, identity_attention, to_tokens
+from denoiser.sampling.guidance import Guidance, check_guide
+from denoiser.sampling.loop import sample
 from tests.conftest import TINY, seeded_noise
 
 

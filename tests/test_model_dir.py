@@ -1,4 +1,4 @@
-"""Model folders read (denoiser/model_dir.py): loads from several threads at once (the app's) leave torch as they found it."""
+"""Model folders read (denoiser/folders/model_dir.py): loads from several threads at once (the app's) leave torch as they found it."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import threading
 import torch
 from diffusers import DDPMScheduler
 
-from denoiser.model_dir import load_model, load_text
-from denoiser.pipeline import save_pipeline
-from denoiser.text import HashTextEncoder, WordHashTokenizer
-from denoiser.unet import UNet
+from denoiser.folders.model_dir import load_model, load_text
+from denoiser.folders.pipeline import save_pipeline
+from denoiser.model.text import HashTextEncoder, WordHashTokenizer
+from denoiser.model.unet import UNet
 from tests.conftest import TINY
 
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from denoiser.attention_capture import capture_attention
+from denoiser.model.attention_capture import capture_attention
 from denoiser.fast import precision
 from denoiser.fast.precision import Precision, choose_precision, forced
-from denoiser.request import SampleRequest
-from denoiser.sample import sampling_context
-from denoiser.sampling import resolve, run
+from denoiser.sampling.request import SampleRequest
+from denoiser.sampling.loop import sampling_context
+from denoiser.sampling.plan import resolve, run
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_a_plan_names_its_precision_and_torch_dtype_float32_is_kept(tmp_path, ti
     from diffusers import DiffusionPipeline
 
     import denoiser  # noqa: F401  (registers the pipeline with diffusers)
-    from denoiser.pipeline import save_pipeline
+    from denoiser.folders.pipeline import save_pipeline
 
     fresh_choice.setenv(precision.PRECISION_ENV, "bfloat16")
     folder = save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "model")

@@ -1,4 +1,4 @@
-"""Prompt-to-prompt and weighted prompts through sampling (denoiser/prompt_edit.py, denoiser.sampling, the pipeline and
+"""Prompt-to-prompt and weighted prompts through sampling (denoiser/sampling/prompt_to_prompt.py, denoiser.sampling.plan, the pipeline and
 the CLI): the community pipeline's arguments, the word maps, the step counts, and the references: a weight of 1 is
 the plain prompt exactly, both fractions at 0 are a plain generation of the target from the same noise, fractions at 1
 give the target exactly the source's captured maps."""
@@ -9,14 +9,14 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
-from denoiser.attention import MultiHeadAttention
-from denoiser.model_dir import TextModel
-from denoiser.pipeline import DenoiserPipeline, save_pipeline
-from denoiser.prompt_edit import PromptEdit, word_map
-from denoiser.request import SampleRequest
-from denoiser.sampling import resolve, run
-from denoiser.text import HashTextEncoder
-from denoiser.unet import UNet
+from denoiser.model.attention import MultiHeadAttention
+from denoiser.folders.model_dir import TextModel
+from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
+from denoiser.sampling.prompt_to_prompt import PromptEdit, word_map
+from denoiser.sampling.request import SampleRequest
+from denoiser.sampling.plan import resolve, run
+from denoiser.model.text import HashTextEncoder
+from denoiser.model.unet import UNet
 from tests.conftest import TINY
 from tests.test_text import TEXT, D, _tokenizer, _wake_cross, one_thread  # noqa: F401  (one_thread: autouse)
 
@@ -252,7 +252,7 @@ def test_the_cli_writes_the_source_and_its_edit(tmp_path, text_model, capsys):
     import numpy as np
     from PIL import Image
 
-    from denoiser.cli import main
+    from denoiser.cli.main import main
 
     unet, tok, enc = text_model
     folder = save_pipeline(unet, DDPMScheduler(), tmp_path / "m", text_encoder=enc, tokenizer=tok)
@@ -271,7 +271,7 @@ def test_the_cli_writes_the_source_and_its_edit(tmp_path, text_model, capsys):
 
 
 def test_the_attention_command_reads_weights_and_labels_the_weighted_word(tmp_path, text_model, capsys):
-    from denoiser.cli import main
+    from denoiser.cli.main import main
 
     unet, tok, enc = text_model
     folder = save_pipeline(unet, DDPMScheduler(), tmp_path / "m", text_encoder=enc, tokenizer=tok)

@@ -1,12 +1,12 @@
-"""Weighted prompts (denoiser/prompt_weights.py): A1111's syntax read into plain text and a weight per word, and the
+"""Weighted prompts (denoiser/sampling/prompt_weights.py): A1111's syntax read into plain text and a weight per word, and the
 errors that name the place in the prompt."""
 
 from __future__ import annotations
 
 import pytest
 
-from denoiser.prompt_weights import BRACKET_WEIGHT, parse_prompt
-from denoiser.text import words
+from denoiser.sampling.prompt_weights import BRACKET_WEIGHT, parse_prompt
+from denoiser.model.text import words
 
 
 @pytest.mark.parametrize("prompt, expected", [

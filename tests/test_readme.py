@@ -58,7 +58,7 @@ def _package_table(text: str) -> str:
 
 
 def test_readme_names_real_subcommands_flags_and_modules():
-    from denoiser.cli import build_parser
+    from denoiser.cli.main import build_parser
 
     text = (ROOT / "README.md").read_text()
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices

@@ -1,4 +1,4 @@
-"""denoiser/registry.py: the one name it adds to diffusers, and the diffusers behaviour that makes it needed."""
+"""denoiser/folders/registry.py: the one name it adds to diffusers, and the diffusers behaviour that makes it needed."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from diffusers import DiffusionPipeline
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with diffusers)
-from denoiser.model_dir import WEIGHTS_DIR
-from denoiser.pipeline import DenoiserPipeline
-from denoiser.registry import register_with_diffusers
+from denoiser.folders.model_dir import WEIGHTS_DIR
+from denoiser.folders.pipeline import DenoiserPipeline
+from denoiser.folders.registry import register_with_diffusers
 
 SHAPES = WEIGHTS_DIR / "synthetic-shapes"
 
@@ -45,7 +45,7 @@ def test_a_library_class_name_is_not_loaded_without_remote_code(tmp_path):
     folder = tmp_path / "shapes"
     shutil.copytree(SHAPES, folder)
     index = json.loads((folder / "model_index.json").read_text())
-    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": ["denoiser.pipeline", "DenoiserPipeline"]}))
+    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": ["denoiser.folders.pipeline", "DenoiserPipeline"]}))
     with pytest.raises((TypeError, AttributeError, ValueError)):
         DiffusionPipeline.from_pretrained(folder)
 

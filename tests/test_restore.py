@@ -8,13 +8,13 @@ import torch
 from diffusers import DDPMScheduler
 from PIL import Image
 
-from denoiser.cli import main
+from denoiser.cli.main import main
 from denoiser.data import make_synthetic
 from denoiser.diffusion import Diffusion
-from denoiser.guidance import Guidance
-from denoiser.model_dir import WEIGHTS_DIR, load_model
-from denoiser.restore import add_noise, denoise, edit, estimate_sigma, inpaint, psnr, restore
-from denoiser.sample import make_sampler, sample
+from denoiser.sampling.guidance import Guidance
+from denoiser.folders.model_dir import WEIGHTS_DIR, load_model
+from denoiser.restore.chains import add_noise, denoise, edit, estimate_sigma, inpaint, psnr, restore
+from denoiser.sampling.loop import make_sampler, sample
 
 MODEL = WEIGHTS_DIR / "synthetic-shapes"
 

@@ -1,4 +1,4 @@
-"""Edit and inpaint with a text model's prompt (denoiser.restore's `text`): the prompt steers the redrawn pixels,
+"""Edit and inpaint with a text model's prompt (denoiser.restore.chains's `text`): the prompt steers the redrawn pixels,
 the empty prompt is the unconditioned run, the known pixels stay; the CLI's --prompt, the app engine's prompt."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import torch
 from PIL import Image
 
 from denoiser.app.engine import Engine
-from denoiser.cli import main
+from denoiser.cli.main import main
 from denoiser.diffusion import Diffusion
-from denoiser.guidance import Guidance, TextCondition
-from denoiser.model_dir import WEIGHTS_DIR, load_model, load_text
-from denoiser.restore import restore
+from denoiser.sampling.guidance import Guidance, TextCondition
+from denoiser.folders.model_dir import WEIGHTS_DIR, load_model, load_text
+from denoiser.restore.chains import restore
 from tests.conftest import random_text_model
 
 PHOTO = Image.new("RGB", (40, 30), (200, 60, 40))

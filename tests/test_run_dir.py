@@ -1,4 +1,4 @@
-"""denoiser/run_dir.py: run_info.json keeps one entry per sitting, and a write that fails keeps the earlier ones."""
+"""denoiser/train/run_dir.py: run_info.json keeps one entry per sitting, and a write that fails keeps the earlier ones."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from denoiser.config import RunConfig
-from denoiser.run_dir import write_run_info
+from denoiser.train.config import RunConfig
+from denoiser.train.run_dir import write_run_info
 
 
 def test_each_sitting_adds_an_entry(tmp_path):

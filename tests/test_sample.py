@@ -7,9 +7,9 @@ import torch
 from diffusers import DDIMPipeline, DDPMPipeline, DDPMScheduler
 from PIL import Image
 
-from denoiser.guidance import Guidance
+from denoiser.sampling.guidance import Guidance
 from denoiser.image_io import save_grid
-from denoiser.sample import class_label_tensor, image_generators, make_sampler, sample, trajectory_strip
+from denoiser.sampling.loop import class_label_tensor, image_generators, make_sampler, sample, trajectory_strip
 from tests.conftest import generators, seeded_noise
 
 
@@ -138,7 +138,7 @@ def test_grid_png(tmp_path):
 def test_classifier_free_guidance_combines_the_two_predictions():
     from diffusers import DDIMScheduler
 
-    from denoiser.unet import UNet
+    from denoiser.model.unet import UNet
     from tests.conftest import TINY
 
     torch.manual_seed(0)
@@ -187,7 +187,7 @@ def test_trailing_timestep_spacing_starts_at_the_last_timestep():
     lead.set_timesteps(4)
     trail.set_timesteps(4)
     assert int(trail.timesteps[0]) == 999 and int(lead.timesteps[0]) < 999
-    from denoiser.config import DiffusionConfig
+    from denoiser.train.config import DiffusionConfig
     from denoiser.diffusion import make_scheduler
 
     ours = make_sampler("ddim", make_scheduler(DiffusionConfig()).config)  # what a trained model's folder holds

@@ -14,14 +14,14 @@ from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline
 from PIL import Image
 
 from denoiser.app.engine import Engine
-from denoiser.cli import main
-from denoiser.fid import Statistics
+from denoiser.cli.main import main
+from denoiser.evaluate.fid import Statistics
 from denoiser.image_io import to_pil
-from denoiser.model_dir import read_defaults
-from denoiser.pipeline import save_pipeline
-from denoiser.request import SCHEDULERS, SampleRequest
-from denoiser.sample import SAMPLERS, sample, spread_labels
-from denoiser.sampling import resolve, run
+from denoiser.folders.model_dir import read_defaults
+from denoiser.folders.pipeline import save_pipeline
+from denoiser.sampling.request import SCHEDULERS, SampleRequest
+from denoiser.sampling.loop import SAMPLERS, sample, spread_labels
+from denoiser.sampling.plan import resolve, run
 from tests.conftest import ROOT
 
 
@@ -99,9 +99,9 @@ def test_every_front_door_gives_the_same_images(folder, tmp_path, capsys, monkey
         scored.append(images)
         return 1.0
 
-    monkeypatch.setattr("denoiser.fid.fid_of_images", fid_of_images)
-    monkeypatch.setattr("denoiser.fid.InceptionFeatures", lambda *a, **k: None)
-    monkeypatch.setattr("denoiser.fid.reference_statistics", lambda *a, **k: Statistics(torch.zeros(1), torch.eye(1), 1, 16))
+    monkeypatch.setattr("denoiser.evaluate.fid.fid_of_images", fid_of_images)
+    monkeypatch.setattr("denoiser.evaluate.fid.InceptionFeatures", lambda *a, **k: None)
+    monkeypatch.setattr("denoiser.evaluate.fid.reference_statistics", lambda *a, **k: Statistics(torch.zeros(1), torch.eye(1), 1, 16))
     assert main(["evaluate", "--fid", "--num-samples", str(n), "--reference", "r.safetensors", *args, "--batch-size", "3"]) == 0
     capsys.readouterr()
     assert (scored[0].int() - cli.int()).abs().max() <= 1
@@ -215,8 +215,8 @@ def test_sampling_json_gives_the_defaults_and_arguments_win(tmp_path, class_unet
 def test_words_no_caption_held_are_named_by_the_plan_and_the_cli(tmp_path, caplog):
     """Issue 51 item 6: a model folder that keeps its captions' words (tokenizer/vocabulary.txt) says which words of a
     prompt it never saw: Plan.unseen, and a warning from `denoiser sample`; a folder without a vocabulary says nothing."""
-    from denoiser.cli import main
-    from denoiser.text import WordHashTokenizer
+    from denoiser.cli.main import main
+    from denoiser.model.text import WordHashTokenizer
     from tests.conftest import random_text_model
 
     folder = random_text_model(tmp_path / "words")

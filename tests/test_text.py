@@ -1,4 +1,4 @@
-"""Prompts (denoiser/text.py): the word-hash tokenizer, the text encoder, a text model's config and --init-from, and
+"""Prompts (denoiser/model/text.py): the word-hash tokenizer, the text encoder, a text model's config and --init-from, and
 prompts through guidance, the sampling core and the diffusers pipeline (references: separate UNet calls in float64,
 the UNet without encoder_hidden_states, a 1-image request per seed)."""
 
@@ -14,17 +14,17 @@ import torch
 from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with DiffusionPipeline)
-from denoiser.attention_blocks import SpatialCrossAttention
-from denoiser.config import RunConfig, apply_overrides, config_from_dict
-from denoiser.guidance import Guidance, TextCondition
-from denoiser.init_from import init_text_encoder, load_init_weights, load_into
-from denoiser.model_dir import TextModel
-from denoiser.pipeline import DenoiserPipeline, save_pipeline
-from denoiser.request import SampleRequest
-from denoiser.sample import sample
-from denoiser.sampling import resolve, run
-from denoiser.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, fnv1a, words
-from denoiser.unet import UNet
+from denoiser.model.attention_blocks import SpatialCrossAttention
+from denoiser.train.config import RunConfig, apply_overrides, config_from_dict
+from denoiser.sampling.guidance import Guidance, TextCondition
+from denoiser.train.init_from import init_text_encoder, load_init_weights, load_into
+from denoiser.folders.model_dir import TextModel
+from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
+from denoiser.sampling.request import SampleRequest
+from denoiser.sampling.loop import sample
+from denoiser.sampling.plan import resolve, run
+from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, fnv1a, words
+from denoiser.model.unet import UNet
 from tests.conftest import ROOT, TINY, TRAIN_CONFIG, generators
 from tests.test_data_captions import emoji_folder
 
@@ -147,7 +147,7 @@ def test_non_strings_are_refused(bad):
 def test_ids_are_the_same_in_another_process():
     """fnv1a, not Python's salted hash(): a fresh process whose hash() differs from this one's gets the same ids."""
     prompts = ["red apple", "Teacup without handle"]
-    code = ("from denoiser.text import WordHashTokenizer; "
+    code = ("from denoiser.model.text import WordHashTokenizer; "
             f"print(hash('red apple')); print(WordHashTokenizer(num_buckets=1000)({prompts!r})['input_ids'].tolist())")
     seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True, timeout=300,
@@ -304,7 +304,7 @@ def test_prompts_are_checked_and_long_ones_warned_about(text_model, class_unet, 
     with pytest.raises(ValueError, match="leave the prompt out and pick a class"):
         resolve(SampleRequest(num_images=1, prompts="cat"), unet=class_unet, scheduler=DDIMScheduler())
     long = " ".join(f"w{i}" for i in range(12))
-    with caplog.at_level("WARNING", logger="denoiser.sampling"):
+    with caplog.at_level("WARNING", logger="denoiser.sampling.plan"):
         plan = resolve(SampleRequest(num_images=2, prompts=long, steps=1), unet=unet, scheduler=DDIMScheduler(),
                        text=TextModel(tok, enc))
         assert not caplog.text  # resolving says nothing (the app resolves on every keystroke: issue 60 item 7)
@@ -346,8 +346,8 @@ def test_the_cli_samples_and_scores_prompts_as_the_core_does(tmp_path, text_mode
     import numpy as np
     from PIL import Image
 
-    from denoiser.cli import main
-    from denoiser.fid import Statistics
+    from denoiser.cli.main import main
+    from denoiser.evaluate.fid import Statistics
 
     unet, tok, enc = text_model
     folder = save_pipeline(unet, DDPMScheduler(), tmp_path / "m", text_encoder=enc, tokenizer=tok)
@@ -361,9 +361,9 @@ def test_the_cli_samples_and_scores_prompts_as_the_core_does(tmp_path, text_mode
     assert (pngs.int() - core.mul(255).round().int()).abs().max() <= 1
     # evaluate --fid --prompts FILE: the file's lines cycled over the images
     scored = []
-    monkeypatch.setattr("denoiser.fid.fid_of_images", lambda images, *a, **k: scored.append(images) or 1.0)
-    monkeypatch.setattr("denoiser.fid.InceptionFeatures", lambda *a, **k: None)
-    monkeypatch.setattr("denoiser.fid.reference_statistics", lambda *a, **k: Statistics(torch.zeros(1), torch.eye(1), 1, 16))
+    monkeypatch.setattr("denoiser.evaluate.fid.fid_of_images", lambda images, *a, **k: scored.append(images) or 1.0)
+    monkeypatch.setattr("denoiser.evaluate.fid.InceptionFeatures", lambda *a, **k: None)
+    monkeypatch.setattr("denoiser.evaluate.fid.reference_statistics", lambda *a, **k: Statistics(torch.zeros(1), torch.eye(1), 1, 16))
     (tmp_path / "prompts.txt").write_text("red apple\n\nhot tea\n")
     assert main(["evaluate", "--fid", "--num-samples", "3", "--reference", "r.safetensors", *flags,
                  "--prompts", str(tmp_path / "prompts.txt")]) == 0

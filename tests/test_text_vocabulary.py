@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from denoiser.text import WordHashTokenizer, words
+from denoiser.model.text import WordHashTokenizer, words
 
 EMOJI = Path(__file__).parents[1] / "weights" / "emoji"
 
@@ -60,7 +60,7 @@ def test_the_emoji_model_knows_its_caption_words():
 
 
 def test_the_emoji_models_example_prompts_use_only_its_caption_words():
-    from denoiser.model_dir import read_defaults
+    from denoiser.folders.model_dir import read_defaults
 
     tok = WordHashTokenizer.from_pretrained(EMOJI / "tokenizer")
     examples = read_defaults(EMOJI, None).example_prompts

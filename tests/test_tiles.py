@@ -1,4 +1,4 @@
-"""Denoising a photo of any size in overlapping tiles (denoiser.tiles), against restore.denoise on one tile."""
+"""Denoising a photo of any size in overlapping tiles (denoiser.restore.tiles), against restore.denoise on one tile."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from diffusers import DDPMScheduler
 from PIL import Image
 
 from denoiser.diffusion import Diffusion
-from denoiser.restore import denoise
-from denoiser.tiles import StopTiling, TileOptions, blend_window, denoise_tiles, photo_sigma, tile_starts
+from denoiser.restore.chains import denoise
+from denoiser.restore.tiles import StopTiling, TileOptions, blend_window, denoise_tiles, photo_sigma, tile_starts
 
 
 @pytest.fixture
@@ -114,8 +114,8 @@ def test_bad_options_are_refused_before_any_work(tiny_unet, diffusion, options, 
 
 def test_cli_denoise_returns_the_photo_at_its_own_size(tmp_path, tiny_unet, capsys):
     """Issue 35 item 15: `denoiser denoise --image photo.png --sigma S --out out.png` keeps the photo's size."""
-    from denoiser.cli import main
-    from denoiser.pipeline import save_pipeline
+    from denoiser.cli.main import main
+    from denoiser.folders.pipeline import save_pipeline
 
     save_pipeline(tiny_unet, DDPMScheduler(clip_sample=True), tmp_path / "model")
     photo = tmp_path / "photo.png"
@@ -133,8 +133,8 @@ def test_cli_denoise_of_a_phone_jpeg_keeps_every_pixel(tmp_path, tiny_unet, caps
     CLI decoded it in Pillow's draft mode at 1/8 of its size and still said "at its own size"."""
     import io
 
-    from denoiser.cli import main
-    from denoiser.pipeline import save_pipeline
+    from denoiser.cli.main import main
+    from denoiser.folders.pipeline import save_pipeline
     from tests.test_image_io import _photo as phone_jpeg
 
     save_pipeline(tiny_unet, DDPMScheduler(clip_sample=True), tmp_path / "model")
@@ -151,7 +151,7 @@ def test_cli_denoise_of_a_phone_jpeg_keeps_every_pixel(tmp_path, tiny_unet, caps
 
 def test_one_tile_with_a_class_and_guidance_is_the_guided_one_step_denoise(class_unet, diffusion):
     """The tiles take the class and guidance as sampling does (the CLI's plan), and refuse a class the model lacks."""
-    from denoiser.guidance import Guidance
+    from denoiser.sampling.guidance import Guidance
 
     photo = _photo(16, 16)
     guidance = Guidance(scale=2.0, pag_scale=1.0)
@@ -164,8 +164,8 @@ def test_one_tile_with_a_class_and_guidance_is_the_guided_one_step_denoise(class
 
 
 def test_cli_denoise_of_a_photo_takes_class_names_and_refuses_unknown_ones(tmp_path, class_unet, capsys):
-    from denoiser.cli import main
-    from denoiser.pipeline import save_pipeline
+    from denoiser.cli.main import main
+    from denoiser.folders.pipeline import save_pipeline
 
     save_pipeline(class_unet, DDPMScheduler(clip_sample=True), tmp_path / "model", classes=["red", "green", "blue"])
     photo = tmp_path / "photo.png"
@@ -180,7 +180,7 @@ def test_cli_denoise_of_a_photo_takes_class_names_and_refuses_unknown_ones(tmp_p
 def test_denoise_photo_reports_its_sigma_and_fills_the_buffer_it_is_given(tiny_unet):
     """Issue 41 item 11: the σ estimated is returned (the app shows it); `out` is filled band by band, so a progress
     callback sees the finished rows over the photo (the app's live preview), and the result is the same."""
-    from denoiser.tiles import denoise_photo
+    from denoiser.restore.tiles import denoise_photo
 
     sched = DDPMScheduler(clip_sample=True)
     photo = _photo(40, 56)
@@ -202,8 +202,8 @@ def test_a_cameras_grain_is_read_at_its_own_sigma():
     little of a camera's correlated noise), so the denoise left most of it. photo_sigma reads the 2x2 means' band too."""
     import io
 
-    from denoiser.restore import estimate_sigma
-    from denoiser.tiles import photo_sigma
+    from denoiser.restore.chains import estimate_sigma
+    from denoiser.restore.tiles import photo_sigma
 
     g = torch.Generator().manual_seed(0)
     smooth = torch.nn.functional.interpolate(torch.rand(1, 3, 9, 9, generator=g), size=(384, 384), mode="bicubic")[0]

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 import denoiser  # noqa: F401
 from denoiser.data.order import batch_indices
-from denoiser.init_from import adapt_classes
-from denoiser.unet import UNet
+from denoiser.train.init_from import adapt_classes
+from denoiser.model.unet import UNet
 from tests.conftest import cli, write_config
 
 
@@ -226,7 +226,7 @@ def test_fid_during_training_logs_and_keeps_the_best(tmp_path):
     best = json.loads((run / "best-model" / "fid.json").read_text())
     assert best["fid"] == pytest.approx(min(scores), abs=1e-3) and best["num_samples"] == 4
     assert (run / "best-model" / "unet" / "config.json").is_file()
-    from denoiser.fid import Statistics
+    from denoiser.evaluate.fid import Statistics
 
     assert Statistics.load(run / "fid-reference.safetensors").num_images == 8  # the run's validation split
     bad = write_config(tmp_path / "b.yaml", train={"keep_best": True})
@@ -246,8 +246,8 @@ def test_gradient_checkpointing_trains_the_same_weights(tmp_path):
 
 def test_a_run_folder_from_before_new_config_keys_still_resumes(tmp_path):
     """A config.yaml written before data.image_column etc. existed: the missing keys count as their defaults."""
-    from denoiser.config import config_from_dict
-    from denoiser.run_dir import prepare_output_dir
+    from denoiser.train.config import config_from_dict
+    from denoiser.train.run_dir import prepare_output_dir
 
     cfg = config_from_dict(yaml.safe_load(write_config(tmp_path / "c.yaml").read_text()))
     old = cfg.to_dict()
@@ -295,8 +295,8 @@ def test_a_failed_summary_keeps_the_previous_one(tmp_path, monkeypatch):
     from accelerate.state import AcceleratorState
 
     from denoiser.atomic import is_temporary
-    from denoiser.config import load_config
-    from denoiser.train_loop import train
+    from denoiser.train.config import load_config
+    from denoiser.train.loop import train
 
     cfg, run = write_config(tmp_path / "c.yaml", train={"max_steps": 2}), tmp_path / "run"
     original = Path.write_text

@@ -27,7 +27,7 @@ def _launcher(processes: int) -> list[str]:
     # `accelerate launch --cpu --num_processes 2` starts ONE process; --multi_gpu with ACCELERATE_USE_CPU starts two.
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(_free_port()), "-m", "denoiser.train"]
+            "--main_process_port", str(_free_port()), "-m", "denoiser.train.command"]
 
 
 def _final(run):
@@ -70,7 +70,7 @@ def _lines(path) -> int:
 def test_sigkill_at_any_moment_then_resume_completes(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", train={"max_steps": 40, "checkpoint_every": 1, "keep_checkpoints": 2})
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "denoiser.cli", "train", "--config", str(cfg), "--output-dir", str(run)]
+    cmd = [sys.executable, "-m", "denoiser.cli.main", "train", "--config", str(cfg), "--output-dir", str(run)]
     env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     killed = []
     # Kill once a given step is logged, after a jitter: lands mid-step and mid-checkpoint-write.
@@ -99,7 +99,7 @@ def test_sigkill_at_any_moment_then_resume_completes(tmp_path):
 def test_sigterm_saves_a_checkpoint_and_exits(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", train={"max_steps": 100000, "checkpoint_every": 100000})
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "denoiser.cli", "train", "--config", str(cfg), "--output-dir", str(run)]
+    cmd = [sys.executable, "-m", "denoiser.cli.main", "train", "--config", str(cfg), "--output-dir", str(run)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -117,7 +117,7 @@ def test_sigterm_saves_a_checkpoint_and_exits(tmp_path):
 def test_cpu_launch_with_more_processes_than_started_warns(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", train={"max_steps": 1, "checkpoint_every": 1})
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "denoiser.train"]
+                "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "denoiser.train.command"]
     res = cli("--config", str(cfg), "--output-dir", str(tmp_path / "run"), launcher=launcher)
     assert "accelerate launch asked for 2 processes but 1 started" in res.stderr
     assert "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2" in res.stderr
@@ -125,7 +125,7 @@ def test_cpu_launch_with_more_processes_than_started_warns(tmp_path):
 
 
 def test_launch_warning_reads_the_launcher_command_line():
-    from denoiser.launch import launch_warning, requested_processes
+    from denoiser.train.launch import launch_warning, requested_processes
 
     assert requested_processes(["accelerate", "launch", "--num-processes=4", "x.py"]) == 4
     assert requested_processes(["accelerate", "launch", "x.py"]) is None
@@ -150,7 +150,7 @@ def test_two_machines_match_one_process(tmp_path):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
                "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
                "--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "-m", "denoiser.train", "--config", str(cfg), "--output-dir", str(two)]
+               "-m", "denoiser.train.command", "--config", str(cfg), "--output-dir", str(two)]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for _, e in outs]

@@ -1,4 +1,4 @@
-"""What a run writes besides checkpoints (denoiser/train_outputs.py): the loss curve and the best model with its FID
+"""What a run writes besides checkpoints (denoiser/train/outputs.py): the loss curve and the best model with its FID
 replace the previous ones whole or not at all (denoiser/atomic.py)."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 import torch
 from PIL import Image
 
-import denoiser.fid
-from denoiser import train_outputs
+import denoiser.evaluate.fid
+from denoiser.train import outputs as train_outputs
 from denoiser.atomic import is_temporary
-from denoiser.config import load_config
+from denoiser.train.config import load_config
 from denoiser.diffusion import Diffusion
-from denoiser.run_dir import record_loss
-from denoiser.unet import UNet
+from denoiser.train.run_dir import record_loss
+from denoiser.model.unet import UNet
 from tests.conftest import write_config
 
 
@@ -71,8 +71,8 @@ def test_a_failed_best_model_keeps_the_previous_model_and_its_score(tmp_path, mo
     cfg.train.fid_reference = str(reference)
     scores = iter([2.0, 1.0])
     monkeypatch.setattr(train_outputs, "_inception", lambda device: None)
-    monkeypatch.setattr(denoiser.fid, "reference_statistics", lambda path: None)
-    monkeypatch.setattr(denoiser.fid, "fid_of_images", lambda images, ref, extractor: next(scores))
+    monkeypatch.setattr(denoiser.evaluate.fid, "reference_statistics", lambda path: None)
+    monkeypatch.setattr(denoiser.evaluate.fid, "fid_of_images", lambda images, ref, extractor: next(scores))
     train_outputs.evaluate_fid(_Accelerator(), unet, None, diffusion, cfg, None, out, 1)
     best = out / "best-model"
     weights = (best / "unet" / "diffusion_pytorch_model.safetensors").read_bytes()
@@ -101,11 +101,11 @@ def test_the_best_model_is_a_folder_like_the_runs_model(tmp_path, monkeypatch, n
     reference.write_bytes(b"")  # never read: the statistics and the score are stubbed (no Inception here)
     cfg.train.fid_reference = str(reference)
     monkeypatch.setattr(train_outputs, "_inception", lambda device: None)
-    monkeypatch.setattr(denoiser.fid, "reference_statistics", lambda path: None)
-    monkeypatch.setattr(denoiser.fid, "fid_of_images", lambda images, ref, extractor: 3.0)
+    monkeypatch.setattr(denoiser.evaluate.fid, "reference_statistics", lambda path: None)
+    monkeypatch.setattr(denoiser.evaluate.fid, "fid_of_images", lambda images, ref, extractor: 3.0)
     names = ["cat", "dog", "fox", "owl"] if num_class_embeds else None
     train_outputs.evaluate_fid(_Accelerator(), unet, None, Diffusion.from_config(cfg.diffusion), cfg, None, out, 1,
                                classes=names)
-    from denoiser.model_dir import load
+    from denoiser.folders.model_dir import load
 
     assert list(load(out / "best-model").defaults.classes or ()) == (names or [])

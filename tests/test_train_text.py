@@ -10,12 +10,12 @@ from diffusers import DDPMScheduler, DiffusionPipeline
 from safetensors.torch import load_file
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with DiffusionPipeline)
-from denoiser.config import load_config
+from denoiser.train.config import load_config
 from denoiser.data import DataConfig, open_training_data
-from denoiser.pipeline import DenoiserPipeline, save_pipeline
-from denoiser.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, words
-from denoiser.train_loop import caption_texts, train
-from denoiser.unet import UNet
+from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
+from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, words
+from denoiser.train.loop import caption_texts, train
+from denoiser.model.unet import UNet
 from tests.conftest import TRAIN_CONFIG, write_config
 from tests.test_data_captions import emoji_folder, write_shards
 
@@ -170,10 +170,10 @@ def test_the_best_model_of_a_text_run_has_its_words_and_its_fid_samples_the_vali
     """train.keep_best on a text model: its FID sampled with no text (the folder's text encoder was looked up in a
     folder there is none of) and best-model/ was saved without text_encoder/ and tokenizer/. Now best-model/ loads as
     model/ does, and the FID's images are of the validation images' own captions."""
-    import denoiser.fid
-    import denoiser.sampling
-    from denoiser import train_outputs
-    from denoiser.model_dir import load
+    import denoiser.evaluate.fid
+    import denoiser.sampling.plan
+    from denoiser.train import outputs as train_outputs
+    from denoiser.folders.model_dir import load
 
     root = captioned_folder(tmp_path / "data")
     reference = tmp_path / "reference.safetensors"
@@ -182,16 +182,16 @@ def test_the_best_model_of_a_text_run_has_its_words_and_its_fid_samples_the_vali
                                   fid_reference=str(reference)))
     cfg.data.val_size = 3
     asked, scores = [], iter([2.0, 1.0, 3.0])
-    resolve = denoiser.sampling.resolve
+    resolve = denoiser.sampling.plan.resolve
 
     def recording_resolve(request, *args, **kwargs):
         asked.append(request.prompts)
         return resolve(request, *args, **kwargs)
 
-    monkeypatch.setattr(denoiser.sampling, "resolve", recording_resolve)
+    monkeypatch.setattr(denoiser.sampling.plan, "resolve", recording_resolve)
     monkeypatch.setattr(train_outputs, "_inception", lambda device: None)
-    monkeypatch.setattr(denoiser.fid, "reference_statistics", lambda path: None)
-    monkeypatch.setattr(denoiser.fid, "fid_of_images", lambda images, ref, extractor: next(scores))
+    monkeypatch.setattr(denoiser.evaluate.fid, "reference_statistics", lambda path: None)
+    monkeypatch.setattr(denoiser.evaluate.fid, "fid_of_images", lambda images, ref, extractor: next(scores))
     try:
         train(cfg, tmp_path / "run")
     finally:

@@ -10,7 +10,7 @@ import yaml
 from diffusers import DDIMPipeline, DDIMScheduler, DDPMPipeline, DDPMScheduler, DiffusionPipeline
 from diffusers.models.unets.unet_2d import UNet2DOutput
 
-import denoiser  # noqa: F401  (pipelines resolve denoiser.unet from sys.modules)
+import denoiser  # noqa: F401  (pipelines resolve denoiser.model.unet from sys.modules)
 from denoiser import UNet, capture_attention
 from tests.conftest import TINY
 
@@ -113,7 +113,7 @@ def test_the_network_is_torch_modules_and_the_speed_layer_swaps_in_place(tiny_un
     from denoiser.fast import conv
 
     unet = _cl_copy(tiny_unet)
-    model_files = {"denoiser.unet", "denoiser.attention", "denoiser.attention_blocks", "denoiser.groupnorm"}
+    model_files = {"denoiser.model.unet", "denoiser.model.attention", "denoiser.model.attention_blocks", "denoiser.model.groupnorm"}
     kinds = {type(m).__module__ for m in unet.modules()}
     assert all(k.startswith("torch.nn.") or k in model_files for k in kinds), kinds  # nothing of denoiser.fast
     convs = {name: m for name, m in unet.named_modules() if isinstance(m, torch.nn.Conv2d)}
@@ -154,7 +154,7 @@ def test_packed_weights_match_and_are_released(tiny_unet):
 
 def test_without_the_kernels_the_modules_run(tiny_unet, monkeypatch):
     from denoiser.fast import kernels
-    from denoiser.sample import make_sampler, sample
+    from denoiser.sampling.loop import make_sampler, sample
 
     unet = _cl_copy(tiny_unet)
     x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)

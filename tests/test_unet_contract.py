@@ -14,7 +14,7 @@ import torch
 from diffusers.training_utils import EMAModel
 
 from denoiser import UNet
-from denoiser.model_dir import WEIGHTS_DIR, load_model
+from denoiser.folders.model_dir import WEIGHTS_DIR, load_model
 from tests.conftest import TINY
 
 
@@ -206,7 +206,7 @@ def test_diffusers_warns_about_an_empty_fp32_list():
 def test_unet_to_drops_only_that_warning_and_only_during_its_call(class_unet):
     import threading
 
-    from denoiser.diffusers_warnings import _EMPTY_FP32_LIST
+    from denoiser.folders.diffusers_warnings import _EMPTY_FP32_LIST
 
     logger = logging.getLogger("diffusers.models.modeling_utils")
     message = "There are modules in X that should be kept in float32: []"

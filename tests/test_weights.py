@@ -11,8 +11,8 @@ import yaml
 from diffusers import DDIMPipeline, DDIMScheduler, DiffusionPipeline
 
 import denoiser  # noqa: F401
-from denoiser.model_dir import WEIGHTS_DIR, list_models, load_model
-from denoiser.sample import make_sampler, sample
+from denoiser.folders.model_dir import WEIGHTS_DIR, list_models, load_model
+from denoiser.sampling.loop import make_sampler, sample
 from tests.conftest import generators
 
 SHIPPED = list_models(WEIGHTS_DIR)
@@ -74,8 +74,8 @@ def test_every_front_door_samples_with_the_folders_measured_best(name, monkeypat
     its sampling.json the step count, and the CLI, `evaluate --fid`, the pipeline and the app all sample with them."""
     from denoiser.app.engine import Engine
     from denoiser.app.handlers import Handlers
-    from denoiser.cli import main
-    from denoiser.request import BUILT_IN
+    from denoiser.cli.main import main
+    from denoiser.sampling.request import BUILT_IN
 
     folder = WEIGHTS_DIR / name
     own = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())["_class_name"]
@@ -87,7 +87,7 @@ def test_every_front_door_samples_with_the_folders_measured_best(name, monkeypat
         seen.append((type(scheduler).__name__, num_inference_steps))
         raise _Sampled
 
-    monkeypatch.setattr("denoiser.sampling.sample", spy)
+    monkeypatch.setattr("denoiser.sampling.plan.sample", spy)
     doors = {
         "sample": lambda: main(["sample", "--model", str(folder), "--num-images", "1", "--out", str(tmp_path / "s.png")]),
         "evaluate --fid": lambda: main(["evaluate", "--model", str(folder), "--fid", "--num-samples", "2",
@@ -95,8 +95,8 @@ def test_every_front_door_samples_with_the_folders_measured_best(name, monkeypat
                                        + (["--prompt", "red apple"] if (folder / "text_encoder").is_dir() else [])),
         "pipeline": lambda: DiffusionPipeline.from_pretrained(folder)(1),
     }
-    monkeypatch.setattr("denoiser.fid.reference_statistics", lambda *a, **k: None)
-    monkeypatch.setattr("denoiser.fid.InceptionFeatures", lambda *a, **k: None)
+    monkeypatch.setattr("denoiser.evaluate.fid.reference_statistics", lambda *a, **k: None)
+    monkeypatch.setattr("denoiser.evaluate.fid.InceptionFeatures", lambda *a, **k: None)
     for door, call in doors.items():
         with pytest.raises(_Sampled):
             call()

@@ -32,12 +32,12 @@ import torch
 
 from denoiser.data.emoji_set import CATALOG, KEYWORDS, fetch_package, load_catalog
 from denoiser.data.store import cache_root
-from denoiser.fid import InceptionFeatures, features
-from denoiser.model_dir import load
+from denoiser.evaluate.fid import InceptionFeatures, features
+from denoiser.folders.model_dir import load
 from denoiser.pixels import to_uint8
-from denoiser.request import SampleRequest
-from denoiser.sampling import resolve, run
-from denoiser.text import words
+from denoiser.sampling.request import SampleRequest
+from denoiser.sampling.plan import resolve, run
+from denoiser.model.text import words
 
 sys.path.insert(0, str(Path(__file__).parent))
 from prompt_fidelity import DATA, gallery_features, read_gallery  # noqa: E402

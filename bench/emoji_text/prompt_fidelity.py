@@ -4,7 +4,7 @@
         --guidance 1 2 3 --out-dir bench/emoji_text --typed-png docs/emoji-text-typed-prompts.png
 
 For 50 prompts that are emoji names, 4 images each (image k seeded k, the folder's sampler). Each image's
-Inception pool features (denoiser.fid, TF-FID Inception-v3) are compared by cosine similarity with those of every
+Inception pool features (denoiser.evaluate.fid, TF-FID Inception-v3) are compared by cosine similarity with those of every
 real image of ../shared/data/emoji (Noto "google" and Twemoji "twitter", 3,812 images, each decoded to 32x32 as the
 data pipeline does: denoiser.data.decode.decode_image, bicubic antialiased); hit@5 = the asked emoji's name is
 among the names of the 5 most similar. Beside it:
@@ -38,10 +38,10 @@ from tqdm.auto import tqdm
 
 from denoiser.atomic import atomic_path
 from denoiser.data.decode import decode_image
-from denoiser.fid import InceptionFeatures, features
+from denoiser.evaluate.fid import InceptionFeatures, features
 from denoiser.pixels import to_uint8
-from denoiser.request import SampleRequest
-from denoiser.sampling import resolve, run
+from denoiser.sampling.request import SampleRequest
+from denoiser.sampling.plan import resolve, run
 
 sys.path.insert(0, str(Path(__file__).parent))
 from holdout_folder import held_out_files  # noqa: E402

@@ -21,7 +21,7 @@ import yaml
 from denoiser.data.captions import caption_spec
 from denoiser.data.emoji_set import CATALOG, KEYWORD_SEPARATOR, KEYWORDS, fetch_package, load_catalog
 from denoiser.data.store import cache_root
-from denoiser.text import WordHashTokenizer
+from denoiser.model.text import WordHashTokenizer
 
 CONFIG = "configs/emoji-text.yaml"
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from denoiser.model_dir import load
-from denoiser.pipeline import DenoiserPipeline, save_pipeline
-from denoiser.request import SPREAD, SampleRequest
-from denoiser.sampling import resolve, run
-from denoiser.text import prompts_from_file
+from denoiser.folders.model_dir import load
+from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
+from denoiser.sampling.request import SPREAD, SampleRequest
+from denoiser.sampling.plan import resolve, run
+from denoiser.model.text import prompts_from_file
 
 TEXT_PROMPTS = Path("bench/emoji_text/val500_prompts.txt")  # a text model's FID prompts: held-out image k's name, cycled
 BATCH = 250  # images per UNet batch: speed only (image k is seeded k whatever its batch)

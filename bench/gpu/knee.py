@@ -24,7 +24,7 @@ import json
 import math
 from pathlib import Path
 
-from denoiser.config import load_config
+from denoiser.train.config import load_config
 
 KNEE_WITHIN = 0.10  # the knee: the smallest batch within 10 % of the best img/s
 RULES = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}  # lr grows as (batch ratio) ** exponent

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torchvision import datasets
 
-from denoiser.config import load_config
+from denoiser.train.config import load_config
 
 
 def main(config: str, out: str) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from denoiser.guidance import Guidance
-from denoiser.sampling import Plan
+from denoiser.sampling.guidance import Guidance
+from denoiser.sampling.plan import Plan
 
 __all__ = ["WORK_BUDGET", "Work", "work_budget", "model_cost", "work_of", "plan_work"]
 

@@ -24,21 +24,21 @@ from denoiser.app.attention_views import AttentionViews, Generation, Stages
 from denoiser.app.budget import plan_work, work_of
 from denoiser.app.limits import LIMITS, MAX_PROMPT_CHARS, check_int, check_scales
 from denoiser.app.photo_time import PhotoTime, measure_tile_rate, photo_seconds
-from denoiser.guidance import Guidance
+from denoiser.sampling.guidance import Guidance
 from denoiser.image_io import MAX_PIXELS
-from denoiser.model_dir import LoadedModel, ModelDefaults, list_models, load, model_roots, resolve_model_dir
+from denoiser.folders.model_dir import LoadedModel, ModelDefaults, list_models, load, model_roots, resolve_model_dir
 from denoiser.pixels import to_unit, uint8_to_unit
-from denoiser.prompt_edit import PromptEdit
-from denoiser.prompt_weights import parse_prompt
-from denoiser.request import BUILT_IN, RestoreRequest, SampleRequest, check_timestep_spacing
-from denoiser.restoring import RestoreResult, check_request, resolve_restore, run_restore
-from denoiser.sample import SAMPLERS
-from denoiser.sampling import Plan, resolve, run
-from denoiser.tiles import count_tiles
+from denoiser.sampling.prompt_to_prompt import PromptEdit
+from denoiser.sampling.prompt_weights import parse_prompt
+from denoiser.sampling.request import BUILT_IN, RestoreRequest, SampleRequest, check_timestep_spacing
+from denoiser.restore.plan import RestoreResult, check_request, resolve_restore, run_restore
+from denoiser.sampling.loop import SAMPLERS
+from denoiser.sampling.plan import Plan, resolve, run
+from denoiser.restore.tiles import count_tiles
 
 __all__ = ["Engine", "Generation", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS", "check_prompt"]
 
-# what the Edit tab does to a user's image (denoiser.restoring) -> (operation, method); "denoise" is the one-step
+# what the Edit tab does to a user's image (denoiser.restore.plan) -> (operation, method); "denoise" is the one-step
 # MMSE estimate (the photo at its own size, in tiles), "denoise (sampled)" the reverse chain
 RESTORE_OPERATIONS = {"denoise": ("denoise", "mmse"), "denoise (sampled)": ("denoise", "sample"),
                       "edit": ("edit", "mmse"), "inpaint": ("inpaint", "mmse")}
@@ -54,7 +54,7 @@ class Engine(AttentionViews):
 
     def __init__(self, weights_dir: str | Path | Sequence[str | Path] | None = None) -> None:
         """weights_dir: a folder of model folders or several (the first holding a name wins); default
-        `denoiser.model_dir.model_roots()`: $DENOISER_WEIGHTS, then the checkout's weights/."""
+        `denoiser.folders.model_dir.model_roots()`: $DENOISER_WEIGHTS, then the checkout's weights/."""
         self.weights_dir = model_roots() if weights_dir is None else weights_dir
         self._models: dict[str, LoadedModel] = {}
         self._lock = threading.Lock()
@@ -114,10 +114,10 @@ class Engine(AttentionViews):
         """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step.
 
         guidance_scale, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
-        (denoiser.guidance); autoguidance uses the guide named in the model folder's sampling.json.
+        (denoiser.sampling.guidance); autoguidance uses the guide named in the model folder's sampling.json.
         timestep_spacing, guidance_interval ("lo, hi" timesteps), pag_layers ("a,b"): None or empty, the model's.
         prompt, negative_prompt: a text model's (None or empty: no condition; classifier-free guidance steers from
-        the negative prompt to the prompt). edit, edit_prompt: a prompt-to-prompt edit (denoiser.prompt_edit): image 0
+        the negative prompt to the prompt). edit, edit_prompt: a prompt-to-prompt edit (denoiser.sampling.prompt_to_prompt): image 0
         `prompt` (the source), image 1 `edit_prompt`, both from image 0's noise (num_images 2). A request over the work
         budget is refused before any work (plan_work)."""
         form = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label,
@@ -157,7 +157,7 @@ class Engine(AttentionViews):
             raise ValueError(f"eta must be a number in 0..1, got {eta!r}")
         prompt, negative_prompt = check_prompt("prompt", prompt), check_prompt("negative prompt", negative_prompt)
         prompts = prompt
-        if edit is not None:  # the source and its edit, one batch (denoiser.sampling checks the rest before any work)
+        if edit is not None:  # the source and its edit, one batch (denoiser.sampling.plan checks the rest before any work)
             edit_prompt = check_prompt("edited prompt", edit_prompt)
             if not edit_prompt:
                 raise ValueError("type the edited prompt: the result's prompt with the words you want changed (red heart "
@@ -200,7 +200,7 @@ class Engine(AttentionViews):
         self, model: str, request: RestoreRequest, image: Image.Image, mask: Image.Image | None = None,
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
     ) -> tuple[Generation | None, RestoreResult]:
-        """The user's picture through `request` (denoiser.restoring: one rule for tiles or the centre square, the
+        """The user's picture through `request` (denoiser.restore.plan: one rule for tiles or the centre square, the
         class, prompt and guidance as for sampling), within the budgets: a photo whose tiled denoise is over the photo
         budget (denoiser.app.photo_time) is restored as a copy scaled down to fit (the result's settings say
         `scaled_from`); a chain over the work budget is refused before any work. on_step(i, total, preview in [0, 1]) after each step of a chain (its predicted x₀) or each
@@ -286,7 +286,7 @@ class Engine(AttentionViews):
 
 def check_prompt(name: str, value) -> str | None:
     """A prompt from the page: text of at most MAX_PROMPT_CHARS whose weights read ("(red:1.5) apple": a malformed
-    one is refused here, before any work, in denoiser.prompt_weights' words); None or blank: no prompt."""
+    one is refused here, before any work, in denoiser.sampling.prompt_weights' words); None or blank: no prompt."""
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > MAX_PROMPT_CHARS:

@@ -31,7 +31,7 @@ from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.app.limits import LIMITS
 from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
 from denoiser.app.words import word_maps_label, word_weights_label, words_label
-from denoiser.request import BUILT_IN, TIMESTEP_SPACINGS
+from denoiser.sampling.request import BUILT_IN, TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
 
@@ -154,7 +154,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                 guide_w = form_slider(*LIMITS["guide_scale"], value=1.0, step=0.25, label="autoguidance", visible=False,
                                     elem_id="autoguidance",
                                     info="steer away from the model's small, less-trained guide model; 1 = off")
-                # folded away: the model folder's own values unless changed (denoiser.sampling.resolve)
+                # folded away: the model folder's own values unless changed (denoiser.sampling.plan.resolve)
                 with gr.Accordion("advanced", open=False, elem_id="advanced"):
                     spacing = gr.Dropdown([MODELS_OWN, *TIMESTEP_SPACINGS], value=MODELS_OWN, label="timestep spacing",
                                           elem_id="spacing", info="which timesteps the steps visit; trailing starts at "

@@ -16,7 +16,7 @@ from pathlib import Path
 from PIL import Image
 
 from denoiser.image_io import open_image
-from denoiser.restoring import check_size
+from denoiser.restore.plan import check_size
 
 __all__ = ["NO_PHOTO", "keep_upload", "drop_upload", "photo_file", "editor_layers", "editor_picture", "edit_input", "centre_square", "photo_preview",
            "EDIT_PREVIEW"]

@@ -1,6 +1,6 @@
 """How long a photo's tiled denoise will take on this server, and how long it may: the Edit tab's photo budget.
 
-A photo is denoised at its own size in tiles of the model's size (denoiser.tiles), so its cost is its tile count. How
+A photo is denoised at its own size in tiles of the model's size (denoiser.restore.tiles), so its cost is its tile count. How
 fast tiles go depends on the CPU and on the path that runs there (float32 or bf16, denoiser.fast.precision), so the
 rate is measured, once per model, by timing that very path (`denoise_photo`) on a small synthetic photo. A photo
 whose estimate is over `photo_seconds()` (DENOISER_PHOTO_SECONDS, default 10 minutes) is denoised as a copy scaled down
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from denoiser.tiles import TileOptions, count_tiles, denoise_photo
+from denoiser.restore.tiles import TileOptions, count_tiles, denoise_photo
 
 __all__ = ["PHOTO_SECONDS", "PhotoTime", "photo_seconds", "measure_tile_rate"]
 

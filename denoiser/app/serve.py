@@ -30,7 +30,7 @@ from denoiser.app.photo_time import PHOTO_SECONDS
 from denoiser.app.streaming import STOPPING, log
 from denoiser.fast import malloc
 from denoiser.fast.kernels import load_kernels
-from denoiser.model_dir import WEIGHTS_ENV, model_roots
+from denoiser.folders.model_dir import WEIGHTS_ENV, model_roots
 
 __all__ = ["run", "Disconnects"]
 

@@ -1,5 +1,5 @@
 """The Sample tab's word edit: "change the words, keep the picture" on a text model's result (prompt-to-prompt,
-Hertz et al. 2022: denoiser.prompt_edit).
+Hertz et al. 2022: denoiser.sampling.prompt_to_prompt).
 
 The selected result is drawn again from its own noise beside its edit, in one batch: image 0 with the result's
 prompt (the source), image 1 with the edited prompt, for the first part of the steps taking the source's word maps
@@ -35,7 +35,7 @@ from denoiser.app.handlers import (
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.words import word_choices
 from denoiser.image_io import read_settings, to_pil
-from denoiser.prompt_edit import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
+from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
 
 __all__ = ["EDIT_SETTINGS", "OFFERED", "WordEdit", "word_edit_box", "wire_word_edit", "image_words", "source_of"]
 

@@ -1,4 +1,4 @@
-"""The `data:` section of a run config (denoiser/config.py reads the YAML onto it and checks it against the table
+"""The `data:` section of a run config (denoiser/train/config.py reads the YAML onto it and checks it against the table
 of sources, denoiser/data/sources.py)."""
 
 from __future__ import annotations

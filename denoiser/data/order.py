@@ -23,11 +23,11 @@ __all__ = ["seed_of", "batch_indices", "buffer_order", "Cursor",
 # What each seeded stream is for: the first part of its seed_of(...).
 SHARD_ORDER = 1  # a stream's shards of epoch e: (seed, e)
 SHUFFLE_BUFFER = 2  # a stream's shuffle buffer of epoch e on rank r: (seed, e, r)
-DRAWS = 3  # timesteps, flips and label drops of a step's items (denoiser.train)
+DRAWS = 3  # timesteps, flips and label drops of a step's items (denoiser.train.command)
 STORE_EPOCH = 4  # the store's permutation of epoch e: (seed, e)
-DROPOUT = 5  # the torch seed of dropout at step s on rank r (denoiser.train)
+DROPOUT = 5  # the torch seed of dropout at step s on rank r (denoiser.train.command)
 CAPTIONS = 6  # the caption of image i at step s, and whether it is dropped: (seed, s), then i (denoiser/data/captions.py)
-NOISE = 7  # the noise of a step's items, on the device that trains (denoiser.train): keyed as DRAWS
+NOISE = 7  # the noise of a step's items, on the device that trains (denoiser.train.command): keyed as DRAWS
 
 
 def seed_of(*parts: int) -> int:

@@ -2,7 +2,7 @@
 
 A row says how to open the source from a data config for the store (`open_source`), and for a stream when the
 source is sharded (`open_shards`), what `data.path` must be, and whether its items can carry captions. The config's checks read this table
-(denoiser/config.py), the store and the stream open through it (denoiser/data/training.py). A new source is one
+(denoiser/train/config.py), the store and the stream open through it (denoiser/data/training.py). A new source is one
 module (a `denoiser.data.base.Source`, and `Shards` if it streams, built from plain arguments) plus one row here.
 """
 

@@ -12,7 +12,7 @@ The order, for process r (global rank) of W, with n = train.batch_size / W image
   - the epochs follow one another without end: every rank takes as many steps as asked, however many items its
     shards hold;
   - step s is items [s·n, (s+1)·n) of rank r's stream; noise, timesteps, flips and label drops come from a
-    generator seeded by (train.seed, s, r) (denoiser.train); each item's caption from (train.seed, s, its global
+    generator seeded by (train.seed, s, r) (denoiser.train.command); each item's caption from (train.seed, s, its global
     item number) (denoiser/data/captions.py).
 The order is computed in denoiser/data/order.py (`Cursor`); this module indexes the shards, holds out validation
 and decodes each step's items.

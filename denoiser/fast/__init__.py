@@ -1,6 +1,6 @@
 """The optional speed layer: everything here makes the model faster and nothing here changes what it computes.
 
-The model files (`denoiser.attention`, `denoiser.attention_blocks`, `denoiser.groupnorm`, `denoiser.unet`) are written once, readably, with
+The model files (`denoiser.model.attention`, `denoiser.model.attention_blocks`, `denoiser.model.groupnorm`, `denoiser.model.unet`) are written once, readably, with
 torch's own modules and ops; each piece below is a switch or a wrapper around them, kept because an interleaved
 A/B showed it pays on a CPU (`bench/fast_path_ab.py`, bench/NOTES.md), and tested against the reference where
 it is compiled:
@@ -8,14 +8,14 @@ it is compiled:
 - `precision.py`  the precision inference runs in: float32, or bf16 autocast where this CPU's bf16 convolution
                   measures at least 1.1x faster (timed once per process; every door through `sampling_context`)
 - `kernels.py`    builds (at install) and loads denoiser's C++ extension from `csrc/`; `tracing()`
-- `attention.py`  the small-head attention kernel behind `denoiser.attention.fused_attention`
-- `groupnorm.py`  the channels-last GroupNorm(+SiLU) kernel behind `denoiser.groupnorm.group_norm`
+- `attention.py`  the small-head attention kernel behind `denoiser.model.attention.fused_attention`
+- `groupnorm.py`  the channels-last GroupNorm(+SiLU) kernel behind `denoiser.model.groupnorm.group_norm`
 - `conv.py`       the model's `nn.Conv2d`s on weights packed once for oneDNN while `UNet.packed_weights()`
                   is open (a sampling loop)
 - `malloc.py`     glibc malloc settings for a process that allocates the same large blocks every step
 
 The two kernels sit behind a switch in the module that owns the math (`GroupNorm.fast`, the attention's
-`fused_attn`), which is why those two model files import from here; `denoiser.unet` imports nothing from here
+`fused_attn`), which is why those two model files import from here; `denoiser.model.unet` imports nothing from here
 (its `packed_weights()` does, when called). Without a compiler, or with DENOISER_KERNELS=0, the reference paths
 run and only speed changes.
 """

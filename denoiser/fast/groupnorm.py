@@ -1,7 +1,7 @@
 """GroupNorm(+SiLU) for channels-last CPU tensors (`csrc/group_norm_nhwc.cpp`), forward and backward.
 
 torch's own GroupNorm is 3-12x slower for channels-last tensors than for NCHW (bf16 especially) while the
-convolutions around it are fastest channels-last; this kernel closes that gap. `denoiser.groupnorm`
+convolutions around it are fastest channels-last; this kernel closes that gap. `denoiser.model.groupnorm`
 calls `group_norm_nhwc` where `applies` says so and `F.group_norm` (+ `F.silu`) everywhere else; tests
 assert both compute the same function, forward and backward (tests/test_groupnorm.py).
 """

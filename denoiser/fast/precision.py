@@ -9,8 +9,8 @@ interleaved, and keeps bfloat16 only when it is at least `MIN_SPEEDUP` faster. A
 bf16 (an AVX2-only CPU emulates it, several times slower) is not measured. The measurement takes tens of
 milliseconds, once per process, at the first sampling call.
 
-Every door samples through `denoiser.sample.sampling_context`, which enters `autocast(module)`; a plan names the
-precision that ran (`denoiser.sampling.Plan.describe`, the CLI's line, the app's status and PNG settings).
+Every door samples through `denoiser.sampling.loop.sampling_context`, which enters `autocast(module)`; a plan names the
+precision that ran (`denoiser.sampling.plan.Plan.describe`, the CLI's line, the app's status and PNG settings).
 `forced(torch.float32)` holds a block to float32 (diffusers' `from_pretrained(..., torch_dtype=torch.float32)`);
 DENOISER_PRECISION=float32|bfloat16 sets it for the process. Attention maps are captured in float32
 (`full_precision()`): the exact weights of the float32 model at that step's input, whatever the sampling ran in.

@@ -1,0 +1,1 @@
+"""The `denoiser` command line: one module per group of subcommands."""

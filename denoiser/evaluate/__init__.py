@@ -1,0 +1,1 @@
+"""Judging a model: FID, attention statistics, and the pictures (grids, overlays, charts)."""

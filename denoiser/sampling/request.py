@@ -1,0 +1,109 @@
+"""What a run asks for, typed: `SampleRequest` (sampling) and `RestoreRequest` (a user's picture denoised, edited or
+inpainted), the forms every front door fills in.
+
+The CLI (`denoiser sample | attention | attention-stats | evaluate --fid`), the app's engine and
+`DenoiserPipeline.__call__` set the fields a user gave and leave the rest None; `denoiser.sampling.plan.resolve`
+fills those from the model folder (its scheduler config, `sampling.json`, `classes.txt`) and from
+`BUILT_IN` below, the only place the built-in defaults are written. The module imports nothing heavy, so
+the command line can show its choices without loading torch. `denoiser.restore.plan.resolve_restore` does for a
+`RestoreRequest` what `resolve` does for a `SampleRequest`.
+
+Seed rule (diffusers' list-of-generators convention): image k of a request with seed S is drawn from its
+own generator seeded S + k, its starting noise and every per-step noise (DDPM, DDIM with eta > 0) alike;
+so the batch size, the front door and the other images never change an image. `denoiser.sampling.loop.image_generators`
+is that rule, and every sampling, editing and inpainting path draws its noise through it. A prompt-to-prompt edit
+(`edit`) is the one exception: every image starts from image 0's noise (seed S), since an edit is that picture.
+The noise a restore adds first (the round trip) is image k's from a generator seeded S + ADDED_NOISE_SEED + k, so
+it is never the noise that samples the same seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from denoiser.sampling.prompt_to_prompt import PromptEdit
+
+__all__ = ["SampleRequest", "RestoreRequest", "SCHEDULERS", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD", "OPERATIONS",
+           "METHODS", "ADDED_NOISE_SEED", "check_timestep_spacing"]
+
+# the samplers offered by name (denoiser.sampling.loop.SAMPLERS builds them) and diffusers' timestep spacings
+SCHEDULERS = ("ddim", "ddpm", "dpm++", "unipc", "euler")
+TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
+SPREAD = "spread"  # classes 0, 1, ..., K-1, 0, 1, ... over the images (FID's even spread)
+OPERATIONS = ("denoise", "edit", "inpaint")  # what a restore does to a user's picture (denoiser.restore.chains)
+METHODS = ("mmse", "sample")  # a denoise's: one x₀ prediction (the photo at its own size, in tiles) or the reverse chain
+ADDED_NOISE_SEED = 12_345  # the seed offset of the noise a restore adds first (see the seed rule above)
+
+# what a request gets when neither it nor the model folder says otherwise
+BUILT_IN = {
+    "scheduler": "ddim",  # a folder's scheduler/ names its own (trailing timesteps for ours: cifar10 DDIM, emoji UniPC)
+    "steps": 50,  # a folder's sampling.json may name its measured best as num_inference_steps
+    "batch_size": 64,  # images per UNet batch: memory and speed only, never the images
+    # an edit's (SDEdit's) noise level, in the range where Meng et al. (2022) trade keeping the picture against
+    # redrawing it: with our models 0.1-0.3 keeps your picture and redraws its details, from ~0.5 the model draws
+    # its own; an edit of your picture keeps it unless asked (not yet measured: docs/app.md)
+    "strength": 0.3,
+}
+
+
+@dataclass
+class SampleRequest:
+    """One sampling run. None: the model folder's default, else `BUILT_IN`, else off."""
+
+    num_images: int = 16
+    classes: int | str | Sequence[int | str] | None = None  # a label or name for all, one per image, "spread"; None: no class
+    prompts: str | Sequence[str] | None = None  # a text model's prompt for all images or one per image; None or "": no condition
+    negative_prompts: str | Sequence[str] | None = None  # what guidance steers away from (one, or one per image); None: ""
+    seed: int = 0  # image k is drawn from a generator seeded seed + k
+    batch_size: int | None = None  # images per UNet batch (BUILT_IN)
+    scheduler: str | None = None  # one of SCHEDULERS; None: the folder's scheduler, else BUILT_IN
+    steps: int | None = None  # None: sampling.json's num_inference_steps, else BUILT_IN
+    timestep_spacing: str | None = None  # one of TIMESTEP_SPACINGS; None: the folder's scheduler config
+    eta: float = 0.0  # DDIM's stochasticity (0: deterministic); DDIM only
+    guidance_scale: float | None = None  # classifier-free guidance w (1 = off; sampling.json when a class is given)
+    pag_scale: float | None = None  # perturbed-attention guidance s (0 = off)
+    pag_layers: str | Sequence[str] | None = None  # comma-separated or a list of attention layer names
+    guide_model: str | None = None  # autoguidance's guide folder (sampling.json's is relative to the model folder)
+    guide_scale: float | None = None  # autoguidance weight a (1 = off)
+    guidance_interval: Sequence[float] | None = None  # [lo, hi] timesteps the guidance applies at
+    edit: PromptEdit | None = None  # prompt-to-prompt: image 0's prompt the source, images 1.. its edits (one batch)
+
+
+def check_timestep_spacing(value: str | None) -> str | None:
+    """`value`, checked to be one of TIMESTEP_SPACINGS; None (the scheduler config's own) passes through.
+    The one check of a spacing, for the CLI, the app and the pipeline alike."""
+    if value is not None and value not in TIMESTEP_SPACINGS:
+        raise ValueError(f"timestep spacing must be one of {', '.join(TIMESTEP_SPACINGS)}, got {value!r}")
+    return value
+
+
+@dataclass
+class RestoreRequest:
+    """One restore of a user's picture. None: `BUILT_IN`; the class, prompts and guidance as for sampling (the model
+    folder's sampling.json fills the guidance a class or prompt gets)."""
+
+    operation: str  # one of OPERATIONS
+    method: str = "mmse"  # denoise: one of METHODS ("mmse": one x₀ prediction, at the photo's size; "sample": the chain)
+    sigma: float | None = None  # denoise: the noise σ to remove ([0, 1] pixel scale); None or 0: noise_first, else estimated
+    strength: float | None = None  # edit: how far the picture is noised before it is redrawn, in (0, 1]; None: BUILT_IN
+    noise_first: float | None = None  # σ of Gaussian noise added first (the round trip, scored by PSNR); None or 0: none
+    steps: int | None = None  # the reverse chain's steps (an edit takes strength·steps of them); None: BUILT_IN
+    seed: int = 0  # the chain's noise and the added noise, by the seed rule
+    classes: int | str | None = None  # a class label or name (a class model); None: no class
+    prompts: str | None = None  # a text model's prompt for edit and inpaint (a denoise keeps what the picture shows)
+    negative_prompts: str | None = None  # what guidance steers away from; None: ""
+    guidance_scale: float | None = None  # classifier-free guidance w (1 = off; sampling.json's with a class or prompt)
+    pag_scale: float | None = None  # perturbed-attention guidance s (0 = off)
+    pag_layers: str | Sequence[str] | None = None  # as SampleRequest's
+    guide_model: str | None = None  # as SampleRequest's
+    guide_scale: float | None = None  # autoguidance weight a (1 = off)
+    guidance_interval: Sequence[float] | None = None  # as SampleRequest's
+
+    @property
+    def tiled(self) -> bool:
+        """The one rule of where a restore works: a one-step denoise keeps the photo's size (overlapping tiles at the
+        model's size, noise added first or not); every chain works on the centre square at the model's size."""
+        return self.operation == "denoise" and self.method == "mmse"
