@@ -46,7 +46,7 @@ test: venv chromium lint
 	DENOISER_KERNELS=0 HF_HUB_OFFLINE=1 $(PYTEST) $(NO_KERNEL_TESTS)
 
 # the newcomer's first command: a short training run to see the loop work, then the shipped CIFAR-10 model, whose
-# samples and attention are worth looking at (bench/first_command.md times it)
+# samples and attention are worth looking at (bench/first_image.md times it)
 demo: venv
 	HF_HUB_OFFLINE=1 .venv/bin/denoiser train --config configs/tiny.yaml --output-dir $(RUN) --overwrite
 	HF_HUB_OFFLINE=1 .venv/bin/denoiser sample --model $(RUN)/model --out $(RUN)/samples.png --num-images 16 --seed 0

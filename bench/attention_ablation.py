@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from denoiser.model.attention import attention_layer_names
-from denoiser.model.attention_blocks import identity_attention
-from denoiser.evaluate.attention_stats import attention_stats, stats_chart, write_csv
-from denoiser.train.config import DataConfig
 from denoiser.data import load_datasets
 from denoiser.diffusion import Diffusion
+from denoiser.evaluate.attention_stats import attention_stats, stats_chart, write_csv
 from denoiser.folders.model_dir import load_model
+from denoiser.model.attention import attention_layer_names
+from denoiser.model.attention_blocks import identity_attention
+from denoiser.train.config import DataConfig
 
 TIMESTEPS = (999, 800, 600, 400, 250, 100, 30, 5)
 DATA = {"cifar10": "../shared/data/cifar10-jpeg/train", "emoji": "../shared/data/emoji"}

@@ -104,15 +104,15 @@ def cmd_train(args) -> None:
 
 
 def cmd_score(args) -> None:
-    from denoiser.train.config import DataConfig
     from denoiser.data import load_datasets
     from denoiser.diffusion import Diffusion
     from denoiser.evaluate.fid import InceptionFeatures, Statistics, fid_of_images
-    from denoiser.image_io import save_grid
     from denoiser.folders.model_dir import load_model
-    from denoiser.sampling.request import SPREAD, SampleRequest
+    from denoiser.image_io import save_grid
     from denoiser.sampling.plan import resolve
     from denoiser.sampling.plan import run as run_plan
+    from denoiser.sampling.request import SPREAD, SampleRequest
+    from denoiser.train.config import DataConfig
 
     extractor = InceptionFeatures()
     ref = Statistics.load(REFERENCE)

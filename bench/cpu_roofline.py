@@ -33,8 +33,8 @@ from train_throughput import gemm_rate
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from denoiser.fast.precision import choose_precision, forced  # noqa: E402
 from denoiser.folders.model_dir import load  # noqa: E402
-from denoiser.sampling.loop import sampling_context  # noqa: E402
 from denoiser.model.text import encode_prompts  # noqa: E402
+from denoiser.sampling.loop import sampling_context  # noqa: E402
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 

@@ -32,9 +32,9 @@ def child(args) -> None:
     import torch
     import yaml
 
-    from denoiser.train.config import DiffusionConfig
     from denoiser.diffusion import Diffusion
     from denoiser.model.unet import UNet
+    from denoiser.train.config import DiffusionConfig
 
     base = _status("VmRSS")
     model = yaml.safe_load((ROOT / "configs" / f"{args.preset}.yaml").read_text())["model"]

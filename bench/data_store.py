@@ -58,9 +58,9 @@ def _status(key: str) -> float:
 def child_startup(args) -> None:
     import torch
 
-    from denoiser.train.config import DataConfig
     from denoiser.diffusion import Diffusion
     from denoiser.model.unet import UNet
+    from denoiser.train.config import DataConfig
 
     loader = _old_data().load_datasets if args.loader == "today" else __import__("denoiser.data").data.load_datasets
     imported = time.perf_counter()

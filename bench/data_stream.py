@@ -61,8 +61,8 @@ def write_shards(out: Path, num: int, per_shard: int) -> str:
 
 def stream_rate(pattern: str, size: int, batch: int, steps: int, workers: int) -> tuple[float, float]:
     """(seconds to open the stream, images/s over `steps` steps after a warm-up step) of one process."""
-    from denoiser.train.config import DataConfig
     from denoiser.data.stream import open_stream
+    from denoiser.train.config import DataConfig
 
     cfg = DataConfig(dataset="webdataset", path=pattern, streaming=True, val_size=0)
     tic = time.perf_counter()

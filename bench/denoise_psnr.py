@@ -25,12 +25,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from denoiser.train.config import load_config
 from denoiser.data import load_datasets
 from denoiser.diffusion import Diffusion
-from denoiser.image_io import save_grid
 from denoiser.folders.model_dir import load_model
+from denoiser.image_io import save_grid
 from denoiser.restore.chains import denoise, psnr
+from denoiser.train.config import load_config
 
 SIGMAS = (0.05, 0.1, 0.2, 0.4)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from denoiser.image_io import save_png
 from denoiser.evaluate.visualize import loss_curve
+from denoiser.image_io import save_png
 
 FID_NOISE = 1.31  # FID-1k's spread over seeds at this size (weights/cifar10/sampling.json's note)
 

@@ -37,8 +37,8 @@ import torch
 from profiling import cpu_name
 
 from denoiser.fast import attention, malloc
-from denoiser.model.groupnorm import GroupNorm
 from denoiser.folders.model_dir import load_model
+from denoiser.model.groupnorm import GroupNorm
 
 NAMES = ["nchw", "channels-last", "+groupnorm", "+prepacked", "+small-head"]
 

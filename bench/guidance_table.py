@@ -30,11 +30,11 @@ from pathlib import Path
 
 import torch
 
+from denoiser.evaluate.fid import InceptionFeatures, Statistics, fid_of_images
+from denoiser.folders.model_dir import load_model
 from denoiser.model.attention import attention_layer_names
 from denoiser.model.attention_blocks import identity_attention
-from denoiser.evaluate.fid import InceptionFeatures, Statistics, fid_of_images
 from denoiser.sampling.guidance import Guidance, check_guide
-from denoiser.folders.model_dir import load_model
 from denoiser.sampling.loop import make_sampler, sample, spread_labels
 from denoiser.sampling.plan import Plan
 from denoiser.sampling.plan import run as run_plan

@@ -25,9 +25,9 @@ from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 from tqdm.auto import tqdm
 
-from denoiser.train.config import DataConfig
 from denoiser.data import load_datasets
 from denoiser.folders.pipeline import save_pipeline
+from denoiser.train.config import DataConfig
 
 
 def main() -> None:

@@ -52,8 +52,8 @@ from gpu.knee import KNEE_WITHIN, knee  # noqa: E402
 from profiling import cpu_name  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from denoiser.train.config import load_config  # noqa: E402
 from denoiser.fast import malloc  # noqa: E402
+from denoiser.train.config import load_config  # noqa: E402
 from denoiser.train.loop import TrainLoop  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core FLOP/s, vendor data sheets

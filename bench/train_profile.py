@@ -33,8 +33,8 @@ import torch
 from accelerate.state import AcceleratorState
 from profiling import cpu_name
 
-from denoiser.train.config import load_config
 from denoiser.fast import malloc
+from denoiser.train.config import load_config
 from denoiser.train.loop import TrainLoop
 
 PHASES = ("data", "forward+loss", "backward", "clip", "optimizer", "ema")

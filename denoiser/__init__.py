@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from denoiser.folders.registry import register_with_diffusers
 
 if TYPE_CHECKING:
+    from denoiser.folders.pipeline import DenoiserPipeline
     from denoiser.model.attention import (
         AttentionHead,
         MultiHeadAttention,
@@ -21,9 +22,8 @@ if TYPE_CHECKING:
     )
     from denoiser.model.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
     from denoiser.model.attention_capture import capture_attention
-    from denoiser.folders.pipeline import DenoiserPipeline
-    from denoiser.sampling.request import SampleRequest
     from denoiser.model.unet import UNet
+    from denoiser.sampling.request import SampleRequest
 
 # public name -> the module that defines it
 _EXPORTS = {

@@ -10,7 +10,9 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from denoiser.app.edit import CLEAN_SIGMA, EditHandlers
@@ -391,3 +393,37 @@ def test_the_inpaint_brush_is_scaled_to_the_picture(weights, tmp_path):
         assert update["value"]["background"].size == (size if size[0] <= 512 else (512, 366))
         sizes[name] = update["brush"].default_size
     assert sizes == {"emoji.png": 3, "photo.png": 18}
+
+
+@pytest.mark.parametrize("operation", ["denoise", "edit", "inpaint"])
+def test_a_jpeg_gives_the_same_pixels_through_the_command_line_and_the_app(weights, tmp_path, monkeypatch, operation):
+    """Issue 59 finding 1: the command line decoded a photo by one rule and the Edit tab by another (its chains read
+    the editor's 512-px LANCZOS copy), so for an 800x600 JPEG the model's inputs differed by a level and the results
+    by up to 1/255. Now every door decodes by denoiser.restore.plan.read_photo: the same JPEG with the same settings
+    (the mask painted on the editor's copy, or given as a file at the photo's size) gives the same PNG."""
+    from denoiser.app.photo import photo_preview
+    from denoiser.cli.main import main
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    photo = tmp_path / "photo.jpg"
+    Image.open(_photo(tmp_path / "photo.png", (800, 600), seed=3)).save(photo, quality=90)
+    preview, _ = photo_preview(str(photo))  # what the editor shows and the mask is painted on
+    layer = Image.new("RGBA", preview.size, (0, 0, 0, 0))
+    layer.paste((255, 255, 255, 255), (preview.width // 4, preview.height // 4, preview.width // 2, preview.height // 2))
+    mask_file = tmp_path / "mask.png"
+    mask = Image.new("L", (800, 600), 0)
+    mask.paste(255, (200, 150, 400, 300))  # the same quarter, at the photo's size
+    mask.save(mask_file)
+    editor = {"background": preview, "layers": [layer] if operation == "inpaint" else [], "composite": None}
+    e = EditHandlers(Handlers(Engine(weights)))
+    *_, last = e.run_edit("tiny-classes", "1", 2.0, editor, operation, 0.05, 0.4, 0.0, 3, 7, photo=str(photo),
+                          shown=str(photo))
+    app_png = last[0][-1][0]
+    cli_png = tmp_path / "cli.png"
+    args = [operation, "--model", str(weights / "tiny-classes"), "--image", str(photo), "--out", str(cli_png),
+            "--class-label", "1", "--guidance-scale", "2.0", "--steps", "3", "--seed", "7"]
+    args += {"denoise": ["--sigma", "0.05"], "edit": ["--strength", "0.4"], "inpaint": ["--mask", str(mask_file)]}[operation]
+    assert main(args) == 0
+    app, cli = (torch.from_numpy(np.asarray(Image.open(p).convert("RGB"))).int() for p in (app_png, cli_png))
+    assert app.shape == cli.shape and (app.shape[:2] == (600, 800) if operation == "denoise" else app.shape[0] == app.shape[1])
+    assert torch.equal(app, cli), f"{operation}: the app's result differs from the CLI's by {(app - cli).abs().max()}"

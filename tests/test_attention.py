@@ -6,7 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from denoiser.model.attention import AttentionHead, MultiHeadSelfAttention, fused_attention, scaled_dot_product_attention
+from denoiser.model.attention import (
+    AttentionHead,
+    MultiHeadSelfAttention,
+    fused_attention,
+    scaled_dot_product_attention,
+)
 
 SHAPES = [  # (batch dims, L, S, d, d_v): awkward sizes, L != S, head dims 1..80
     ((2, 3), 7, 7, 1, 1),

@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from denoiser.model.attention import MultiHeadCrossAttention, MultiHeadSelfAttention, attention_scores, attention_weights
+from denoiser.model.attention import (
+    MultiHeadCrossAttention,
+    MultiHeadSelfAttention,
+    attention_scores,
+    attention_weights,
+)
 from denoiser.model.attention_blocks import edit_attention, identity_attention
 from denoiser.model.attention_capture import capture_attention
 from denoiser.model.attention_edit import AttentionEdit

@@ -10,7 +10,7 @@ from diffusers import DDPMScheduler
 from PIL import Image
 
 from denoiser.cli.main import main
-from denoiser.folders.model_dir import load_model, resolve_model_dir
+from denoiser.folders.model_dir import find_model, load_model
 from denoiser.folders.pipeline import save_pipeline
 from tests.conftest import cli
 
@@ -88,10 +88,10 @@ def test_load_model_upcasts_half_weights(tiny_unet, tmp_path):
 
 def test_model_names_cannot_leave_the_weights_folder(model_dir):
     root = model_dir.parent
-    assert resolve_model_dir("model", root) == model_dir.resolve()
+    assert find_model("model", root, paths=False) == model_dir.resolve()
     for bad in ("../model", "/etc", "model/../../x", "missing"):
         with pytest.raises(ValueError, match="unknown model"):
-            resolve_model_dir(bad, root)
+            find_model(bad, root, paths=False)
 
 
 def test_symlinks_out_of_the_weights_folder_are_neither_listed_nor_opened(model_dir, tmp_path):
@@ -110,8 +110,10 @@ def test_symlinks_out_of_the_weights_folder_are_neither_listed_nor_opened(model_
     assert list_models(root) == ["good"]
     for name in ("outside", "leaky"):
         with pytest.raises(ValueError, match="unknown model"):
-            resolve_model_dir(name, root)
-    assert resolve_model_dir("good", root) == (root / "good").resolve()
+            find_model(name, root, paths=False)
+        with pytest.raises(FileNotFoundError, match="unknown model"):  # the command line's lookup by name: the same rule
+            find_model(name, root)
+    assert find_model("good", root, paths=False) == (root / "good").resolve()
 
 
 def test_channels_last_model_saves_and_reloads(tiny_unet, tmp_path):
@@ -124,8 +126,8 @@ def test_channels_last_model_saves_and_reloads(tiny_unet, tmp_path):
 
 def test_sample_and_restore_take_the_guidance_flags(tmp_path, capsys):
     from denoiser import UNet
-    from denoiser.sampling.guidance import Guidance
     from denoiser.image_io import to_pil
+    from denoiser.sampling.guidance import Guidance
     from denoiser.sampling.loop import make_sampler, sample
     from tests.conftest import TINY
 

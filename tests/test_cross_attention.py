@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from denoiser import UNet
+from denoiser.folders.model_dir import WEIGHTS_DIR
 from denoiser.model.attention import MultiHeadCrossAttention, attention_layer_names, scaled_dot_product_attention
 from denoiser.model.attention_blocks import SpatialCrossAttention, identity_attention, to_tokens
 from denoiser.model.attention_capture import capture_attention
-from denoiser.folders.model_dir import WEIGHTS_DIR
 from tests.conftest import TINY
 
 CROSS = dict(TINY, cross_attention_dim=12)

@@ -12,7 +12,6 @@ import pytest
 import torch
 from PIL import Image
 
-from denoiser.train.config import DataConfig
 from denoiser.data import (
     MappedImages,
     load_datasets,
@@ -22,6 +21,7 @@ from denoiser.data import (
     split,
 )
 from denoiser.data.decode import decode_image
+from denoiser.train.config import DataConfig
 from tests.conftest import ROOT, photo_folder
 
 

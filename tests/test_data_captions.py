@@ -12,11 +12,11 @@ import pytest
 import torch
 from PIL import Image
 
-from denoiser.train.config import DataConfig, config_from_dict
 from denoiser.data import load_dataset, open_training_data, prepare
 from denoiser.data.captions import CaptionSpec, pick_caption
 from denoiser.data.sources import open_shards, open_source
 from denoiser.data.store import store_path
+from denoiser.train.config import DataConfig, config_from_dict
 from tests.conftest import TRAIN_CONFIG
 
 S = 8

@@ -14,11 +14,11 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from denoiser.train.config import DataConfig, config_from_dict
 from denoiser.data.decode import decode_image
 from denoiser.data.order import Cursor, buffer_order
 from denoiser.data.sources import open_shards
 from denoiser.data.stream import Stream, open_stream
+from denoiser.train.config import DataConfig, config_from_dict
 from tests.conftest import TRAIN_CONFIG, write_config
 
 COUNTS = (5, 4, 6, 3, 4)  # samples per shard: unequal on purpose

@@ -93,7 +93,7 @@ def test_sample_by_folder_and_by_name_and_the_error_says_where_it_looked(install
                         env={"DENOISER_WEIGHTS": str(models)})  # the default model, found by name
     assert res.returncode == 0, res.stderr
     res = run_installed(installed, "sample", "--out", "c.png", "--num-images", "1", "--steps", "1")
-    assert res.returncode == 2 and "no model 'synthetic-shapes'" in res.stderr and "DENOISER_WEIGHTS" in res.stderr
+    assert res.returncode == 2 and "unknown model 'synthetic-shapes'" in res.stderr and "DENOISER_WEIGHTS" in res.stderr
     assert "Traceback" not in res.stderr and not (work / "c.png").exists()
 
 

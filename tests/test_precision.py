@@ -8,12 +8,12 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from denoiser.model.attention_capture import capture_attention
 from denoiser.fast import precision
 from denoiser.fast.precision import Precision, choose_precision, forced
-from denoiser.sampling.request import SampleRequest
+from denoiser.model.attention_capture import capture_attention
 from denoiser.sampling.loop import sampling_context
 from denoiser.sampling.plan import resolve, run
+from denoiser.sampling.request import SampleRequest
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from denoiser.sampling.prompt_weights import BRACKET_WEIGHT, parse_prompt
 from denoiser.model.text import words
+from denoiser.sampling.prompt_weights import BRACKET_WEIGHT, parse_prompt
 
 
 @pytest.mark.parametrize("prompt, expected", [

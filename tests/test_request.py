@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from diffusers import DDPMScheduler
 
-from denoiser.sampling.request import TIMESTEP_SPACINGS, check_timestep_spacing
 from denoiser.sampling.loop import make_sampler
+from denoiser.sampling.request import TIMESTEP_SPACINGS, check_timestep_spacing
 
 
 def test_timestep_spacing_is_checked_in_one_place():

@@ -11,9 +11,9 @@ from PIL import Image
 from denoiser.cli.main import main
 from denoiser.data import make_synthetic
 from denoiser.diffusion import Diffusion
-from denoiser.sampling.guidance import Guidance
 from denoiser.folders.model_dir import WEIGHTS_DIR, load_model
 from denoiser.restore.chains import add_noise, denoise, edit, estimate_sigma, inpaint, psnr, restore
+from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import make_sampler, sample
 
 MODEL = WEIGHTS_DIR / "synthetic-shapes"

@@ -11,9 +11,9 @@ from PIL import Image
 from denoiser.app.engine import Engine
 from denoiser.cli.main import main
 from denoiser.diffusion import Diffusion
-from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.folders.model_dir import WEIGHTS_DIR, load_model, load_text
 from denoiser.restore.chains import restore
+from denoiser.sampling.guidance import Guidance, TextCondition
 from tests.conftest import random_text_model
 
 PHOTO = Image.new("RGB", (40, 30), (200, 60, 40))

@@ -13,14 +13,14 @@ from torchvision.transforms.functional import pil_to_tensor
 from denoiser.app.engine import Engine
 from denoiser.cli.main import main
 from denoiser.diffusion import Diffusion
-from denoiser.sampling.guidance import Guidance
 from denoiser.folders.model_dir import load
 from denoiser.folders.pipeline import save_pipeline
-from denoiser.sampling.request import ADDED_NOISE_SEED, BUILT_IN, RestoreRequest
 from denoiser.restore.chains import add_noise, restore
 from denoiser.restore.plan import check_request, resolve_restore, run_restore
-from denoiser.sampling.loop import image_generators
 from denoiser.restore.tiles import denoise_photo
+from denoiser.sampling.guidance import Guidance
+from denoiser.sampling.loop import image_generators
+from denoiser.sampling.request import ADDED_NOISE_SEED, BUILT_IN, RestoreRequest
 from tests.conftest import random_text_model
 
 
@@ -116,9 +116,9 @@ def test_a_generate_loads_each_model_once_and_encodes_its_prompt_once(tmp_path, 
     """Issue 52 item 2: one Generate (and one Edit run) of a text model loads its UNet and text encoder once for the
     app's life, not per request, and encodes its prompt once (before: the encoder reloaded from disk and the prompt
     was encoded twice per Generate)."""
-    from denoiser.sampling.guidance import TextCondition
     from denoiser.model.text import HashTextEncoder
     from denoiser.model.unet import UNet
+    from denoiser.sampling.guidance import TextCondition
 
     random_text_model(tmp_path / "w" / "words")
     counts = {"unet": 0, "encoder": 0, "encode": 0}

@@ -7,8 +7,8 @@ import torch
 from diffusers import DDIMPipeline, DDPMPipeline, DDPMScheduler
 from PIL import Image
 
-from denoiser.sampling.guidance import Guidance
 from denoiser.image_io import save_grid
+from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import class_label_tensor, image_generators, make_sampler, sample, trajectory_strip
 from tests.conftest import generators, seeded_noise
 
@@ -187,8 +187,8 @@ def test_trailing_timestep_spacing_starts_at_the_last_timestep():
     lead.set_timesteps(4)
     trail.set_timesteps(4)
     assert int(trail.timesteps[0]) == 999 and int(lead.timesteps[0]) < 999
-    from denoiser.train.config import DiffusionConfig
     from denoiser.diffusion import make_scheduler
+    from denoiser.train.config import DiffusionConfig
 
     ours = make_sampler("ddim", make_scheduler(DiffusionConfig()).config)  # what a trained model's folder holds
     ours.set_timesteps(4)

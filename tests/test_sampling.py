@@ -16,12 +16,12 @@ from PIL import Image
 from denoiser.app.engine import Engine
 from denoiser.cli.main import main
 from denoiser.evaluate.fid import Statistics
-from denoiser.image_io import to_pil
 from denoiser.folders.model_dir import read_defaults
 from denoiser.folders.pipeline import save_pipeline
-from denoiser.sampling.request import SCHEDULERS, SampleRequest
+from denoiser.image_io import to_pil
 from denoiser.sampling.loop import SAMPLERS, sample, spread_labels
 from denoiser.sampling.plan import resolve, run
+from denoiser.sampling.request import SCHEDULERS, SampleRequest
 from tests.conftest import ROOT
 
 

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 import denoiser  # noqa: F401
 from denoiser.data.order import batch_indices
-from denoiser.train.init_from import adapt_classes
 from denoiser.model.unet import UNet
+from denoiser.train.init_from import adapt_classes
 from tests.conftest import cli, write_config
 
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from denoiser.train.config import load_config
 from denoiser.data import open_training_data
 from denoiser.diffusion import Diffusion
 from denoiser.model.text import WordHashTokenizer
 from denoiser.train.batch import StepInputs, with_draws
+from denoiser.train.config import load_config
 from denoiser.train.loop import TrainingError, TrainLoop, train
 from tests.conftest import write_config
 from tests.test_train_text import captioned_folder, reset_accelerate, text_config

@@ -11,12 +11,12 @@ import torch
 from PIL import Image
 
 import denoiser.evaluate.fid
-from denoiser.train import outputs as train_outputs
 from denoiser.atomic import is_temporary
-from denoiser.train.config import load_config
 from denoiser.diffusion import Diffusion
-from denoiser.train.run_dir import record_loss
 from denoiser.model.unet import UNet
+from denoiser.train import outputs as train_outputs
+from denoiser.train.config import load_config
+from denoiser.train.run_dir import record_loss
 from tests.conftest import write_config
 
 

@@ -10,12 +10,12 @@ from diffusers import DDPMScheduler, DiffusionPipeline
 from safetensors.torch import load_file
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with DiffusionPipeline)
-from denoiser.train.config import load_config
 from denoiser.data import DataConfig, open_training_data
 from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, words
-from denoiser.train.loop import caption_texts, train
 from denoiser.model.unet import UNet
+from denoiser.train.config import load_config
+from denoiser.train.loop import train
 from tests.conftest import TRAIN_CONFIG, write_config
 from tests.test_data_captions import emoji_folder, write_shards
 
@@ -100,7 +100,7 @@ def test_the_caption_words_leave_the_validation_images_out(tmp_path, streaming):
     data = open_training_data(cfg, 8, seed=0, batch_size=4)
     data.close()
     held = {t for groups in data.validation.candidates[torch.arange(3)] for g in groups for t in g}
-    assert held and sorted(caption_texts(data)) == sorted({f"thing {i}" for i in range(12) if i != 5} - held)
+    assert held and sorted(data.caption_texts()) == sorted({f"thing {i}" for i in range(12) if i != 5} - held)
 
 
 def test_gradients_reach_the_text_encoder_and_ema_covers_it(straight):
@@ -172,8 +172,8 @@ def test_the_best_model_of_a_text_run_has_its_words_and_its_fid_samples_the_vali
     model/ does, and the FID's images are of the validation images' own captions."""
     import denoiser.evaluate.fid
     import denoiser.sampling.plan
-    from denoiser.train import outputs as train_outputs
     from denoiser.folders.model_dir import load
+    from denoiser.train import outputs as train_outputs
 
     root = captioned_folder(tmp_path / "data")
     reference = tmp_path / "reference.safetensors"

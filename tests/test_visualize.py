@@ -55,8 +55,8 @@ def test_attention_panel_draws_the_self_attention_layers_only():
     import pytest
 
     from denoiser import UNet
-    from denoiser.model.attention_capture import capture_attention
     from denoiser.evaluate.visualize import attention_panel
+    from denoiser.model.attention_capture import capture_attention
     from tests.conftest import TINY
 
     torch.manual_seed(0)

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from denoiser.atomic import atomic_path
-from denoiser.train.config import load_config
 from denoiser.data import ImageDataset, load_dataset, split
 from denoiser.data.decode import decode_image, is_image_name
 from denoiser.data.folder import list_folder
+from denoiser.train.config import load_config
 
 
 def held_out_files(config: str) -> tuple[Path, list[str]]:

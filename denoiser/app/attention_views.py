@@ -20,14 +20,14 @@ import torch
 from PIL import Image
 
 from denoiser.app.limits import check_int
+from denoiser.evaluate.attention_stats import LayerStats, attention_stats, stats_chart
+from denoiser.evaluate.visualize import attention_panel, layer_label, maps_panel, stages_panel
 from denoiser.model.attention import MultiHeadSelfAttention, attention_layer_names, attention_layers
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
-from denoiser.evaluate.attention_stats import LayerStats, attention_stats, stats_chart
-from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.pixels import unit_to_model
+from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.sampling.loop import sampling_context
-from denoiser.evaluate.visualize import attention_panel, layer_label, maps_panel, stages_panel
 
 __all__ = ["AttentionViews", "Generation", "StepAttention", "Stages"]
 

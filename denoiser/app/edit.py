@@ -35,9 +35,9 @@ from denoiser.app.photo import (
 )
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.atomic import atomic_path
-from denoiser.image_io import open_image, read_settings, save_with_settings
+from denoiser.image_io import read_settings, save_with_settings
+from denoiser.restore.plan import RestoreResult, read_photo, takes_prompt
 from denoiser.sampling.request import BUILT_IN
-from denoiser.restore.plan import RestoreResult, takes_prompt
 
 __all__ = ["edit_tab", "wire_edit", "EditHandlers", "restored_text", "EXAMPLES", "CLEAN_SIGMA"]
 
@@ -130,9 +130,11 @@ class EditHandlers:
             restore = self.engine.restore_request(operation, label, guidance_scale, pag_scale, sigma,
                                                   strength if operation == "edit" else None, add_noise, steps, seed, prompt)
             if restore.tiled:
-                image, mask = self._whole_photo(model, source, editor), None
-            else:
-                image, mask = edit_input(editor, source, photo, shown, operation)
+                image, mask = self._whole_photo(model, source, editor, restore), None
+            else:  # the photo decoded as every door decodes it, the mask as painted on its copy in the editor
+                size = self.engine.loaded(model).unet.config.sample_size
+                image, mask = edit_input(editor, source, photo, shown, operation,
+                                         lambda path: read_photo(path, restore, size, what="the upload"))
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
             self.h.finished(request, "edit-status")
@@ -164,12 +166,13 @@ class EditHandlers:
         yield (shown, restored_text(operation, done, float(sigma or 0)), *views, gr.update(visible=False), upload,
                f"done: {operation} with {model}, {what}, {done.settings['precision']}")  # what ran
 
-    def _whole_photo(self, model, source: str | None, editor) -> Image.Image:
-        """The photo for the tiled denoise: decoded once, and no larger than the photo budget lets it run (a JPEG over
-        it decodes at a reduced scale; Engine.restore scales it the rest of the way)."""
+    def _whole_photo(self, model, source: str | None, editor, restore) -> Image.Image:
+        """The photo for the tiled denoise: decoded once (read_photo, every door's rule), and no larger than the photo
+        budget lets it run (a JPEG over it decodes at a reduced scale; Engine.restore scales it the rest of the way)."""
         if not source:  # an API call: the editor's picture
             return editor_picture(editor)[0]
-        return open_image(source, keep_pixels=self.engine.photo_limit(model) * 1e6, what="the upload")
+        size = self.engine.loaded(model).unet.config.sample_size
+        return read_photo(source, restore, size, max_pixels=self.engine.photo_limit(model) * 1e6, what="the upload")
 
     @staticmethod
     def _preview(preview: Image.Image) -> dict:

@@ -24,17 +24,17 @@ from denoiser.app.attention_views import AttentionViews, Generation, Stages
 from denoiser.app.budget import plan_work, work_of
 from denoiser.app.limits import LIMITS, MAX_PROMPT_CHARS, check_int, check_scales
 from denoiser.app.photo_time import PhotoTime, measure_tile_rate, photo_seconds
-from denoiser.sampling.guidance import Guidance
+from denoiser.folders.model_dir import LoadedModel, ModelDefaults, find_model, list_models, load, model_roots
 from denoiser.image_io import MAX_PIXELS
-from denoiser.folders.model_dir import LoadedModel, ModelDefaults, list_models, load, model_roots, resolve_model_dir
 from denoiser.pixels import to_unit, uint8_to_unit
+from denoiser.restore.plan import RestoreResult, check_request, resolve_restore, run_restore
+from denoiser.restore.tiles import count_tiles
+from denoiser.sampling.guidance import Guidance
+from denoiser.sampling.loop import SAMPLERS
+from denoiser.sampling.plan import Plan, resolve, run
 from denoiser.sampling.prompt_to_prompt import PromptEdit
 from denoiser.sampling.prompt_weights import parse_prompt
 from denoiser.sampling.request import BUILT_IN, RestoreRequest, SampleRequest, check_timestep_spacing
-from denoiser.restore.plan import RestoreResult, check_request, resolve_restore, run_restore
-from denoiser.sampling.loop import SAMPLERS
-from denoiser.sampling.plan import Plan, resolve, run
-from denoiser.restore.tiles import count_tiles
 
 __all__ = ["Engine", "Generation", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS", "check_prompt"]
 
@@ -67,7 +67,7 @@ class Engine(AttentionViews):
     def loaded(self, name: str) -> LoadedModel:
         """A model folder under weights/ (its UNet, noise schedule, text model and defaults), loaded once; refuses
         other paths."""
-        return self._load(resolve_model_dir(str(name), self.weights_dir))
+        return self._load(find_model(str(name), self.weights_dir, paths=False))
 
     def _load(self, folder: Path) -> LoadedModel:
         """A model folder (a served model or the guide its sampling.json names), loaded once."""

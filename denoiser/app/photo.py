@@ -82,17 +82,17 @@ def editor_picture(value) -> tuple[Image.Image, Image.Image | None]:
     return image, mask
 
 
-def edit_input(editor, source: str | None, photo: str | None, shown: str | None, operation: str):
-    """(image, mask) to process at the model's size: the photo's small copy (as the editor shows it, `photo_preview`)
-    and the mask painted on it; without an upload (an API call), the editor's own picture."""
+def edit_input(editor, source: str | None, photo: str | None, shown: str | None, operation: str, decode):
+    """(image, mask) to process at the model's size: the uploaded photo as `decode` reads it (the rule every door
+    decodes by, denoiser.restore.plan.read_photo) and the mask painted on its copy in the editor (stretched onto the
+    photo: denoiser.image_io.mask_to_model); without an upload (an API call), the editor's own picture."""
     if not source:
         return editor_picture(editor)
-    image, _ = photo_preview(source)
     if shown != photo:  # the editor still holds the previous upload: its paint belongs to that one
         if operation == "inpaint":
             raise ValueError("the new photo is still loading into the editor: paint the area to regenerate on it, then Run")
-        return image, None
-    return image, editor_layers(editor)[1]
+        return decode(source), None
+    return decode(source), editor_layers(editor)[1]
 
 
 def centre_square(image: Image.Image) -> Image.Image:

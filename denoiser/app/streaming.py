@@ -20,8 +20,8 @@ import time
 import gradio as gr
 
 from denoiser.fast import malloc
-from denoiser.image_io import to_pil
 from denoiser.folders.model_dir import model_roots
+from denoiser.image_io import to_pil
 
 __all__ = ["STOPPING", "Cancelled", "progress_text", "stream", "relay", "user_error", "not_started", "friendly"]
 

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
-from denoiser.sampling.prompt_weights import parse_prompt
+from denoiser.evaluate.visualize import WORD_SCALE, chart_font, tiles_image, with_colour_scale, word_overlay
 from denoiser.model.text import drops_marks
 from denoiser.model.text import words as split_words
-from denoiser.evaluate.visualize import WORD_SCALE, chart_font, tiles_image, with_colour_scale, word_overlay
+from denoiser.sampling.prompt_weights import parse_prompt
 
 __all__ = ["map_label", "unread_note", "unseen_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
            "word_weights_label"]

@@ -17,11 +17,11 @@ def cmd_attention_stats(args) -> None:
     import torch
 
     from denoiser.evaluate.attention_stats import attention_stats, stats_chart, write_csv
-    from denoiser.image_io import image_to_model, save_png
     from denoiser.folders.model_dir import load
+    from denoiser.image_io import image_to_model, save_png
     from denoiser.pixels import unit_to_model
-    from denoiser.sampling.request import SampleRequest
     from denoiser.sampling.plan import resolve, run
+    from denoiser.sampling.request import SampleRequest
 
     try:
         timesteps = [int(t) for t in args.timesteps.split(",") if t.strip()]
@@ -121,10 +121,10 @@ def cmd_evaluate(args) -> None:
         return cmd_fid(args)
     import torch
 
-    from denoiser.train.config import DataConfig
     from denoiser.data import load_dataset, make_synthetic, split
     from denoiser.diffusion import Diffusion
     from denoiser.folders.model_dir import load
+    from denoiser.train.config import DataConfig
 
     model = load(args.model)
     unet, sched = model.unet, model.scheduler

@@ -229,9 +229,9 @@ def _add_prepare_data_args(p: argparse.ArgumentParser) -> None:
 def cmd_prepare_data(args) -> None:
     import torch
 
-    from denoiser.train.config import load_config
     from denoiser.data import prepare
     from denoiser.model.unet import UNet
+    from denoiser.train.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     with torch.device("meta"):

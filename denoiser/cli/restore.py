@@ -25,15 +25,14 @@ def restore_request(args):
 def cmd_restore(args) -> None:
     from tqdm.auto import tqdm
 
-    from denoiser.image_io import save_png
     from denoiser.folders.model_dir import load
-    from denoiser.restore.plan import resolve_restore, run_restore
+    from denoiser.image_io import save_png
+    from denoiser.restore.plan import read_photo, resolve_restore, run_restore
 
     request = restore_request(args)  # its fields checked before the model loads
     model = load(args.model)
     size = model.unet.config.sample_size
-    # a tiled denoise works at the photo's own size: decode every pixel (a JPEG's draft mode would decode 1/8 of it)
-    img = read_image(args.image, min_side=None if request.tiled else size)
+    img = read_photo(args.image, request, size, what=f"image {args.image!r}")  # the rule every door decodes by
     mask = read_image(args.mask, "mask") if args.command == "inpaint" else None
     plan = resolve_restore(request, model, img, mask)  # everything checked before any work
     if plan.tiled:

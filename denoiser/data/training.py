@@ -64,6 +64,11 @@ class TrainingData:
     def close(self) -> None:
         """Stop what reads ahead (a stream's DataLoader workers)."""
 
+    def caption_texts(self) -> list[str]:
+        """Every distinct caption text of the training images (the validation images' left out): the words a text
+        model learns. Empty when the data carries no text."""
+        raise NotImplementedError
+
 
 class _StoreData(TrainingData):
     def __init__(self, train: ImageDataset, validation: ImageDataset, batch_size: int, seed: int, rank: int, world: int,
@@ -83,6 +88,15 @@ class _StoreData(TrainingData):
         captions = self.pick(self.train.candidates[idx], idx.tolist(), step) if self.captioned else None
         return StepBatch(idx, self.train.images[idx], self.train.labels[idx], (step,), self.batch_size, self.rows, captions)
 
+    def caption_texts(self) -> list[str]:
+        table = self.train.candidates
+        if table is None:
+            return []
+        import pyarrow.compute as pc
+
+        column = table.column if table.rows is None else table.column.take(table.rows.numpy())  # (N,) list<list<string>>
+        return pc.unique(pc.list_flatten(pc.list_flatten(column))).to_pylist()
+
 
 class _StreamData(TrainingData):
     streamed = True
@@ -101,6 +115,12 @@ class _StreamData(TrainingData):
 
     def close(self) -> None:
         self.batches.close()
+
+    def caption_texts(self) -> list[str]:
+        shards, first = self.stream.shards, self.stream.first  # each shard's first `first[s]` items: validation
+        if shards.candidates is None:
+            return []
+        return list({t for s, items in enumerate(shards.candidates) for groups in items[first[s]:] for g in groups for t in g})
 
 
 def open_training_data(d: DataConfig, sample_size: int, *, seed: int, batch_size: int, accumulation: int = 1,

@@ -26,10 +26,10 @@ import torch
 from PIL import Image, ImageDraw
 
 from denoiser.atomic import atomic_path
+from denoiser.diffusion import Diffusion
 from denoiser.model.attention import attention_scores
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
-from denoiser.diffusion import Diffusion
 
 __all__ = ["LayerStats", "attention_stats", "head_statistics", "write_csv", "stats_chart", "axis_range", "DEFAULT_TIMESTEPS"]
 

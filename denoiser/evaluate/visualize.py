@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
 from denoiser.model.attention_capture import AttentionRecord
-from denoiser.pixels import to_uint8
 from denoiser.model.text import words as split_words
+from denoiser.pixels import to_uint8
 
 __all__ = [
     "heat_colormap", "overlay", "layer_label", "tiles_image", "with_colour_scale", "with_title", "attention_panel",

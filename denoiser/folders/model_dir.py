@@ -23,14 +23,14 @@ import torch
 from diffusers import DDPMScheduler, UNet2DModel
 from torch import nn
 
-from denoiser.sampling.request import BUILT_IN
-from denoiser.sampling.loop import sampler_name
 from denoiser.model.text import HashTextEncoder, WordHashTokenizer
 from denoiser.model.unet import UNet
+from denoiser.sampling.loop import sampler_name
+from denoiser.sampling.request import BUILT_IN
 
 __all__ = [
-    "load", "LoadedModel", "TextModel", "ModelDefaults", "read_defaults", "load_model", "find_model", "model_roots",
-    "resolve_model_dir", "list_models", "WEIGHTS_DIR", "WEIGHTS_ENV", "CLASSES_FILE", "SAMPLING_FILE", "load_text",
+    "load", "LoadedModel", "TextModel", "ModelDefaults", "read_defaults", "load_model", "find_model", "ModelNotFound", "model_roots",
+    "list_models", "WEIGHTS_DIR", "WEIGHTS_ENV", "CLASSES_FILE", "SAMPLING_FILE", "load_text",
     "require_text",
 ]
 
@@ -60,23 +60,31 @@ def model_roots() -> list[Path]:
     return roots
 
 
-def find_model(name_or_folder: str | Path) -> Path:
-    """A model folder given by path, or by name under `model_roots()`; the error says where it looked."""
+def find_model(name_or_folder: str | Path, roots: str | Path | Sequence[str | Path] | None = None, *,
+               paths: bool = True) -> Path:
+    """The model folder a person named: a folder of their own (`paths`: the command line's; the app takes names
+    only), or a model's name under `roots` (default: `model_roots()`, the first root holding it wins). A name never
+    leaves its root, symlinks included (`list_models` offers the same folders). The error says where it looked."""
     path = Path(name_or_folder).expanduser()
-    if (path / "unet" / "config.json").is_file():
+    if paths and (path / "unet" / "config.json").is_file():
         return path
     name = str(name_or_folder)
-    roots = model_roots()
-    if "/" not in name and "\\" not in name:
-        for root in roots:
-            if (root / name / "unet" / "config.json").is_file():
-                return root / name
-    looked = ", ".join(str(r) for r in roots) or f"nothing (${WEIGHTS_ENV} is not set and this is no checkout)"
-    raise FileNotFoundError(
-        f"no model {name[:200]!r}: it is not a model folder (no unet/config.json) and no model of that name is in: "
-        f"{looked}. Pass a folder written by `denoiser train` (run_dir/model), or set {WEIGHTS_ENV} to a folder of "
-        "model folders"
-    )
+    searched = _roots(roots)
+    if not ("/" in name or "\\" in name or name in ("", ".", "..")):
+        for root in searched:
+            if _contained(root / name, root):
+                return (root / name).resolve()
+    looked = ", ".join(str(r) for r in searched) or f"nothing (${WEIGHTS_ENV} is not set and this is no checkout)"
+    available = ", ".join(list_models(roots)) or "none"
+    mend = (f"pass a folder written by `denoiser train` (run_dir/model), or set {WEIGHTS_ENV} to a folder of model "
+            "folders" if paths else "choose one of the model folders")
+    raise ModelNotFound(f"unknown model {name[:200]!r}: "
+                        + ("it is not a model folder (no unet/config.json) and " if paths else "")
+                        + f"no model of that name is in {looked} (models there: {available}); {mend}")
+
+
+class ModelNotFound(FileNotFoundError, ValueError):
+    """No model folder of that name: a person's mistake (a ValueError to the app, a missing file to the CLI)."""
 
 
 @dataclass(frozen=True)
@@ -254,20 +262,9 @@ def _roots(roots: str | Path | Sequence[str | Path] | None) -> list[Path]:
 
 def list_models(roots: str | Path | Sequence[str | Path] | None = None) -> list[str]:
     """Names of the model folders directly under `roots` (default: `model_roots()`; the first root holding a
-    name wins, the same rule `resolve_model_dir` applies)."""
+    name wins, the same rule `find_model` applies)."""
     names: set[str] = set()
     for root in _roots(roots):
         if root.is_dir():
             names.update(p.name for p in root.iterdir() if _contained(p, root))
     return sorted(names)
-
-
-def resolve_model_dir(name: str, roots: str | Path | Sequence[str | Path] | None = None) -> Path:
-    """The folder of model `name` under the first of `roots` that has it; refuses anything that would leave
-    its root, symlinks included."""
-    for root in _roots(roots):
-        candidate = root / name
-        if not ("/" in name or "\\" in name or name in ("", ".", "..")) and _contained(candidate, root):
-            return candidate.resolve()
-    available = ", ".join(list_models(roots)) or "none"
-    raise ValueError(f"unknown model {name[:80]!r}: choose one of the model folders ({available})")

@@ -22,12 +22,12 @@ from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from denoiser.atomic import atomic_path
 from denoiser.folders.model_dir import CLASSES_FILE, LoadedModel, ModelDefaults, TextModel, load, read_defaults
-from denoiser.sampling.prompt_to_prompt import PromptEdit
-from denoiser.sampling.request import BUILT_IN, SampleRequest
-from denoiser.sampling.loop import make_sampler
-from denoiser.sampling.plan import resolve, run
 from denoiser.model.text import HashTextEncoder, WordHashTokenizer
 from denoiser.model.unet import UNet
+from denoiser.sampling.loop import make_sampler
+from denoiser.sampling.plan import resolve, run
+from denoiser.sampling.prompt_to_prompt import PromptEdit
+from denoiser.sampling.request import BUILT_IN, SampleRequest
 
 __all__ = ["DenoiserPipeline", "save_pipeline"]
 

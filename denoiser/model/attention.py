@@ -37,8 +37,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from denoiser.model.attention_edit import AttentionEdit
 from denoiser.fast.attention import sdpa as fast_sdpa
+from denoiser.model.attention_edit import AttentionEdit
 
 __all__ = [
     "scaled_dot_product_attention",

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from denoiser.fast.precision import full_precision
 from denoiser.model.attention import CAPTURES, at_least_fp32, attention_layers, attention_scores, attention_weights
 from denoiser.model.attention_edit import AttentionEdit
-from denoiser.fast.precision import full_precision
 
 __all__ = ["AttentionRecord", "capture_attention"]
 

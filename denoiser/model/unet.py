@@ -34,8 +34,8 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
-from denoiser.model.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
 from denoiser.folders.diffusers_warnings import quiet_empty_fp32_warning
+from denoiser.model.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
 from denoiser.model.groupnorm import GroupNorm
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]

@@ -37,11 +37,11 @@ from diffusers.utils.torch_utils import randn_tensor
 from PIL import Image
 
 from denoiser.diffusion import Diffusion
-from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.image_io import image_to_model, mask_to_model
 from denoiser.pixels import to_unit
-from denoiser.sampling.request import ADDED_NOISE_SEED, BUILT_IN, METHODS, OPERATIONS
+from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.sampling.loop import SampleResult, image_generators, sample
+from denoiser.sampling.request import ADDED_NOISE_SEED, BUILT_IN, METHODS, OPERATIONS
 
 __all__ = [
     "OPERATIONS", "Restoration", "restore", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "add_noise",

@@ -27,16 +27,16 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from denoiser.diffusion import Diffusion
-from denoiser.image_io import flatten_to_rgb, mask_to_model, uint8_to_pil
 from denoiser.folders.model_dir import LoadedModel, load
+from denoiser.image_io import flatten_to_rgb, mask_to_model, open_image, uint8_to_pil
 from denoiser.pixels import to_uint8, to_unit
-from denoiser.sampling.request import BUILT_IN, METHODS, OPERATIONS, RestoreRequest, SampleRequest
 from denoiser.restore.chains import restore
+from denoiser.restore.tiles import count_tiles, denoise_photo
 from denoiser.sampling.loop import SampleResult
 from denoiser.sampling.plan import Plan, resolve
-from denoiser.restore.tiles import count_tiles, denoise_photo
+from denoiser.sampling.request import BUILT_IN, METHODS, OPERATIONS, RestoreRequest, SampleRequest
 
-__all__ = ["RestorePlan", "RestoreResult", "resolve_restore", "run_restore", "check_request", "takes_prompt", "chain_steps",
+__all__ = ["RestorePlan", "RestoreResult", "read_photo", "resolve_restore", "run_restore", "check_request", "takes_prompt", "chain_steps",
            "check_size", "MIN_SIDE"]
 
 ScaledTo = tuple[int, int]
@@ -127,6 +127,18 @@ class RestoreResult:
     steps: int = 1  # timesteps the chain visited (1: a one-step denoise)
     tiles: int = 0  # UNet images a tiled denoise took (0: a chain)
     sample: SampleResult | None = None  # a chain's (images in [0, 1]; the app's attention views open it); None: tiles
+
+
+def read_photo(source, request: RestoreRequest, sample_size: int, max_pixels: float | None = None,
+               what: str = "the photo") -> Image.Image:
+    """A person's picture file, decoded by the one rule every door uses (the command line and the app's Edit tab),
+    so the same file gives the model the same pixels: a tiled denoise reads the photo at its own size (at least
+    `max_pixels` of its pixels where a budget caps it: a JPEG over it decodes at a reduced scale); a chain, which
+    works on the centre square at the model's size, reads a JPEG at the smallest scale whose short side keeps
+    `sample_size`. Upright (EXIF), bounded memory, its own size in `.info["source_size"]` (denoiser.image_io)."""
+    if request.tiled:
+        return open_image(source, keep_pixels=max_pixels, what=what)
+    return open_image(source, min_side=sample_size, what=what)
 
 
 def resolve_restore(

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from denoiser.diffusion import Diffusion
-from denoiser.sampling.guidance import Guidance
 from denoiser.pixels import to_model_range, to_uint8, to_unit, uint8_to_unit
 from denoiser.restore.chains import add_noise, estimate_sigma, psnr
+from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import sampling_context
 
 __all__ = ["TileOptions", "WINDOWS", "StopTiling", "DenoisedPhoto", "denoise_photo", "count_tiles", "tile_starts",

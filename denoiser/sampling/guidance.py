@@ -62,8 +62,8 @@ class TextCondition:
     def encode(cls, tokenizer, text_encoder: nn.Module, prompts: Sequence[str], negative: Sequence[str] | None = None,
                *, weighted: bool = True, edit: PromptEdit | None = None) -> TextCondition:
         """Encode the prompts; weighted: read "(word:w)" as a weight (False: training captions, taken as written)."""
-        from denoiser.sampling.prompt_weights import parse_prompt
         from denoiser.model.text import encode_prompts
+        from denoiser.sampling.prompt_weights import parse_prompt
 
         negative = [""] * len(prompts) if negative is None else list(negative)
         L_max = tokenizer.config.max_length

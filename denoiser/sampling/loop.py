@@ -28,13 +28,13 @@ from diffusers import (
 )
 from diffusers.utils.torch_utils import randn_tensor
 
-from denoiser.model.attention_capture import AttentionRecord, capture_attention
 from denoiser.diffusion import Diffusion
 from denoiser.fast import precision
-from denoiser.sampling.guidance import Guidance, TextCondition
-from denoiser.pixels import to_unit
-from denoiser.sampling.request import BUILT_IN, SCHEDULERS, SPREAD, check_timestep_spacing
+from denoiser.model.attention_capture import AttentionRecord, capture_attention
 from denoiser.model.unet import UNet
+from denoiser.pixels import to_unit
+from denoiser.sampling.guidance import Guidance, TextCondition
+from denoiser.sampling.request import BUILT_IN, SCHEDULERS, SPREAD, check_timestep_spacing
 
 __all__ = [
     "SAMPLERS", "Sampler", "make_sampler", "sampler_name", "sample", "sampling_context", "SampleResult", "trajectory_strip",

@@ -25,11 +25,17 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from denoiser.fast.precision import Precision, choose_precision
+from denoiser.folders.model_dir import (
+    SAMPLING_FILE,
+    LoadedModel,
+    ModelDefaults,
+    TextModel,
+    load,
+    read_defaults,
+    require_text,
+)
+from denoiser.model.text import drops_marks, words
 from denoiser.sampling.guidance import Guidance, TextCondition, check_guide
-from denoiser.folders.model_dir import SAMPLING_FILE, LoadedModel, ModelDefaults, TextModel, load, read_defaults, require_text
-from denoiser.sampling.prompt_to_prompt import PromptEdit
-from denoiser.sampling.prompt_weights import parse_prompt
-from denoiser.sampling.request import BUILT_IN, SampleRequest, check_timestep_spacing
 from denoiser.sampling.loop import (
     SampleResult,
     class_label_tensor,
@@ -38,7 +44,9 @@ from denoiser.sampling.loop import (
     sample,
     sampler_name,
 )
-from denoiser.model.text import drops_marks, words
+from denoiser.sampling.prompt_to_prompt import PromptEdit
+from denoiser.sampling.prompt_weights import parse_prompt
+from denoiser.sampling.request import BUILT_IN, SampleRequest, check_timestep_spacing
 
 __all__ = ["Plan", "resolve", "run"]
 

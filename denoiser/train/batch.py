@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from denoiser.train.config import RunConfig
 from denoiser.data import StepBatch, TrainingData, seed_of
 from denoiser.data.order import DRAWS, NOISE
 from denoiser.diffusion import Diffusion
-from denoiser.pixels import to_model_range
 from denoiser.model.text import WordHashTokenizer
+from denoiser.pixels import to_model_range
+from denoiser.train.config import RunConfig
 
 __all__ = ["TOKEN_KEYS", "with_draws", "to_device", "StepInputs"]
 

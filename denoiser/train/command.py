@@ -12,8 +12,8 @@ from pathlib import Path
 
 from accelerate import PartialState
 
-from denoiser.train.config import load_config
 from denoiser.fast import malloc
+from denoiser.train.config import load_config
 
 __all__ = ["add_train_arguments", "cmd_train", "main"]
 

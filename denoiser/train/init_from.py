@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from denoiser.train.config import RunConfig
 from denoiser.model.unet import UNet
+from denoiser.train.config import RunConfig
 
 __all__ = ["load_init_weights", "adapt_classes", "load_into", "init_text_encoder"]
 

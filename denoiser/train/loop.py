@@ -39,26 +39,26 @@ from accelerate.utils import ProjectConfiguration
 from diffusers.optimization import get_scheduler
 from tqdm.auto import tqdm
 
-from denoiser.train import checkpoint as ckpt
 from denoiser.atomic import atomic_path
-from denoiser.train.config import RunConfig
 from denoiser.data import TrainingData, open_training_data, seed_of
 from denoiser.data.order import DROPOUT
 from denoiser.data.prefetch import Prefetcher
 from denoiser.data.training import per_process_batch
 from denoiser.diffusion import Diffusion
-from denoiser.train.ema import ema_lengths, make_emas
 from denoiser.fast.groupnorm import default_channels_last
+from denoiser.folders.pipeline import save_pipeline
+from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
+from denoiser.model.unet import UNet
+from denoiser.train import checkpoint as ckpt
+from denoiser.train.batch import TOKEN_KEYS, StepInputs
+from denoiser.train.config import RunConfig
+from denoiser.train.ema import ema_lengths, make_emas
 from denoiser.train.init_from import init_text_encoder, load_init_weights, load_into
 from denoiser.train.launch import launch_warning
-from denoiser.folders.pipeline import save_pipeline
-from denoiser.train.run_dir import prepare_output_dir, record_loss, truncate_losses, write_run_info
-from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
-from denoiser.train.batch import TOKEN_KEYS, StepInputs
 from denoiser.train.outputs import evaluate_fid, export, sample_grid
-from denoiser.model.unet import UNet
+from denoiser.train.run_dir import flat_hparams, prepare_output_dir, record_loss, truncate_losses, write_run_info
 
-__all__ = ["train", "TrainLoop", "TrainingError", "caption_texts"]
+__all__ = ["train", "TrainLoop", "TrainingError"]
 
 logger = logging.getLogger("denoiser.train.command")  # by name: under `-m denoiser.train`, __name__ is "__main__"
 
@@ -94,23 +94,6 @@ def _check_data(cfg: RunConfig, data: TrainingData) -> None:
             f"model.num_class_embeds={n_cls} but the data has {len(data.classes)} classes; "
             f"set model.num_class_embeds: {len(data.classes)}"
         )
-
-
-def caption_texts(data: TrainingData) -> list[str]:
-    """Every distinct caption text of the training images (the validation images' left out): the words a text
-    model learns. Empty when the data carries no text."""
-    if data.streamed:  # each shard's first `first[s]` items are the validation split (denoiser/data/stream.py)
-        shards, first = data.stream.shards, data.stream.first
-        if shards.candidates is None:
-            return []
-        return list({t for s, items in enumerate(shards.candidates) for groups in items[first[s]:] for g in groups for t in g})
-    table = data.train.candidates
-    if table is None:
-        return []
-    import pyarrow.compute as pc
-
-    column = table.column if table.rows is None else table.column.take(table.rows.numpy())  # (N,) list<list<string>>
-    return pc.unique(pc.list_flatten(pc.list_flatten(column))).to_pylist()
 
 
 def train(
@@ -168,7 +151,7 @@ class TrainLoop:
         _check_data(cfg, self.data)
         # a text model's tokenizer keeps the words of its training captions, so its folder can tell a prompt's
         # unseen words (WordHashTokenizer.unseen)
-        self.tokenizer = WordHashTokenizer(**cfg.text.tokenizer_args(), vocabulary=caption_texts(self.data)) if cfg.prompted else None
+        self.tokenizer = WordHashTokenizer(**cfg.text.tokenizer_args(), vocabulary=self.data.caption_texts()) if cfg.prompted else None
         self._build_optimizer(model)
         self.step = self._resume(resume_dir)
 
@@ -232,7 +215,7 @@ class TrainLoop:
         if self.is_main:
             ckpt.remove_partial(self.out)
             write_run_info(self.out, self.cfg, self.world)
-            self.accelerator.init_trackers("denoiser", config=_flat_hparams(self.cfg))
+            self.accelerator.init_trackers("denoiser", config=flat_hparams(self.cfg))
         self.accelerator.wait_for_everyone()
         return step
 
@@ -458,12 +441,3 @@ def _out_of_time(train_cfg, started: float) -> bool:
 def _last(out: Path) -> str:
     found = ckpt.complete_checkpoints(out)
     return str(found[-1]) if found else "none (no checkpoint yet)"
-
-
-def _flat_hparams(cfg: RunConfig) -> dict:
-    flat = {}
-    for section, values in cfg.to_dict().items():
-        for k, v in values.items():
-            if isinstance(v, (int, float, str, bool)):
-                flat[f"{section}.{k}"] = v
-    return flat

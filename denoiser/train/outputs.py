@@ -11,21 +11,19 @@ import json
 import logging
 from pathlib import Path
 
-import torch
 from diffusers.training_utils import EMAModel
 
 from denoiser.atomic import atomic_path
-from denoiser.train.config import RunConfig
 from denoiser.diffusion import Diffusion
-from denoiser.image_io import save_grid, save_png
+from denoiser.evaluate.visualize import loss_curve
 from denoiser.folders.pipeline import save_pipeline
-from denoiser.pixels import to_uint8
-from denoiser.sampling.request import BUILT_IN
-from denoiser.train.run_dir import read_losses
-from denoiser.sampling.loop import make_sampler, sample
+from denoiser.image_io import save_grid, save_png
 from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
 from denoiser.model.unet import UNet
-from denoiser.evaluate.visualize import loss_curve
+from denoiser.pixels import to_uint8
+from denoiser.sampling.request import BUILT_IN
+from denoiser.train.config import RunConfig
+from denoiser.train.run_dir import read_losses
 
 __all__ = ["export", "sample_grid", "evaluate_fid", "validation_captions"]
 
@@ -49,26 +47,28 @@ def export(model: UNet | PromptedUNet, ema: EMAModel | None) -> tuple[UNet, Hash
 
 def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Diffusion, cfg: RunConfig, out: Path,
                  step: int, prompts: list[str] | None = None, tokenizer: WordHashTokenizer | None = None) -> None:
-    """A fixed-seed grid (the built-in sampler, DDIM) from the (EMA) weights, and the loss curve so far; a text model draws `prompts`
-    (the data's class names), cycled over the grid, through `tokenizer` (the run's; by default one from `cfg.text`)."""
+    """A fixed-seed grid from the (EMA) weights, through the core every door samples with (`resolve`/`run`: the
+    built-in sampler, `train.sample_steps`, seed 0, unguided), and the loss curve so far. A class model draws its
+    classes spread over the grid; a text model draws `prompts` (the data's class names), cycled, through
+    `tokenizer` (the run's; by default one from `cfg.text`)."""
+    from denoiser.folders.model_dir import TextModel
+    from denoiser.sampling.plan import resolve, run
+    from denoiser.sampling.request import SampleRequest
+
     device = next(model.parameters()).device
     final, text_encoder = export(model, ema)
     final = final.to(device)
-    scheduler = make_sampler(BUILT_IN["scheduler"], diffusion.scheduler.config)
-    train_cfg = cfg.train
-    labels, text = None, None
-    if final.config.num_class_embeds:  # one row per class, as far as the grid has room
-        labels = torch.arange(train_cfg.num_sample_images) % final.config.num_class_embeds
+    n = cfg.train.num_sample_images
+    text, grid = None, None
     if text_encoder is not None:
-        from denoiser.sampling.guidance import TextCondition
-
         names = prompts or [""]
-        grid = [names[k % len(names)] for k in range(train_cfg.num_sample_images)]
-        tokenizer = _run_tokenizer(cfg, tokenizer)
-        text = TextCondition.encode(tokenizer, text_encoder.to(device), grid)
-    result = sample(final, scheduler, train_cfg.num_sample_images, train_cfg.sample_steps, seed=0, class_labels=labels,
-                    text=text)
-    save_grid(result.images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
+        grid = [names[k % len(names)] for k in range(n)]
+        text = TextModel(_run_tokenizer(cfg, tokenizer), text_encoder.to(device))
+    request = SampleRequest(num_images=n, classes="spread" if final.config.num_class_embeds else None, seed=0,
+                            scheduler=BUILT_IN["scheduler"], steps=cfg.train.sample_steps, prompts=grid,
+                            guidance_scale=1.0, pag_scale=0.0)
+    images = run(resolve(request, unet=final, scheduler=diffusion.scheduler, text=text)).images
+    save_grid(images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
     steps, losses = read_losses(out)
     save_png(loss_curve(steps, losses), out / "loss.png")  # through a temporary file, as the grid
 
@@ -94,8 +94,8 @@ def evaluate_fid(accelerator, model: UNet | PromptedUNet, ema, diffusion: Diffus
     caption: unconditioned); an unconditional model, as it is."""
     from denoiser.evaluate.fid import fid_of_images, reference_statistics
     from denoiser.folders.model_dir import TextModel
-    from denoiser.sampling.request import SampleRequest
     from denoiser.sampling.plan import resolve, run
+    from denoiser.sampling.request import SampleRequest
 
     train_cfg = cfg.train
     final, text_encoder = export(model, ema)

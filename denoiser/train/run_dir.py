@@ -23,7 +23,7 @@ import yaml
 from denoiser.atomic import atomic_path
 from denoiser.train.config import RunConfig
 
-__all__ = ["prepare_output_dir", "write_run_info", "record_loss", "read_losses", "truncate_losses"]
+__all__ = ["prepare_output_dir", "write_run_info", "record_loss", "read_losses", "truncate_losses", "flat_hparams"]
 
 # Settings that may change between sittings of the same run without making it a different run.
 RESUMABLE_CHANGES = {
@@ -133,3 +133,13 @@ def truncate_losses(out: Path, step: int) -> None:
     path = Path(out) / "loss.csv"
     with atomic_path(path) as tmp:
         tmp.write_text("".join(f"{s},{v:.6g}\n" for s, v in zip(steps, losses) if s <= step))
+
+
+def flat_hparams(cfg) -> dict:
+    """The run's config as flat 'section.key' scalars (tensorboard's hparams)."""
+    flat = {}
+    for section, values in cfg.to_dict().items():
+        for k, v in values.items():
+            if isinstance(v, (int, float, str, bool)):
+                flat[f"{section}.{k}"] = v
+    return flat
