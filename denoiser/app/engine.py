@@ -96,7 +96,7 @@ class Engine(AttentionViews):
         scheduler: str | None = None,
         steps: int | None = None,
         seed: int = 0,
-        num_images: int = 4,
+        num_images: int = BUILT_IN["num_images"],
         class_label: int | None = None,
         eta: float = 0.0,
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,

@@ -129,7 +129,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                 with gr.Row():
                     steps = whole_box("steps", BUILT_IN["steps"], "steps", "steps",
                                       "set to the model's best when you pick it; under 10 leave noise")
-                    num_images = whole_box("num_images", 8, "images", "num-images")
+                    num_images = whole_box("num_images", BUILT_IN["num_images"], "images", "num-images")
                 with gr.Row():
                     seed = whole_box("seed", 0, "seed", "seed")
                     randomise = gr.Button("🎲 randomise", size="sm")

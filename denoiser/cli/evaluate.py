@@ -21,7 +21,7 @@ def cmd_attention_stats(args) -> None:
     from denoiser.image_io import image_to_model, save_png
     from denoiser.pixels import unit_to_model
     from denoiser.sampling.plan import resolve, run
-    from denoiser.sampling.request import SampleRequest
+    from denoiser.sampling.request import BUILT_IN, SampleRequest
 
     try:
         timesteps = [int(t) for t in args.timesteps.split(",") if t.strip()]
@@ -32,9 +32,10 @@ def cmd_attention_stats(args) -> None:
     model = load(args.model)
     unet, sched = model.unet, model.scheduler
     n_cls = unet.config.num_class_embeds
-    # the generated images: a fixed recipe (DDIM-25, no guidance), the classes asked for
+    # the generated images: a fixed recipe (BUILT_IN's statistics sampler, no guidance), the classes asked for
     request = SampleRequest(num_images=args.num_images, classes=parse_classes(args.class_label) if n_cls else None,
-                            seed=args.seed, scheduler="ddim", steps=25, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0)
+                            seed=args.seed, scheduler=BUILT_IN["statistics_scheduler"], steps=BUILT_IN["statistics_steps"],
+                            guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0)
     plan = resolve(request, model)
     labels = plan.labels
     if args.images:

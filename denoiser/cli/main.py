@@ -29,7 +29,7 @@ def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: boo
 
     s = p.add_argument_group("sampling", f"how the {what} are sampled; unset: the model folder's own, else built in")
     if images:
-        s.add_argument("--num-images", type=int, default=16)
+        s.add_argument("--num-images", type=int, default=BUILT_IN["num_images"])
         s.add_argument("--batch-size", type=int, default=None, help="images per UNet batch (memory only: never the images)")
     s.add_argument("--seed", type=int, default=0, help="image k is drawn from a generator seeded SEED + k")
     s.add_argument("--class-label", default=None,
@@ -185,11 +185,15 @@ def _add_restore_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_attention_stats_args(p: argparse.ArgumentParser) -> None:
+    from denoiser.sampling.request import BUILT_IN
+
     _add_model(p)
     p.add_argument("--out-dir", required=True, help="folder for attention_stats.csv and attention_stats.png")
     p.add_argument("--images", default=None, metavar="FOLDER",
                    help="your images (a folder, searched recursively; resized and centre-cropped); default: generated ones")
-    p.add_argument("--num-images", type=int, default=8, help="images in the batch (generated: DDIM-25 from --seed)")
+    p.add_argument("--num-images", type=int, default=BUILT_IN["num_images"],
+                   help=f"images in the batch (generated: {BUILT_IN['statistics_scheduler']}-{BUILT_IN['statistics_steps']} "
+                        "from --seed, unguided)")
     p.add_argument("--timesteps", default=",".join(map(str, (999, 800, 600, 400, 250, 100, 30))),
                    help="comma-separated noise levels t")
     p.add_argument("--no-heads", action="store_true", help="layers only (one ablation call per layer, not per head)")

@@ -162,7 +162,7 @@ class SampleResult:
 def sample(
     unet: torch.nn.Module,
     scheduler,
-    num_images: int = 16,
+    num_images: int = BUILT_IN["num_images"],
     num_inference_steps: int = BUILT_IN["steps"],
     seed: int = 0,
     eta: float = 0.0,

@@ -41,11 +41,15 @@ ADDED_NOISE_SEED = 12_345  # the seed offset of the noise a restore adds first (
 BUILT_IN = {
     "scheduler": "ddim",  # a folder's scheduler/ names its own (trailing timesteps for ours: cifar10 DDIM, emoji UniPC)
     "steps": 50,  # a folder's sampling.json may name its measured best as num_inference_steps
+    "num_images": 8,  # images a run draws (the command line, the app, a request; diffusers' pipeline: its batch_size=1)
     "batch_size": 64,  # images per UNet batch: memory and speed only, never the images
     # an edit's (SDEdit's) noise level, in the range where Meng et al. (2022) trade keeping the picture against
     # redrawing it: with our models 0.1-0.3 keeps your picture and redraws its details, from ~0.5 the model draws
     # its own; an edit of your picture keeps it unless asked (not yet measured: docs/app.md)
     "strength": 0.3,
+    # the images `denoiser attention-stats` generates to measure the heads: a fixed recipe, unguided
+    "statistics_scheduler": "ddim",
+    "statistics_steps": 25,
 }
 
 
@@ -53,7 +57,7 @@ BUILT_IN = {
 class SampleRequest:
     """One sampling run. None: the model folder's default, else `BUILT_IN`, else off."""
 
-    num_images: int = 16
+    num_images: int = BUILT_IN["num_images"]
     classes: int | str | Sequence[int | str] | None = None  # a label or name for all, one per image, "spread"; None: no class
     prompts: str | Sequence[str] | None = None  # a text model's prompt for all images or one per image; None or "": no condition
     negative_prompts: str | Sequence[str] | None = None  # what guidance steers away from (one, or one per image); None: ""

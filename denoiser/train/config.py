@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from denoiser.data.config import DataConfig
+from denoiser.sampling.request import BUILT_IN
 
 __all__ = ["DataConfig", "DiffusionConfig", "TrainConfig", "RunConfig", "load_config", "apply_overrides"]
 
@@ -64,7 +65,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept; older ones are deleted
     sample_every: int = 1000  # steps between sample-grid and loss-curve PNGs; 0 disables
     num_sample_images: int = 16  # images in each sample grid
-    sample_steps: int = 50  # DDIM steps for sample grids
+    sample_steps: int = BUILT_IN["steps"]  # the built-in sampler's steps for sample grids and FID
     # steps between reads of the loss on the host: loss.csv rows, the finite check, progress, tracker logs and the
     # processes' agreement to stop (signal, time limit). Between reads a step never waits for the device, so a
     # non-finite loss stops the run at most log_every steps late (never saving that state)
