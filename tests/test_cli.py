@@ -69,11 +69,11 @@ def test_evaluate_prints_json(model_dir, tmp_path, capsys):
     assert res["num_images"] == 4 and res["num_timesteps"] == 5
     assert len(res["mse_per_timestep"]) == 5
     # the CLI reports what Diffusion.evaluate computes on the same images (sorted ImageFolder order)
-    from denoiser.data import load_folder
+    from denoiser.data import DataConfig, load_dataset
     from denoiser.diffusion import Diffusion
 
     unet, sched = load_model(model_dir)
-    x, _ = load_folder(tmp_path / "imgs", unet.config.sample_size).batch(torch.arange(4))
+    x, _ = load_dataset(DataConfig(dataset="folder", path=str(tmp_path / "imgs")), unet.config.sample_size).batch(torch.arange(4))
     direct = Diffusion(sched).evaluate(unet, x, num_timesteps=5)
     assert res["bits_per_dim"] == pytest.approx(direct.bits_per_dim, rel=1e-6)
     assert res["prior_bpd"] + res["diffusion_bpd"] + res["decoder_bpd"] == pytest.approx(res["bits_per_dim"], rel=1e-9)

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from denoiser.cli.main import main
-from denoiser.data import load_folder
+from denoiser.data import DataConfig, load_dataset
 from denoiser.diffusion import Diffusion
 from denoiser.folders.model_dir import load_model, load_text
 from denoiser.model.text import encode_prompts
@@ -45,7 +45,7 @@ def test_bound_is_conditioned_on_each_images_prompt(text_model, images, tmp_path
     res = _evaluate(text_model, images, capsys, "--prompts", str(tmp_path / "p.txt"))
 
     unet, sched = load_model(text_model)
-    x, _ = load_folder(images, unet.config.sample_size).batch(torch.arange(4))
+    x, _ = load_dataset(DataConfig(dataset="folder", path=str(images)), unet.config.sample_size).batch(torch.arange(4))
     text = load_text(text_model)
     states, mask = encode_prompts(text.tokenizer, text.encoder, [PROMPTS[k % 2] for k in range(4)])
     direct = Diffusion(sched).evaluate(unet, x, num_timesteps=4,

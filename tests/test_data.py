@@ -14,8 +14,8 @@ from PIL import Image
 
 from denoiser.data import (
     MappedImages,
+    load_dataset,
     load_datasets,
-    load_folder,
     make_synthetic,
     prepare,
     split,
@@ -58,7 +58,7 @@ def test_folder_converts_modes_resizes_and_labels(tmp_path):
     _write(tmp_path / "dogs" / "d.jpg", mode="CMYK", colour=(0, 255, 255, 0))  # CMYK red
     _write(tmp_path / "dogs" / "e.png", mode="P")
     Image.fromarray(np.full((10, 10), 0x8000, dtype=np.uint16)).save(tmp_path / "dogs" / "f.png")  # 16-bit grey
-    ds = load_folder(tmp_path, 8)
+    ds = load_dataset(DataConfig(dataset="folder", path=str(tmp_path)), 8)
     assert ds.images.shape == (6, 3, 8, 8) and ds.images.dtype == torch.uint8
     assert ds.classes == ["cats", "dogs"] and ds.labels.tolist() == [0, 0, 1, 1, 1, 1]
     px = ds.images[torch.arange(6)][:, :, 4, 4]  # centre pixels (6, 3)
@@ -107,32 +107,32 @@ def test_broken_files_are_skipped_counted_and_listed(tmp_path):
 
 def test_folder_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_folder(tmp_path / "missing", 8)
+        load_dataset(DataConfig(dataset="folder", path=str(tmp_path / "missing")), 8)
     (tmp_path / "empty" / "cls").mkdir(parents=True)
     with pytest.raises(ValueError, match="no images found"):
-        load_folder(tmp_path / "empty", 8)
+        load_dataset(DataConfig(dataset="folder", path=str(tmp_path / "empty")), 8)
     bad = tmp_path / "bad" / "cls"
     bad.mkdir(parents=True)
     (bad / "broken.png").write_bytes(b"not a png at all")
     with pytest.raises(ValueError, match="no usable images.*broken.png"):
-        load_folder(tmp_path / "bad", 8)
+        load_dataset(DataConfig(dataset="folder", path=str(tmp_path / "bad")), 8)
 
 
 def test_flat_folder_is_unconditional_and_metadata_gives_labels(tmp_path):
     for i in range(3):
         _write(tmp_path / "flat" / f"{i}.png", colour=(10 * i, 0, 0))
-    flat = load_folder(tmp_path / "flat", 8)
+    flat = load_dataset(DataConfig(dataset="folder", path=str(tmp_path / "flat")), 8)
     assert len(flat) == 3 and flat.classes == [] and flat.labels.tolist() == [0, 0, 0]
     meta = tmp_path / "meta"
     for i, name in enumerate(["b.png", "sub/a.png", "c.png"]):
         _write(meta / name, colour=(0, 50 * i, 0))
     (meta / "metadata.csv").write_text("file_name,label\nb.png,zebra\nsub/a.png,ant\nc.png,zebra\n")
-    ds = load_folder(meta, 8)
+    ds = load_dataset(DataConfig(dataset="folder", path=str(meta)), 8)
     assert ds.classes == ["ant", "zebra"] and ds.labels.tolist() == [1, 0, 1]
     assert ds.images[1][1, 4, 4].item() == 50  # rows in metadata order: sub/a.png is the second
     (meta / "metadata.csv").unlink()
     (meta / "metadata.jsonl").write_text("".join(json.dumps({"file_name": n}) + "\n" for n in ("c.png", "b.png")))
-    unlabelled = load_folder(meta, 8)
+    unlabelled = load_dataset(DataConfig(dataset="folder", path=str(meta)), 8)
     assert len(unlabelled) == 2 and unlabelled.classes == []
 
 
@@ -140,7 +140,7 @@ def test_store_is_memory_mapped_reused_and_keyed_by_content_and_size(tmp_path, m
     photo_folder(tmp_path / "photos")
     cfg = DataConfig(dataset="folder", path=str(tmp_path / "photos"), val_size=2)
     first = prepare(cfg, 8)
-    ds = load_folder(tmp_path / "photos", 8)
+    ds = load_dataset(DataConfig(dataset="folder", path=str(tmp_path / "photos")), 8)
     assert isinstance(ds.images, MappedImages) and ds.store == first.path
     # the store holds exactly what decoding each file gives, in ImageFolder order
     files = sorted((tmp_path / "photos").glob("cats/*.jpg")) + sorted((tmp_path / "photos").glob("dogs/*.jpg"))
@@ -163,7 +163,7 @@ def test_store_is_memory_mapped_reused_and_keyed_by_content_and_size(tmp_path, m
 
 def test_parallel_preparation_gives_the_same_store(tmp_path):
     photo_folder(tmp_path / "photos", n=10)
-    one = load_folder(tmp_path / "photos", 8)
+    one = load_dataset(DataConfig(dataset="folder", path=str(tmp_path / "photos")), 8)
     two = load_dataset_with_workers(tmp_path / "photos", 2, tmp_path / "other-cache")
     assert torch.equal(one.images[torch.arange(10)], two.images[torch.arange(10)])
     assert torch.equal(one.labels, two.labels)
@@ -295,16 +295,16 @@ def test_cifar10_python_format(tmp_path, monkeypatch):
     from torchvision import datasets
     from torchvision.datasets import cifar
 
-    from denoiser.data import load_cifar10
+    from denoiser.data import DataConfig, load_dataset
 
     folder = _write_cifar10(tmp_path)
     # torchvision checks the official files' md5; ours are a miniature with the same layout
     monkeypatch.setattr(datasets.CIFAR10, "_check_integrity", lambda self: True)
     monkeypatch.setattr(cifar, "check_integrity", lambda *args, **kwargs: True)
-    ds = load_cifar10(tmp_path, 16)
+    ds = load_dataset(DataConfig(dataset="cifar10", path=str(tmp_path)), 16)
     assert len(ds) == 30 and ds.classes[0] == "airplane" and len(ds.classes) == 10  # training batches only
     assert ds.images.shape == (30, 3, 16, 16) and ds[0][0].shape == (3, 16, 16)
-    full = load_cifar10(tmp_path, 32)
+    full = load_dataset(DataConfig(dataset="cifar10", path=str(tmp_path)), 32)
     raw = __import__("pickle").loads((folder / "data_batch_1").read_bytes())
     # row-major CHW bytes -> (3, 32, 32), the first image of the first batch, label kept
     assert torch.equal(full.images[0], torch.from_numpy(raw["data"][0].reshape(3, 32, 32)))
@@ -312,10 +312,10 @@ def test_cifar10_python_format(tmp_path, monkeypatch):
 
 
 def test_cifar10_missing_files_are_explained(tmp_path):
-    from denoiser.data import load_cifar10
+    from denoiser.data import DataConfig, load_dataset
 
     with pytest.raises(FileNotFoundError, match="cifar-10-batches-py"):
-        load_cifar10(tmp_path, 32)
+        load_dataset(DataConfig(dataset="cifar10", path=str(tmp_path)), 32)
 
 
 def _write_shards(root, per_shard=3, shards=2):

@@ -11,8 +11,6 @@ hf_source.py, webdataset.py on the bases of base.py, images decoded by decode.py
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from denoiser.data.config import DataConfig
 from denoiser.data.images import ImageDataset, MappedImages, StepBatch, split
 from denoiser.data.order import seed_of
@@ -22,8 +20,8 @@ from denoiser.data.synthetic import SHAPES, make_synthetic
 from denoiser.data.training import TrainingData, open_training_data
 
 __all__ = [
-    "ImageDataset", "MappedImages", "StepBatch", "StoreInfo", "SHAPES", "SOURCES", "TrainingData", "make_synthetic",
-    "load_folder", "load_cifar10", "load_dataset", "load_datasets", "open_source", "open_training_data", "prepare",
+    "DataConfig", "ImageDataset", "MappedImages", "StepBatch", "StoreInfo", "SHAPES", "SOURCES", "TrainingData", "make_synthetic",
+    "load_dataset", "load_datasets", "open_source", "open_training_data", "prepare",
     "open_store", "split", "seed_of", "cache_root",
 ]
 
@@ -44,13 +42,3 @@ def load_dataset(cfg: DataConfig, sample_size: int) -> ImageDataset:
 def load_datasets(cfg: DataConfig, sample_size: int) -> tuple[ImageDataset, ImageDataset]:
     """(train, validation) for a data config at the model's `sample_size`."""
     return split(load_dataset(cfg, sample_size), cfg.val_size, cfg.val_seed)
-
-
-def load_folder(path: str | Path, size: int) -> ImageDataset:
-    """An image folder (class sub-folders, flat, or metadata.csv), resized and centre-cropped to `size`."""
-    return load_dataset(DataConfig(dataset="folder", path=str(path)), size)
-
-
-def load_cifar10(path: str | Path, size: int) -> ImageDataset:
-    """CIFAR-10 in its python format (`cifar-10-batches-py` under `path`); never downloads."""
-    return load_dataset(DataConfig(dataset="cifar10", path=str(path)), size)

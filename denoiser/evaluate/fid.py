@@ -179,9 +179,9 @@ def reference_statistics(
         return Statistics.load(cache)
     if data is None:
         raise FileNotFoundError(f"no reference statistics at {str(cache)!r}: pass --data FOLDER to compute them once")
-    from denoiser.data import load_folder, split
+    from denoiser.data import DataConfig, load_dataset, split
 
-    ds = load_folder(data, size)
+    ds = load_dataset(DataConfig(dataset="folder", path=str(data)), size)
     if val_size:
         _, ds = split(ds, val_size, val_seed)
     stats = Statistics.of(features(ds.images, extractor or InceptionFeatures(), desc="reference"))

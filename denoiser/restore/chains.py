@@ -70,7 +70,7 @@ def restore(
     unet, diffusion: Diffusion, image: Image.Image, operation: str, *, mask: Image.Image | None = None,
     sigma: float | None = None, method: str = "mmse", strength: float = STRENGTH, noise_first: float | None = None,
     steps: int = STEPS, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
-    empty_mask_ok: bool = True, text: TextCondition | None = None,
+    text: TextCondition | None = None,
 ) -> Restoration:
     """A user's picture through `operation` ("denoise", "edit" or "inpaint"), checked before any work.
 
@@ -80,8 +80,8 @@ def restore(
     sigma: the noise σ `denoise` removes (None: estimated); method: "mmse" or "sample" (denoise only).
     class_label: as for sampling (`denoiser.sampling.loop.class_label_tensor`; the CLI and the app pass a plan's labels);
     text: a text model's encoded prompt (`Plan.text_condition`), None: unconditioned.
-    empty_mask_ok=False refuses a mask that marks nothing on the model's grid (the app: nothing painted); the
-    default passes the image through, as a script asked.
+    A mask that marks nothing passes the image through, as a script asked (the app refuses it before any work:
+    denoiser.restore.plan.resolve_restore's empty_mask_ok).
     """
     if operation not in OPERATIONS:
         raise ValueError(f"operation must be one of {', '.join(OPERATIONS)}, got {str(operation)[:40]!r}")
@@ -92,8 +92,6 @@ def restore(
     size = unet.config.sample_size
     clean = image_to_model(image, size)  # (1, 3, S, S) in [-1, 1]
     m = mask_to_model(mask, image.size, size) if operation == "inpaint" else None  # (1, 1, S, S)
-    if m is not None and not empty_mask_ok and not m.any():
-        raise ValueError("the mask is empty: paint the area to regenerate")
     x = clean if noise_first is None else add_noise(clean, noise_first, seed)
     common = dict(steps=steps, seed=seed, class_label=class_label, guidance=guidance, callback=callback, text=text)
     if operation == "denoise":
