@@ -109,9 +109,9 @@ def cmd_score(args) -> None:
     from denoiser.evaluate.fid import InceptionFeatures, Statistics, fid_of_images
     from denoiser.folders.model_dir import load_model
     from denoiser.image_io import save_grid
+    from denoiser.request import SPREAD, SampleRequest
     from denoiser.sampling.plan import resolve
     from denoiser.sampling.plan import run as run_plan
-    from denoiser.sampling.request import SPREAD, SampleRequest
     from denoiser.train.config import DataConfig
 
     extractor = InceptionFeatures()

@@ -32,9 +32,8 @@ def child(args) -> None:
     import torch
     import yaml
 
-    from denoiser.diffusion import Diffusion
+    from denoiser.diffusion import Diffusion, DiffusionConfig
     from denoiser.model.unet import UNet
-    from denoiser.train.config import DiffusionConfig
 
     base = _status("VmRSS")
     model = yaml.safe_load((ROOT / "configs" / f"{args.preset}.yaml").read_text())["model"]

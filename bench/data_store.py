@@ -71,7 +71,7 @@ def child_startup(args) -> None:
     unet = UNet(sample_size=args.size, base_channels=32, channel_mult=(1, 2), layers_per_block=1,
                 attention_resolutions=(), num_heads=1, norm_num_groups=8)
     opt = torch.optim.AdamW(unet.parameters(), lr=1e-4)
-    diffusion = Diffusion.from_config(__import__("denoiser.train.config").config.DiffusionConfig())
+    diffusion = Diffusion.from_config(__import__("denoiser.diffusion").diffusion.DiffusionConfig())
     x, _ = train.batch(torch.randperm(len(train))[:16])
     diffusion.training_loss(unet, x, None).backward()
     opt.step()

@@ -39,7 +39,7 @@ from denoiser.sampling.loop import make_sampler, sample, spread_labels
 from denoiser.sampling.plan import Plan
 from denoiser.sampling.plan import run as run_plan
 
-SEED_RULE = "image k seeded k"  # denoiser.sampling.request's rule; results without it drew batch i of 64 from seed i
+SEED_RULE = "image k seeded k"  # denoiser.request's rule; results without it drew batch i of 64 from seed i
 REFERENCES = {"cifar10": "bench/fid-reference/cifar10-val5000.safetensors", "emoji": "bench/fid-reference/emoji32-val500.safetensors"}
 
 
@@ -134,7 +134,7 @@ def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, ste
 def generate(unet, setting: Setting, config: dict, num_images: int, steps: int, batch_size: int,
              batches: list[int] | None, seed: int = 0) -> torch.Tensor:
     """A setting's samples as uint8 (N, 3, H, W), classes spread evenly, image k seeded k (the seed rule of
-    denoiser.sampling.request) from `seed`; batches: only these batch indices (one shard of the run)."""
+    denoiser.request) from `seed`; batches: only these batch indices (one shard of the run)."""
     labels = spread_labels(num_images, unet.config.num_class_embeds) if setting.labelled else None
     plan = Plan(unet, make_sampler(setting.sampler, config), steps, setting.eta, setting.guidance, labels, seed, num_images, batch_size)
     indices = None if batches is None else [k for i in batches for k in range(i * batch_size, min(num_images, (i + 1) * batch_size))]

@@ -32,8 +32,8 @@ from profiling import cpu_name
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from denoiser.fast.precision import choose_precision  # noqa: E402
 from denoiser.folders.model_dir import load  # noqa: E402
+from denoiser.request import SampleRequest  # noqa: E402
 from denoiser.sampling.plan import resolve, run  # noqa: E402
-from denoiser.sampling.request import SampleRequest  # noqa: E402
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 INPUTS = ("class_labels", "encoder_hidden_states", "encoder_attention_mask")  # the UNet's optional tensor inputs

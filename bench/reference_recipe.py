@@ -26,7 +26,7 @@ from diffusers.training_utils import EMAModel
 from tqdm.auto import tqdm
 
 from denoiser.data import load_datasets
-from denoiser.folders.pipeline import save_pipeline
+from denoiser.sampling.pipeline import save_pipeline
 from denoiser.train.config import DataConfig
 
 

@@ -21,10 +21,10 @@ import yaml
 from denoiser.data import load_datasets
 from denoiser.diffusion import Diffusion
 from denoiser.folders.model_dir import WEIGHTS_DIR, load_model
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.image_io import save_grid
 from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import make_sampler, sample
+from denoiser.sampling.pipeline import save_pipeline
 from denoiser.train.config import config_from_dict
 
 MSE_TIMESTEPS = (1, 10, 50, 100, 250, 500, 750, 999)

@@ -116,13 +116,13 @@ def cmd_cost(args) -> None:
     rows = [("python -c pass", "pass", None),
             ("import torch", "import torch", None),
             ("import diffusers", "import diffusers", None),
-            ("import denoiser.folders.pipeline", "import denoiser.folders.pipeline", None),
+            ("import denoiser.sampling.pipeline", "import denoiser.sampling.pipeline", None),
             ("import tokenizers", "import tokenizers", args.tk),
             ("import transformers", "import transformers", args.tx),
             ("from transformers import CLIPTextModel, CLIPTokenizerFast",
              "from transformers import CLIPTextModel, CLIPTokenizerFast", args.tx),
-            ("import denoiser.folders.pipeline + CLIPTextModel",
-             "import denoiser.folders.pipeline; from transformers import CLIPTextModel, CLIPTokenizerFast", args.tx)]
+            ("import denoiser.sampling.pipeline + CLIPTextModel",
+             "import denoiser.sampling.pipeline; from transformers import CLIPTextModel, CLIPTokenizerFast", args.tx)]
     for label, code, path in rows:
         wall, cpu = import_time(code, path, args.repeats)
         print(f"{label:60s} wall {wall:6.2f} s  cpu {cpu:6.2f} s  (median of {args.repeats} runs)  load {os.getloadavg()[0]:.1f}")

@@ -1,7 +1,7 @@
 """denoiser: an attention U-Net diffusion model, its training loop, sampler and web app.
 
 The names below load on first use (PEP 562), so `import denoiser` and the command line start without torch;
-`DenoiserPipeline` is registered with diffusers whenever diffusers is imported (denoiser.folders.registry).
+`DenoiserPipeline` is registered with diffusers whenever diffusers is imported (denoiser.sampling.registry).
 """
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from denoiser.folders.registry import register_with_diffusers
+from denoiser.sampling.registry import register_with_diffusers
 
 if TYPE_CHECKING:
-    from denoiser.folders.pipeline import DenoiserPipeline
     from denoiser.model.attention import (
         AttentionHead,
         MultiHeadAttention,
@@ -23,7 +22,8 @@ if TYPE_CHECKING:
     from denoiser.model.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
     from denoiser.model.attention_capture import capture_attention
     from denoiser.model.unet import UNet
-    from denoiser.sampling.request import SampleRequest
+    from denoiser.request import SampleRequest
+    from denoiser.sampling.pipeline import DenoiserPipeline
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -35,8 +35,8 @@ _EXPORTS = {
     "SpatialSelfAttention": "denoiser.model.attention_blocks",
     "capture_attention": "denoiser.model.attention_capture",
     "scaled_dot_product_attention": "denoiser.model.attention",
-    "DenoiserPipeline": "denoiser.folders.pipeline",
-    "SampleRequest": "denoiser.sampling.request",
+    "DenoiserPipeline": "denoiser.sampling.pipeline",
+    "SampleRequest": "denoiser.request",
     "UNet": "denoiser.model.unet",
 }
 

@@ -23,9 +23,18 @@ from dataclasses import dataclass
 import torch
 from diffusers import DDPMScheduler
 
-from denoiser.train.config import DiffusionConfig
+__all__ = ["Diffusion", "DiffusionConfig", "make_scheduler", "EvalResult"]
 
-__all__ = ["Diffusion", "make_scheduler", "EvalResult"]
+
+@dataclass
+class DiffusionConfig:
+    """The `diffusion:` section of a run's config: the noise schedule and what the UNet predicts."""
+
+    num_train_timesteps: int = 1000  # T
+    beta_schedule: str = "linear"  # "linear" (Ho et al.) or "cosine" (Nichol & Dhariwal)
+    beta_start: float = 0.0001  # linear schedule's first beta
+    beta_end: float = 0.02  # linear schedule's last beta
+    prediction_type: str = "epsilon"  # "epsilon" or "v_prediction"
 
 
 def make_scheduler(cfg: DiffusionConfig) -> DDPMScheduler:

@@ -16,7 +16,7 @@ from diffusers import DDPMScheduler
 
 from denoiser import UNet
 from denoiser.folders.model_dir import WEIGHTS_DIR
-from denoiser.folders.pipeline import save_pipeline
+from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
 __all__ = ["CHROMIUM", "BROWSER_ARGS", "browser_page", "screenshots", "free_port", "choose", "no_errors", "weights", "demo",

@@ -39,7 +39,7 @@ needs_kernels = pytest.mark.skipif(not _KERNELS_LOADED, reason=f"denoiser's C++ 
 
 
 def generators(seed: int, n: int) -> list[torch.Generator]:
-    """The seed rule (denoiser.sampling.request): image k of a request with seed S has its own generator, seeded S + k."""
+    """The seed rule (denoiser.request): image k of a request with seed S has its own generator, seeded S + k."""
     return [torch.Generator().manual_seed(seed + k) for k in range(n)]
 
 
@@ -54,8 +54,8 @@ def random_text_model(folder: Path, width: int = 12) -> Path:
     from diffusers import DDPMScheduler
 
     from denoiser import UNet
-    from denoiser.folders.pipeline import save_pipeline
     from denoiser.model.text import HashTextEncoder, WordHashTokenizer
+    from denoiser.sampling.pipeline import save_pipeline
 
     torch.manual_seed(0)
     unet = UNet(**TINY, cross_attention_dim=width).eval()

@@ -9,10 +9,10 @@ from diffusers import DDPMScheduler
 from denoiser import UNet
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers, stages_text
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import make_sampler, sample
+from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
 
@@ -228,8 +228,8 @@ def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_pat
     """Issue 34 item 3: the app's folded-away options (spacing, eta, guidance interval, PAG layers) give the images
     the sampling core gives for the same request; left empty, the model's own; bad values refused up front."""
     from denoiser.image_io import read_settings
+    from denoiser.request import SampleRequest
     from denoiser.sampling.plan import resolve, run
-    from denoiser.sampling.request import SampleRequest
 
     ex = Engine(weights)
     common = dict(steps=3, seed=1, num_images=2, class_label=2, guidance_scale=2.0, pag_scale=1.0)

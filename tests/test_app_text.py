@@ -15,11 +15,11 @@ from diffusers import DDPMScheduler
 from denoiser import UNet
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.image_io import read_settings
 from denoiser.model.text import HashTextEncoder
+from denoiser.request import SampleRequest
+from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.request import SampleRequest
 from tests.app_browser import CHROMIUM, browser_page, no_errors
 from tests.conftest import TINY
 from tests.test_text import TEXT, D, _tokenizer, _wake_cross
@@ -388,8 +388,8 @@ def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list
 def test_a_prompt_whose_marks_the_tokenizer_drops_is_said_as_it_is_read(weights, tmp_path, monkeypatch):
     """Issue 60 item 9: "赤いりんご" was shown as "赤いりんこ" with no word why (the tokenizer's NFKD folding drops the
     dakuten, as it drops "é"'s accent). The status line, the note under the form and the run's log now say so."""
+    from denoiser.request import SampleRequest
     from denoiser.sampling.plan import resolve
-    from denoiser.sampling.request import SampleRequest
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     h = Handlers(Engine(weights))

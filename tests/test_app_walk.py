@@ -38,8 +38,8 @@ def weights(weights):
     from diffusers import DDPMScheduler
 
     from denoiser import UNet
-    from denoiser.folders.pipeline import save_pipeline
     from denoiser.model.text import HashTextEncoder
+    from denoiser.sampling.pipeline import save_pipeline
     from tests.conftest import TINY
     from tests.test_text import TEXT, D, _tokenizer, _wake_cross
 

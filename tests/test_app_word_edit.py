@@ -17,9 +17,9 @@ from denoiser.app.engine import Engine
 from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
 from denoiser.app.word_edit import EDIT_SETTINGS, WordEdit, image_words, source_of
 from denoiser.image_io import read_settings
+from denoiser.request import SampleRequest
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
-from denoiser.sampling.request import SampleRequest
 from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots, type_number
 from tests.test_app_text import weights  # noqa: F401 - the tiny text model "words" and a class model
 

@@ -13,9 +13,9 @@ from PIL import Image
 from denoiser import UNet
 from denoiser.cli.main import main
 from denoiser.evaluate.attention_stats import attention_stats, head_statistics, stats_chart
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.model.attention_capture import capture_attention
+from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
 

@@ -11,7 +11,7 @@ from PIL import Image
 
 from denoiser.cli.main import main
 from denoiser.folders.model_dir import find_model, load_model
-from denoiser.folders.pipeline import save_pipeline
+from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import cli
 
 

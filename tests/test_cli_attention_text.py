@@ -11,11 +11,11 @@ from PIL import Image
 
 from denoiser.cli.main import main
 from denoiser.evaluate.visualize import find_word, overlay, token_weights, word_maps, word_maps_panel
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.model.text import WordHashTokenizer
 from denoiser.pixels import to_uint8
+from denoiser.request import SampleRequest
+from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.request import SampleRequest
 from tests.conftest import random_text_model
 
 D = 12  # the text encoder's width = the UNet's cross_attention_dim

@@ -6,8 +6,7 @@ import pytest
 import torch
 from diffusers.models.unets.unet_2d import UNet2DOutput
 
-from denoiser.diffusion import Diffusion, _discretized_gaussian_log_likelihood
-from denoiser.train.config import DiffusionConfig
+from denoiser.diffusion import Diffusion, DiffusionConfig, _discretized_gaussian_log_likelihood
 
 
 @pytest.fixture

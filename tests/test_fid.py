@@ -18,8 +18,8 @@ from denoiser.evaluate.fid import (
     inception_path,
     reference_statistics,
 )
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.model.unet import UNet
+from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
 

@@ -8,9 +8,9 @@ import torch
 from diffusers import DDPMScheduler
 
 from denoiser.folders.model_dir import load_model, load_text
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.model.text import HashTextEncoder, WordHashTokenizer
 from denoiser.model.unet import UNet
+from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
 

@@ -16,9 +16,9 @@ from diffusers import DDIMPipeline, DDIMScheduler, DDPMPipeline, DDPMScheduler, 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with diffusers)
 from denoiser import UNet
 from denoiser.folders.model_dir import WEIGHTS_DIR, load_model
-from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import make_sampler, sample
+from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from tests.conftest import TINY, generators
 
 SHAPES = WEIGHTS_DIR / "synthetic-shapes"  # 4 classes: circle, square, triangle, cross

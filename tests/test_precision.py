@@ -11,9 +11,9 @@ from diffusers import DDPMScheduler
 from denoiser.fast import precision
 from denoiser.fast.precision import Precision, choose_precision, forced
 from denoiser.model.attention_capture import capture_attention
+from denoiser.request import SampleRequest
 from denoiser.sampling.loop import sampling_context
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.request import SampleRequest
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_a_plan_names_its_precision_and_torch_dtype_float32_is_kept(tmp_path, ti
     from diffusers import DiffusionPipeline
 
     import denoiser  # noqa: F401  (registers the pipeline with diffusers)
-    from denoiser.folders.pipeline import save_pipeline
+    from denoiser.sampling.pipeline import save_pipeline
 
     fresh_choice.setenv(precision.PRECISION_ENV, "bfloat16")
     folder = save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "model")

@@ -10,13 +10,13 @@ import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
 from denoiser.folders.model_dir import TextModel
-from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.model.attention import MultiHeadAttention
 from denoiser.model.text import HashTextEncoder
 from denoiser.model.unet import UNet
+from denoiser.request import SampleRequest
+from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import PromptEdit, word_map
-from denoiser.sampling.request import SampleRequest
 from tests.conftest import TINY
 from tests.test_text import TEXT, D, _tokenizer, _wake_cross, one_thread  # noqa: F401  (one_thread: autouse)
 

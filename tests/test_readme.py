@@ -140,3 +140,37 @@ def test_the_package_imports_in_no_circle():
     for name in sorted(modules):
         visit(name)
     assert not circles, "import circles:\n" + "\n".join(circles[:10])
+
+
+# the rooms of denoiser/ in the order the data flows (docs/architecture.md): a room imports only rooms before it
+ROOMS = ("fast", "data", "model", "folders", "sampling", "restore", "evaluate", "train", "app", "cli")
+
+
+def test_no_room_imports_one_after_it_in_the_flow():
+    """Issue 59: the file list is the architecture. Each subpackage of denoiser/ imports only the top level (what
+    every room shares) and the rooms before it in ROOMS, lazy imports inside functions included (type-checking
+    imports are no dependency); the top level imports no room, except the package's face (denoiser/__init__.py)."""
+    import ast
+
+    rooms = sorted(p.name for p in (ROOT / "denoiser").iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    assert sorted(ROOMS) == rooms, f"ROOMS and docs/architecture.md should list every subpackage: {rooms}"
+
+    def room(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 and parts[1] in ROOMS else "top"
+
+    wrong = []
+    for path in (ROOT / "denoiser").rglob("*.py"):
+        name = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+        if name == "denoiser.__init__" or "presets" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+        here = room(name)
+        allowed = {"top", here} | set(ROOMS[: ROOMS.index(here)] if here != "top" else ())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("denoiser") \
+                    and id(node) not in typing_only and room(node.module) not in allowed:
+                wrong.append(f"{name} imports {node.module}")
+    assert not wrong, "imports against the flow:\n" + "\n".join(sorted(wrong))

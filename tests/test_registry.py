@@ -1,4 +1,4 @@
-"""denoiser/folders/registry.py: the one name it adds to diffusers, and the diffusers behaviour that makes it needed."""
+"""denoiser/sampling/registry.py: the one name it adds to diffusers, and the diffusers behaviour that makes it needed."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from diffusers import DiffusionPipeline
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with diffusers)
 from denoiser.folders.model_dir import WEIGHTS_DIR
-from denoiser.folders.pipeline import DenoiserPipeline
-from denoiser.folders.registry import register_with_diffusers
+from denoiser.sampling.pipeline import DenoiserPipeline
+from denoiser.sampling.registry import register_with_diffusers
 
 SHAPES = WEIGHTS_DIR / "synthetic-shapes"
 
@@ -45,7 +45,7 @@ def test_a_library_class_name_is_not_loaded_without_remote_code(tmp_path):
     folder = tmp_path / "shapes"
     shutil.copytree(SHAPES, folder)
     index = json.loads((folder / "model_index.json").read_text())
-    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": ["denoiser.folders.pipeline", "DenoiserPipeline"]}))
+    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": ["denoiser.sampling.pipeline", "DenoiserPipeline"]}))
     with pytest.raises((TypeError, AttributeError, ValueError)):
         DiffusionPipeline.from_pretrained(folder)
 
@@ -54,3 +54,19 @@ def test_the_pipeline_class_loads_a_folder_through_diffusers_alone(monkeypatch):
     monkeypatch.delitem(vars(diffusers), "__getattr__")  # no registry
     pipe = DenoiserPipeline.from_pretrained(SHAPES)
     assert type(pipe) is DenoiserPipeline and pipe.classes == ["circle", "square", "triangle", "cross"]
+
+
+def test_folders_that_name_the_modules_before_the_rooms_still_load(tmp_path):
+    """Issue 59 moved denoiser/unet.py and text.py into denoiser/model/. A model folder names each component's module
+    in model_index.json: weights/emoji (and every folder a person trained before) names "denoiser.unet" and
+    "denoiser.text"; one written now names "denoiser.model.unet". Both load through diffusers' own from_pretrained."""
+    from denoiser.model.text import HashTextEncoder
+    from denoiser.model.unet import UNet
+
+    old = json.loads((WEIGHTS_DIR / "emoji" / "model_index.json").read_text())
+    assert old["unet"][0] == "denoiser.unet" and old["text_encoder"][0] == "denoiser.text"
+    pipe = DiffusionPipeline.from_pretrained(WEIGHTS_DIR / "emoji")
+    assert isinstance(pipe.unet, UNet) and isinstance(pipe.text_encoder, HashTextEncoder)
+    pipe.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "model_index.json").read_text())["unet"][0] == "denoiser.model.unet"
+    assert isinstance(DiffusionPipeline.from_pretrained(tmp_path / "again").unet, UNet)

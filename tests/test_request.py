@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from diffusers import DDPMScheduler
 
+from denoiser.request import TIMESTEP_SPACINGS, check_timestep_spacing
 from denoiser.sampling.loop import make_sampler
-from denoiser.sampling.request import TIMESTEP_SPACINGS, check_timestep_spacing
 
 
 def test_timestep_spacing_is_checked_in_one_place():
@@ -28,8 +28,8 @@ def test_every_door_takes_its_defaults_from_the_one_table():
 
     from denoiser.app.engine import Engine
     from denoiser.cli.main import build_parser
+    from denoiser.request import BUILT_IN, SampleRequest
     from denoiser.sampling.loop import sample
-    from denoiser.sampling.request import BUILT_IN, SampleRequest
     from denoiser.train.config import TrainConfig
 
     def command(name):
@@ -51,3 +51,14 @@ def test_every_door_takes_its_defaults_from_the_one_table():
     assert TrainConfig().sample_steps == BUILT_IN["steps"]
     for name in ("sample", "denoise", "edit"):  # unset: the model folder's own, never a number written in the door
         assert default(command(name), "--steps") is None
+
+
+def test_the_sampler_table_names_the_classes_the_loop_builds():
+    """The sampler names and their diffusers classes are one table (denoiser.request.SCHEDULER_CLASSES, no torch):
+    the loop builds each name's class, and a folder's scheduler class reads back as its name."""
+    from denoiser.request import SCHEDULER_CLASSES, sampler_name
+    from denoiser.sampling.loop import SAMPLERS
+
+    assert {name: s.scheduler.__name__ for name, s in SAMPLERS.items()} == SCHEDULER_CLASSES
+    assert [sampler_name(cls) for cls in SCHEDULER_CLASSES.values()] == list(SCHEDULER_CLASSES)
+    assert sampler_name("LMSDiscreteScheduler") == "LMSDiscreteScheduler"  # a swapped-in one keeps its own name

@@ -14,13 +14,13 @@ from denoiser.app.engine import Engine
 from denoiser.cli.main import main
 from denoiser.diffusion import Diffusion
 from denoiser.folders.model_dir import load
-from denoiser.folders.pipeline import save_pipeline
+from denoiser.request import ADDED_NOISE_SEED, BUILT_IN, RestoreRequest
 from denoiser.restore.chains import add_noise, restore
 from denoiser.restore.plan import check_request, resolve_restore, run_restore
 from denoiser.restore.tiles import denoise_photo
 from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import image_generators
-from denoiser.sampling.request import ADDED_NOISE_SEED, BUILT_IN, RestoreRequest
+from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import random_text_model
 
 

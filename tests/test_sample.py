@@ -187,8 +187,7 @@ def test_trailing_timestep_spacing_starts_at_the_last_timestep():
     lead.set_timesteps(4)
     trail.set_timesteps(4)
     assert int(trail.timesteps[0]) == 999 and int(lead.timesteps[0]) < 999
-    from denoiser.diffusion import make_scheduler
-    from denoiser.train.config import DiffusionConfig
+    from denoiser.diffusion import DiffusionConfig, make_scheduler
 
     ours = make_sampler("ddim", make_scheduler(DiffusionConfig()).config)  # what a trained model's folder holds
     ours.set_timesteps(4)

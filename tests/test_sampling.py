@@ -17,11 +17,11 @@ from denoiser.app.engine import Engine
 from denoiser.cli.main import main
 from denoiser.evaluate.fid import Statistics
 from denoiser.folders.model_dir import read_defaults
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.image_io import to_pil
+from denoiser.request import SCHEDULERS, SampleRequest
 from denoiser.sampling.loop import SAMPLERS, sample, spread_labels
+from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.request import SCHEDULERS, SampleRequest
 from tests.conftest import ROOT
 
 

@@ -15,14 +15,14 @@ from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with DiffusionPipeline)
 from denoiser.folders.model_dir import TextModel
-from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.model.attention_blocks import SpatialCrossAttention
 from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, fnv1a, words
 from denoiser.model.unet import UNet
+from denoiser.request import SampleRequest
 from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.sampling.loop import sample
+from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.request import SampleRequest
 from denoiser.train.config import RunConfig, apply_overrides, config_from_dict
 from denoiser.train.init_from import init_text_encoder, load_init_weights, load_into
 from tests.conftest import ROOT, TINY, TRAIN_CONFIG, generators

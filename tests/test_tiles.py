@@ -115,7 +115,7 @@ def test_bad_options_are_refused_before_any_work(tiny_unet, diffusion, options, 
 def test_cli_denoise_returns_the_photo_at_its_own_size(tmp_path, tiny_unet, capsys):
     """Issue 35 item 15: `denoiser denoise --image photo.png --sigma S --out out.png` keeps the photo's size."""
     from denoiser.cli.main import main
-    from denoiser.folders.pipeline import save_pipeline
+    from denoiser.sampling.pipeline import save_pipeline
 
     save_pipeline(tiny_unet, DDPMScheduler(clip_sample=True), tmp_path / "model")
     photo = tmp_path / "photo.png"
@@ -134,7 +134,7 @@ def test_cli_denoise_of_a_phone_jpeg_keeps_every_pixel(tmp_path, tiny_unet, caps
     import io
 
     from denoiser.cli.main import main
-    from denoiser.folders.pipeline import save_pipeline
+    from denoiser.sampling.pipeline import save_pipeline
     from tests.test_image_io import _photo as phone_jpeg
 
     save_pipeline(tiny_unet, DDPMScheduler(clip_sample=True), tmp_path / "model")
@@ -165,7 +165,7 @@ def test_one_tile_with_a_class_and_guidance_is_the_guided_one_step_denoise(class
 
 def test_cli_denoise_of_a_photo_takes_class_names_and_refuses_unknown_ones(tmp_path, class_unet, capsys):
     from denoiser.cli.main import main
-    from denoiser.folders.pipeline import save_pipeline
+    from denoiser.sampling.pipeline import save_pipeline
 
     save_pipeline(class_unet, DDPMScheduler(clip_sample=True), tmp_path / "model", classes=["red", "green", "blue"])
     photo = tmp_path / "photo.png"

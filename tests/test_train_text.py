@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with DiffusionPipeline)
 from denoiser.data import DataConfig, open_training_data
-from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, words
 from denoiser.model.unet import UNet
+from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.train.config import load_config
 from denoiser.train.loop import train
 from tests.conftest import TRAIN_CONFIG, write_config

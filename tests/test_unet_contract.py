@@ -206,7 +206,7 @@ def test_diffusers_warns_about_an_empty_fp32_list():
 def test_unet_to_drops_only_that_warning_and_only_during_its_call(class_unet):
     import threading
 
-    from denoiser.folders.diffusers_warnings import _EMPTY_FP32_LIST
+    from denoiser.model.diffusers_warnings import _EMPTY_FP32_LIST
 
     logger = logging.getLogger("diffusers.models.modeling_utils")
     message = "There are modules in X that should be kept in float32: []"

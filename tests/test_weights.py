@@ -75,7 +75,7 @@ def test_every_front_door_samples_with_the_folders_measured_best(name, monkeypat
     from denoiser.app.engine import Engine
     from denoiser.app.handlers import Handlers
     from denoiser.cli.main import main
-    from denoiser.sampling.request import BUILT_IN
+    from denoiser.request import BUILT_IN
 
     folder = WEIGHTS_DIR / name
     own = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())["_class_name"]

@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 
 from denoiser.evaluate.visualize import tiles_image, with_title
+from denoiser.request import SampleRequest
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.request import SampleRequest
 
 PROMPTS = [
     "grinning face", "face with tears of joy", "smiling face with heart-shaped eyes", "thinking face",

@@ -36,8 +36,8 @@ from denoiser.evaluate.fid import InceptionFeatures, features
 from denoiser.folders.model_dir import load
 from denoiser.model.text import words
 from denoiser.pixels import to_uint8
+from denoiser.request import SampleRequest
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.request import SampleRequest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from prompt_fidelity import DATA, gallery_features, read_gallery  # noqa: E402

@@ -40,8 +40,8 @@ from denoiser.atomic import atomic_path
 from denoiser.data.decode import decode_image
 from denoiser.evaluate.fid import InceptionFeatures, features
 from denoiser.pixels import to_uint8
+from denoiser.request import SampleRequest
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.request import SampleRequest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from holdout_folder import held_out_files  # noqa: E402

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from denoiser.folders.model_dir import load
-from denoiser.folders.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.model.text import prompts_from_file
+from denoiser.request import SPREAD, SampleRequest
+from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.request import SPREAD, SampleRequest
 
 TEXT_PROMPTS = Path("bench/emoji_text/val500_prompts.txt")  # a text model's FID prompts: held-out image k's name, cycled
 BATCH = 250  # images per UNet batch: speed only (image k is seeded k whatever its batch)

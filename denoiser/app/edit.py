@@ -36,8 +36,8 @@ from denoiser.app.photo import (
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.atomic import atomic_path
 from denoiser.image_io import read_settings, save_with_settings
+from denoiser.request import BUILT_IN
 from denoiser.restore.plan import RestoreResult, read_photo, takes_prompt
-from denoiser.sampling.request import BUILT_IN
 
 __all__ = ["edit_tab", "wire_edit", "EditHandlers", "restored_text", "EXAMPLES", "CLEAN_SIGMA"]
 

@@ -27,6 +27,7 @@ from denoiser.app.photo_time import PhotoTime, measure_tile_rate, photo_seconds
 from denoiser.folders.model_dir import LoadedModel, ModelDefaults, find_model, list_models, load, model_roots
 from denoiser.image_io import MAX_PIXELS
 from denoiser.pixels import to_unit, uint8_to_unit
+from denoiser.request import BUILT_IN, RestoreRequest, SampleRequest, check_timestep_spacing
 from denoiser.restore.plan import RestoreResult, check_request, resolve_restore, run_restore
 from denoiser.restore.tiles import count_tiles
 from denoiser.sampling.guidance import Guidance
@@ -34,7 +35,6 @@ from denoiser.sampling.loop import SAMPLERS
 from denoiser.sampling.plan import Plan, resolve, run
 from denoiser.sampling.prompt_to_prompt import PromptEdit
 from denoiser.sampling.prompt_weights import parse_prompt
-from denoiser.sampling.request import BUILT_IN, RestoreRequest, SampleRequest, check_timestep_spacing
 
 __all__ = ["Engine", "Generation", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS", "check_prompt"]
 

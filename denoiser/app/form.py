@@ -16,7 +16,7 @@ from denoiser.app.engine import SCHEDULERS
 from denoiser.app.limits import LIMITS, check_int
 from denoiser.app.words import read_as_note, unread_note, unseen_note
 from denoiser.image_io import read_settings
-from denoiser.sampling.request import BUILT_IN
+from denoiser.request import BUILT_IN
 
 __all__ = ["FormHandlers", "PROMPTS", "NO_CLASS", "MODELS_OWN", "SETTINGS_FORM", "FEW_STEPS", "guidance_info", "escape",
            "few_steps_note"]

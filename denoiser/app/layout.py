@@ -31,7 +31,7 @@ from denoiser.app.kept import KEEP, STORAGE_KEY
 from denoiser.app.limits import LIMITS
 from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
 from denoiser.app.words import word_maps_label, word_weights_label, words_label
-from denoiser.sampling.request import BUILT_IN, TIMESTEP_SPACINGS
+from denoiser.request import BUILT_IN, TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
 

@@ -1,4 +1,4 @@
-"""What the commands share: the class flag read, the sampling request the flags describe (denoiser.sampling.request), and a
+"""What the commands share: the class flag read, the sampling request the flags describe (denoiser.request), and a
 user's image read safely. The flags themselves are defined in denoiser/cli/main.py."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def parse_classes(text: str | None):
 
 def sampling_request(args, **fields):
     """The sampling request the flags of `denoiser.cli.main._add_sampling` describe; `fields` set what the command fixes itself."""
-    from denoiser.sampling.request import SampleRequest
+    from denoiser.request import SampleRequest
 
     asked = dict(
         num_images=getattr(args, "num_images", 1), batch_size=getattr(args, "batch_size", None), seed=args.seed,

@@ -20,8 +20,8 @@ def cmd_attention_stats(args) -> None:
     from denoiser.folders.model_dir import load
     from denoiser.image_io import image_to_model, save_png
     from denoiser.pixels import unit_to_model
+    from denoiser.request import BUILT_IN, SampleRequest
     from denoiser.sampling.plan import resolve, run
-    from denoiser.sampling.request import BUILT_IN, SampleRequest
 
     try:
         timesteps = [int(t) for t in args.timesteps.split(",") if t.strip()]

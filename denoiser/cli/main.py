@@ -23,9 +23,9 @@ def _pixel(text: str) -> tuple[int, int]:
 
 
 def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: bool = True) -> None:
-    """The flags of a sampling request (denoiser.sampling.request.SampleRequest); unset ones come from the model folder
+    """The flags of a sampling request (denoiser.request.SampleRequest); unset ones come from the model folder
     (its scheduler/, sampling.json), else the built-in defaults."""
-    from denoiser.sampling.request import BUILT_IN, SCHEDULERS, TIMESTEP_SPACINGS
+    from denoiser.request import BUILT_IN, SCHEDULERS, TIMESTEP_SPACINGS
 
     s = p.add_argument_group("sampling", f"how the {what} are sampled; unset: the model folder's own, else built in")
     if images:
@@ -153,8 +153,8 @@ def _add_attention_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_restore_args(p: argparse.ArgumentParser) -> None:
-    """denoise, edit and inpaint: one set of flags (denoiser.sampling.request.RestoreRequest), and each operation's own."""
-    from denoiser.sampling.request import BUILT_IN
+    """denoise, edit and inpaint: one set of flags (denoiser.request.RestoreRequest), and each operation's own."""
+    from denoiser.request import BUILT_IN
 
     name = p.prog.split()[-1]
     _add_model(p)
@@ -185,7 +185,7 @@ def _add_restore_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_attention_stats_args(p: argparse.ArgumentParser) -> None:
-    from denoiser.sampling.request import BUILT_IN
+    from denoiser.request import BUILT_IN
 
     _add_model(p)
     p.add_argument("--out-dir", required=True, help="folder for attention_stats.csv and attention_stats.png")

@@ -10,7 +10,7 @@ __all__ = ["cmd_restore", "restore_request"]
 
 def restore_request(args):
     """The RestoreRequest the flags of `denoiser.cli.main._add_restore_args` describe."""
-    from denoiser.sampling.request import RestoreRequest
+    from denoiser.request import RestoreRequest
 
     return RestoreRequest(
         args.command, method=getattr(args, "method", "mmse"), sigma=getattr(args, "sigma", None),

@@ -1,6 +1,6 @@
 """Model folders: loading one (safetensors only, never unpickled) and finding models by
 name under the folders of model folders ($DENOISER_WEIGHTS, then a clone's weights/) without ever leaving
-them. A model folder is what `denoiser.folders.pipeline.save_pipeline` writes: `model_index.json`, `unet/`,
+them. A model folder is what `denoiser.sampling.pipeline.save_pipeline` writes: `model_index.json`, `unet/`,
 `scheduler/` (the sampler it is best sampled with), a text model's `text_encoder/` and `tokenizer/`, plus
 `classes.txt` (class names) and `sampling.json` (its measured best guidance and steps), which `read_defaults` reads.
 
@@ -25,8 +25,7 @@ from torch import nn
 
 from denoiser.model.text import HashTextEncoder, WordHashTokenizer
 from denoiser.model.unet import UNet
-from denoiser.sampling.loop import sampler_name
-from denoiser.sampling.request import BUILT_IN
+from denoiser.request import BUILT_IN, sampler_name
 
 __all__ = [
     "load", "LoadedModel", "TextModel", "ModelDefaults", "read_defaults", "load_model", "find_model", "ModelNotFound", "model_roots",

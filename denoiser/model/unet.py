@@ -18,7 +18,7 @@ math is torch's too; the speed layer (`denoiser.fast`) wraps around it: `UNet.pa
 this file offers, as diffusers' models offer `enable_...` methods.
 
 `UNet.to` drops diffusers' empty "kept in float32: []" warning during its own call: a patch of diffusers 0.42.1
-that lives in `denoiser.folders.diffusers_warnings`.
+that lives in `denoiser.model.diffusers_warnings`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.unets.unet_2d import UNet2DOutput
 from torch import nn
 
-from denoiser.folders.diffusers_warnings import quiet_empty_fp32_warning
 from denoiser.model.attention_blocks import SpatialCrossAttention, SpatialSelfAttention
+from denoiser.model.diffusers_warnings import quiet_empty_fp32_warning
 from denoiser.model.groupnorm import GroupNorm
 
 __all__ = ["UNet", "ResBlock", "timestep_embedding"]
@@ -324,7 +324,7 @@ class UNet(ModelMixin, ConfigMixin):
         return module(*args)
 
     def to(self, *args, **kwargs):
-        """ModelMixin.to, without diffusers' empty "kept in float32: []" warning (`denoiser.folders.diffusers_warnings`)."""
+        """ModelMixin.to, without diffusers' empty "kept in float32: []" warning (`denoiser.model.diffusers_warnings`)."""
         with quiet_empty_fp32_warning():
             return super().to(*args, **kwargs)
 

@@ -39,16 +39,16 @@ from PIL import Image
 from denoiser.diffusion import Diffusion
 from denoiser.image_io import image_to_model, mask_to_model
 from denoiser.pixels import to_unit
+from denoiser.request import ADDED_NOISE_SEED, BUILT_IN, METHODS, OPERATIONS
 from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.sampling.loop import SampleResult, image_generators, sample
-from denoiser.sampling.request import ADDED_NOISE_SEED, BUILT_IN, METHODS, OPERATIONS
 
 __all__ = [
     "OPERATIONS", "Restoration", "restore", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "add_noise",
 ]
 
 ClassLabel = int | Sequence[int] | torch.Tensor | None  # one for all or one per image: denoiser.sampling.loop.class_label_tensor
-STEPS, STRENGTH = BUILT_IN["steps"], BUILT_IN["strength"]  # the defaults, written once (denoiser.sampling.request)
+STEPS, STRENGTH = BUILT_IN["steps"], BUILT_IN["strength"]  # the defaults, written once (denoiser.request)
 
 
 @dataclass

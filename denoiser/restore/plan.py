@@ -30,11 +30,11 @@ from denoiser.diffusion import Diffusion
 from denoiser.folders.model_dir import LoadedModel, load
 from denoiser.image_io import flatten_to_rgb, mask_to_model, open_image, uint8_to_pil
 from denoiser.pixels import to_uint8, to_unit
+from denoiser.request import BUILT_IN, METHODS, OPERATIONS, RestoreRequest, SampleRequest
 from denoiser.restore.chains import restore
 from denoiser.restore.tiles import count_tiles, denoise_photo
 from denoiser.sampling.loop import SampleResult
 from denoiser.sampling.plan import Plan, resolve
-from denoiser.sampling.request import BUILT_IN, METHODS, OPERATIONS, RestoreRequest, SampleRequest
 
 __all__ = ["RestorePlan", "RestoreResult", "read_photo", "resolve_restore", "run_restore", "check_request", "takes_prompt", "chain_steps",
            "check_size", "MIN_SIDE"]
@@ -147,7 +147,7 @@ def resolve_restore(
     load: Callable[[Path], LoadedModel] = load,
 ) -> RestorePlan:
     """`request` for `model` (loaded, or its folder) and the user's picture, checked before any work; the defaults
-    from `denoiser.sampling.request.BUILT_IN`, the guidance a class or prompt gets from the model's sampling.json.
+    from `denoiser.request.BUILT_IN`, the guidance a class or prompt gets from the model's sampling.json.
 
     max_pixels: a tiled photo over this many pixels is restored as a copy scaled down to fit (the app's work
     budget); None: any size. empty_mask_ok=False refuses a mask that marks nothing (the app: nothing painted).
@@ -224,7 +224,7 @@ def run_restore(
 def check_request(request: RestoreRequest) -> RestoreRequest:
     """The request checked field by field, before any model or picture is read, its defaults (BUILT_IN) filled in."""
     if not isinstance(request, RestoreRequest):
-        raise TypeError(f"pass a denoiser.sampling.request.RestoreRequest, got {type(request).__name__}")
+        raise TypeError(f"pass a denoiser.request.RestoreRequest, got {type(request).__name__}")
     r = request
     if r.operation not in OPERATIONS:
         raise ValueError(f"operation must be one of {', '.join(OPERATIONS)}, got {str(r.operation)[:40]!r}")

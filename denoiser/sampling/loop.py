@@ -33,11 +33,11 @@ from denoiser.fast import precision
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
 from denoiser.model.unet import UNet
 from denoiser.pixels import to_unit
+from denoiser.request import BUILT_IN, SCHEDULERS, SPREAD, check_timestep_spacing
 from denoiser.sampling.guidance import Guidance, TextCondition
-from denoiser.sampling.request import BUILT_IN, SCHEDULERS, SPREAD, check_timestep_spacing
 
 __all__ = [
-    "SAMPLERS", "Sampler", "make_sampler", "sampler_name", "sample", "sampling_context", "SampleResult", "trajectory_strip",
+    "SAMPLERS", "Sampler", "make_sampler", "sample", "sampling_context", "SampleResult", "trajectory_strip",
     "image_generators", "class_label_tensor", "spread_labels",
 ]
 
@@ -51,7 +51,7 @@ class Sampler:
     integer_timesteps: bool = True  # steps on whole timesteps: one step's UNet call can be re-run exactly (the app)
 
 
-# the samplers by name (denoiser.sampling.request.SCHEDULERS: the CLI's choices; the app offers those with integer timesteps)
+# the samplers by name (denoiser.request.SCHEDULERS: the CLI's choices; the app offers those with integer timesteps)
 SAMPLERS = {
     "ddim": Sampler(DDIMScheduler),
     "ddpm": Sampler(DDPMScheduler),
@@ -60,12 +60,6 @@ SAMPLERS = {
     "euler": Sampler(EulerDiscreteScheduler, integer_timesteps=False),  # fractional timesteps
 }
 _ALIASES = {"dpmsolver++": "dpm++", "dpm-solver++": "dpm++", "dpmpp": "dpm++"}  # dpmpp: names joined by "+"
-
-
-def sampler_name(scheduler_class: str) -> str:
-    """A scheduler class's name (e.g. "DDIMScheduler") as the sampler name it is offered under; other classes
-    (a scheduler a pipeline user swapped in) keep their own name."""
-    return next((name for name, s in SAMPLERS.items() if s.scheduler.__name__ == scheduler_class), scheduler_class)
 
 
 def make_sampler(name: str, train_scheduler_config, timestep_spacing: str | None = None):

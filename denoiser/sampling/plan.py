@@ -5,7 +5,7 @@
 
 `resolve` takes the model loaded once (`denoiser.folders.model_dir.LoadedModel`: its UNet, noise schedule, text model and
 what its folder says about sampling it) or a folder to load, and is the only loader of autoguidance's guide model;
-the request's fields win over the folder's, the folder's over `denoiser.sampling.request.BUILT_IN`. `run` owns batching and the
+the request's fields win over the folder's, the folder's over `denoiser.request.BUILT_IN`. `run` owns batching and the
 per-step callbacks, and gives each batch its images' generators by the seed rule (image k from a generator
 seeded seed + k, `denoiser.sampling.loop.image_generators`); the loop itself is `denoiser.sampling.loop.sample`, the
 reading of class labels `denoiser.sampling.loop.class_label_tensor`, the guidance maths `denoiser.sampling.guidance`. The
@@ -35,6 +35,7 @@ from denoiser.folders.model_dir import (
     require_text,
 )
 from denoiser.model.text import drops_marks, words
+from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing, sampler_name
 from denoiser.sampling.guidance import Guidance, TextCondition, check_guide
 from denoiser.sampling.loop import (
     SampleResult,
@@ -42,11 +43,9 @@ from denoiser.sampling.loop import (
     image_generators,
     make_sampler,
     sample,
-    sampler_name,
 )
 from denoiser.sampling.prompt_to_prompt import PromptEdit
 from denoiser.sampling.prompt_weights import parse_prompt
-from denoiser.sampling.request import BUILT_IN, SampleRequest, check_timestep_spacing
 
 __all__ = ["Plan", "resolve", "run"]
 

@@ -19,18 +19,10 @@ from typing import Any
 import yaml
 
 from denoiser.data.config import DataConfig
-from denoiser.sampling.request import BUILT_IN
+from denoiser.diffusion import DiffusionConfig
+from denoiser.request import BUILT_IN
 
 __all__ = ["DataConfig", "DiffusionConfig", "TrainConfig", "RunConfig", "load_config", "apply_overrides"]
-
-
-@dataclass
-class DiffusionConfig:
-    num_train_timesteps: int = 1000  # T
-    beta_schedule: str = "linear"  # "linear" (Ho et al.) or "cosine" (Nichol & Dhariwal)
-    beta_start: float = 0.0001  # linear schedule's first beta
-    beta_end: float = 0.02  # linear schedule's last beta
-    prediction_type: str = "epsilon"  # "epsilon" or "v_prediction"
 
 
 @dataclass

@@ -46,9 +46,9 @@ from denoiser.data.prefetch import Prefetcher
 from denoiser.data.training import per_process_batch
 from denoiser.diffusion import Diffusion
 from denoiser.fast.groupnorm import default_channels_last
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
 from denoiser.model.unet import UNet
+from denoiser.sampling.pipeline import save_pipeline
 from denoiser.train import checkpoint as ckpt
 from denoiser.train.batch import TOKEN_KEYS, StepInputs
 from denoiser.train.config import RunConfig

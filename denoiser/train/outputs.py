@@ -16,12 +16,12 @@ from diffusers.training_utils import EMAModel
 from denoiser.atomic import atomic_path
 from denoiser.diffusion import Diffusion
 from denoiser.evaluate.visualize import loss_curve
-from denoiser.folders.pipeline import save_pipeline
 from denoiser.image_io import save_grid, save_png
 from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
 from denoiser.model.unet import UNet
 from denoiser.pixels import to_uint8
-from denoiser.sampling.request import BUILT_IN
+from denoiser.request import BUILT_IN
+from denoiser.sampling.pipeline import save_pipeline
 from denoiser.train.config import RunConfig
 from denoiser.train.run_dir import read_losses
 
@@ -52,8 +52,8 @@ def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Dif
     classes spread over the grid; a text model draws `prompts` (the data's class names), cycled, through
     `tokenizer` (the run's; by default one from `cfg.text`)."""
     from denoiser.folders.model_dir import TextModel
+    from denoiser.request import SampleRequest
     from denoiser.sampling.plan import resolve, run
-    from denoiser.sampling.request import SampleRequest
 
     device = next(model.parameters()).device
     final, text_encoder = export(model, ema)
@@ -94,8 +94,8 @@ def evaluate_fid(accelerator, model: UNet | PromptedUNet, ema, diffusion: Diffus
     caption: unconditioned); an unconditional model, as it is."""
     from denoiser.evaluate.fid import fid_of_images, reference_statistics
     from denoiser.folders.model_dir import TextModel
+    from denoiser.request import SampleRequest
     from denoiser.sampling.plan import resolve, run
-    from denoiser.sampling.request import SampleRequest
 
     train_cfg = cfg.train
     final, text_encoder = export(model, ema)

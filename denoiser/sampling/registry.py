@@ -10,13 +10,13 @@ run code from the folder and refuse without `trust_remote_code=True`. Without th
 itself); the patch is what lets diffusers' generic `DiffusionPipeline.from_pretrained` find it.
 
 The patch is one name: a module-level `__getattr__` (PEP 562) in the diffusers module's namespace answers
-`DenoiserPipeline` by importing denoiser.folders.pipeline, and leaves every other name to diffusers' own lookup. When
+`DenoiserPipeline` by importing denoiser.sampling.pipeline, and leaves every other name to diffusers' own lookup. When
 diffusers is already imported that happens at once; otherwise a one-shot import hook does it right after
 diffusers' own module has run. Nothing is imported early, so the command line's `denoiser --help` never pays the
 seconds that importing diffusers costs.
 
 What would let it go: diffusers resolving a `_class_name` from an installed library without remote code (as it
-resolves each component's [library, class]); the model folders would then name ["denoiser.folders.pipeline",
+resolves each component's [library, class]); the model folders would then name ["denoiser.sampling.pipeline",
 "DenoiserPipeline"]. tests/test_registry.py fails the day diffusers finds the class without this module, or
 stops looking it up where this module puts it.
 """
@@ -42,7 +42,7 @@ def _teach(diffusers: ModuleType) -> None:
 
     def __getattr__(name: str):
         if name == NAME:
-            from denoiser.folders.pipeline import DenoiserPipeline
+            from denoiser.sampling.pipeline import DenoiserPipeline
 
             return DenoiserPipeline
         if before is not None:

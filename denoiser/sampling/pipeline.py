@@ -6,13 +6,14 @@ A model folder is what `DenoiserPipeline.save_pretrained` writes (`model_index.j
 is UniPC) plus `classes.txt` (class names)
 and `sampling.json` (measured default guidance and steps). `DenoiserPipeline.from_pretrained(folder)` loads
 it through diffusers' public API alone, and so does `DiffusionPipeline.from_pretrained(folder)` after
-`import denoiser` (denoiser.folders.registry); either samples as `denoiser sample` does. diffusers' own
+`import denoiser` (denoiser.sampling.registry); either samples as `denoiser sample` does. diffusers' own
 `DDPMPipeline`/`DDIMPipeline` still load it (without classes or guidance).
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,12 +25,18 @@ from denoiser.atomic import atomic_path
 from denoiser.folders.model_dir import CLASSES_FILE, LoadedModel, ModelDefaults, TextModel, load, read_defaults
 from denoiser.model.text import HashTextEncoder, WordHashTokenizer
 from denoiser.model.unet import UNet
+from denoiser.request import BUILT_IN, SampleRequest
 from denoiser.sampling.loop import make_sampler
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import PromptEdit
-from denoiser.sampling.request import BUILT_IN, SampleRequest
 
 __all__ = ["DenoiserPipeline", "save_pipeline"]
+
+# model folders name each component's module in model_index.json (["denoiser.unet", "UNet"]); those written before
+# the package had rooms (weights/ among them) name the old paths: diffusers looks them up in sys.modules
+MOVED = {"denoiser.unet": "denoiser.model.unet", "denoiser.text": "denoiser.model.text"}
+for _old, _new in MOVED.items():
+    sys.modules.setdefault(_old, sys.modules[_new])
 
 
 class DenoiserPipeline(DiffusionPipeline):
@@ -38,7 +45,7 @@ class DenoiserPipeline(DiffusionPipeline):
         pipe = DenoiserPipeline.from_pretrained("weights/cifar10")    # or DiffusionPipeline's, after `import denoiser`
         images = pipe(4, class_labels="cat", generator=[torch.Generator().manual_seed(k) for k in range(4)]).images
 
-    A call is a `denoiser.sampling.request.SampleRequest` run by `denoiser.sampling.plan`, so it gives the images every other
+    A call is a `denoiser.request.SampleRequest` run by `denoiser.sampling.plan`, so it gives the images every other
     front door gives: with one generator per image seeded S + k, those of `denoiser sample --seed S`. Arguments
     left out come from the folder: its scheduler (trailing timesteps for the shipped models: DDIM for weights/cifar10, UniPC for weights/emoji; any
     diffusers scheduler may be swapped in, `pipe.scheduler = DDPMScheduler.from_config(pipe.scheduler.config)`),
@@ -124,7 +131,7 @@ class DenoiserPipeline(DiffusionPipeline):
         guidance_scale (classifier-free, needs a class), pag_scale/pag_layers (perturbed-attention),
         guide_model/guide_scale (autoguidance, a folder), guidance_interval ([lo, hi] timesteps the guidance
         applies at): denoiser.sampling.guidance; None takes sampling.json's value. num_inference_steps None: sampling.json's,
-        else denoiser.sampling.request.BUILT_IN's. timestep_spacing: "leading", "trailing" or "linspace" instead of the scheduler's.
+        else denoiser.request.BUILT_IN's. timestep_spacing: "leading", "trailing" or "linspace" instead of the scheduler's.
         generator: one per image (image k seeded S + k gives `denoiser sample --seed S`'s image k), one for the
         whole batch, or None (a random seed).
         output_type: "pil" (list of PIL images), "np" ((B, H, W, C) floats in [0, 1]) or "pt" ((B, C, H, W)).
@@ -194,7 +201,7 @@ def save_pipeline(
     An existing folder is only replaced once the new one is complete; `dtype` (e.g. torch.float16)
     shrinks the shipped weights, and `denoiser.folders.model_dir.load` upcasts them again; `classes` names the class labels;
     `text_encoder` and `tokenizer` make a text model's folder (text_encoder/, tokenizer/).
-    The folder's scheduler is the built-in sampler (denoiser.sampling.request.BUILT_IN: DDIM) on the training scheduler's noise
+    The folder's scheduler is the built-in sampler (denoiser.request.BUILT_IN: DDIM) on the training scheduler's noise
     schedule (and its timestep spacing): what every front door, diffusers' `from_pretrained` included, samples with
     unless told otherwise (a shipped folder may name its measured best instead: weights/emoji's is UniPC).
     """

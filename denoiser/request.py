@@ -26,11 +26,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from denoiser.sampling.prompt_to_prompt import PromptEdit
 
-__all__ = ["SampleRequest", "RestoreRequest", "SCHEDULERS", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD", "OPERATIONS",
+__all__ = ["SampleRequest", "RestoreRequest", "SCHEDULERS", "SCHEDULER_CLASSES", "sampler_name", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD", "OPERATIONS",
            "METHODS", "ADDED_NOISE_SEED", "check_timestep_spacing"]
 
-# the samplers offered by name (denoiser.sampling.loop.SAMPLERS builds them) and diffusers' timestep spacings
-SCHEDULERS = ("ddim", "ddpm", "dpm++", "unipc", "euler")
+# the samplers offered by name, each a diffusers scheduler class (denoiser.sampling.loop.SAMPLERS builds them), and
+# diffusers' timestep spacings
+SCHEDULER_CLASSES = {"ddim": "DDIMScheduler", "ddpm": "DDPMScheduler", "dpm++": "DPMSolverMultistepScheduler",
+                     "unipc": "UniPCMultistepScheduler", "euler": "EulerDiscreteScheduler"}
+SCHEDULERS = tuple(SCHEDULER_CLASSES)
 TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
 SPREAD = "spread"  # classes 0, 1, ..., K-1, 0, 1, ... over the images (FID's even spread)
 OPERATIONS = ("denoise", "edit", "inpaint")  # what a restore does to a user's picture (denoiser.restore.chains)
@@ -74,6 +77,12 @@ class SampleRequest:
     guide_scale: float | None = None  # autoguidance weight a (1 = off)
     guidance_interval: Sequence[float] | None = None  # [lo, hi] timesteps the guidance applies at
     edit: PromptEdit | None = None  # prompt-to-prompt: image 0's prompt the source, images 1.. its edits (one batch)
+
+
+def sampler_name(scheduler_class: str) -> str:
+    """A scheduler class's name (e.g. "DDIMScheduler") as the sampler name it is offered under; other classes
+    (a scheduler a pipeline user swapped in) keep their own name."""
+    return next((name for name, cls in SCHEDULER_CLASSES.items() if cls == scheduler_class), scheduler_class)
 
 
 def check_timestep_spacing(value: str | None) -> str | None:
