@@ -59,14 +59,17 @@ demo: venv
 # a long seeded click-walk over the app (tests/test_app_walk.py; `make test` walks seed 41 for 40 actions): each seed
 # walks up to WALK_STEPS actions or WALK_SECONDS seconds; every failure is kept (the page reloaded after each) and
 # listed at the end with its seed and steps, to replay with DENOISER_WALK_SEED=N DENOISER_WALK_STEPS=M;
-# WALK_MODELS=cifar10,emoji puts the shipped models on the page too (cifar10 its default)
+# WALK_MODELS=cifar10,emoji puts the shipped models on the page too (cifar10 its default; a job may then take
+# WALK_SETTLE=300 s to settle); WALK_WIDTH=390 walks a phone's page
 WALK_SEEDS   ?= 1,2,3,4,5
 WALK_STEPS   ?= 300
 WALK_SECONDS ?= 1200
 WALK_MODELS  ?=
+WALK_WIDTH   ?= 1280
+WALK_SETTLE  ?= $(if $(WALK_MODELS),300,120)
 walk: venv chromium
 	DENOISER_WALK_SEED=$(WALK_SEEDS) DENOISER_WALK_STEPS=$(WALK_STEPS) DENOISER_WALK_SECONDS=$(WALK_SECONDS) DENOISER_WALK_MODELS=$(WALK_MODELS) \
-	DENOISER_WALK_KEEP_GOING=1 HF_HUB_OFFLINE=1 nice -n 10 $(PY) -m pytest -q tests/test_app_walk.py -k random_walk
+	DENOISER_WALK_WIDTH=$(WALK_WIDTH) DENOISER_WALK_SETTLE_S=$(WALK_SETTLE) DENOISER_WALK_KEEP_GOING=1 HF_HUB_OFFLINE=1 nice -n 10 $(PY) -m pytest -q tests/test_app_walk.py -k random_walk
 
 screenshots: venv chromium
 	DENOISER_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_app.py tests/test_app_edit_page.py tests/test_app_edit.py -k browser

@@ -35,14 +35,15 @@ def screenshots(tmp_path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def browser_page(server: str, height: int = 900, init_script: str = ""):
-    """A headless Chromium page of width 1280 on the app (`init_script`: run in the page before its own scripts)."""
+def browser_page(server: str, height: int = 900, init_script: str = "", width: int = 1280):
+    """A headless Chromium page on the app, 1280 wide unless told (a phone's: 390; `init_script`: run in the page
+    before its own scripts)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": height})
+            page = browser.new_page(viewport={"width": width, "height": height})
             if init_script:
                 page.add_init_script(init_script)
             page.goto(server)

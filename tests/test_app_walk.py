@@ -25,6 +25,7 @@ MAX_SECONDS = float(os.environ.get("DENOISER_WALK_SECONDS", "90"))  # per seed: 
 # a long walk's report: after a failure, note it, reload the page and walk on (the test fails at the end, naming each)
 KEEP_GOING = os.environ.get("DENOISER_WALK_KEEP_GOING", "") not in ("", "0")
 # shipped model folders (weights/) the page offers besides the tiny ones: cifar10 is then the page's default model
+WIDTH = int(os.environ.get("DENOISER_WALK_WIDTH", "1280"))  # the page's width: 390 walks a phone's layout
 SHIPPED = [m.strip() for m in os.environ.get("DENOISER_WALK_MODELS", "").split(",") if m.strip()]
 
 
@@ -96,7 +97,7 @@ def test_browser_random_walk_keeps_the_page_true(server, demo, weights, tmp_path
         return len(demo._queue) == 0 and demo._queue.get_active_worker_count() == 0
 
     try:
-        with browser_page(server) as page:
+        with browser_page(server, width=WIDTH, height=844 if WIDTH < 600 else 900) as page:
             walk = Walk(page, idle, server_log, _models(weights), screenshots(tmp_path), seed)
             try:
                 done, failed = walk.run(MAX_STEPS, MAX_SECONDS, KEEP_GOING), None

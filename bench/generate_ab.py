@@ -1,25 +1,27 @@
-"""Does a graph runtime pay for a whole Generate? OpenVINO against eager PyTorch, end to end (issue 58 item 3).
+"""Does a speed piece pay for a whole Generate? Each against today's eager path, end to end (issues 58 and 59).
 
-    PYTHONPATH=/path/to/openvino-wheel-dir ../.venv/bin/python openvino_ab.py            # both shipped models
-    ... openvino_ab.py --models cifar10 --repeats 5 --images 8
+    cd bench && ../.venv/bin/python generate_ab.py                      # both shipped models, packing on and off
+    PYTHONPATH=/path/to/openvino-wheel-dir ../.venv/bin/python generate_ab.py --openvino --bf16
 
 bench/cpu_roofline.py times the UNet call alone; this times what a person waits for: the model's own Generate of
 `--images` images (its folder's sampler, steps and guidance; classes spread, or the prompt "red apple") through
 `denoiser.sampling.plan.resolve`/`run`, as the CLI and the app run it. Sides, alternating run by run after a warm-up, median
 of `--repeats`:
   - eager:        today's path (float32 here where bf16 does not measure faster: denoiser.fast.precision decides);
-  - openvino-f32: the same run with each UNet call served by OpenVINO's CPU plugin (INFERENCE_PRECISION_HINT f32), a
+  - unpacked:     the same without denoiser.fast.conv's prepacked convolution weights (`UNet.packed_weights` a no-op);
+  - openvino-f32 (`--openvino`): the same run with each UNet call served by OpenVINO's CPU plugin (INFERENCE_PRECISION_HINT f32), a
                   model converted from `torch.export` and compiled per input shape during the warm-up, i.e. the best
                   case for it: no conversion or compile counted, as if prepared when the model was installed;
   - openvino-bf16 (`--bf16`): the same with OpenVINO's bf16 inference precision.
-It prints each side's seconds, its ratio against eager and the largest pixel difference of the images (0..255). The
-repository keeps OpenVINO only if this shows at least 5 % on a whole Generate (bench/openvino_ab.md).
+It prints each side's seconds, its speed against eager (above 1: faster; "unpacked" below 0.95: the packing pays
+5 %) and the largest pixel difference of the images (0..255). The repository keeps a piece only if this shows it pays at least 5 % on a whole Generate (bench/generate_ab.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import statistics
 import sys
 import time
@@ -99,9 +101,22 @@ class OpenVinoServed:
 
 
 def generate(model, images: int):
-    prompt = "red apple" if model.text is not None else None
-    request = SampleRequest(num_images=images, seed=0, prompt=prompt)
+    if model.text is not None:
+        request = SampleRequest(num_images=images, seed=0, prompts="red apple")
+    else:
+        request = SampleRequest(num_images=images, seed=0, classes="spread" if model.unet.config.num_class_embeds else None)
     return run(resolve(request, model)).images
+
+
+@contextlib.contextmanager
+def unpacked(unet):
+    """The run without prepacked convolution weights: `packed_weights()` does nothing."""
+    before = unet.packed_weights
+    unet.packed_weights = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        unet.packed_weights = before
 
 
 def main() -> None:
@@ -109,33 +124,37 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["cifar10", "emoji"])
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--bf16", action="store_true", help="add OpenVINO's bf16 inference precision")
+    parser.add_argument("--openvino", action="store_true", help="add OpenVINO's f32 inference (needs openvino)")
+    parser.add_argument("--bf16", action="store_true", help="with --openvino: add its bf16 inference precision")
     args = parser.parse_args()
     print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}")
-    hints = ["f32", "bf16"] if args.bf16 else ["f32"]
-    print("| model | images | eager s | " + " | ".join(f"openvino-{h} s | ratio | max px diff" for h in hints) + " |")
-    print("|---|---|---|" + "---|---|---|" * len(hints))
+    hints = (["f32", "bf16"] if args.bf16 else ["f32"]) if args.openvino else []
+    others = ["unpacked", *(f"openvino-{h}" for h in hints)]
+    print("| model | images | eager s | " + " | ".join(f"{side} s | its speed vs eager | max px diff" for side in others)
+          + " |")
+    print("|---|---|---|" + "---|---|---|" * len(others))
     for name in args.models:
         model = load(WEIGHTS / name)
         precision = choose_precision(model.unet)
+        sides = {"eager": contextlib.nullcontext, "unpacked": functools.partial(unpacked, model.unet)}
         served = {h: OpenVinoServed(model.unet, h) for h in hints}
-        times = {side: [] for side in ["eager", *hints]}
+        sides.update({f"openvino-{h}": (lambda s=served[h]: s) for h in hints})
+        times = {side: [] for side in sides}
         results = {}
         for rep in range(args.repeats + 1):  # the first round warms up (and compiles each shape): not counted
-            for side in times:
-                with served[side] if side in served else contextlib.nullcontext():
+            for side, enter in sides.items():
+                with enter():
                     t0 = time.perf_counter()
                     results[side] = generate(model, args.images)
                     if rep:
                         times[side].append(time.perf_counter() - t0)
         eager = statistics.median(times["eager"])
         cells = []
-        for h in hints:
-            t = statistics.median(times[h])
-            diff = (results[h].float() - results["eager"].float()).abs().max().item() * 255
-            cells.append(f"{t:.2f} | {eager / t:.2f}x | {diff:.1f}")
-        print(f"| {name} (eager {precision.name}) | {args.images} | "
-              f"{eager:.2f} | " + " | ".join(cells) + " |", flush=True)
+        for side in others:
+            t = statistics.median(times[side])
+            diff = (results[side].float() - results["eager"].float()).abs().max().item() * 255
+            cells.append(f"{t:.2f} | {eager / t:.3f}x | {diff:.1f}")
+        print(f"| {name} (eager {precision.name}) | {args.images} | {eager:.2f} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
