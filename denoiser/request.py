@@ -100,9 +100,9 @@ class RestoreRequest:
 
     operation: str  # one of OPERATIONS
     method: str = "mmse"  # denoise: one of METHODS ("mmse": one x₀ prediction, at the photo's size; "sample": the chain)
-    sigma: float | None = None  # denoise: the noise σ to remove ([0, 1] pixel scale); None or 0: noise_first, else estimated
+    sigma: float | None = None  # denoise: the noise σ to remove ([0, 1] pixel scale); None or 0: add_noise, else estimated
     strength: float | None = None  # edit: how far the picture is noised before it is redrawn, in (0, 1]; None: BUILT_IN
-    noise_first: float | None = None  # σ of Gaussian noise added first (the round trip, scored by PSNR); None or 0: none
+    add_noise: float | None = None  # σ of Gaussian noise added first (the round trip, scored by PSNR); None or 0: none
     steps: int | None = None  # the reverse chain's steps (an edit takes strength·steps of them); None: BUILT_IN
     seed: int = 0  # the chain's noise and the added noise, by the seed rule
     classes: int | str | None = None  # a class label or name (a class model); None: no class

@@ -12,7 +12,7 @@ from denoiser.cli.main import main
 from denoiser.data import make_synthetic
 from denoiser.diffusion import Diffusion
 from denoiser.folders.model_dir import WEIGHTS_DIR, load_model
-from denoiser.restore.chains import add_noise, denoise, edit, estimate_sigma, inpaint, psnr, restore
+from denoiser.restore.chains import denoise, edit, estimate_sigma, inpaint, psnr, restore, with_noise
 from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import make_sampler, sample
 
@@ -77,7 +77,7 @@ def test_restore_says_which_sigma_its_denoise_removed(model, clean):
     denoise() estimating it itself; a clean picture's is ~0, edit and inpaint report none."""
     unet, sched, diffusion = model
     picture = Image.fromarray(((clean[0] / 2 + 0.5) * 255).round().byte().permute(1, 2, 0).numpy())
-    noisy = restore(unet, diffusion, picture, "denoise", noise_first=0.1, seed=2)
+    noisy = restore(unet, diffusion, picture, "denoise", add_noise=0.1, seed=2)
     assert noisy.sigma == pytest.approx(float(estimate_sigma(noisy.noisy).mean()))
     assert noisy.sigma == pytest.approx(0.1, rel=0.2)
     assert torch.equal(noisy.result.images, denoise(unet, diffusion, noisy.noisy).images)  # as if estimated inside
@@ -142,9 +142,9 @@ def test_restoring_a_batch_gives_the_single_runs_of_the_seed_rule(class_unet, op
 
 def test_added_noise_follows_the_seed_rule():
     images = torch.zeros(3, 3, 8, 8)
-    batch = add_noise(images, 0.1, seed=4)
+    batch = with_noise(images, 0.1, seed=4)
     for k in range(3):
-        assert torch.equal(batch[k : k + 1], add_noise(images[k : k + 1], 0.1, seed=4 + k))
+        assert torch.equal(batch[k : k + 1], with_noise(images[k : k + 1], 0.1, seed=4 + k))
     assert float(batch.std()) == pytest.approx(0.2, rel=0.1)  # σ on the [0, 1] scale: 2σ in [-1, 1]
 
 

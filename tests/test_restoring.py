@@ -15,7 +15,7 @@ from denoiser.cli.main import main
 from denoiser.diffusion import Diffusion
 from denoiser.folders.model_dir import load
 from denoiser.request import ADDED_NOISE_SEED, BUILT_IN, RestoreRequest
-from denoiser.restore.chains import add_noise, restore
+from denoiser.restore.chains import restore, with_noise
 from denoiser.restore.plan import check_request, resolve_restore, run_restore
 from denoiser.restore.tiles import denoise_photo
 from denoiser.sampling.guidance import Guidance
@@ -56,10 +56,10 @@ def test_the_cli_and_the_app_give_the_same_pixels_for_one_request(tmp_path, clas
     assert torch.equal(cli, pil_to_tensor(done.image))
     # and both are the tiles' own denoise with that class and guidance, and differ from the unguided one
     model = load(class_folder / "model")
-    want = denoise_photo(model.unet, model.scheduler, pil_to_tensor(photo), 0.1, noise_first=0.1, seed=3, class_label=1,
+    want = denoise_photo(model.unet, model.scheduler, pil_to_tensor(photo), 0.1, add_noise=0.1, seed=3, class_label=1,
                          guidance=Guidance(scale=2.0))
     assert torch.equal(cli, want.result)
-    plain = denoise_photo(model.unet, model.scheduler, pil_to_tensor(photo), 0.1, noise_first=0.1, seed=3)
+    plain = denoise_photo(model.unet, model.scheduler, pil_to_tensor(photo), 0.1, add_noise=0.1, seed=3)
     assert not torch.equal(cli, plain.result)
     assert done.settings | {"class": "green", "guidance_scale": 2.0, "add_noise": 0.1, "chain": False} == done.settings
     assert f"noisy {done.psnr[0]:.2f} dB, result {done.psnr[1]:.2f} dB" in capsys.readouterr().out
@@ -69,12 +69,12 @@ def test_the_added_noise_follows_the_seed_rule_in_tiles_and_on_the_square(class_
     """The noise a restore adds first is image 0's of the generators seeded seed + ADDED_NOISE_SEED, whether it goes
     onto the whole photo (tiles, quantised as a camera writes it) or the square (before: tiles drew their own)."""
     model, photo = load(class_folder / "model"), _photo(16, 16)
-    tiled = run_restore(resolve_restore(RestoreRequest("denoise", noise_first=0.2, seed=4), model, photo))
+    tiled = run_restore(resolve_restore(RestoreRequest("denoise", add_noise=0.2, seed=4), model, photo))
     x = pil_to_tensor(photo)[None].float() / 127.5 - 1  # (1, 3, 16, 16) in [-1, 1]
     noise = torch.randn((1, 3, 16, 16), generator=image_generators(4 + ADDED_NOISE_SEED, [0])[0])
     want = (x / 2 + 0.5 + 0.2 * noise).clamp(0, 1).mul(255).round().byte()[0]
     assert (pil_to_tensor(tiled.noisy).int() - want.int()).abs().max() <= 1  # float rounding at most
-    assert torch.equal(add_noise(x, 0.2, 4), x + 0.4 * noise)
+    assert torch.equal(with_noise(x, 0.2, 4), x + 0.4 * noise)
 
 
 def test_one_rule_decides_tiles_or_the_centre_square(class_folder):
@@ -83,7 +83,7 @@ def test_one_rule_decides_tiles_or_the_centre_square(class_folder):
     model = load(class_folder / "model")
     wide = _photo(40, 24)
     for request, size, tiled in ((RestoreRequest("denoise", sigma=0.1), (40, 24), True),
-                                 (RestoreRequest("denoise", sigma=0.1, noise_first=0.1), (40, 24), True),
+                                 (RestoreRequest("denoise", sigma=0.1, add_noise=0.1), (40, 24), True),
                                  (RestoreRequest("denoise", method="sample", sigma=0.1, steps=3), (16, 16), False),
                                  (RestoreRequest("edit", strength=0.5, steps=4), (16, 16), False)):
         plan = resolve_restore(request, model, wide)
@@ -99,13 +99,13 @@ def test_one_rule_decides_tiles_or_the_centre_square(class_folder):
 def test_the_defaults_are_written_once_and_bad_requests_are_refused_before_work():
     filled = check_request(RestoreRequest("edit"))
     assert (filled.steps, filled.strength) == (BUILT_IN["steps"], BUILT_IN["strength"])
-    assert check_request(RestoreRequest("denoise", noise_first=0.1)).sigma == 0.1  # the σ added is the σ removed
+    assert check_request(RestoreRequest("denoise", add_noise=0.1)).sigma == 0.1  # the σ added is the σ removed
     assert check_request(RestoreRequest("denoise")).sigma is None  # else estimated
     for bad, match in ((dict(operation="blur"), "operation must be one of"), (dict(operation="denoise", method="x"),
                        "method must be"), (dict(operation="edit", strength=0.0), "edit strength 0"),
                        (dict(operation="denoise", prompts="red apple"), "a prompt steers edit and inpaint"),
                        (dict(operation="edit", steps=0), "steps must be a whole number"),
-                       (dict(operation="denoise", noise_first=float("nan")), "added noise σ must be")):
+                       (dict(operation="denoise", add_noise=float("nan")), "added noise σ must be")):
         with pytest.raises(ValueError, match=match):
             check_request(RestoreRequest(**bad))
     with pytest.raises(TypeError, match="RestoreRequest"):

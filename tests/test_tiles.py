@@ -191,7 +191,7 @@ def test_denoise_photo_reports_its_sigma_and_fills_the_buffer_it_is_given(tiny_u
                           progress=lambda done, total: seen.append(torch.equal(out, photo)))
     assert given.result is out and torch.equal(out, plain.result)
     assert seen[0] and not seen[-1]  # untouched before the first band is finished, the result at the end
-    noisy = denoise_photo(tiny_unet, sched, photo, noise_first=0.2, seed=1)
+    noisy = denoise_photo(tiny_unet, sched, photo, add_noise=0.2, seed=1)
     assert noisy.sigma == photo_sigma(noisy.noisy) > plain.sigma  # estimated on what it denoised
     with pytest.raises(ValueError, match="out must be a"):
         denoise_photo(tiny_unet, sched, photo, out=torch.zeros(3, 8, 8, dtype=torch.uint8))

@@ -189,7 +189,7 @@ class Engine(AttentionViews):
                 raise ValueError(f"{label} must be a number in {lo:g}..{hi:g}, got {value!r}")  # NaN fails too
             amounts[name] = None if value is None else float(value)
         return check_request(RestoreRequest(
-            kind, method, sigma=amounts["sigma"], noise_first=amounts["add_noise"],
+            kind, method, sigma=amounts["sigma"], add_noise=amounts["add_noise"],
             strength=amounts["strength"] if kind == "edit" else None,
             steps=None if steps is None else check_int("steps", steps, *LIMITS["steps"]),
             seed=check_int("seed", seed, *LIMITS["seed"]), classes=class_label,

@@ -14,7 +14,7 @@ def restore_request(args):
 
     return RestoreRequest(
         args.command, method=getattr(args, "method", "mmse"), sigma=getattr(args, "sigma", None),
-        strength=getattr(args, "strength", None), noise_first=args.add_noise, steps=args.steps, seed=args.seed,
+        strength=getattr(args, "strength", None), add_noise=args.add_noise, steps=args.steps, seed=args.seed,
         classes=parse_classes(args.class_label), prompts=getattr(args, "prompt", None) or None,
         negative_prompts=getattr(args, "negative_prompt", None) or None, guidance_scale=args.guidance_scale,
         pag_scale=args.pag_scale, pag_layers=args.pag_layers, guide_model=args.guide_model, guide_scale=args.guide_scale,

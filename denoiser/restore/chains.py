@@ -44,7 +44,7 @@ from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.sampling.loop import SampleResult, image_generators, sample
 
 __all__ = [
-    "OPERATIONS", "Restoration", "restore", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "add_noise",
+    "OPERATIONS", "Restoration", "restore", "estimate_sigma", "denoise", "edit", "inpaint", "psnr", "with_noise",
 ]
 
 ClassLabel = int | Sequence[int] | torch.Tensor | None  # one for all or one per image: denoiser.sampling.loop.class_label_tensor
@@ -68,14 +68,14 @@ class Restoration:
 
 def restore(
     unet, diffusion: Diffusion, image: Image.Image, operation: str, *, mask: Image.Image | None = None,
-    sigma: float | None = None, method: str = "mmse", strength: float = STRENGTH, noise_first: float | None = None,
+    sigma: float | None = None, method: str = "mmse", strength: float = STRENGTH, add_noise: float | None = None,
     steps: int = STEPS, seed: int = 0, class_label: ClassLabel = None, guidance: Guidance | None = None, callback=None,
     text: TextCondition | None = None,
 ) -> Restoration:
     """A user's picture through `operation` ("denoise", "edit" or "inpaint"), checked before any work.
 
     The image is resized and centre-cropped to the model's size (`denoiser.image_io.image_to_model`); a mask
-    of another size is stretched onto it (white or opaque painted pixels are regenerated). `noise_first`
+    of another size is stretched onto it (white or opaque painted pixels are regenerated). `add_noise`
     adds Gaussian noise of that σ (pixel scale) first, seeded (the round trip, scored by `Restoration.psnr`).
     sigma: the noise σ `denoise` removes (None: estimated); method: "mmse" or "sample" (denoise only).
     class_label: as for sampling (`denoiser.sampling.loop.class_label_tensor`; the CLI and the app pass a plan's labels);
@@ -85,14 +85,14 @@ def restore(
     """
     if operation not in OPERATIONS:
         raise ValueError(f"operation must be one of {', '.join(OPERATIONS)}, got {str(operation)[:40]!r}")
-    if noise_first is not None and not noise_first > 0:
-        raise ValueError(f"the noise to add first must be positive (σ on the [0, 1] pixel scale), got {noise_first}")
+    if add_noise is not None and not add_noise > 0:
+        raise ValueError(f"the noise to add first must be positive (σ on the [0, 1] pixel scale), got {add_noise}")
     if operation == "inpaint" and mask is None:
         raise ValueError("inpaint needs a mask: paint (or pass a mask image of) the area to regenerate")
     size = unet.config.sample_size
     clean = image_to_model(image, size)  # (1, 3, S, S) in [-1, 1]
     m = mask_to_model(mask, image.size, size) if operation == "inpaint" else None  # (1, 1, S, S)
-    x = clean if noise_first is None else add_noise(clean, noise_first, seed)
+    x = clean if add_noise is None else with_noise(clean, add_noise, seed)
     common = dict(steps=steps, seed=seed, class_label=class_label, guidance=guidance, callback=callback, text=text)
     if operation == "denoise":
         sigma = float(estimate_sigma(x).mean()) if sigma is None else float(sigma)  # as denoise() estimates it
@@ -101,7 +101,7 @@ def restore(
         res = edit(unet, diffusion, x, strength=strength, **common)
     else:
         res = inpaint(unet, diffusion, x, m, **common)
-    return Restoration(clean, None if noise_first is None else x, res, sigma if operation == "denoise" else None)
+    return Restoration(clean, None if add_noise is None else x, res, sigma if operation == "denoise" else None)
 
 
 def estimate_sigma(images: torch.Tensor) -> torch.Tensor:
@@ -122,7 +122,7 @@ def estimate_sigma(images: torch.Tensor) -> torch.Tensor:
     return (hh.flatten(1).abs().median(dim=1).values / 0.6745).float()  # (B,)
 
 
-def add_noise(images: torch.Tensor, sigma: float, seed: int = 0) -> torch.Tensor:
+def with_noise(images: torch.Tensor, sigma: float, seed: int = 0) -> torch.Tensor:
     """images in [-1, 1] plus Gaussian noise of std `sigma` on the [0, 1] pixel scale (2σ here), seeded: image k's
     from a generator seeded seed + ADDED_NOISE_SEED + k (the seed rule)."""
     generators = image_generators(seed + ADDED_NOISE_SEED, range(images.shape[0]))

@@ -2,7 +2,7 @@
 `run_restore(plan)`, as sampling has `resolve` and `run` (denoiser.sampling.plan).
 
     model = load("weights/cifar10")
-    plan = resolve_restore(RestoreRequest("denoise", noise_first=0.1, classes="cat"), model, Image.open("cat.jpg"))
+    plan = resolve_restore(RestoreRequest("denoise", add_noise=0.1, classes="cat"), model, Image.open("cat.jpg"))
     done = run_restore(plan)  # done.image: the result at the photo's size; done.settings: what ran
 
 Where a restore works is one rule (`RestoreRequest.tiled`): a one-step denoise ("mmse") keeps the photo's size, in
@@ -98,7 +98,7 @@ class RestorePlan:
         r = self.request
         s = {"operation": r.operation, "method": r.method, "steps": r.steps, "seed": r.seed,
              "guidance_scale": self.sampling.guidance.scale, "pag_scale": self.sampling.guidance.pag_scale,
-             "sigma": r.sigma, "add_noise": r.noise_first or 0.0, "class": self.sampling.class_name(0),
+             "sigma": r.sigma, "add_noise": r.add_noise or 0.0, "class": self.sampling.class_name(0),
              "chain": not self.tiled, "size": list(self.image.size) if self.tiled else [self.model.unet.config.sample_size] * 2,
              "precision": self.sampling.precision.name}
         if r.operation == "edit":
@@ -197,7 +197,7 @@ def run_restore(
     label = None if plan.sampling.labels is None else int(plan.sampling.labels[0])
     if plan.tiled:
         photo = pil_to_tensor(plan.image)  # (3, H, W) uint8
-        done = denoise_photo(unet, scheduler, photo, r.sigma, noise_first=r.noise_first, seed=r.seed, class_label=label,
+        done = denoise_photo(unet, scheduler, photo, r.sigma, add_noise=r.add_noise, seed=r.seed, class_label=label,
                              guidance=plan.sampling.guidance, progress=progress, should_stop=should_stop, out=out)
         noisy = None if done.noisy is None else uint8_to_pil(done.noisy)
         return RestoreResult(uint8_to_pil(done.result), plan.image, noisy, done.psnr(), done.sigma,
@@ -212,7 +212,7 @@ def run_restore(
             callback(i, t, x_t, x0)
 
     res = restore(unet, Diffusion(scheduler), plan.image, r.operation, mask=plan.mask, sigma=r.sigma, method=r.method,
-                  strength=r.strength, noise_first=r.noise_first, steps=r.steps, seed=r.seed,
+                  strength=r.strength, add_noise=r.add_noise, steps=r.steps, seed=r.seed,
                   class_label=plan.sampling.labels, guidance=plan.sampling.guidance, callback=step, text=text)
     noisy = None if res.noisy is None else _pil(to_unit(res.noisy))
     sigma = None if res.sigma is None else round(res.sigma, 4)
@@ -236,7 +236,7 @@ def check_request(request: RestoreRequest) -> RestoreRequest:
         raise ValueError(f"steps must be a whole number in 1..1000, got {steps!r}")
     if not isinstance(r.seed, int) or r.seed < 0:
         raise ValueError(f"seed must be a whole number >= 0, got {r.seed!r}")
-    for name, value, lo in (("noise σ", r.sigma, 0.0), ("added noise σ", r.noise_first, 0.0), ("strength", strength, 0.0)):
+    for name, value, lo in (("noise σ", r.sigma, 0.0), ("added noise σ", r.add_noise, 0.0), ("strength", strength, 0.0)):
         if value is not None and not (isinstance(value, (int, float)) and lo <= value <= 1):  # NaN fails too
             raise ValueError(f"{name} must be a number in 0..1, got {value!r}")
     if r.operation == "edit" and strength == 0:
@@ -244,10 +244,10 @@ def check_request(request: RestoreRequest) -> RestoreRequest:
     if (r.prompts or r.negative_prompts) and not takes_prompt(r.operation):
         raise ValueError("a prompt steers edit and inpaint; denoise removes the noise and keeps what your picture shows: "
                          "leave the prompt out, or pick edit or inpaint")
-    noise_first = float(r.noise_first) if r.noise_first else None  # 0: none
+    add_noise = float(r.add_noise) if r.add_noise else None  # 0: none
     # the σ a denoise removes: the one given, else the noise added first (known), else None: estimated from the picture
-    sigma = float(r.sigma) if r.sigma else noise_first
-    return dataclasses.replace(r, steps=steps, strength=float(strength), sigma=sigma, noise_first=noise_first)
+    sigma = float(r.sigma) if r.sigma else add_noise
+    return dataclasses.replace(r, steps=steps, strength=float(strength), sigma=sigma, add_noise=add_noise)
 
 
 def _pil(x: torch.Tensor) -> Image.Image:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from denoiser.diffusion import Diffusion
 from denoiser.pixels import to_model_range, to_uint8, to_unit, uint8_to_unit
-from denoiser.restore.chains import add_noise, estimate_sigma, psnr
+from denoiser.restore.chains import estimate_sigma, psnr, with_noise
 from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import sampling_context
 
@@ -71,7 +71,7 @@ class DenoisedPhoto:
 
 
 def denoise_photo(
-    unet, scheduler, photo: torch.Tensor, sigma: float | None = None, *, noise_first: float | None = None, seed: int = 0,
+    unet, scheduler, photo: torch.Tensor, sigma: float | None = None, *, add_noise: float | None = None, seed: int = 0,
     class_label: int | None = None, guidance: Guidance | None = None, options: TileOptions | None = None,
     progress: Callable[[int, int], None] | None = None, should_stop: Callable[[], bool] | None = None,
     out: torch.Tensor | None = None,
@@ -79,14 +79,14 @@ def denoise_photo(
     """A (3, H, W) uint8 photo denoised at its own size (`denoise_tiles`), on the noise schedule of `scheduler`
     (the model's training scheduler).
 
-    noise_first: add Gaussian noise of this σ ([0, 1] pixel scale) first, seeded by `seed` as every restore's added
+    add_noise: add Gaussian noise of this σ ([0, 1] pixel scale) first, seeded by `seed` as every restore's added
     noise is (`denoiser.restore.chains.add_noise`), and quantised to uint8 as a camera writes it (the round trip, scored by `DenoisedPhoto.psnr`); sigma is then still the σ to
     remove (None: estimated, `photo_sigma`, and returned in `DenoisedPhoto.sigma`). The other arguments as for
     `denoise_tiles`.
     """
     noisy = None
-    if noise_first is not None:
-        noisy = to_uint8(to_unit(add_noise(to_model_range(photo[None]), noise_first, seed))[0])  # (3, H, W) uint8
+    if add_noise is not None:
+        noisy = to_uint8(to_unit(with_noise(to_model_range(photo[None]), add_noise, seed))[0])  # (3, H, W) uint8
     given = photo if noisy is None else noisy
     sigma = photo_sigma(given) if sigma is None else float(sigma)  # what denoise_tiles would estimate
     result = denoise_tiles(unet, Diffusion(scheduler), given, sigma, options, progress, should_stop, class_label,
