@@ -18,8 +18,8 @@ import time
 import torch
 from PIL import Image
 
-from denoiser.app.budget import work_budget
 from denoiser.app.engine import Engine
+from denoiser.app.work_budget import work_budget
 
 
 def cpu() -> str:

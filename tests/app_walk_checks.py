@@ -12,7 +12,7 @@ __all__ = ["ALLOWED", "FORM", "NO_CLASS", "PANEL", "WalkChecks"]
 
 # The validation messages the app means to give, as a toast that stays until closed: a request it refuses, in words.
 ALLOWED = [
-    r"work units for this model, over the budget",  # over the work budget (denoiser.app.budget)
+    r"work units for this model, over the budget",  # over the work budget (denoiser.app.work_budget)
     r"is not one of this model's classes",  # a class typed that the model lacks
     r"is not one of this generation's \d+ attention layers",  # a layer typed into the Attention tab
     r"heads must be 'all' or comma-separated numbers",  # the Heads tab's heads text
@@ -35,7 +35,7 @@ ALLOWED = [
     r"swaps words one for one",  # a word edit of type replace with words added
     r"the edited prompt is the result's own|type the edited prompt",
     r"a word edit's layers cannot be switched off",
-    r"(steps|seed|number of images) must be a whole number",  # a number typed out of range (denoiser.app.limits)
+    r"(steps|seed|number of images) must be a whole number",  # a number typed out of range (denoiser.app.form_limits)
 ]
 # text no message meant for a person holds: Python's own words for a failure
 RAW = re.compile(r"Traceback|invalid literal|object has no attribute|NoneType|KeyError|IndexError|TypeError|"

@@ -126,7 +126,7 @@ def test_memory_stays_bounded_over_100_generations(weights):
 
 
 def test_work_budget_refuses_oversized_requests_up_front(weights, monkeypatch):
-    from denoiser.app.budget import model_cost
+    from denoiser.app.work_budget import model_cost
 
     ex = Engine(weights)
     unet = ex.loaded("tiny").unet
@@ -305,7 +305,7 @@ def test_the_budget_note_says_over_exactly_when_generate_refuses(weights, tmp_pa
     import shutil
 
     from denoiser.app import engine as engine_module
-    from denoiser.app.budget import model_cost
+    from denoiser.app.work_budget import model_cost
 
     root = tmp_path / "w"
     shutil.copytree(weights, root)
@@ -385,7 +385,7 @@ def _unet_calls(unet) -> list:
 def test_long_attention_work_is_refused_over_the_budget_before_any_unet_call(weights, monkeypatch):
     """Issue 41 item 7 (the engine side): "averaged over every step" and the Heads statistics count their UNet calls by
     the budget's one rule (work_of) and refuse before the first call."""
-    from denoiser.app.budget import model_cost
+    from denoiser.app.work_budget import model_cost
 
     ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=2, class_label=1, guidance_scale=2.0)

@@ -213,7 +213,7 @@ OUT_OF_RANGE = [("steps", "-5", "steps"), ("steps", "0", "steps"), ("steps", "1e
 def test_browser_an_out_of_range_number_is_refused_in_words_and_nothing_runs(server, capfd):
     """Issue 51 item 2: Gradio's own bounds refused -5 steps or seed 1e20 before our handler ran: a traceback in the
     log per try, a status line that kept the previous run's text, and steps -5 or images -3 ran at 1 after the
-    toast. Now the handler checks (denoiser.app.limits): the status says "not started: …" naming the value's
+    toast. Now the handler checks (denoiser.app.form_limits): the status says "not started: …" naming the value's
     control, and nothing runs."""
     with browser_page(server) as page:
         type_number(page, "steps", 2)

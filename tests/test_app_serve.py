@@ -220,9 +220,9 @@ def test_max_work_and_photo_seconds_let_a_local_app_do_more(tmp_path, monkeypatc
     """Issue 51 item 13, issue 58: `denoiser app --max-work UNITS` sets the work budget a sampling request may use and
     `--photo-seconds S` how long a photo's denoise may take (a local single-user app can allow more: a large photo at
     full size rather than a scaled copy); a budget that is no budget is refused."""
-    from denoiser.app.budget import WORK_BUDGET, work_budget
     from denoiser.app.photo_time import PHOTO_SECONDS, photo_seconds
     from denoiser.app.serve import _parse_args
+    from denoiser.app.work_budget import WORK_BUDGET, work_budget
 
     for name in ("DENOISER_WORK_BUDGET", "DENOISER_PHOTO_SECONDS"):
         monkeypatch.delenv(name, raising=False)  # restored after the test, whatever _parse_args sets

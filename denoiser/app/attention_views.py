@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from PIL import Image
 
-from denoiser.app.limits import check_int
+from denoiser.app.form_limits import check_int
 from denoiser.evaluate.attention_stats import LayerStats, attention_stats, stats_chart
 from denoiser.evaluate.visualize import attention_panel, layer_label, maps_panel, stages_panel
 from denoiser.model.attention import MultiHeadSelfAttention, attention_layer_names, attention_layers

@@ -1,5 +1,5 @@
 """Pieces every tab of the page is built with: a job's Run and Stop buttons with its status line, the form's sliders
-and number boxes (their values checked by the handlers, denoiser.app.limits), and a tab's components kept by name for the
+and number boxes (their values checked by the handlers, denoiser.app.form_limits), and a tab's components kept by name for the
 wiring (denoiser/app/layout.py, denoiser/app/edit.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from denoiser.app.limits import LIMITS
+from denoiser.app.form_limits import LIMITS
 
 __all__ = ["CLEAR_TOASTS", "SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "keep", "on_any_change", "ran_js", "retry_js", "run_controls",
            "whole_box"]
@@ -91,9 +91,9 @@ def form_slider(minimum: float, maximum: float, **kwargs) -> gr.Slider:
     (a slider's change runs the budget note): a traceback in the server's log and a toast for what the page then
     moves into range itself (issue 51 item 2), and a stale value (the Attention tab's step 199 of the generation before,
     arriving after a 2-step one set the slider's maximum to 1) the same. The handlers check every value
-    (denoiser.app.limits, through the engine) and say why nothing started. Not a subclass: Gradio writes a .pyi file
+    (denoiser.app.form_limits, through the engine) and say why nothing started. Not a subclass: Gradio writes a .pyi file
     next to the module of every component class; so Slider.preprocess skips the check for sliders marked UNCHECKED,
-    a mark that survives Gradio's per-session copies (an attribute set on the instance did not). tests/test_app_limits.py
+    a mark that survives Gradio's per-session copies (an attribute set on the instance did not). tests/test_app_form_limits.py
     fails the day Gradio stops refusing, when this can go."""
     gr.Slider.preprocess = _preprocess  # once is enough; the same function each time
     classes = kwargs.pop("elem_classes", None) or []

@@ -21,8 +21,8 @@ from PIL import Image
 
 from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, on_any_change, ran_js, run_controls, whole_box
 from denoiser.app.engine import RESTORE_OPERATIONS
+from denoiser.app.form_limits import LIMITS, check_int
 from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
-from denoiser.app.limits import LIMITS, check_int
 from denoiser.app.photo import (
     EDIT_PREVIEW,
     centre_square,

@@ -21,9 +21,9 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from denoiser.app.attention_views import AttentionViews, Generation, Stages
-from denoiser.app.budget import plan_work, work_of
-from denoiser.app.limits import LIMITS, MAX_PROMPT_CHARS, check_int, check_scales
+from denoiser.app.form_limits import LIMITS, MAX_PROMPT_CHARS, check_int, check_scales
 from denoiser.app.photo_time import PhotoTime, measure_tile_rate, photo_seconds
+from denoiser.app.work_budget import plan_work, work_of
 from denoiser.folders.model_dir import LoadedModel, ModelDefaults, find_model, list_models, load, model_roots
 from denoiser.image_io import MAX_PIXELS
 from denoiser.pixels import to_unit, uint8_to_unit

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from denoiser.app.budget import plan_work
 from denoiser.app.engine import SCHEDULERS
-from denoiser.app.limits import LIMITS, check_int
+from denoiser.app.form_limits import LIMITS, check_int
 from denoiser.app.words import read_as_note, unread_note, unseen_note
+from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings
 from denoiser.request import BUILT_IN
 
@@ -186,7 +186,7 @@ class FormHandlers:
                     negative_prompt="") -> str:
         """The work Generate would do with this form against the server's budget, shown under the sliders before
         Generate: the plan Generate samples (the model folder's guidance interval and guide included) counted by the
-        rule its refusal uses (denoiser.app.budget), so the note says "over" exactly when Generate refuses. Nothing for
+        rule its refusal uses (denoiser.app.work_budget), so the note says "over" exactly when Generate refuses. Nothing for
         a form Generate refuses for another reason (it says why). scheduler and the advanced settings as Generate
         reads them (sample_form): left unset, the model's own."""
         try:

@@ -20,7 +20,7 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from denoiser.app.budget import plan_work
+from denoiser.app.earlier_results import recall, remember
 from denoiser.app.engine import RESTORE_OPERATIONS, Engine
 from denoiser.app.form import (
     FEW_STEPS,
@@ -33,10 +33,10 @@ from denoiser.app.form import (
     few_steps_note,
     guidance_info,
 )
-from denoiser.app.kept import recall, remember
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.views import HEAD_COLUMNS, N_VIEWS, NO_GENERATION, ViewHandlers, click_to_pixel, enlarge, stages_text
 from denoiser.app.words import read_as_note, unread_note, unseen_note
+from denoiser.app.work_budget import plan_work
 from denoiser.image_io import save_with_settings, to_pil
 
 __all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "HEAD_COLUMNS", "NO_CLASS", "MODELS_OWN",
@@ -180,7 +180,7 @@ class Handlers(FormHandlers, ViewHandlers):
 
     @staticmethod
     def keep_results(gallery, kept) -> tuple:
-        """A finished run's results added to the ones kept in the browser (denoiser.app.kept); the earlier results
+        """A finished run's results added to the ones kept in the browser (denoiser.app.earlier_results); the earlier results
         shown are those before them (the gallery above already shows the new ones)."""
         earlier = [k for k in (kept or []) if isinstance(k, dict)]
         return (remember(gallery, kept), *Handlers.kept_results(earlier))

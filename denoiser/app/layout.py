@@ -23,12 +23,12 @@ from denoiser.app.controls import (
     run_controls,
     whole_box,
 )
+from denoiser.app.earlier_results import KEEP, STORAGE_KEY
 from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import SCHEDULERS, Engine
 from denoiser.app.form import ADVANCED, SETTINGS_FORM
+from denoiser.app.form_limits import LIMITS
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info, results_zip
-from denoiser.app.kept import KEEP, STORAGE_KEY
-from denoiser.app.limits import LIMITS
 from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
 from denoiser.app.words import word_maps_label, word_weights_label, words_label
 from denoiser.request import BUILT_IN, TIMESTEP_SPACINGS
@@ -82,7 +82,7 @@ def build_app(engine: Engine) -> gr.Blocks:
                             photo_shown=gr.State(None),  # the upload the Edit tab's editor holds
                             selected=gr.State(0),  # the result selected in the Sample tab's gallery
                             earlier_selected=gr.State(0),  # ... and in its earlier results
-                            kept=gr.BrowserState([], storage_key=STORAGE_KEY))  # denoiser.app.kept
+                            kept=gr.BrowserState([], storage_key=STORAGE_KEY))  # denoiser.app.earlier_results
         gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, or denoise, edit and inpaint "
                     "your own photo on the **Edit** tab; then click any pixel on the **Attention** tab to see where each "
                     "attention layer of the U-Net looks; the **Heads** tab measures what each layer and head does and "
@@ -116,7 +116,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
                 settings_png = gr.File(label="or drop a PNG this app made: its settings fill the form", file_types=[".png"],
                                        type="filepath", elem_id="settings-png", height=90)
                 word_edit_box(c)  # a text model's result: change its words, keep the picture (denoiser.app.word_edit)
-                # this browser's last results (denoiser.app.kept): shown once there are any, after a reload too
+                # this browser's last results (denoiser.app.earlier_results): shown once there are any, after a reload too
                 earlier = gr.Gallery(label=f"earlier results (the last {KEEP}, kept in this browser)", format="png",
                                      columns=6, elem_id="earlier", buttons=["download"], height=240, visible=False,
                                      object_fit="contain", type="filepath", interactive=False)

@@ -23,11 +23,11 @@ from pathlib import Path
 
 from starlette.requests import ClientDisconnect
 
-from denoiser.app.budget import WORK_BUDGET
 from denoiser.app.engine import Engine
 from denoiser.app.layout import LAUNCH, build_app
 from denoiser.app.photo_time import PHOTO_SECONDS
 from denoiser.app.streaming import STOPPING, log
+from denoiser.app.work_budget import WORK_BUDGET
 from denoiser.fast import malloc
 from denoiser.fast.kernels import load_kernels
 from denoiser.folders.model_dir import WEIGHTS_ENV, model_roots
@@ -84,7 +84,7 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if value is not None:
             if not value > 0:
                 raise SystemExit(f"{flag} must be a positive number of {unit}, got {value:g}")
-            os.environ[env] = str(value)  # what denoiser.app.budget / denoiser.app.photo_time read
+            os.environ[env] = str(value)  # what denoiser.app.work_budget / denoiser.app.photo_time read
     if args.weights is not None and not Path(args.weights).is_dir():
         raise SystemExit(f"weights folder {args.weights!r} does not exist")
     if args.weights is None and not any(r.is_dir() for r in model_roots()):

@@ -12,7 +12,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from denoiser.app.engine import Stages
-from denoiser.app.limits import check_int
+from denoiser.app.form_limits import check_int
 from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
 from denoiser.app.words import (
     word_choices,

@@ -20,7 +20,6 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from denoiser.app.budget import plan_work
 from denoiser.app.controls import form_slider, keep, ran_js
 from denoiser.app.handlers import (
     N_VIEWS,
@@ -34,6 +33,7 @@ from denoiser.app.handlers import (
 )
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.words import word_choices
+from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings, to_pil
 from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
 

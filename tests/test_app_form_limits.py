@@ -1,10 +1,10 @@
-"""denoiser.app.limits: the form's ranges and the checks the engine holds every value to."""
+"""denoiser.app.form_limits: the form's ranges and the checks the engine holds every value to."""
 
 import math
 
 import pytest
 
-from denoiser.app.limits import LIMITS, check_int, check_scales
+from denoiser.app.form_limits import LIMITS, check_int, check_scales
 
 
 @pytest.mark.parametrize("value", [3, 3.0, "3", " 3 "])

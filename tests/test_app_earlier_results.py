@@ -1,4 +1,4 @@
-"""Results kept in the browser (denoiser.app.kept): what goes into localStorage comes back as the same PNGs with
+"""Results kept in the browser (denoiser.app.earlier_results): what goes into localStorage comes back as the same PNGs with
 their settings, newest first, at most KEEP; whatever else the browser sends back is left out."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import io
 
 from PIL import Image
 
+from denoiser.app.earlier_results import KEEP, MAX_PNG_BYTES, recall, remember
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers
-from denoiser.app.kept import KEEP, MAX_PNG_BYTES, recall, remember
 from denoiser.image_io import read_settings, save_with_settings
 
 
