@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import DDPMScheduler
+from PIL import Image
+from torchvision.transforms.functional import pil_to_tensor
 
 from denoiser import UNet
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers, stages_text
 from denoiser.model.attention_blocks import identity_attention
+from denoiser.pixels import to_uint8
 from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import make_sampler, sample
 from denoiser.sampling.pipeline import save_pipeline
@@ -492,3 +495,23 @@ def test_a_layer_is_checked_in_one_place(weights):
         ex.four_stages(gen, 0, 1, (3, 4), "zzz", 0)
     panel, stages = ex.four_stages(gen, 0, 1, (3, 4), "1", 0)
     assert stages.layer == ex.layer_names(gen, 1)[1]
+
+
+def test_a_generate_resolves_its_plan_once(weights, monkeypatch):
+    """Issue 59 finding 2: a Generate resolved its plan in the handler (to refuse before the job starts) and again in
+    the engine. The handler's plan is now the one that runs: one resolve per Generate, and the same images."""
+    ex = Engine(weights)
+    calls = []
+    resolve_plan = Engine.sample_plan
+
+    def counted(self, *args, **kwargs):
+        calls.append(args[:1])
+        return resolve_plan(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "sample_plan", counted)
+    *_, last = Handlers(ex).generate("tiny-classes", "ddim", 3, 5, 2, "green", guidance_scale=2.0)
+    assert len(calls) == 1, calls
+    assert last[-1].startswith("done: 2 image(s) of class green, 3 steps")
+    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=5, num_images=2, class_label=1, guidance_scale=2.0)
+    shown = torch.stack([pil_to_tensor(Image.open(path)) for path in last[1]])  # (B, 3, H, W) uint8: the PNGs
+    assert torch.equal(shown, to_uint8(gen.images))

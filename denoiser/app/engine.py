@@ -110,8 +110,10 @@ class Engine(AttentionViews):
         negative_prompt: str | None = None,
         edit: PromptEdit | None = None,
         edit_prompt: str | None = None,
+        plan: Plan | None = None,
     ) -> Generation:
-        """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step.
+        """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step. `plan`: this
+        form's plan, resolved and checked already (the page's handlers check it before the job starts), else here.
 
         guidance_scale, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
         (denoiser.sampling.guidance); autoguidance uses the guide named in the model folder's sampling.json.
@@ -124,8 +126,9 @@ class Engine(AttentionViews):
                     eta=eta, guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
                     timestep_spacing=timestep_spacing, guidance_interval=guidance_interval, pag_layers=pag_layers,
                     prompt=prompt, negative_prompt=negative_prompt, edit=edit, edit_prompt=edit_prompt)
-        plan = self.sample_plan(model, **form)
-        plan_work(plan).check()
+        if plan is None:
+            plan = self.sample_plan(model, **form)
+            plan_work(plan).check()
         inputs, timesteps = [], []
         record = _recorder(inputs, timesteps, on_step, lambda i: plan.steps)
         res = run(plan, callback=record)

@@ -146,7 +146,8 @@ class Handlers(FormHandlers, ViewHandlers):
         try:  # the request checked before any work (the engine checks it again): a refusal is a message, not a failure
             form = self.sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale,
                                     guide_scale, timestep_spacing, eta, guidance_interval, pag_layers, prompt, negative_prompt)
-            plan_work(self.engine.sample_plan(model, **form)).check()
+            plan = self.engine.sample_plan(model, **form)  # resolved once: the job below runs this plan
+            plan_work(plan).check()
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
             self.finished(request, "status")
@@ -155,7 +156,7 @@ class Handlers(FormHandlers, ViewHandlers):
         label = form["class_label"]
 
         def job(on_step):
-            return self.engine.generate(model, **form, on_step=on_step)
+            return self.engine.generate(model, **form, on_step=on_step, plan=plan)
 
         with self.running(request, "status"):
             gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)

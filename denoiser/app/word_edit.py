@@ -112,7 +112,8 @@ class WordEdit:
         try:  # the request checked before any work: a refusal is a message on the status line, not a failure
             _, settings = selected_result(gallery, selected)
             model, form, note = self.request(settings, edit_prompt, edit_type, cross, self_)
-            plan_work(self.engine.sample_plan(model, **form)).check()
+            plan = self.engine.sample_plan(model, **form)  # resolved once: the job below runs this plan
+            plan_work(plan).check()
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
             self.h.finished(request, "status")
@@ -120,7 +121,7 @@ class WordEdit:
             raise error from None
 
         def job(on_step):
-            return self.engine.generate(model, **form, on_step=on_step)
+            return self.engine.generate(model, **form, on_step=on_step, plan=plan)
 
         with self.h.running(request, "status"):
             gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
