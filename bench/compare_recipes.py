@@ -107,7 +107,7 @@ def cmd_score(args) -> None:
     from denoiser.data import load_datasets
     from denoiser.diffusion import Diffusion
     from denoiser.evaluate.fid import InceptionFeatures, Statistics, fid_of_images
-    from denoiser.folders.model_dir import load_model
+    from denoiser.folders.model_dir import LoadedModel, load_model
     from denoiser.image_io import save_grid
     from denoiser.request import SPREAD, SampleRequest
     from denoiser.sampling.plan import resolve
@@ -128,7 +128,7 @@ def cmd_score(args) -> None:
         cond = unet.config.get("num_class_embeds")
         request = SampleRequest(num_images=args.num_samples, classes=SPREAD if cond else None, seed=0, batch_size=100,
                                 scheduler="ddim", steps=50, guidance_scale=1.0)  # no guidance: the recipe's own model
-        images = run_plan(resolve(request, unet=unet, scheduler=sched), progress=True).images.mul(255).round().to(torch.uint8)
+        images = run_plan(resolve(request, LoadedModel.of(unet, sched)), progress=True).images.mul(255).round().to(torch.uint8)
         fid = fid_of_images(images, ref, extractor)
         grid = save_grid(images[:100], GRIDS / f"{r.name}.png", nrow=10, scale=2)
         bound = Diffusion(sched).evaluate(unet, x, labels if cond else None, batch_size=100, num_timesteps=50)

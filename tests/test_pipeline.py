@@ -170,3 +170,21 @@ def test_loads_in_bfloat16_and_shows_a_progress_bar(shapes, capsys):
     unet, sched = load_model(shapes, channels_last=False)
     ref = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=0).images  # the folder's DDIM
     assert out.dtype == torch.float32 and (out - ref).abs().mean() < 0.05  # bf16 rounding, the same images
+
+
+def test_the_pipeline_is_one_loaded_model_read_once(shapes, monkeypatch):
+    """Issue 59 finding 6: the pipeline read sampling.json and classes.txt again on every call and handed the core its
+    parts one by one. Now it is one LoadedModel, built once from its components (the folder's files read then) and
+    again only when one is swapped, as diffusers users swap schedulers; the images follow the swapped scheduler."""
+    from denoiser.folders import model_dir
+
+    reads = []
+    read = model_dir.read_defaults
+    monkeypatch.setattr(model_dir, "read_defaults", lambda *a, **k: reads.append(a) or read(*a, **k))
+    pipe = _quiet(DiffusionPipeline.from_pretrained(shapes))
+    first = pipe(batch_size=2, num_inference_steps=3, generator=generators(0, 2), output_type="pt").images
+    again = pipe(batch_size=2, num_inference_steps=3, generator=generators(0, 2), output_type="pt").images
+    assert len(reads) == 1 and pipe.loaded() is pipe.loaded() and torch.equal(first, again)
+    pipe.scheduler = DDPMScheduler.from_config(pipe.scheduler.config)
+    ddpm = pipe(batch_size=2, num_inference_steps=3, generator=generators(0, 2), output_type="pt").images
+    assert len(reads) == 2 and pipe.loaded().sampler is pipe.scheduler and not torch.equal(first, ddpm)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler
 
-from denoiser.folders.model_dir import TextModel
+from denoiser.folders.model_dir import LoadedModel, TextModel
 from denoiser.model.attention import MultiHeadAttention
 from denoiser.model.text import HashTextEncoder
 from denoiser.model.unet import UNet
@@ -32,7 +32,7 @@ def text_model():
 
 def _images(model, **fields) -> torch.Tensor:
     unet, tok, enc = model
-    plan = resolve(SampleRequest(**{**BASE, **fields}), unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))
+    plan = resolve(SampleRequest(**{**BASE, **fields}), LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))
     return run(plan).images
 
 
@@ -125,11 +125,11 @@ def test_weighted_prompts_run_the_same_on_the_fused_and_readable_paths(text_mode
 def test_a_malformed_weight_is_refused_before_any_work(text_model):
     unet, tok, enc = text_model
     with pytest.raises(ValueError, match="at character 6 of .*not a number"):
-        resolve(SampleRequest(prompts="(red:x) apple"), unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))
+        resolve(SampleRequest(prompts="(red:x) apple"), LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))
     with pytest.raises(ValueError, match="never closed"):
-        resolve(SampleRequest(prompts="apple", negative_prompts="(blurry"), unet=unet, scheduler=DDIMScheduler(),
-                text=TextModel(tok, enc))
-    plan = resolve(SampleRequest(prompts="(red:1.5) apple"), unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))
+        resolve(SampleRequest(prompts="apple", negative_prompts="(blurry"),
+                LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))
+    plan = resolve(SampleRequest(prompts="(red:1.5) apple"), LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))
     assert plan.words(0) == ("red", "apple") and plan.word_weights(0) == (1.5, 1.0)
 
 
@@ -157,7 +157,7 @@ def test_with_the_fractions_at_1_the_edit_runs_on_the_sources_maps(text_model):
     unet, tok, enc = text_model
     request = SampleRequest(num_images=2, prompts=["red apple", "green apple"], edit=_edit(cross_replace_steps=1.0,
                             self_replace_steps=1.0), **BASE)
-    plan = resolve(request, unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))
+    plan = resolve(request, LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))
     res = run(plan, capture_steps=[0, 3])
     for step in (0, 3):
         for rec in res.attention[step]:
@@ -177,20 +177,19 @@ def test_refine_and_reweight_keep_the_sources_maps_for_its_words(text_model):
     unet, tok, enc = text_model
     request = SampleRequest(num_images=2, prompts=["apple", "red apple"], edit=_edit(edit_type="refine",
                             cross_replace_steps=1.0, self_replace_steps=0.0), **BASE)
-    rec = next(r for r in run(resolve(request, unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc)),
+    rec = next(r for r in run(resolve(request, LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc))),
                               capture_steps=[1]).attention[1] if r.kind == "cross")
     assert torch.equal(rec.token_map(1)[1], rec.token_map(0)[0])  # "apple" takes the source's "apple"
     request = SampleRequest(num_images=2, prompts=["red apple"] * 2, edit=_edit(
         edit_type="reweight", cross_replace_steps=1.0, self_replace_steps=0.0, equalizer_words=["red"],
         equalizer_strengths=[3.0]), **BASE)
-    rec = next(r for r in run(resolve(request, unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc)),
+    rec = next(r for r in run(resolve(request, LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc))),
                               capture_steps=[1]).attention[1] if r.kind == "cross")
     torch.testing.assert_close(rec.token_map(0)[1], 3.0 * rec.token_map(0)[0], rtol=0, atol=1e-6)
     assert torch.equal(rec.token_map(1)[1], rec.token_map(1)[0])
     with pytest.raises(ValueError, match="equalizer word 'blue' is not in the edited prompt"):
         resolve(SampleRequest(num_images=2, prompts=["red apple"] * 2, edit=_edit(
-            edit_type="reweight", equalizer_words=["blue"], equalizer_strengths=[2.0])), unet=unet,
-            scheduler=DDIMScheduler(), text=TextModel(tok, enc))
+            edit_type="reweight", equalizer_words=["blue"], equalizer_strengths=[2.0])), LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))
 
 
 def test_an_edit_costs_one_guided_image_more_in_one_batched_call_per_step(text_model):
@@ -208,7 +207,7 @@ def test_an_edit_is_checked_before_any_work(text_model, class_unet):
     unet, tok, enc = text_model
 
     def ask(model=unet, text=TextModel(tok, enc), **fields):
-        return resolve(SampleRequest(**{**BASE, **fields}), unet=model, scheduler=DDIMScheduler(), text=text)
+        return resolve(SampleRequest(**{**BASE, **fields}), LoadedModel.of(model, DDIMScheduler(), text))
 
     with pytest.raises(ValueError, match="needs the source prompt and at least one edit"):
         ask(num_images=1, prompts="red apple", edit=_edit())

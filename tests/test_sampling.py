@@ -16,7 +16,7 @@ from PIL import Image
 from denoiser.app.engine import Engine
 from denoiser.cli.main import main
 from denoiser.evaluate.fid import Statistics
-from denoiser.folders.model_dir import read_defaults
+from denoiser.folders.model_dir import LoadedModel, read_defaults
 from denoiser.image_io import to_pil
 from denoiser.request import SCHEDULERS, SampleRequest
 from denoiser.sampling.loop import SAMPLERS, sample, spread_labels
@@ -144,9 +144,9 @@ def test_spread_and_spacing_are_checked_for_loaded_models_too(tmp_path, tiny_une
     """A loaded model (the pipeline's path) gets the same checks: "spread" needs classes, spacings are named."""
     scheduler = DDPMScheduler()
     with pytest.raises(ValueError, match="'spread' needs a class-conditional model"):
-        resolve(SampleRequest(classes="spread"), unet=tiny_unet, scheduler=scheduler)
+        resolve(SampleRequest(classes="spread"), LoadedModel.of(tiny_unet, scheduler))
     with pytest.raises(ValueError, match="timestep spacing must be one of leading, trailing, linspace"):
-        resolve(SampleRequest(timestep_spacing="sideways"), unet=class_unet, scheduler=scheduler)
+        resolve(SampleRequest(timestep_spacing="sideways"), LoadedModel.of(class_unet, scheduler))
 
 
 def test_bad_requests_fail_before_any_work(folder):

@@ -14,7 +14,7 @@ import torch
 from diffusers import DDIMScheduler, DDPMScheduler, DiffusionPipeline
 
 import denoiser  # noqa: F401  (registers DenoiserPipeline with DiffusionPipeline)
-from denoiser.folders.model_dir import TextModel
+from denoiser.folders.model_dir import LoadedModel, TextModel
 from denoiser.model.attention_blocks import SpatialCrossAttention
 from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, fnv1a, words
 from denoiser.model.unet import UNet
@@ -241,7 +241,7 @@ def test_an_empty_prompt_is_no_condition(text_model):
     assert (live[0] - plain[0]).abs().max() > 1e-3  # a prompt does change the output (the reference is not trivial)
     # through the sampling core: prompts "" give the images of the UNet sampled without any text
     request = SampleRequest(num_images=3, prompts="", seed=5, steps=3, batch_size=3)
-    got = run(resolve(request, unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))).images
+    got = run(resolve(request, LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))).images
     want = sample(unet, DDIMScheduler(), 3, 3, seed=5).images
     assert torch.equal(got, want)
 
@@ -283,8 +283,7 @@ def test_the_seed_rule_holds_for_prompts_whatever_the_batch(text_model):
     base = dict(seed=3, steps=3, guidance_scale=2.0, negative_prompts="blurry")
 
     def images(**fields) -> torch.Tensor:
-        return run(resolve(SampleRequest(**{**base, **fields}), unet=unet, scheduler=DDIMScheduler(),
-                           text=TextModel(tok, enc))).images
+        return run(resolve(SampleRequest(**{**base, **fields}), LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))).images
 
     whole = images(num_images=4, prompts=PROMPTS, batch_size=4)
     for k in range(4):  # image k of the request is image 0 of a 1-image request seeded seed + k
@@ -298,15 +297,14 @@ def test_the_seed_rule_holds_for_prompts_whatever_the_batch(text_model):
 def test_prompts_are_checked_and_long_ones_warned_about(text_model, class_unet, caplog):
     unet, tok, enc = text_model
     with pytest.raises(ValueError, match=r"one prompt or one per image \(3\)"):
-        resolve(SampleRequest(num_images=3, prompts=["a", "b"]), unet=unet, scheduler=DDIMScheduler(), text=TextModel(tok, enc))
+        resolve(SampleRequest(num_images=3, prompts=["a", "b"]), LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))
     with pytest.raises(ValueError, match="no text encoder was found"):
-        resolve(SampleRequest(num_images=1, prompts="a"), unet=unet, scheduler=DDIMScheduler())
+        resolve(SampleRequest(num_images=1, prompts="a"), LoadedModel.of(unet, DDIMScheduler()))
     with pytest.raises(ValueError, match="leave the prompt out and pick a class"):
-        resolve(SampleRequest(num_images=1, prompts="cat"), unet=class_unet, scheduler=DDIMScheduler())
+        resolve(SampleRequest(num_images=1, prompts="cat"), LoadedModel.of(class_unet, DDIMScheduler()))
     long = " ".join(f"w{i}" for i in range(12))
     with caplog.at_level("WARNING", logger="denoiser.sampling.plan"):
-        plan = resolve(SampleRequest(num_images=2, prompts=long, steps=1), unet=unet, scheduler=DDIMScheduler(),
-                       text=TextModel(tok, enc))
+        plan = resolve(SampleRequest(num_images=2, prompts=long, steps=1), LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))
         assert not caplog.text  # resolving says nothing (the app resolves on every keystroke: issue 60 item 7)
         assert plan.prompts == (long, long) and plan.negative_prompts == ("", "")
         assert plan.unread(1) == ("w8", "w9", "w10", "w11")

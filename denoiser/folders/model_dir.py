@@ -4,13 +4,15 @@ them. A model folder is what `denoiser.sampling.pipeline.save_pipeline` writes: 
 `scheduler/` (the sampler it is best sampled with), a text model's `text_encoder/` and `tokenizer/`, plus
 `classes.txt` (class names) and `sampling.json` (its measured best guidance and steps), which `read_defaults` reads.
 
-`load(folder)` is the one loaded model every front door uses (the CLI, the app's engine, which caches it, and
-`denoiser.sampling.plan.resolve`): a `LoadedModel` with its UNet, training scheduler, `TextModel` (tokenizer and text
-encoder, for a text model) and `ModelDefaults`, each loaded once.
+A `LoadedModel` is the one thing `denoiser.sampling.plan.resolve` takes: a UNet, its noise schedule, a `TextModel`
+(tokenizer and text encoder, for a text model) and `ModelDefaults`, each read once. `load(folder)` makes one for the CLI
+and the app's engine (which caches it); `LoadedModel.of` for the diffusers pipeline (from its components) and for a
+model in memory (training's grids and FID).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -147,13 +149,28 @@ class TextModel:
 
 @dataclass
 class LoadedModel:
-    """A model folder loaded once: what sampling and restoring run with. `folder` None: a model built in memory."""
+    """A model loaded once: the one thing sampling and restoring run with (`denoiser.sampling.plan.resolve`), from a
+    folder (`load`), a diffusers pipeline's components (DenoiserPipeline) or a model in memory (`LoadedModel.of`)."""
 
     unet: nn.Module
-    scheduler: DDPMScheduler  # the training scheduler: the model's noise schedule
+    scheduler: DDPMScheduler  # the model's noise schedule (a folder's training scheduler)
     text: TextModel | None = None  # a text model's tokenizer and encoder; None: a class or unconditional model
     defaults: ModelDefaults = field(default_factory=ModelDefaults)  # what the folder says about sampling it
-    folder: Path | None = None
+    folder: Path | None = None  # None: a model built in memory
+    # the scheduler a request that names none samples with, as it is (a pipeline's own, which its user may swap);
+    # None: the folder's sampler (defaults.scheduler) on `scheduler`'s noise schedule
+    sampler: object | None = None
+
+    @classmethod
+    def of(cls, unet: nn.Module, scheduler, text: TextModel | None = None, folder: str | Path | None = None,
+           classes: Sequence[str] | None = None) -> LoadedModel:
+        """A model in memory (or a pipeline's components): `scheduler` samples unless a request names another; the
+        defaults are `folder`'s (read once), else built in; `classes` names the class labels instead."""
+        folder = None if folder is None else Path(folder)
+        defaults = read_defaults(folder, unet.config.num_class_embeds)
+        if classes is not None:
+            defaults = dataclasses.replace(defaults, classes=tuple(str(c) for c in classes))
+        return cls(unet, scheduler, text, defaults, folder, sampler=scheduler)
 
 
 def load(model_dir: str | Path, device: str | torch.device = "cpu", channels_last: bool = True) -> LoadedModel:

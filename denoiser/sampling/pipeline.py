@@ -22,7 +22,7 @@ from diffusers import DDPMScheduler, DiffusionPipeline, ImagePipelineOutput
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
 from denoiser.atomic import atomic_path
-from denoiser.folders.model_dir import CLASSES_FILE, LoadedModel, ModelDefaults, TextModel, load, read_defaults
+from denoiser.folders.model_dir import CLASSES_FILE, LoadedModel, ModelDefaults, TextModel, load
 from denoiser.model.text import HashTextEncoder, WordHashTokenizer
 from denoiser.model.unet import UNet
 from denoiser.request import BUILT_IN, SampleRequest
@@ -68,6 +68,7 @@ class DenoiserPipeline(DiffusionPipeline):
         self.register_modules(unet=unet, scheduler=scheduler, text_encoder=text_encoder, tokenizer=tokenizer)
         self._classes: tuple[str, ...] | None = None
         self._guides: dict[str, tuple] = {}
+        self._model: tuple[tuple, LoadedModel] | None = None  # (its components, the model built of them)
 
     @property
     def folder(self) -> Path | None:
@@ -78,9 +79,7 @@ class DenoiserPipeline(DiffusionPipeline):
     @property
     def classes(self) -> list[str]:
         """Class names by label (classes.txt; indices where the folder has none); [] for an unconditional model."""
-        if self._classes is None:
-            self._classes = self.defaults.classes
-        return list(self._classes)
+        return list(self.loaded().defaults.classes)
 
     @classes.setter
     def classes(self, names: Sequence[str]) -> None:
@@ -91,8 +90,18 @@ class DenoiserPipeline(DiffusionPipeline):
 
     @property
     def defaults(self) -> ModelDefaults:
-        """What the folder says about sampling this model (denoiser.folders.model_dir.read_defaults)."""
-        return read_defaults(self.folder, self.unet.config.num_class_embeds)
+        """What the folder says about sampling this model (denoiser.folders.model_dir.read_defaults), read once."""
+        return self.loaded().defaults
+
+    def loaded(self) -> LoadedModel:
+        """This pipeline as the one model every door samples: built from its components once, and again only when
+        one of them is swapped (its scheduler, say); the folder's files read then. Its scheduler samples unless a
+        call names another; class names set on the pipeline win over the folder's."""
+        parts = (self.unet, self.scheduler, self.text_encoder, self.tokenizer, self.folder, self._classes)
+        if self._model is None or any(a is not b and a != b for a, b in zip(self._model[0], parts)):
+            text = TextModel(self.tokenizer, self.text_encoder) if self.text_encoder is not None else None
+            self._model = (parts, LoadedModel.of(self.unet, self.scheduler, text, self.folder, classes=self._classes))
+        return self._model[1]
 
     @property
     def sampling_defaults(self) -> dict:
@@ -158,9 +167,7 @@ class DenoiserPipeline(DiffusionPipeline):
             guidance_interval=guidance_interval, edit=edit,
             seed=int(torch.randint(0, 2**31 - 1, ())) if generator is None else 0,  # None: a random seed, as diffusers
         )
-        text = TextModel(self.tokenizer, self.text_encoder) if self.text_encoder is not None else None
-        plan = resolve(request, self.folder, unet=self.unet, scheduler=self.scheduler, load=self._load_guide,
-                       class_names=self._classes, text=text)  # names set on this pipeline win over the folder's
+        plan = resolve(request, self.loaded(), load=self._load_guide)
 
         def after_step(i: int, x: torch.Tensor) -> torch.Tensor:
             if callback_on_step_end is not None:  # sample() has set the scheduler's timesteps by now

@@ -31,7 +31,6 @@ from denoiser.folders.model_dir import (
     ModelDefaults,
     TextModel,
     load,
-    read_defaults,
     require_text,
 )
 from denoiser.model.text import drops_marks, words
@@ -153,37 +152,24 @@ class Plan:
 
 def resolve(
     request: SampleRequest,
-    model: LoadedModel | str | Path | None = None,
+    model: LoadedModel | str | Path,
     *,
-    unet: nn.Module | None = None,
-    scheduler=None,
     load: Callable[[Path], LoadedModel] = load,
-    class_names: Sequence[str] | None = None,
-    text: TextModel | None = None,
 ) -> Plan:
     """`request` for `model`, checked before any work; unset fields from the model's folder, else built in.
 
-    model: the model loaded once (`denoiser.folders.model_dir.load`), or its folder (then `load(folder)`).
-    unet, scheduler: a UNet without a LoadedModel and the scheduler to sample with when the request names none (the
-    pipeline's own, which its user may have swapped; `model` then names its folder, if any, for its defaults).
+    model: the model loaded once (`denoiser.folders.model_dir.load`, `LoadedModel.of` for one in memory or a
+    pipeline's components), or its folder (then `load(folder)`).
     load(folder) -> LoadedModel: how a folder and autoguidance's guide are loaded (the app's is cached).
-    class_names: the classes' names instead of the folder's classes.txt (a pipeline's own).
-    text: a text model's tokenizer and encoder for `unet` (a pipeline's own); a LoadedModel brings its own.
     """
-    given = unet is not None
-    if isinstance(model, (str, Path)) and not given:
+    if isinstance(model, (str, Path)):
         model = load(Path(model))
-    if isinstance(model, LoadedModel):
-        folder, unet, scheduler, text, defaults = model.folder, model.unet, model.scheduler, model.text, model.defaults
-    elif not given:
-        raise ValueError("resolve needs a model (denoiser.folders.model_dir.load) or its folder, or a loaded unet and its scheduler")
-    elif scheduler is None:
-        raise ValueError("resolve with a loaded unet needs its scheduler too (scheduler=...)")
-    else:
-        folder = None if model is None else Path(model)
-        defaults = read_defaults(folder, unet.config.num_class_embeds)
-    if class_names is not None:
-        defaults = dataclasses.replace(defaults, classes=tuple(class_names))
+    if not isinstance(model, LoadedModel):
+        raise TypeError(f"resolve needs a loaded model (denoiser.folders.model_dir.load) or its folder, got "
+                        f"{type(model).__name__}")
+    folder, unet, text, defaults = model.folder, model.unet, model.text, model.defaults
+    given = model.sampler is not None
+    scheduler = model.sampler if given else model.scheduler
     sched = _scheduler(request, defaults.scheduler, scheduler, given)
     labels = class_label_tensor(request.classes, request.num_images, unet.config.num_class_embeds, defaults.classes)
     prompts, negative, text = _prompts(request, unet, folder, text)

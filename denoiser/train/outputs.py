@@ -51,7 +51,7 @@ def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Dif
     built-in sampler, `train.sample_steps`, seed 0, unguided), and the loss curve so far. A class model draws its
     classes spread over the grid; a text model draws `prompts` (the data's class names), cycled, through
     `tokenizer` (the run's; by default one from `cfg.text`)."""
-    from denoiser.folders.model_dir import TextModel
+    from denoiser.folders.model_dir import LoadedModel, TextModel
     from denoiser.request import SampleRequest
     from denoiser.sampling.plan import resolve, run
 
@@ -67,7 +67,7 @@ def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Dif
     request = SampleRequest(num_images=n, classes="spread" if final.config.num_class_embeds else None, seed=0,
                             scheduler=BUILT_IN["scheduler"], steps=cfg.train.sample_steps, prompts=grid,
                             guidance_scale=1.0, pag_scale=0.0)
-    images = run(resolve(request, unet=final, scheduler=diffusion.scheduler, text=text)).images
+    images = run(resolve(request, LoadedModel.of(final, diffusion.scheduler, text))).images
     save_grid(images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
     steps, losses = read_losses(out)
     save_png(loss_curve(steps, losses), out / "loss.png")  # through a temporary file, as the grid
@@ -93,7 +93,7 @@ def evaluate_fid(accelerator, model: UNet | PromptedUNet, ema, diffusion: Diffus
     samples its classes spread over the images; a text model, the validation images' own captions, cycled (no
     caption: unconditioned); an unconditional model, as it is."""
     from denoiser.evaluate.fid import fid_of_images, reference_statistics
-    from denoiser.folders.model_dir import TextModel
+    from denoiser.folders.model_dir import LoadedModel, TextModel
     from denoiser.request import SampleRequest
     from denoiser.sampling.plan import resolve, run
 
@@ -119,7 +119,7 @@ def evaluate_fid(accelerator, model: UNet | PromptedUNet, ema, diffusion: Diffus
     spread = "spread" if final.config.num_class_embeds else None
     request = SampleRequest(num_images=train_cfg.fid_samples, classes=spread, seed=0, scheduler=BUILT_IN["scheduler"],
                             steps=train_cfg.sample_steps, prompts=prompts)
-    images = to_uint8(run(resolve(request, unet=final, scheduler=diffusion.scheduler, text=text)).images)
+    images = to_uint8(run(resolve(request, LoadedModel.of(final, diffusion.scheduler, text))).images)
     score = fid_of_images(images, ref, extractor)
     accelerator.log({"fid": score}, step=step)
     history = out / "fid.csv"
