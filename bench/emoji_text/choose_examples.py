@@ -8,7 +8,7 @@ model's captions held: `WordHashTokenizer.unseen` is empty) is drawn at the fold
 as in prompt_fidelity.py). Each image is scored as bench/emoji_text/prompt_fidelity.py scores one: Inception pool
 features, cosine, against the 3,812 real 32x32 images of ../shared/data/emoji. An image *hits* when one of its 5
 nearest real images is an emoji the prompt asks for: one whose caption texts (name, short name, CLDR keywords: what
-the model trained on, denoiser/data/emoji_set.py) hold every word of the prompt but "a"/"an"/"the" ("a sad cat": the
+the model trained on, bench/emoji_text/emoji_set.py) hold every word of the prompt but "a"/"an"/"the" ("a sad cat": the
 crying cat face, whose keywords hold "cat" and "sad"). A broad prompt ("cat") asks for many emoji, so its chance
 (5 random real images) is higher: prompts rank by hit@5 minus that chance, then hit@20.
 
@@ -29,8 +29,8 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from emoji_set import CATALOG, KEYWORDS, fetch_package, load_catalog
 
-from denoiser.data.emoji_set import CATALOG, KEYWORDS, fetch_package, load_catalog
 from denoiser.data.store import cache_root
 from denoiser.evaluate.fid import InceptionFeatures, features
 from denoiser.folders.model_dir import load

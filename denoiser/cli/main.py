@@ -1,6 +1,6 @@
 """`denoiser train | sample | attention | attention-stats | evaluate | denoise | edit | inpaint | app | build-kernels`:
 the command line (`denoiser app` hands its arguments to the web app's own parser; `accelerate launch -m denoiser.train`
-and `python -m denoiser.data.emoji_set` read their own)."""
+and `python bench/emoji_text/emoji_set.py` read their own)."""
 
 from __future__ import annotations
 

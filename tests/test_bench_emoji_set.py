@@ -1,4 +1,4 @@
-"""The emoji set builder (denoiser/data/emoji_set.py) on tiny fake npm packages served from a file:// registry
+"""The emoji set builder (bench/emoji_text/emoji_set.py) on tiny fake npm packages served from a file:// registry
 in tmp_path: no network."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -17,8 +18,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from denoiser.data import emoji_set as es
 from denoiser.data.folder import list_folder
+from tests.conftest import ROOT
+
+# the builder is a dataset-building script beside the benchmarks that use its set, not part of the package
+_spec = importlib.util.spec_from_file_location("emoji_set", ROOT / "bench" / "emoji_text" / "emoji_set.py")
+es = importlib.util.module_from_spec(_spec)
+sys.modules["emoji_set"] = es
+_spec.loader.exec_module(es)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
