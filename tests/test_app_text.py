@@ -374,12 +374,12 @@ def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list
     for typed in ("red", "red 日本", "red 日本 zorb", "red 日本 zorblat"):
         note = h.budget_note("words", 2, 1, "(any)", 2.5, prompt=typed)
     assert note.startswith("work: ") and "never seen in training, drawn as a guess: “日本 zorblat”" in note
-    assert not [r for r in caplog.records if "caption held" in r.getMessage()]
+    assert not [r for r in caplog.records if "never seen in training" in r.getMessage()]
     *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red 日本 zorblat", "")
     gen, status, words = last[2], last[-1], last[2 + 6 + 4]
     assert gen.unseen == ("日本", "zorblat")
     assert "never seen in training, drawn as a guess: “日本 zorblat”" in status and "日本 zorblat" in words["label"]
-    assert len([r for r in caplog.records if "caption held" in r.getMessage()]) == 1  # one Generate, one line
+    assert len([r for r in caplog.records if "never seen in training" in r.getMessage()]) == 1  # one Generate, one line
     *_, known = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
     assert "never seen" not in known[-1] and known[2 + 6 + 4]["label"] == "the prompt's words"
 
@@ -399,4 +399,4 @@ def test_a_prompt_whose_marks_the_tokenizer_drops_is_said_as_it_is_read(weights,
     *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "café", "")
     assert "read as “cafe”: the tokenizer drops accents and marks" in last[-1]
     plan = resolve(SampleRequest(num_images=1, prompts="赤いりんご", steps=1), weights / "words")
-    assert any("is read as “赤いりんこ”" in n for n in plan.notices())
+    assert any("read as “赤いりんこ”" in n for n in plan.notices())

@@ -310,7 +310,7 @@ def test_prompts_are_checked_and_long_ones_warned_about(text_model, class_unet, 
         assert plan.unread(1) == ("w8", "w9", "w10", "w11")
         run(plan)
     # the run says it once, for the two images' one prompt
-    assert caplog.text.count("cut at 8 words") == 1 and "w8 w9 w10 w11" in caplog.text
+    assert caplog.text.count("reads only the first 8 words") == 1 and "w8 w9 w10 w11" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import gradio as gr
 
 from denoiser.app.engine import SCHEDULERS
 from denoiser.app.form_limits import LIMITS, check_int
-from denoiser.app.words import read_as_note, unread_note, unseen_note
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings
 from denoiser.request import BUILT_IN
@@ -196,11 +195,8 @@ class FormHandlers:
             work = plan_work(plan)
         except (ValueError, TypeError, OSError):
             return ""
-        # a text model's prompt, as it is typed: its words past the tokenizer's length, and those it never saw
-        prompt = plan.prompts[0] if plan.prompts else ""
-        words = [note for note in (read_as_note(prompt), unread_note(plan.words(0), plan.unread(0)),
-                                   unseen_note(plan.unseen(0))) if note]
-        said = "".join(f" · **{escape(note)}**" for note in words)
+        # a text model's prompt, as it is typed: read with marks dropped, cut, words it never saw (Plan.notes)
+        said = "".join(f" · **{escape(note)}**" for note in plan.notes(0))
         if not work.over:
             return f"work: {work.units:,.0f} of {work.budget:,.0f} units" + said
         return (f"**over the work budget** ({work.units:,.0f} of {work.budget:,.0f} units): at most {work.max_steps} "

@@ -35,7 +35,6 @@ from denoiser.app.form import (
 )
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.views import HEAD_COLUMNS, N_VIEWS, NO_GENERATION, ViewHandlers, click_to_pixel, enlarge, stages_text
-from denoiser.app.words import read_as_note, unread_note, unseen_note
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import save_with_settings, to_pil
 
@@ -169,9 +168,7 @@ class Handlers(FormHandlers, ViewHandlers):
         settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
         gallery = result_files(gen.images, settings)
         of = f" of “{escape(gen.prompt)}”" if gen.prompt else (f" of class {escape(class_name)}" if label is not None else "")
-        notes = [note for note in (read_as_note(gen.prompt), unread_note(gen.words, gen.unread), unseen_note(gen.unseen))
-                 if note]
-        cut = "".join(f" · **{escape(note)}**" for note in notes)  # a cut prompt, words the model never saw
+        cut = "".join(f" · **{escape(note)}**" for note in gen.notes)  # a cut prompt, words the model never saw
         self.finished(request, "status")
         yield (
             enlarge(to_pil(gen.images)), gallery, *self.generation_views(gen),

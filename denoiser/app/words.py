@@ -15,9 +15,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
 from denoiser.evaluate.visualize import WORD_SCALE, chart_font, tiles_image, with_colour_scale, word_overlay
-from denoiser.model.text import drops_marks
-from denoiser.model.text import words as split_words
-from denoiser.sampling.prompt_weights import parse_prompt
+from denoiser.sampling.prompt_notes import unread_note, unseen_note
 
 __all__ = ["map_label", "unread_note", "unseen_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
            "word_weights_label"]
@@ -26,35 +24,6 @@ _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on bo
 _PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 20, 170, 96
 FLAT = 1.5  # a map whose highest weight is under this times its lowest is called nearly flat (map_label)
 _TOP = 30  # the page's label sits over the picture's top-left corner: the table and the maps start below it
-
-
-def unread_note(read: Sequence[str], unread: Sequence[str]) -> str:
-    """Where a cut prompt is shown: that the model read only its first words (the tokenizer's max_length) and which it
-    did not; "" for a prompt read whole."""
-    if not unread:
-        return ""
-    rest = " ".join(unread)
-    rest = rest if len(rest) <= 80 else rest[:80] + " …"
-    return f"cut: the model reads only the first {len(read)} words; {len(unread)} more not read (“{rest}”)"
-
-
-def read_as_note(prompt: str) -> str:
-    """Where a prompt is shown: how the model reads it when its tokenizer changed letters (accents and marks dropped,
-    "赤いりんご" read as "赤いりんこ"); "" when it reads the letters typed."""
-    if not prompt or not drops_marks(parse_prompt(prompt).text):
-        return ""
-    read = " ".join(split_words(parse_prompt(prompt).text))
-    return f"read as “{read if len(read) <= 80 else read[:80] + ' …'}”: the tokenizer drops accents and marks"
-
-
-def unseen_note(unseen: Sequence[str]) -> str:
-    """Where a prompt is shown: its words no training caption held (the model folder's vocabulary), which the model
-    draws from their letters alone; "" when it saw every word (or the folder keeps no vocabulary)."""
-    if not unseen:
-        return ""
-    words = " ".join(unseen)
-    words = words if len(words) <= 80 else words[:80] + " …"
-    return f"never seen in training, drawn as a guess: “{words}”"
 
 
 def words_label(read: Sequence[str], unread: Sequence[str], unseen: Sequence[str] = ()) -> str:

@@ -33,7 +33,6 @@ from denoiser.folders.model_dir import (
     load,
     require_text,
 )
-from denoiser.model.text import drops_marks, words
 from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing, sampler_name
 from denoiser.sampling.guidance import Guidance, TextCondition, check_guide
 from denoiser.sampling.loop import (
@@ -43,6 +42,7 @@ from denoiser.sampling.loop import (
     make_sampler,
     sample,
 )
+from denoiser.sampling.prompt_notes import read_as_note, unread_note, unseen_note
 from denoiser.sampling.prompt_to_prompt import PromptEdit
 from denoiser.sampling.prompt_weights import parse_prompt
 
@@ -112,24 +112,25 @@ class Plan:
             return ()
         return tuple(self.text.tokenizer.dropped(parse_prompt(self.prompts[k]).text))
 
+    def notes(self, k: int = 0) -> list[str]:
+        """What a person should hear about image k's prompt (denoiser.sampling.prompt_notes): read with marks
+        dropped, cut at the tokenizer's length, words never seen in training; [] for none or no text model."""
+        if self.text is None or not self.prompts:
+            return []
+        return [n for n in (read_as_note(self.prompts[k]), unread_note(self.words(k), self.unread(k)),
+                            unseen_note(self.unseen(k))) if n]
+
     def notices(self) -> list[str]:
-        """What a person should hear about the prompts before trusting the pictures: words cut at the tokenizer's
-        length, words no training caption held. `run` logs each once; the app shows them while the prompt is typed."""
+        """The notes of every distinct prompt and negative prompt, each naming its prompt: `run` logs each once."""
         if self.text is None:
             return []
         said = []
         for name, prompts in (("prompt", self.prompts), ("negative prompt", self.negative_prompts)):
             for p in dict.fromkeys(prompts):
                 text = parse_prompt(p).text
-                if dropped := self.text.tokenizer.dropped(text):
-                    said.append(f"the {name} is cut at {self.text.tokenizer.config.max_length} words; the model does not "
-                                f"see: {' '.join(dropped)[:200]}")
-                if drops_marks(text):
-                    said.append(f"the {name} is read as “{' '.join(words(text))[:200]}”: the tokenizer drops accents and "
-                                "other marks")
-                if unseen := self.text.tokenizer.unseen(text):
-                    said.append(f"the {name} has words no training caption held, which the model draws from their "
-                                f"letters alone (a guess): {' '.join(unseen)[:200]}")
+                read, unread = self.text.tokenizer.tokens(text), self.text.tokenizer.dropped(text)
+                notes = (read_as_note(p), unread_note(read, unread), unseen_note(self.text.tokenizer.unseen(text)))
+                said += [f"the {name} “{p[:80]}”: {n}" for n in notes if n]
         return said
 
     def word_weights(self, k: int = 0) -> tuple[float, ...]:
