@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from train_throughput import gemm_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from denoiser.fast.precision import choose_precision, forced  # noqa: E402
+from denoiser.fast.precision import asked, choose_precision  # noqa: E402
 from denoiser.folders.model_dir import load  # noqa: E402
 from denoiser.model.text import encode_prompts  # noqa: E402
 from denoiser.sampling.loop import sampling_context  # noqa: E402
@@ -56,7 +56,7 @@ def model_inputs(model, batch: int) -> dict:
 
 def eager_side(unet, inputs: dict, dtype: torch.dtype):
     def call():
-        with torch.inference_mode(), forced(dtype), sampling_context(unet):
+        with torch.inference_mode(), asked(unet, dtype), sampling_context(unet):
             return unet(**inputs).sample
 
     return call
@@ -66,7 +66,7 @@ def compiled_side(unet, inputs: dict):
     compiled = torch.compile(unet)
 
     def call():
-        with torch.inference_mode(), forced(torch.float32):
+        with torch.inference_mode(), asked(unet, torch.float32):
             return compiled(**inputs).sample
 
     return call

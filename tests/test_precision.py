@@ -1,6 +1,6 @@
 """The inference precision (denoiser.fast.precision): chosen by measurement, named where it ran, float32 when asked
 for, and attention maps captured exactly in float32 whatever the sampling runs in. Nothing here depends on which
-precision this CPU picks: the choice is driven through the environment, the measurement and `forced`."""
+precision this CPU picks: the choice is driven through the environment, the measurement and `asked`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 from diffusers import DDPMScheduler
 
 from denoiser.fast import precision
-from denoiser.fast.precision import Precision, choose_precision, forced
+from denoiser.fast.precision import Precision, asked, choose_precision
+from denoiser.folders.model_dir import load
 from denoiser.model.attention_capture import capture_attention
 from denoiser.request import SampleRequest
 from denoiser.sampling.loop import sampling_context
@@ -54,11 +55,15 @@ def test_the_measurement_is_a_positive_ratio():
     assert precision.measure_bf16_speedup(repeats=1) > 0
 
 
-def test_a_model_in_another_dtype_runs_in_it_and_forced_wins(tiny_unet):
+def test_a_model_in_another_dtype_runs_in_it_and_a_precision_asked_for_wins(tiny_unet):
     assert choose_precision(tiny_unet.to(torch.bfloat16)).dtype == torch.bfloat16
     assert not choose_precision(tiny_unet).autocast  # its own dtype: never autocast on top
-    with forced(torch.float32):
-        assert choose_precision().dtype == torch.float32 and not choose_precision().autocast
+    tiny_unet.float()
+    with asked(tiny_unet, torch.float32):
+        assert choose_precision(tiny_unet).dtype == torch.float32 and not choose_precision(tiny_unet).autocast
+    with asked(tiny_unet, torch.bfloat16):
+        assert choose_precision(tiny_unet).autocast and choose_precision(tiny_unet).name == "bfloat16"
+    assert getattr(tiny_unet, "dtype_asked", None) is None  # left as it was
 
 
 def test_bf16_autocast_predicts_the_same_noise_within_bf16_error(tiny_unet):
@@ -69,7 +74,7 @@ def test_bf16_autocast_predicts_the_same_noise_within_bf16_error(tiny_unet):
     with torch.inference_mode():
         ref = tiny_unet.double()(x.double(), t).sample
         tiny_unet.float()
-        with forced(torch.bfloat16), sampling_context(tiny_unet):
+        with asked(tiny_unet, torch.bfloat16), sampling_context(tiny_unet):
             fast = tiny_unet(x, t).sample
         plain = tiny_unet(x, t).sample
     assert fast.dtype == torch.float32
@@ -82,9 +87,9 @@ def test_attention_is_captured_in_float32_under_bf16(tiny_unet):
     """The maps the app shows are the float32 model's exact weights whatever the sampling runs in."""
     x, t = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(1)), torch.tensor([500])
     with torch.inference_mode():
-        with forced(torch.float32), sampling_context(tiny_unet), capture_attention(tiny_unet) as plain:
+        with asked(tiny_unet, torch.float32), sampling_context(tiny_unet), capture_attention(tiny_unet) as plain:
             tiny_unet(x, t)
-        with forced(torch.bfloat16), sampling_context(tiny_unet), capture_attention(tiny_unet) as under_bf16:
+        with asked(tiny_unet, torch.bfloat16), sampling_context(tiny_unet), capture_attention(tiny_unet) as under_bf16:
             tiny_unet(x, t)
     assert len(plain) == len(under_bf16) > 0
     for a, b in zip(plain, under_bf16):
@@ -104,14 +109,15 @@ def test_a_plan_names_its_precision_and_torch_dtype_float32_is_kept(tmp_path, ti
     folder = save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "model")
     plan = resolve(SampleRequest(num_images=1, steps=2), folder)
     assert plan.precision.autocast and plan.describe().endswith(f"bfloat16 ({precision.PRECISION_ENV}=bfloat16)")
-    asked = DiffusionPipeline.from_pretrained(folder, torch_dtype=torch.float32)
+    held = DiffusionPipeline.from_pretrained(folder, torch_dtype=torch.float32)
     plain = DiffusionPipeline.from_pretrained(folder)
-    assert choose_precision(asked.unet).dtype == torch.float32 and choose_precision(plain.unet).autocast
+    assert choose_precision(held.unet).dtype == torch.float32 and choose_precision(plain.unet).autocast
     gens = [torch.Generator().manual_seed(0)]
-    a = asked(1, generator=gens, num_inference_steps=3, output_type="pt").images
+    a = held(1, generator=gens, num_inference_steps=3, output_type="pt").images
     gens = [torch.Generator().manual_seed(0)]
     b = plain(1, generator=gens, num_inference_steps=3, output_type="pt").images
-    with forced(torch.float32):
-        ref = run(resolve(SampleRequest(num_images=1, steps=3, seed=0), folder)).images
+    model = load(folder)
+    with asked(model.unet, torch.float32):
+        ref = run(resolve(SampleRequest(num_images=1, steps=3, seed=0), model)).images
     # the pipeline's UNet is NCHW, the loaded one channels-last: equal to float32 rounding, unlike the bf16 run
     assert float((a - ref).abs().max()) < 1e-4 < float((b - ref).abs().max())

@@ -11,15 +11,15 @@ milliseconds, once per process, at the first sampling call.
 
 Every door samples through `denoiser.sampling.loop.sampling_context`, which enters `autocast(module)`; a plan names the
 precision that ran (`denoiser.sampling.plan.Plan.describe`, the CLI's line, the app's status and PNG settings).
-`forced(torch.float32)` holds a block to float32 (diffusers' `from_pretrained(..., torch_dtype=torch.float32)`);
-DENOISER_PRECISION=float32|bfloat16 sets it for the process. Attention maps are captured in float32
+A model's `dtype_asked` holds it to a precision: diffusers' `from_pretrained(..., torch_dtype=torch.float32)` sets it,
+and `asked(unet, dtype)` for a block (benchmarks and tests); DENOISER_PRECISION=float32|bfloat16 sets it for the
+process. Attention maps are captured in float32
 (`full_precision()`): the exact weights of the float32 model at that step's input, whatever the sampling ran in.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import os
 import statistics
@@ -32,12 +32,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-__all__ = ["Precision", "choose_precision", "autocast", "forced", "full_precision", "native_bf16", "PRECISION_ENV", "MIN_SPEEDUP"]
+__all__ = ["Precision", "choose_precision", "autocast", "asked", "full_precision", "native_bf16", "PRECISION_ENV", "MIN_SPEEDUP"]
 
 PRECISION_ENV = "DENOISER_PRECISION"  # "auto" (default: measured), "float32" or "bfloat16"
 MIN_SPEEDUP = 1.10  # bf16 must beat fp32 by this much: it costs accuracy (max |Δε| ~0.02 on the shipped models)
 _NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_FORCED: contextvars.ContextVar[torch.dtype | None] = contextvars.ContextVar("denoiser_forced_precision", default=None)
 _LOCK = threading.Lock()
 
 
@@ -51,10 +50,14 @@ class Precision:
 
     @property
     def name(self) -> str:
-        return "bfloat16" if self.dtype == torch.bfloat16 else "float32"
+        return _name(self.dtype)
 
     def describe(self) -> str:
         return f"{self.name} ({self.why})"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return "bfloat16" if dtype == torch.bfloat16 else "float32"
 
 
 def native_bf16() -> bool | None:
@@ -111,13 +114,13 @@ def _cpu_choice() -> Precision:
 
 
 def choose_precision(module: nn.Module | None = None) -> Precision:
-    """The precision `module`'s inference runs in here: float32 for anything but float32 weights on the CPU (other
-    devices and dtypes run as given) and inside `forced`; else this process's CPU choice."""
-    if forced_dtype := _FORCED.get():
-        return Precision(forced_dtype, "asked for by the caller", autocast=forced_dtype == torch.bfloat16)
+    """The precision `module`'s inference runs in here: the one asked for (its `dtype_asked`: diffusers'
+    torch_dtype, or `asked`), the model's own for anything but float32 weights on the CPU (other devices and dtypes
+    run as given); else this process's CPU choice."""
     if module is not None:
-        if getattr(module, "dtype_asked", None) == torch.float32:  # from_pretrained(torch_dtype=torch.float32)
-            return Precision(torch.float32, "torch_dtype=torch.float32 was asked for")
+        wanted = getattr(module, "dtype_asked", None)
+        if wanted in (torch.float32, torch.bfloat16):  # from_pretrained(torch_dtype=torch.float32), or `asked`
+            return Precision(wanted, f"{_name(wanted)} was asked for", autocast=wanted == torch.bfloat16)
         param = next(module.parameters(), None)
         if param is not None and (param.device.type != "cpu" or param.dtype != torch.float32):
             return Precision(param.dtype, f"the model's own, on {param.device.type}")
@@ -133,13 +136,14 @@ def autocast(module: nn.Module | None) -> contextlib.AbstractContextManager[None
 
 
 @contextlib.contextmanager
-def forced(dtype: torch.dtype) -> Iterator[None]:
-    """Inside, `choose_precision` answers `dtype` (this thread and context only): a caller that asked for float32 gets it."""
-    token = _FORCED.set(dtype)
+def asked(module: nn.Module, dtype: torch.dtype) -> Iterator[None]:
+    """Inside, `module` runs in `dtype` as if it had been loaded with torch_dtype=dtype (its `dtype_asked`)."""
+    before = getattr(module, "dtype_asked", None)
+    module.dtype_asked = dtype
     try:
         yield
     finally:
-        _FORCED.reset(token)
+        module.dtype_asked = before
 
 
 def full_precision() -> contextlib.AbstractContextManager[None]:
