@@ -37,7 +37,7 @@ from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.atomic import atomic_path
 from denoiser.image_io import read_settings, save_with_settings
 from denoiser.request import BUILT_IN
-from denoiser.restore.plan import RestoreResult, read_photo, takes_prompt
+from denoiser.restore.plan import RestoreResult, read_photo, scaled_size, takes_prompt
 
 __all__ = ["edit_tab", "wire_edit", "EditHandlers", "restored_text", "EXAMPLES", "CLEAN_SIGMA"]
 
@@ -247,13 +247,13 @@ class EditHandlers:
         try:
             with Image.open(upload["copy"]) as img:  # the header's size: the tiles do not depend on its orientation
                 width, height = img.size
-            wait = self.engine.photo_time(model, width, height)
-            if wait.over:  # a copy scaled down to the limit runs
-                limit = self.engine.photo_limit(model)
-                scale = min(1.0, (limit * 1e6 / (width * height)) ** 0.5)
-                wait = self.engine.photo_time(model, max(1, int(width * scale)), max(1, int(height * scale)))
-                return (f": **{wait.describe()} on this server**, on a copy scaled down to {limit:.1f} megapixels (the "
-                        "photo budget)")
+            # the copy Run will denoise (Engine.restore's rule: the photo, or a copy scaled down to the photo budget)
+            fits = self.engine.fitting_pixels(model, width, height)
+            w, h = scaled_size(width, height, fits)
+            wait = self.engine.photo_time(model, w, h)
+            if (w, h) != (width, height):
+                return (f": **{wait.describe()} on this server**, on a copy scaled down to {w}x{h} (the photo "
+                        "budget)")
             return f": **{wait.describe()} on this server**"
         except (ValueError, OSError, TypeError, AttributeError):  # no upload yet, or not a readable picture
             return ""

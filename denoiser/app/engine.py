@@ -214,7 +214,7 @@ class Engine(AttentionViews):
                                load=self._load)
         if plan.tiled:
             passes = plan.sampling.guidance.passes_per_step()
-            fits = self._fitting_pixels(model, *image.size, passes=passes)
+            fits = self.fitting_pixels(model, *image.size, passes=passes)
             if fits < image.width * image.height:  # over the photo budget: a copy scaled down to fit, the result says so
                 plan = resolve_restore(request, loaded, image, mask, max_pixels=fits, load=self._load)
             photo = pil_to_tensor(plan.image)  # (3, H, W) uint8
@@ -264,7 +264,7 @@ class Engine(AttentionViews):
                 self._tile_rates[model] = measure_tile_rate(loaded.unet, loaded.scheduler)
             return self._tile_rates[model]
 
-    def _fitting_pixels(self, model: str, width: int, height: int, passes: float = 1.0) -> int:
+    def fitting_pixels(self, model: str, width: int, height: int, passes: float = 1.0) -> int:
         """The most pixels a copy of a width x height photo may keep (its shape kept) for its tiled denoise to fit the
         photo budget and MAX_PIXELS: the photo's own where it fits."""
         def fits(scale: float) -> bool:

@@ -36,7 +36,7 @@ from denoiser.restore.tiles import count_tiles, denoise_photo
 from denoiser.sampling.loop import SampleResult
 from denoiser.sampling.plan import Plan, resolve
 
-__all__ = ["RestorePlan", "RestoreResult", "read_photo", "resolve_restore", "run_restore", "check_request", "takes_prompt", "chain_steps",
+__all__ = ["RestorePlan", "RestoreResult", "read_photo", "scaled_size", "resolve_restore", "run_restore", "check_request", "takes_prompt", "chain_steps",
            "check_size", "MIN_SIDE"]
 
 ScaledTo = tuple[int, int]
@@ -129,6 +129,14 @@ class RestoreResult:
     sample: SampleResult | None = None  # a chain's (images in [0, 1]; the app's attention views open it); None: tiles
 
 
+def scaled_size(width: int, height: int, max_pixels: float) -> tuple[int, int]:
+    """The size of the copy a photo over `max_pixels` is restored as: its shape kept, at most that many pixels."""
+    if width * height <= max_pixels:
+        return width, height
+    scale = (max_pixels / (width * height)) ** 0.5
+    return max(1, int(width * scale)), max(1, int(height * scale))
+
+
 def read_photo(source, request: RestoreRequest, sample_size: int, max_pixels: float | None = None,
                what: str = "the photo") -> Image.Image:
     """A person's picture file, decoded by the one rule every door uses (the command line and the app's Edit tab),
@@ -174,9 +182,7 @@ def resolve_restore(
     check_size(*image.size)
     picture = flatten_to_rgb(image)
     if r.tiled and max_pixels is not None and image.width * image.height > max_pixels:
-        scale = (max_pixels / (image.width * image.height)) ** 0.5
-        picture = picture.resize((max(1, int(image.width * scale)), max(1, int(image.height * scale))),
-                                 Image.Resampling.LANCZOS)
+        picture = picture.resize(scaled_size(image.width, image.height, max_pixels), Image.Resampling.LANCZOS)
     scaled_to = picture.size if r.tiled and picture.size != source_size else None
     r = dataclasses.replace(r, guidance_scale=sampling.guidance.scale, pag_scale=sampling.guidance.pag_scale,
                             guide_scale=sampling.guidance.guide_scale)
