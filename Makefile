@@ -69,7 +69,7 @@ WALK_WIDTH   ?= 1280
 WALK_SETTLE  ?= $(if $(WALK_MODELS),300,120)
 walk: venv chromium
 	DENOISER_WALK_SEED=$(WALK_SEEDS) DENOISER_WALK_STEPS=$(WALK_STEPS) DENOISER_WALK_SECONDS=$(WALK_SECONDS) DENOISER_WALK_MODELS=$(WALK_MODELS) \
-	DENOISER_WALK_WIDTH=$(WALK_WIDTH) DENOISER_WALK_SETTLE_S=$(WALK_SETTLE) DENOISER_WALK_KEEP_GOING=1 HF_HUB_OFFLINE=1 nice -n 10 $(PY) -m pytest -q tests/test_app_walk.py -k random_walk
+	DENOISER_WALK_WIDTH=$(WALK_WIDTH) DENOISER_WALK_SETTLE_S=$(WALK_SETTLE) DENOISER_WALK_KEEP_GOING=1 HF_HUB_OFFLINE=1 nice -n 10 $(PY) -m pytest -q -rA tests/test_app_walk.py -k random_walk
 
 screenshots: venv chromium
 	DENOISER_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_app.py tests/test_app_edit_page.py tests/test_app_edit.py -k browser

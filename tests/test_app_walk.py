@@ -109,7 +109,9 @@ def test_browser_random_walk_keeps_the_page_true(server, demo, weights, tmp_path
     if failed:
         pytest.fail(failed, pytrace=False)  # the seed and the steps, without the walk's locals
     print(f"click-walk seed {seed}: {done} actions, every invariant held:\n" + "\n".join(walk.steps))
-    assert done >= min(MAX_STEPS, 5), f"the walk took only {done} actions in {MAX_SECONDS} s"
+    # a long walk (`make walk`) must walk all its actions: one cut short by its time limit says so, not "clean"
+    least = MAX_STEPS if KEEP_GOING else min(MAX_STEPS, 5)
+    assert done >= least, f"the walk took only {done} of {MAX_STEPS} actions in {MAX_SECONDS:g} s: raise WALK_SECONDS"
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
