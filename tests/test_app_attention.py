@@ -45,7 +45,13 @@ def test_the_heads_statistics_are_a_job_that_stops(weights):
     updates = _run(h.head_stats(gen, 0, progress=lambda *a, **k: None))
     assert any(isinstance(u[3], str) and u[3].startswith("measuring: step") for u in updates)
     chart, rows, layers, line = updates[-1]
-    assert line.startswith("done:") and rows and layers["choices"]
+    assert line.startswith("done:") and rows and layers["choices"] and layers["value"] == []
+    # the walk, seed 1 step 140: a layer picked from another model's statistics stayed picked when this model's were
+    # listed, and Switch off then failed in Gradio's own words ("Value: 'up.1.attn.0' ... not in the list of
+    # choices"); now the new list keeps only this model's layers
+    mine = layers["choices"][0]
+    *_, (_, _, relisted, _) = _run(h.head_stats(gen, 0, ["up.1.attn.0", mine], progress=lambda *a, **k: None))
+    assert relisted["value"] == [mine] and "up.1.attn.0" not in relisted["choices"]
     # Stop: the page closes the handler at a yield; the worker stops at its next UNet call and is joined
     import time
 

@@ -233,8 +233,9 @@ def _heads_tab(c: SimpleNamespace) -> None:
             with gr.Column(scale=1):
                 stats_run, stats_stop, stats_status = run_controls("Compute statistics", "stats-run", "stats-stop",
                                                                    "stats-status")
+                # a layer the page no longer lists (an API call's, say) reaches the switch, which says why in words
                 off_layers = gr.Dropdown([], multiselect=True, label="layers to switch off", elem_id="off-layers",
-                                         info="listed once the statistics are computed")
+                                         info="listed once the statistics are computed", allow_custom_value=True)
                 off_heads = gr.Textbox("all", label="heads to switch off (all, or e.g. 0,2)", elem_id="off-heads")
                 off_run, off_stop, off_status = run_controls("Switch off and regenerate (same seed)", "off-run",
                                                              "off-stop", "off-status")
@@ -276,7 +277,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
         clicked.then(h.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
     c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
-    heads = c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx], [c.stats_chart, c.stats_table, c.off_layers,
+    heads = c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx, c.off_layers], [c.stats_chart, c.stats_table, c.off_layers,
                               c.stats_status], api_name="heads", concurrency_limit=1, concurrency_id="sampling",
                               show_progress_on=[c.stats_status], js=ran_js("stats-run"))  # right after Stop: retry_js
     switching = c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text,

@@ -240,9 +240,10 @@ class ViewHandlers:
         self.finished(request, "mean-status")
         yield maps, f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} steps"
 
-    def head_stats(self, gen, image, progress=gr.Progress(), request: gr.Request = None):
+    def head_stats(self, gen, image, chosen=None, progress=gr.Progress(), request: gr.Request = None):
         """The Heads tab's statistics of one generated image: long work (a UNet call per noise level, layer and head),
-        so a job like Generate. Outputs: chart, table, the layers to switch off, status line."""
+        so a job like Generate. `chosen`: the layers picked to switch off; those this model lacks (picked from another
+        model's statistics) are dropped with the new list. Outputs: chart, table, the layers to switch off, status."""
         if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
             gr.Warning(NO_GENERATION)
             self.finished(request, "stats-status")
@@ -256,7 +257,9 @@ class ViewHandlers:
             rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
         unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
         self.finished(request, "stats-status")
-        yield (chart, _head_rows(rows), gr.update(choices=list(dict.fromkeys(r.layer for r in rows))),
+        layers = list(dict.fromkeys(r.layer for r in rows))
+        kept = [name for name in (chosen or []) if name in layers]  # another model's layers: not offered, not kept
+        yield (chart, _head_rows(rows), gr.update(choices=layers, value=kept),
                f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} noise levels{unprompted}")
 
     def switch_off(self, gen, layers, heads, progress=gr.Progress(), request: gr.Request = None):
