@@ -388,11 +388,7 @@ def test_browser_before_the_first_step_the_status_is_this_jobs_not_an_old_estima
     first output of the button's earlier jobs ("processing | 0.3/1.6s" after a 3-step run, for a 20-step one). Now the
     job's own line shows at once: "denoising: starting", no estimate of another job's."""
     with browser_page(server) as page:
-        _choose_model(page, "tiny-classes")
-        type_number(page, "steps", 3)
-        type_number(page, "num-images", 1)
-        page.locator("#generate").click()
-        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+        _generate(page, steps=3, images=1)
         type_number(page, "steps", 20)
         page.locator("#generate").click()
         page.locator("#status").get_by_text("denoising: starting").wait_for(timeout=30_000)  # slow_steps: a 0.4 s step
@@ -405,11 +401,7 @@ def test_browser_download_all_is_one_zip_named_after_the_run(server, tmp_path):
     """Issue 60 item 9: Gradio's "Download All" names every zip gallery.zip. Now the results' own button downloads
     them in one zip named after the run, each PNG inside under its own name."""
     with browser_page(server) as page:
-        _choose_model(page, "tiny-classes")
-        type_number(page, "steps", 2)
-        type_number(page, "num-images", 3)
-        page.locator("#generate").click()
-        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+        _generate(page, steps=2, images=3)
         button = page.locator("#download-all")
         button.wait_for(timeout=30_000)
         with page.expect_download() as event:
@@ -422,3 +414,12 @@ def test_browser_download_all_is_one_zip_named_after_the_run(server, tmp_path):
         inside = sorted(zf.namelist())
     stem = path.name.removesuffix(".zip")
     assert inside == [f"{stem}-{i}of3.png" for i in (1, 2, 3)], inside
+
+
+def _generate(page, steps: int, images: int) -> None:
+    """The tiny class model's Generate of `images` images in `steps` steps, run to its end."""
+    _choose_model(page, "tiny-classes")
+    type_number(page, "steps", steps)
+    type_number(page, "num-images", images)
+    page.locator("#generate").click()
+    page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
