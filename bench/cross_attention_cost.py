@@ -6,7 +6,7 @@
 The issue's budget: one sampling step with a prompt costs at most 1.15x one with a class, at the same size. A step
 is one UNet call (the text encoder runs once per prompt, not per step; the scheduler's update is the same), so
 this times UNet calls as `denoiser.sampling.loop` makes them: channels-last, inference mode, the speed layer on
-(`UNet.packed_weights`, the kernels), glibc malloc configured as the CLI does. Configurations:
+(the kernels), glibc malloc configured as the CLI does. Configurations:
 
     class           the shipped model (`--model`), class labels: today's step
     prompt          the same architecture with `cross_attention_dim` (a cross-attention block after every
@@ -98,7 +98,7 @@ def main() -> None:
         "prompt, no mask": (cross, lambda: cross(x, t, encoder_hidden_states=states)),
     }
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in configurations}
-    with torch.inference_mode(), unet.packed_weights(), cross.packed_weights():
+    with torch.inference_mode():
         for _ in range(args.rounds):
             for name, (_, call) in configurations.items():
                 times[name].append(time_calls(call, args.calls))

@@ -10,7 +10,6 @@ is reported, relative to the full fast path. Configurations, each adding one pie
     nchw           the modules as a diffusers user runs them: NCHW, torch's GroupNorm and SDPA
     channels-last  channels-last activations, torch's GroupNorm and SDPA
     +groupnorm     denoiser's GroupNorm(+SiLU) kernel (csrc/group_norm_nhwc.cpp)
-    +prepacked     convolution weights packed for oneDNN once (UNet.packed_weights)
     +small-head    denoiser's small-head attention kernel (csrc/attention_small_head.cpp) = the full path
 
 --train A/Bs the GroupNorm kernel in training (forward + backward + AdamW, batch 32, the shipped
@@ -40,7 +39,7 @@ from denoiser.fast import attention, malloc
 from denoiser.folders.model_dir import load_model
 from denoiser.model.groupnorm import GroupNorm
 
-NAMES = ["nchw", "channels-last", "+groupnorm", "+prepacked", "+small-head"]
+NAMES = ["nchw", "channels-last", "+groupnorm", "+small-head"]
 
 
 @contextlib.contextmanager
@@ -51,11 +50,10 @@ def configuration(unet, name: str):
     for m in norms:
         m.fast = None if level >= 2 else False
     small_head = attention.small_head_kernel
-    if level < 4:
+    if level < 3:
         attention.small_head_kernel = lambda: False  # fused_attention then calls torch's SDPA
     try:
-        with unet.packed_weights() if level >= 3 else contextlib.nullcontext():
-            yield
+        yield
     finally:
         attention.small_head_kernel = small_head
         for m in norms:
@@ -138,8 +136,8 @@ def run_malloc_child(args) -> None:
     size = unet.config.sample_size
     x = torch.randn(args.batch, 3, size, size).contiguous(memory_format=torch.channels_last)
     labels = torch.arange(args.batch) % unet.config.num_class_embeds if unet.config.num_class_embeds else None
-    with torch.inference_mode(), unet.packed_weights():
-        time_calls(unet, x, labels, 3)  # warm-up: packs, thresholds
+    with torch.inference_mode():
+        time_calls(unet, x, labels, 3)  # warm-up: thresholds
         print(json.dumps(time_calls(unet, x, labels, args.calls)))
 
 

@@ -1,6 +1,5 @@
 """Does a speed piece pay for a whole Generate? Each against today's eager path, end to end (issues 58 and 59).
 
-    cd bench && ../.venv/bin/python generate_ab.py                      # both shipped models, packing on and off
     PYTHONPATH=/path/to/openvino-wheel-dir ../.venv/bin/python generate_ab.py --openvino --bf16
 
 bench/cpu_roofline.py times the UNet call alone; this times what a person waits for: the model's own Generate of
@@ -8,20 +7,17 @@ bench/cpu_roofline.py times the UNet call alone; this times what a person waits 
 `denoiser.sampling.plan.resolve`/`run`, as the CLI and the app run it. Sides, alternating run by run after a warm-up, median
 of `--repeats`:
   - eager:        today's path (float32 here where bf16 does not measure faster: denoiser.fast.precision decides);
-  - unpacked:     the same without denoiser.fast.conv's prepacked convolution weights (`UNet.packed_weights` a no-op);
   - openvino-f32 (`--openvino`): the same run with each UNet call served by OpenVINO's CPU plugin (INFERENCE_PRECISION_HINT f32), a
                   model converted from `torch.export` and compiled per input shape during the warm-up, i.e. the best
                   case for it: no conversion or compile counted, as if prepared when the model was installed;
   - openvino-bf16 (`--bf16`): the same with OpenVINO's bf16 inference precision.
-It prints each side's seconds, its speed against eager (above 1: faster; "unpacked" below 0.95: the packing pays
-5 %) and the largest pixel difference of the images (0..255). The repository keeps a piece only if this shows it pays at least 5 % on a whole Generate (bench/generate_ab.md).
+It prints each side's seconds, its speed against eager (above 1: faster) and the largest pixel difference of the images (0..255). The repository keeps a piece only if this shows it pays at least 5 % on a whole Generate (bench/generate_ab.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import statistics
 import sys
 import time
@@ -108,17 +104,6 @@ def generate(model, images: int):
     return run(resolve(request, model)).images
 
 
-@contextlib.contextmanager
-def unpacked(unet):
-    """The run without prepacked convolution weights: `packed_weights()` does nothing."""
-    before = unet.packed_weights
-    unet.packed_weights = contextlib.nullcontext
-    try:
-        yield
-    finally:
-        unet.packed_weights = before
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["cifar10", "emoji"])
@@ -128,15 +113,17 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="with --openvino: add its bf16 inference precision")
     args = parser.parse_args()
     print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}")
-    hints = (["f32", "bf16"] if args.bf16 else ["f32"]) if args.openvino else []
-    others = ["unpacked", *(f"openvino-{h}" for h in hints)]
+    if not args.openvino:
+        parser.error("nothing to compare eager with: pass --openvino (and --bf16)")
+    hints = ["f32", "bf16"] if args.bf16 else ["f32"]
+    others = [f"openvino-{h}" for h in hints]
     print("| model | images | eager s | " + " | ".join(f"{side} s | its speed vs eager | max px diff" for side in others)
           + " |")
     print("|---|---|---|" + "---|---|---|" * len(others))
     for name in args.models:
         model = load(WEIGHTS / name)
         precision = choose_precision(model.unet)
-        sides = {"eager": contextlib.nullcontext, "unpacked": functools.partial(unpacked, model.unet)}
+        sides = {"eager": contextlib.nullcontext}
         served = {h: OpenVinoServed(model.unet, h) for h in hints}
         sides.update({f"openvino-{h}": (lambda s=served[h]: s) for h in hints})
         times = {side: [] for side in sides}

@@ -287,8 +287,7 @@ def test_speed_layer_on_and_off_and_save_load(cross_unet, tmp_path, monkeypatch)
         assert torch.equal(loaded(x, 10, **kwargs).sample, reference)
         loaded = loaded.to(memory_format=torch.channels_last)
         x_cl = x.contiguous(memory_format=torch.channels_last)
-        with loaded.packed_weights():  # the sampling loop's speed layer: kernels and packed convolutions
-            fast = loaded(x_cl, 10, **kwargs).sample
+        fast = loaded(x_cl, 10, **kwargs).sample  # channels-last: the speed layer's kernels
         monkeypatch.setattr(kernels, "_state", {"ok": False, "error": "switched off"})
         slow = loaded(x_cl, 10, **kwargs).sample
     torch.testing.assert_close(fast, reference, rtol=1e-4, atol=1e-5)

@@ -109,47 +109,14 @@ def _cl_copy(unet: UNet) -> UNet:
     return cl.eval().to(memory_format=torch.channels_last)
 
 
-def test_the_network_is_torch_modules_and_the_speed_layer_swaps_in_place(tiny_unet):
-    from denoiser.fast import conv
-
+def test_the_network_is_torch_modules(tiny_unet):
     unet = _cl_copy(tiny_unet)
     model_files = {"denoiser.model.unet", "denoiser.model.attention", "denoiser.model.attention_blocks", "denoiser.model.groupnorm"}
     kinds = {type(m).__module__ for m in unet.modules()}
     assert all(k.startswith("torch.nn.") or k in model_files for k in kinds), kinds  # nothing of denoiser.fast
-    convs = {name: m for name, m in unet.named_modules() if isinstance(m, torch.nn.Conv2d)}
-    assert {type(m) for m in convs.values()} == {torch.nn.Conv2d}
-    with torch.inference_mode(), unet.packed_weights():
-        unet(torch.randn(1, 3, 16, 16).contiguous(memory_format=torch.channels_last), 10)
-    assert {name: m for name, m in unet.named_modules() if isinstance(m, torch.nn.Conv2d)} == convs  # the same objects
-    assert all(type(m) is conv.Conv2d for m in convs.values()) or not conv.can_prepack()
-
-
-def test_packed_weights_match_and_are_released(tiny_unet):
-    from torch.nn import Conv2d
-
-    unet = _cl_copy(tiny_unet)
-    convs = [m for m in unet.modules() if isinstance(m, Conv2d)]
-    assert len(convs) == sum(isinstance(m, torch.nn.Conv2d) for m in unet.modules())  # every convolution
-    xs = [torch.randn(b, 3, 16, 16).contiguous(memory_format=torch.channels_last) for b in (2, 3)]
     with torch.inference_mode():
-        plain = [unet(x, 10).sample for x in xs]
-        with unet.packed_weights():
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                packed = [unet(x, 10).sample for x in xs]  # one packing per input size
-            again = unet(xs[0], 10).sample
-            assert all(len(m._packed) == 2 for m in convs)
-    counts = {e.key: e.count for e in prof.key_averages()}
-    assert counts.get("mkldnn::_convolution_pointwise", 0) == 2 * len(convs)
-    for a, b in zip(packed, plain):  # oneDNN on a packed weight rounds like oneDNN on the plain one
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert torch.equal(again, packed[0])
-    assert all(m._packed is None and m._users == 0 for m in convs)
-    with torch.inference_mode(), unet.packed_weights():
-        with unet.packed_weights():  # nested (or another thread's): leaving it keeps the outer packs
-            unet(xs[0], 10)
-        assert all(m._packed for m in convs)
-        assert torch.equal(unet(xs[0], 10).sample, packed[0])
-    assert all(m._packed is None and m._users == 0 for m in convs)
+        out = unet(torch.randn(1, 3, 16, 16).contiguous(memory_format=torch.channels_last), 10).sample
+    assert out.shape == (1, 3, 16, 16) and torch.isfinite(out).all()
 
 
 def test_without_the_kernels_the_modules_run(tiny_unet, monkeypatch):

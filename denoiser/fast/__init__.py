@@ -10,12 +10,10 @@ it is compiled:
 - `kernels.py`    builds (at install) and loads denoiser's C++ extension from `csrc/`; `tracing()`
 - `attention.py`  the small-head attention kernel behind `denoiser.model.attention.fused_attention`
 - `groupnorm.py`  the channels-last GroupNorm(+SiLU) kernel behind `denoiser.model.groupnorm.group_norm`
-- `conv.py`       the model's `nn.Conv2d`s on weights packed once for oneDNN while `UNet.packed_weights()`
-                  is open (a sampling loop)
 - `malloc.py`     glibc malloc settings for a process that allocates the same large blocks every step
 
 The two kernels sit behind a switch in the module that owns the math (`GroupNorm.fast`, the attention's
-`fused_attn`), which is why those two model files import from here; `denoiser.model.unet` imports nothing from here
-(its `packed_weights()` does, when called). Without a compiler, or with DENOISER_KERNELS=0, the reference paths
-run and only speed changes.
+`fused_attn`), which is why those two model files import from here; `denoiser.model.unet` imports nothing from here.
+Without a compiler, or with DENOISER_KERNELS=0, the reference paths run and only speed changes. Convolution weights
+packed once for oneDNN were here too, until a whole Generate measured them 4.5-5 % slower (bench/generate_ab.md).
 """

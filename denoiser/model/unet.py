@@ -14,8 +14,8 @@ saved pipeline import it again), so `save_pretrained`/`from_pretrained`, `DDPMPi
 `DDIMPipeline` work with it unchanged. Its forward returns diffusers' `UNet2DOutput`.
 
 The network is torch's own modules (`nn.Conv2d`, `nn.Linear`) and denoiser's `GroupNorm` and attention, whose
-math is torch's too; the speed layer (`denoiser.fast`) wraps around it: `UNet.packed_weights()` is the one switch
-this file offers, as diffusers' models offer `enable_...` methods.
+math is torch's too; the speed layer (`denoiser.fast`) sits behind the switches of the modules that own the math
+(`GroupNorm.fast`, the attention's `fused_attn`): this file imports nothing of it.
 
 `UNet.to` drops diffusers' empty "kept in float32: []" warning during its own call: a patch of diffusers 0.42.1
 that lives in `denoiser.model.diffusers_warnings`.
@@ -23,7 +23,6 @@ that lives in `denoiser.model.diffusers_warnings`.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 
@@ -327,15 +326,6 @@ class UNet(ModelMixin, ConfigMixin):
         """ModelMixin.to, without diffusers' empty "kept in float32: []" warning (`denoiser.model.diffusers_warnings`)."""
         with quiet_empty_fp32_warning():
             return super().to(*args, **kwargs)
-
-    def packed_weights(self) -> contextlib.AbstractContextManager[None]:
-        """Within, inference on channels-last fp32 CPU tensors runs every convolution on a weight
-        prepared once for oneDNN (the speed layer's `denoiser.fast.conv.prepacked`; outputs equal to float
-        rounding): what `sample()` opens around its loop. The weights must not change while it is open; it
-        nests and may be open in several threads at once."""
-        from denoiser.fast.conv import prepacked  # the speed layer, only where it is switched on
-
-        return prepacked(self.modules())
 
 
 def _attention_blocks(ch: int, attention, cross, attns: list, crosses: list) -> None:

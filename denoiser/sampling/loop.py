@@ -31,7 +31,6 @@ from diffusers.utils.torch_utils import randn_tensor
 from denoiser.diffusion import Diffusion
 from denoiser.fast import precision
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
-from denoiser.model.unet import UNet
 from denoiser.pixels import to_unit
 from denoiser.request import BUILT_IN, SCHEDULERS, SPREAD, check_timestep_spacing
 from denoiser.sampling.guidance import Guidance, TextCondition
@@ -272,14 +271,9 @@ def _denoise_steps(unet, scheduler, x, predict, generator, eta, trajectory_every
 @contextlib.contextmanager
 def sampling_context(unet: torch.nn.Module | None) -> Iterator[None]:
     """What a loop of UNet calls with fixed weights sets up once: the precision this process runs inference in
-    (`denoiser.fast.precision`: bf16 autocast where this CPU measured it faster) and our UNet's convolution weights
-    prepared once for oneDNN (`UNet.packed_weights`). Re-running a sampled step (the app's attention view) inside
-    it repeats the sampling pass exactly."""
-    with contextlib.ExitStack() as stack:
-        if unet is not None:
-            stack.enter_context(precision.autocast(unet))
-        if isinstance(unet, UNet):  # sample() also runs diffusers' UNet2DModel (reference models)
-            stack.enter_context(unet.packed_weights())
+    (`denoiser.fast.precision`: bf16 autocast where this CPU measured it faster). Re-running a sampled step (the
+    app's attention view) inside it repeats the sampling pass exactly."""
+    with precision.autocast(unet) if unet is not None else contextlib.nullcontext():
         yield
 
 
