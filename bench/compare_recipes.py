@@ -109,7 +109,7 @@ def cmd_score(args) -> None:
     from denoiser.evaluate.fid import InceptionFeatures, Statistics, fid_of_images
     from denoiser.folders.model_dir import LoadedModel, load_model
     from denoiser.image_io import save_grid
-    from denoiser.request import SPREAD, SampleRequest
+    from denoiser.request import SPREAD, UNGUIDED, SampleRequest
     from denoiser.sampling.plan import resolve
     from denoiser.sampling.plan import run as run_plan
     from denoiser.train.config import DataConfig
@@ -127,7 +127,7 @@ def cmd_score(args) -> None:
         unet, sched = load_model(run / "model")
         cond = unet.config.get("num_class_embeds")
         request = SampleRequest(num_images=args.num_samples, classes=SPREAD if cond else None, seed=0, batch_size=100,
-                                scheduler="ddim", steps=50, guidance_scale=1.0)  # no guidance: the recipe's own model
+                                scheduler="ddim", steps=50, guidance=UNGUIDED)  # no guidance: the recipe's own model
         images = run_plan(resolve(request, LoadedModel.of(unet, sched)), progress=True).images.mul(255).round().to(torch.uint8)
         fid = fid_of_images(images, ref, extractor)
         grid = save_grid(images[:100], GRIDS / f"{r.name}.png", nrow=10, scale=2)

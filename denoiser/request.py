@@ -20,13 +20,13 @@ it is never the noise that samples the same seed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from denoiser.sampling.prompt_to_prompt import PromptEdit
 
-__all__ = ["SampleRequest", "RestoreRequest", "SCHEDULERS", "SCHEDULER_CLASSES", "sampler_name", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD", "OPERATIONS",
+__all__ = ["GuidanceRequest", "SampleRequest", "RestoreRequest", "UNGUIDED", "SCHEDULERS", "SCHEDULER_CLASSES", "sampler_name", "TIMESTEP_SPACINGS", "BUILT_IN", "SPREAD", "OPERATIONS",
            "METHODS", "ADDED_NOISE_SEED", "check_timestep_spacing"]
 
 # the samplers offered by name, each a diffusers scheduler class (denoiser.sampling.loop.SAMPLERS builds them), and
@@ -56,6 +56,22 @@ BUILT_IN = {
 }
 
 
+@dataclass(frozen=True)
+class GuidanceRequest:
+    """How a run is steered, for sampling and restoring alike. None: the model folder's sampling.json (its
+    classifier-free scale only with a class or prompt), else off. The names are sampling.json's keys."""
+
+    guidance_scale: float | None = None  # classifier-free guidance w (1 = off)
+    pag_scale: float | None = None  # perturbed-attention guidance s (0 = off)
+    pag_layers: str | Sequence[str] | None = None  # comma-separated or a list of attention layer names
+    guide_model: str | None = None  # autoguidance's guide folder (sampling.json's is relative to the model folder)
+    guide_scale: float | None = None  # autoguidance weight a (1 = off)
+    guidance_interval: Sequence[float] | None = None  # [lo, hi] timesteps the guidance applies at
+
+
+UNGUIDED = GuidanceRequest(guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0)  # every term off, whatever the folder says
+
+
 @dataclass
 class SampleRequest:
     """One sampling run. None: the model folder's default, else `BUILT_IN`, else off."""
@@ -70,12 +86,7 @@ class SampleRequest:
     steps: int | None = None  # None: sampling.json's num_inference_steps, else BUILT_IN
     timestep_spacing: str | None = None  # one of TIMESTEP_SPACINGS; None: the folder's scheduler config
     eta: float = 0.0  # DDIM's stochasticity (0: deterministic); DDIM only
-    guidance_scale: float | None = None  # classifier-free guidance w (1 = off; sampling.json when a class is given)
-    pag_scale: float | None = None  # perturbed-attention guidance s (0 = off)
-    pag_layers: str | Sequence[str] | None = None  # comma-separated or a list of attention layer names
-    guide_model: str | None = None  # autoguidance's guide folder (sampling.json's is relative to the model folder)
-    guide_scale: float | None = None  # autoguidance weight a (1 = off)
-    guidance_interval: Sequence[float] | None = None  # [lo, hi] timesteps the guidance applies at
+    guidance: GuidanceRequest = field(default_factory=GuidanceRequest)
     edit: PromptEdit | None = None  # prompt-to-prompt: image 0's prompt the source, images 1.. its edits (one batch)
 
 
@@ -108,12 +119,7 @@ class RestoreRequest:
     classes: int | str | None = None  # a class label or name (a class model); None: no class
     prompts: str | None = None  # a text model's prompt for edit and inpaint (a denoise keeps what the picture shows)
     negative_prompts: str | None = None  # what guidance steers away from; None: ""
-    guidance_scale: float | None = None  # classifier-free guidance w (1 = off; sampling.json's with a class or prompt)
-    pag_scale: float | None = None  # perturbed-attention guidance s (0 = off)
-    pag_layers: str | Sequence[str] | None = None  # as SampleRequest's
-    guide_model: str | None = None  # as SampleRequest's
-    guide_scale: float | None = None  # autoguidance weight a (1 = off)
-    guidance_interval: Sequence[float] | None = None  # as SampleRequest's
+    guidance: GuidanceRequest = field(default_factory=GuidanceRequest)
 
     @property
     def tiled(self) -> bool:

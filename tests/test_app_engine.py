@@ -231,7 +231,7 @@ def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_pat
     """Issue 34 item 3: the app's folded-away options (spacing, eta, guidance interval, PAG layers) give the images
     the sampling core gives for the same request; left empty, the model's own; bad values refused up front."""
     from denoiser.image_io import read_settings
-    from denoiser.request import SampleRequest
+    from denoiser.request import GuidanceRequest, SampleRequest
     from denoiser.sampling.plan import resolve, run
 
     ex = Engine(weights)
@@ -239,7 +239,8 @@ def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_pat
     advanced = dict(timestep_spacing="trailing", eta=0.5, guidance_interval="0, 600", pag_layers="mid_attn")
     gen = ex.generate("tiny-classes", "ddim", **common, **advanced)
     request = SampleRequest(num_images=2, classes=2, seed=1, scheduler="ddim", steps=3, timestep_spacing="trailing",
-                            eta=0.5, guidance_scale=2.0, pag_scale=1.0, guidance_interval=(0, 600), pag_layers=["mid_attn"])
+                            eta=0.5, guidance=GuidanceRequest(guidance_scale=2.0, pag_scale=1.0, guidance_interval=(0, 600),
+                                                              pag_layers=["mid_attn"]))
     assert torch.equal(gen.images, run(resolve(request, weights / "tiny-classes")).images)
     assert gen.guidance.interval == (0.0, 600.0) and gen.guidance.pag_layers == ("mid_attn",)
     plain = ex.generate("tiny-classes", "ddim", **common)

@@ -17,7 +17,7 @@ from denoiser.app.engine import Engine
 from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
 from denoiser.image_io import read_settings
 from denoiser.model.text import HashTextEncoder
-from denoiser.request import SampleRequest
+from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
 from tests.app_browser import CHROMIUM, browser_page, no_errors
@@ -44,8 +44,8 @@ def weights(tmp_path_factory):
 def test_prompt_reaches_the_images(weights):
     ex = Engine(weights)
     gen = ex.generate("words", "ddim", steps=3, seed=5, num_images=2, prompt="red apple", guidance_scale=2.0)
-    plan = resolve(SampleRequest(num_images=2, prompts="red apple", seed=5, scheduler="ddim", steps=3, guidance_scale=2.0,
-                                 batch_size=2), weights / "words")
+    plan = resolve(SampleRequest(num_images=2, prompts="red apple", seed=5, scheduler="ddim", steps=3,
+                                 guidance=GuidanceRequest(guidance_scale=2.0), batch_size=2), weights / "words")
     assert torch.equal(gen.images, run(plan).images)
     assert gen.prompt == "red apple" and gen.words == ("red", "apple")
     other = ex.generate("words", "ddim", steps=3, seed=5, num_images=2, prompt="blue car", guidance_scale=2.0)

@@ -17,7 +17,7 @@ from denoiser.app.engine import Engine
 from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
 from denoiser.app.word_edit import EDIT_SETTINGS, WordEdit, image_words, source_of
 from denoiser.image_io import read_settings
-from denoiser.request import SampleRequest
+from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
 from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots, type_number
@@ -47,7 +47,7 @@ def test_the_word_edit_is_the_cores_edit_from_the_selected_results_noise(handler
     files, gen, status = out[1], out[2], out[-1]
     edit = PromptEdit("replace", cross_replace_steps=0.6, self_replace_steps=0.3)
     plan = resolve(SampleRequest(num_images=2, prompts=["red apple", "blue apple"], seed=5, scheduler="ddim", steps=3,
-                                 guidance_scale=2.5, edit=edit), weights / "words")
+                                 guidance=GuidanceRequest(guidance_scale=2.5), edit=edit), weights / "words")
     assert torch.equal(gen.images, run(plan).images)  # seed 3 + result 3's index 2: its noise
     torch.testing.assert_close(gen.images[0], first[2].images[2], atol=1e-5, rtol=0)  # the source is the picture kept
     assert len(files) == 2 and status.startswith("done: 2 image(s) of “red apple” → “blue apple”, 3 steps")

@@ -13,14 +13,14 @@ from denoiser.folders.model_dir import LoadedModel, TextModel
 from denoiser.model.attention import MultiHeadAttention
 from denoiser.model.text import HashTextEncoder
 from denoiser.model.unet import UNet
-from denoiser.request import SampleRequest
+from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import PromptEdit, word_map
 from tests.conftest import TINY
 from tests.test_text import TEXT, D, _tokenizer, _wake_cross, one_thread  # noqa: F401  (one_thread: autouse)
 
-BASE = dict(seed=5, steps=4, guidance_scale=2.0)
+BASE = dict(seed=5, steps=4, guidance=GuidanceRequest(guidance_scale=2.0))
 
 
 @pytest.fixture
@@ -212,7 +212,8 @@ def test_an_edit_is_checked_before_any_work(text_model, class_unet):
     with pytest.raises(ValueError, match="needs the source prompt and at least one edit"):
         ask(num_images=1, prompts="red apple", edit=_edit())
     with pytest.raises(ValueError, match="set the PAG scale to 0"):
-        ask(num_images=2, prompts=["red apple", "green apple"], edit=_edit(), pag_scale=1.0)
+        ask(num_images=2, prompts=["red apple", "green apple"], edit=_edit(),
+            guidance=GuidanceRequest(guidance_scale=2.0, pag_scale=1.0))
     with pytest.raises(ValueError, match='use edit_type "refine"'):
         ask(num_images=2, prompts=["apple", "green apple"], edit=_edit())
     with pytest.raises(ValueError, match="takes no prompt"):
@@ -240,7 +241,7 @@ def test_the_pipeline_takes_the_community_call_and_gives_the_cores_pixels(tmp_pa
     code = pipe(**call, cross_attention_kwargs={"edit_type": "replace", "n_cross_replace": 0.5, "n_self_replace": 0.25},
                 generator=[torch.Generator().manual_seed(5), torch.Generator().manual_seed(99)]).images
     core = run(resolve(SampleRequest(num_images=2, prompts=call["prompt"], edit=PromptEdit("replace", 0.5, 0.25),
-                                     seed=5, steps=4, guidance_scale=2.0), folder)).images
+                                     seed=5, steps=4, guidance=GuidanceRequest(guidance_scale=2.0)), folder)).images
     assert piped.shape == (2, 3, 16, 16) and torch.equal(piped, code)  # image 0's generator for both images
     torch.testing.assert_close(piped, core, rtol=0, atol=1e-4)
     with pytest.raises(ValueError, match="unknown key"):
@@ -263,7 +264,8 @@ def test_the_cli_writes_the_source_and_its_edit(tmp_path, text_model, capsys):
                         .permute(2, 0, 1) for k in range(2)])
     assert not (tmp_path / "out" / "000002.png").exists()
     core = run(resolve(SampleRequest(num_images=2, prompts=["red apple", "green apple"], seed=5, steps=4,
-                                     guidance_scale=2.0, edit=PromptEdit("replace", 0.5)), folder)).images
+                                     guidance=GuidanceRequest(guidance_scale=2.0), edit=PromptEdit("replace", 0.5)),
+                       folder)).images
     assert (pngs.int() - core.mul(255).round().int()).abs().max() <= 1
     assert main(["sample", "--model", str(folder), "--edit-to", "green apple", "--out", str(tmp_path / "x.png")]) == 2
     assert "--edit-to edits a --prompt" in capsys.readouterr().err

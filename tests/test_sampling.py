@@ -18,7 +18,7 @@ from denoiser.cli.main import main
 from denoiser.evaluate.fid import Statistics
 from denoiser.folders.model_dir import LoadedModel, read_defaults
 from denoiser.image_io import to_pil
-from denoiser.request import SCHEDULERS, SampleRequest
+from denoiser.request import SCHEDULERS, UNGUIDED, GuidanceRequest, SampleRequest
 from denoiser.sampling.loop import SAMPLERS, sample, spread_labels
 from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
@@ -117,7 +117,7 @@ def test_folder_defaults_fill_what_the_request_leaves_unset(folder):
     plan = resolve(SampleRequest(num_images=2, classes="blue"), folder)
     assert (plan.steps, plan.guidance.scale, plan.labels.tolist()) == (7, 2.5, [2, 2])
     assert resolve(SampleRequest(num_images=2), folder).guidance.scale == 1.0  # CFG needs a class
-    plan = resolve(SampleRequest(num_images=2, classes="blue", steps=3, guidance_scale=1.0, scheduler="dpm++",
+    plan = resolve(SampleRequest(num_images=2, classes="blue", steps=3, guidance=UNGUIDED, scheduler="dpm++",
                                  timestep_spacing="leading"), folder)
     assert (plan.steps, plan.guidance.scale, plan.scheduler_name, plan.scheduler.config.timestep_spacing) == (
         3, 1.0, "dpm++", "leading")
@@ -152,7 +152,8 @@ def test_spread_and_spacing_are_checked_for_loaded_models_too(tmp_path, tiny_une
 def test_bad_requests_fail_before_any_work(folder):
     for fields, match in (({"steps": 0}, "steps must be"), ({"num_images": 0}, "number of images"),
                           ({"scheduler": "heun"}, "unknown scheduler"), ({"timestep_spacing": "sideways"}, "spacing"),
-                          ({"guide_scale": 2.0}, "needs a guide model"), ({"guidance_scale": 0.5}, ">= 1")):
+                          ({"guidance": GuidanceRequest(guide_scale=2.0)}, "needs a guide model"),
+                          ({"guidance": GuidanceRequest(guidance_scale=0.5)}, ">= 1")):
         with pytest.raises(ValueError, match=match):
             resolve(SampleRequest(**fields), folder)
     with pytest.raises(ValueError, match="one generator per image"):
@@ -191,7 +192,7 @@ def test_import_is_light_and_the_pipeline_registers_in_either_order():
 
 def test_sampling_json_gives_the_defaults_and_arguments_win(tmp_path, class_unet, guide_unet):
     def guidance_for(folder, unet, scheduler_config, has_class=True, **fields):
-        request = SampleRequest(num_images=1, classes=0 if has_class else None, **fields)
+        request = SampleRequest(num_images=1, classes=0 if has_class else None, guidance=GuidanceRequest(**fields))
         return resolve(request, folder).guidance
 
     sched = DDPMScheduler(num_train_timesteps=1000)
@@ -227,4 +228,4 @@ def test_words_no_caption_held_are_named_by_the_plan_and_the_cli(tmp_path, caplo
     caplog.clear()
     assert main(["sample", "--model", str(folder), "--prompt", "a red 日本 zorblat apple", "--steps", "1",
                  "--num-images", "1", "--out", str(tmp_path / "x.png")]) == 0
-    assert "no training caption held" in caplog.text and "日本 zorblat" in caplog.text
+    assert "never seen in training" in caplog.text and "日本 zorblat" in caplog.text

@@ -18,7 +18,7 @@ from denoiser.folders.model_dir import LoadedModel, TextModel
 from denoiser.model.attention_blocks import SpatialCrossAttention
 from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer, encode_prompts, fnv1a, words
 from denoiser.model.unet import UNet
-from denoiser.request import SampleRequest
+from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.sampling.loop import sample
 from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
@@ -280,7 +280,7 @@ def test_classifier_free_guidance_with_prompts_equals_separate_calls_in_float64(
 
 def test_the_seed_rule_holds_for_prompts_whatever_the_batch(text_model):
     unet, tok, enc = text_model
-    base = dict(seed=3, steps=3, guidance_scale=2.0, negative_prompts="blurry")
+    base = dict(seed=3, steps=3, guidance=GuidanceRequest(guidance_scale=2.0), negative_prompts="blurry")
 
     def images(**fields) -> torch.Tensor:
         return run(resolve(SampleRequest(**{**base, **fields}), LoadedModel.of(unet, DDIMScheduler(), TextModel(tok, enc)))).images
@@ -331,7 +331,8 @@ def test_a_text_model_folder_loads_in_diffusers_and_samples_as_the_core_does(tmp
     prompts = ["red apple", "a cat on a mat"]
     piped = pipe(prompt=prompts, negative_prompt="blurry", guidance_scale=2.0, num_inference_steps=3,
                  generator=generators(7, 2), output_type="pt").images
-    request = SampleRequest(num_images=2, prompts=prompts, negative_prompts="blurry", guidance_scale=2.0, seed=7, steps=3)
+    request = SampleRequest(num_images=2, prompts=prompts, negative_prompts="blurry", guidance=GuidanceRequest(guidance_scale=2.0),
+                            seed=7, steps=3)
     core = run(resolve(request, folder)).images  # the folder's own text encoder (load_text), channels-last UNet
     assert piped.shape == (2, 3, 16, 16)
     torch.testing.assert_close(piped, core, rtol=0, atol=1e-4)
@@ -354,7 +355,8 @@ def test_the_cli_samples_and_scores_prompts_as_the_core_does(tmp_path, text_mode
                  "--out-dir", str(tmp_path / "out")]) == 0
     pngs = torch.stack([torch.from_numpy(np.array(Image.open(tmp_path / "out" / f"{k:06d}.png").convert("RGB"))).permute(2, 0, 1)
                         for k in range(2)])
-    request = dict(prompts="red apple", negative_prompts="blurry", guidance_scale=2.0, seed=7, steps=3)
+    request = dict(prompts="red apple", negative_prompts="blurry", guidance=GuidanceRequest(guidance_scale=2.0), seed=7,
+                   steps=3)
     core = run(resolve(SampleRequest(num_images=2, **request), folder)).images
     assert (pngs.int() - core.mul(255).round().int()).abs().max() <= 1
     # evaluate --fid --prompts FILE: the file's lines cycled over the images

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from denoiser.evaluate.visualize import tiles_image, with_title
-from denoiser.request import SampleRequest
+from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.plan import resolve, run
 
 PROMPTS = [
@@ -44,7 +44,8 @@ def main() -> None:
     p.add_argument("--readme-out", default=None, help="also draw the README's opening picture here")
     args = p.parse_args()
     assert len(PROMPTS) == 64, len(PROMPTS)
-    plan = resolve(SampleRequest(num_images=64, prompts=PROMPTS, seed=0, guidance_scale=args.guidance, batch_size=64),
+    plan = resolve(SampleRequest(num_images=64, prompts=PROMPTS, seed=0, batch_size=64,
+                                 guidance=GuidanceRequest(guidance_scale=args.guidance)),
                    args.model)
     images = run(plan, progress=True).images  # (64, 3, 32, 32) in [0, 1]
     rows = [[(PROMPTS[r * 8 + c], images[r * 8 + c]) for c in range(8)] for r in range(8)]

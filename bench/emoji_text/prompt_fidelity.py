@@ -40,7 +40,7 @@ from denoiser.atomic import atomic_path
 from denoiser.data.decode import decode_image
 from denoiser.evaluate.fid import InceptionFeatures, features
 from denoiser.pixels import to_uint8
-from denoiser.request import SampleRequest
+from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.plan import resolve, run
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -136,7 +136,8 @@ def sample(model: str, prompts: list[str], guidance: float, per_prompt: int) -> 
     """(len(prompts) * per_prompt, 3, S, S) in [0, 1], prompt i's images k = i*per_prompt + j seeded k; seconds."""
     t0 = time.perf_counter()
     asked = [p for p in prompts for _ in range(per_prompt)]
-    plan = resolve(SampleRequest(num_images=len(asked), prompts=asked, seed=0, guidance_scale=guidance, batch_size=100), model)
+    plan = resolve(SampleRequest(num_images=len(asked), prompts=asked, seed=0, batch_size=100,
+                                 guidance=GuidanceRequest(guidance_scale=guidance)), model)
     return run(plan).images, time.perf_counter() - t0
 
 

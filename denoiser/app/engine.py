@@ -27,7 +27,7 @@ from denoiser.app.work_budget import plan_work, work_of
 from denoiser.folders.model_dir import LoadedModel, ModelDefaults, find_model, list_models, load, model_roots
 from denoiser.image_io import MAX_PIXELS
 from denoiser.pixels import to_unit, uint8_to_unit
-from denoiser.request import BUILT_IN, RestoreRequest, SampleRequest, check_timestep_spacing
+from denoiser.request import BUILT_IN, GuidanceRequest, RestoreRequest, SampleRequest, check_timestep_spacing
 from denoiser.restore.plan import RestoreResult, check_request, resolve_restore, run_restore
 from denoiser.restore.tiles import count_tiles
 from denoiser.sampling.guidance import Guidance
@@ -169,7 +169,8 @@ class Engine(AttentionViews):
         request = SampleRequest(num_images=num_images, classes=class_label, prompts=prompts, negative_prompts=negative_prompt,
                                 seed=seed, batch_size=num_images, edit=edit,
                                 scheduler=scheduler, steps=steps, timestep_spacing=timestep_spacing, eta=float(eta),
-                                guidance_interval=guidance_interval or None, pag_layers=pag_layers or None, **scales)
+                                guidance=GuidanceRequest(guidance_interval=guidance_interval or None,
+                                                         pag_layers=pag_layers or None, **scales))
         return self.plan(model, request)
 
     def restore_request(self, operation: str, class_label: int | None = None, guidance_scale: float = 1.0,
@@ -197,7 +198,7 @@ class Engine(AttentionViews):
             steps=None if steps is None else check_int("steps", steps, *LIMITS["steps"]),
             seed=check_int("seed", seed, *LIMITS["seed"]), classes=class_label,
             prompts=check_prompt("prompt", prompt), negative_prompts=check_prompt("negative prompt", negative_prompt),
-            **check_scales(guidance_scale, pag_scale, 1.0)))
+            guidance=GuidanceRequest(**check_scales(guidance_scale, pag_scale, 1.0))))
 
     def restore(
         self, model: str, request: RestoreRequest, image: Image.Image, mask: Image.Image | None = None,
@@ -243,7 +244,7 @@ class Engine(AttentionViews):
         """The autoguidance guide a model folder names in its sampling.json (loaded once), or None."""
         if not self.sampling_defaults(name)[1]:
             return None
-        return self.plan(name, SampleRequest(num_images=1, guide_scale=2.0)).guidance.guide
+        return self.plan(name, SampleRequest(num_images=1, guidance=GuidanceRequest(guide_scale=2.0))).guidance.guide
 
     def check_work(self, unet, num_images: int, steps: int, guidance: Guidance | None = None, timesteps=None) -> None:
         """Refuse, before any work, a request larger than the budget (work_of counts it), so one request cannot hold

@@ -3,7 +3,7 @@ user's image read safely. The flags themselves are defined in denoiser/cli/main.
 
 from __future__ import annotations
 
-__all__ = ["parse_classes", "sampling_request", "read_image"]
+__all__ = ["guidance_request", "parse_classes", "sampling_request", "read_image"]
 
 
 def parse_classes(text: str | None):
@@ -11,6 +11,15 @@ def parse_classes(text: str | None):
     if text is None or "," not in text:
         return text
     return [c.strip() for c in text.split(",") if c.strip()]
+
+
+def guidance_request(args):
+    """The guidance the flags of `denoiser.cli.main._add_guidance` describe (each None where not given)."""
+    from denoiser.request import GuidanceRequest
+
+    return GuidanceRequest(guidance_scale=args.guidance_scale, pag_scale=args.pag_scale, pag_layers=args.pag_layers,
+                           guide_model=args.guide_model, guide_scale=args.guide_scale,
+                           guidance_interval=args.guidance_interval)
 
 
 def sampling_request(args, **fields):
@@ -22,9 +31,7 @@ def sampling_request(args, **fields):
         classes=parse_classes(args.class_label), scheduler=getattr(args, "scheduler", None), steps=getattr(args, "steps", None),
         prompts=getattr(args, "prompt", None), negative_prompts=getattr(args, "negative_prompt", None),
         timestep_spacing=getattr(args, "timestep_spacing", None), eta=getattr(args, "eta", 0.0),
-        guidance_scale=args.guidance_scale,
-        pag_scale=args.pag_scale, pag_layers=args.pag_layers, guide_model=args.guide_model, guide_scale=args.guide_scale,
-        guidance_interval=args.guidance_interval,
+        guidance=guidance_request(args),
     )
     return SampleRequest(**{**asked, **fields})
 

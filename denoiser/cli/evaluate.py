@@ -20,7 +20,7 @@ def cmd_attention_stats(args) -> None:
     from denoiser.folders.model_dir import load
     from denoiser.image_io import image_to_model, save_png
     from denoiser.pixels import unit_to_model
-    from denoiser.request import BUILT_IN, SampleRequest
+    from denoiser.request import BUILT_IN, UNGUIDED, SampleRequest
     from denoiser.sampling.plan import resolve, run
 
     try:
@@ -35,7 +35,7 @@ def cmd_attention_stats(args) -> None:
     # the generated images: a fixed recipe (BUILT_IN's statistics sampler, no guidance), the classes asked for
     request = SampleRequest(num_images=args.num_images, classes=parse_classes(args.class_label) if n_cls else None,
                             seed=args.seed, scheduler=BUILT_IN["statistics_scheduler"], steps=BUILT_IN["statistics_steps"],
-                            guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0)
+                            guidance=UNGUIDED)
     plan = resolve(request, model)
     labels = plan.labels
     if args.images:

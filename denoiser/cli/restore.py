@@ -3,7 +3,7 @@ size, in tiles; the chains work at the model's size), the same request the app's
 
 from __future__ import annotations
 
-from denoiser.cli.common import parse_classes, read_image
+from denoiser.cli.common import guidance_request, parse_classes, read_image
 
 __all__ = ["cmd_restore", "restore_request"]
 
@@ -16,9 +16,7 @@ def restore_request(args):
         args.command, method=getattr(args, "method", "mmse"), sigma=getattr(args, "sigma", None),
         strength=getattr(args, "strength", None), add_noise=args.add_noise, steps=args.steps, seed=args.seed,
         classes=parse_classes(args.class_label), prompts=getattr(args, "prompt", None) or None,
-        negative_prompts=getattr(args, "negative_prompt", None) or None, guidance_scale=args.guidance_scale,
-        pag_scale=args.pag_scale, pag_layers=args.pag_layers, guide_model=args.guide_model, guide_scale=args.guide_scale,
-        guidance_interval=args.guidance_interval,
+        negative_prompts=getattr(args, "negative_prompt", None) or None, guidance=guidance_request(args),
     )
 
 

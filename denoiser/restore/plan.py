@@ -171,21 +171,20 @@ def resolve_restore(
             raise ValueError("inpaint needs a mask: paint (or pass a mask image of) the area to regenerate")
         if not empty_mask_ok and not mask_to_model(mask, image.size, model.unet.config.sample_size).any():
             raise ValueError("the mask is empty: paint the area to regenerate")
-    if model.text is not None and not r.prompts and r.guidance_scale not in (None, 1.0):
+    if model.text is not None and not r.prompts and r.guidance.guidance_scale not in (None, 1.0):
         raise ValueError("this is a text model: without a prompt it runs unconditioned, where classifier-free guidance "
                          "has nothing to steer by: give a prompt (edit, inpaint) or set guidance to 1")
     sampling = resolve(SampleRequest(num_images=1, classes=r.classes, prompts=r.prompts, negative_prompts=r.negative_prompts,
-                                     seed=r.seed, guidance_scale=r.guidance_scale, pag_scale=r.pag_scale,
-                                     pag_layers=r.pag_layers, guide_model=r.guide_model, guide_scale=r.guide_scale,
-                                     guidance_interval=r.guidance_interval), model, load=load)
+                                     seed=r.seed, guidance=r.guidance), model, load=load)
     source_size = tuple(image.info.get("source_size", image.size))  # a file's own size (decoded smaller, or not)
     check_size(*image.size)
     picture = flatten_to_rgb(image)
     if r.tiled and max_pixels is not None and image.width * image.height > max_pixels:
         picture = picture.resize(scaled_size(image.width, image.height, max_pixels), Image.Resampling.LANCZOS)
     scaled_to = picture.size if r.tiled and picture.size != source_size else None
-    r = dataclasses.replace(r, guidance_scale=sampling.guidance.scale, pag_scale=sampling.guidance.pag_scale,
-                            guide_scale=sampling.guidance.guide_scale)
+    r = dataclasses.replace(r, guidance=dataclasses.replace(  # what ran, for the result's settings
+        r.guidance, guidance_scale=sampling.guidance.scale, pag_scale=sampling.guidance.pag_scale,
+        guide_scale=sampling.guidance.guide_scale))
     return RestorePlan(r, model, sampling, picture, mask, source_size, scaled_to)
 
 

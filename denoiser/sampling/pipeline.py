@@ -25,7 +25,7 @@ from denoiser.atomic import atomic_path
 from denoiser.folders.model_dir import CLASSES_FILE, LoadedModel, ModelDefaults, TextModel, load
 from denoiser.model.text import HashTextEncoder, WordHashTokenizer
 from denoiser.model.unet import UNet
-from denoiser.request import BUILT_IN, SampleRequest
+from denoiser.request import BUILT_IN, GuidanceRequest, SampleRequest
 from denoiser.sampling.loop import make_sampler
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import PromptEdit
@@ -162,9 +162,10 @@ class DenoiserPipeline(DiffusionPipeline):
         request = SampleRequest(
             num_images=batch_size, classes=class_labels, batch_size=batch_size, prompts=prompt,
             negative_prompts=negative_prompt, steps=num_inference_steps,
-            timestep_spacing=timestep_spacing, eta=eta, guidance_scale=guidance_scale, pag_scale=pag_scale,
-            pag_layers=pag_layers, guide_model=None if guide_model is None else str(guide_model), guide_scale=guide_scale,
-            guidance_interval=guidance_interval, edit=edit,
+            timestep_spacing=timestep_spacing, eta=eta, edit=edit,
+            guidance=GuidanceRequest(guidance_scale=guidance_scale, pag_scale=pag_scale, pag_layers=pag_layers,
+                                     guide_model=None if guide_model is None else str(guide_model), guide_scale=guide_scale,
+                                     guidance_interval=guidance_interval),
             seed=int(torch.randint(0, 2**31 - 1, ())) if generator is None else 0,  # None: a random seed, as diffusers
         )
         plan = resolve(request, self.loaded(), load=self._load_guide)

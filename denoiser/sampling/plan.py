@@ -310,13 +310,13 @@ def _guidance(request, defaults: ModelDefaults, folder, unet, scheduler_config, 
         folder_values.pop("guidance_scale", None)
 
     def pick(key: str, off):
-        value = getattr(request, key)
+        value = getattr(request.guidance, key)
         return value if value is not None else folder_values.get(key, off)
 
     guide_scale = float(pick("guide_scale", 1.0))
     guide = None
     if guide_scale != 1.0:
-        guide = _load_guide(request.guide_model, folder_values.get("guide_model"), folder, unet, scheduler_config, load)
+        guide = _load_guide(request.guidance.guide_model, folder_values.get("guide_model"), folder, unet, scheduler_config, load)
     return Guidance(
         scale=float(pick("guidance_scale", 1.0)), pag_scale=float(pick("pag_scale", 0.0)),
         pag_layers=pick("pag_layers", None), guide=guide, guide_scale=guide_scale,

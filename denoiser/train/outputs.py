@@ -52,7 +52,7 @@ def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Dif
     classes spread over the grid; a text model draws `prompts` (the data's class names), cycled, through
     `tokenizer` (the run's; by default one from `cfg.text`)."""
     from denoiser.folders.model_dir import LoadedModel, TextModel
-    from denoiser.request import SampleRequest
+    from denoiser.request import UNGUIDED, SampleRequest
     from denoiser.sampling.plan import resolve, run
 
     device = next(model.parameters()).device
@@ -66,7 +66,7 @@ def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Dif
         text = TextModel(_run_tokenizer(cfg, tokenizer), text_encoder.to(device))
     request = SampleRequest(num_images=n, classes="spread" if final.config.num_class_embeds else None, seed=0,
                             scheduler=BUILT_IN["scheduler"], steps=cfg.train.sample_steps, prompts=grid,
-                            guidance_scale=1.0, pag_scale=0.0)
+                            guidance=UNGUIDED)
     images = run(resolve(request, LoadedModel.of(final, diffusion.scheduler, text))).images
     save_grid(images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
     steps, losses = read_losses(out)
