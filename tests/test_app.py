@@ -59,6 +59,34 @@ def test_gradio_client_samples_then_shows_attention(server):
         client.predict("../tiny-classes", "ddim", 2, 1, 1, "(any)", api_name="/generate")
 
 
+def test_the_api_left_at_its_defaults_samples_the_models_own_as_the_cli_does(server, weights):
+    """Issue 59 finding 3: the /generate API declared the page's first values as its defaults (DDIM-50, guidance 1),
+    so a call naming only the model and a class ran unguided, where `denoiser sample` runs the folder's CFG. Each
+    field left out is now the model's own: the same images as the core's request with the same fields unset."""
+    import numpy as np
+    import torch
+    from gradio_client import Client
+
+    from denoiser.image_io import read_settings
+    from denoiser.request import SampleRequest
+    from denoiser.sampling.plan import resolve, run
+
+    folder = weights / "synthetic-shapes"  # its sampling.json: CFG 2, PAG 0.5 (tests/app_browser.py)
+    client = Client(server, verbose=False)
+    declared = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]
+    defaults = {p["parameter_name"]: p["parameter_default"] for p in declared["parameters"] if p["parameter_has_default"]}
+    assert {name: defaults[name] for name in ("scheduler", "steps", "num_images", "guidance_scale", "pag_scale")} == dict.fromkeys(
+        ("scheduler", "steps", "num_images", "guidance_scale", "pag_scale"))
+    out = client.predict("synthetic-shapes", steps=3, class_name="circle", seed=4, api_name="/generate")
+    files = [item["image"] for item in out[1]]
+    core = run(resolve(SampleRequest(classes="circle", seed=4, steps=3), folder)).images  # as the CLI asks it
+    pngs = torch.stack([torch.from_numpy(np.array(Image.open(f).convert("RGB"))).permute(2, 0, 1) for f in files])
+    assert pngs.shape == core.shape  # BUILT_IN's number of images
+    assert (pngs.int() - core.mul(255).round().int()).abs().max() <= 1
+    settings = read_settings(files[0])
+    assert (settings["guidance_scale"], settings["pag_scale"], settings["steps"]) == (2.0, 0.5, 3)  # what ran
+
+
 def test_one_image_and_one_step_work_and_the_most_images_too(server):
     from gradio_client import Client
 
@@ -103,8 +131,8 @@ def test_failures_read_as_short_escaped_messages(server, weights, capfd, caplog)
     assert sum("user error:" in line and "no safetensors weights" in line for line in lines) == 1
     assert sum("is not one of this model's classes" in line for line in lines) == 1
     assert "Traceback" not in capfd.readouterr().err
-    with pytest.raises(Exception, match=r"steps must be a whole number in 1\.\.1000: the box is empty"):
-        client.predict("tiny-classes", "ddim", None, 0, 1, "(any)", api_name="/generate")  # an emptied box: ours
+    with pytest.raises(Exception, match=r"seed must be a whole number in 0\.\.4294967295: the box is empty"):
+        client.predict("tiny-classes", "ddim", 2, None, 1, "(any)", api_name="/generate")  # an emptied box: ours
     # issue 60 item 3: a decimal reaches the check as typed (Gradio's precision=0 ran steps 2.5 as 2, seed 2.5 as 2)
     for args, message in (((2.5, 0, 1), "steps must be a whole number in 1..1000, got 2.5"),
                           ((2, 2.5, 1), "seed must be a whole number in 0..4294967295, got 2.5"),

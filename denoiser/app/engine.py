@@ -96,13 +96,13 @@ class Engine(AttentionViews):
         scheduler: str | None = None,
         steps: int | None = None,
         seed: int = 0,
-        num_images: int = BUILT_IN["num_images"],
+        num_images: int | None = None,
         class_label: int | None = None,
         eta: float = 0.0,
         on_step: Callable[[int, int, torch.Tensor], None] | None = None,
-        guidance_scale: float = 1.0,
-        pag_scale: float = 0.0,
-        guide_scale: float = 1.0,
+        guidance_scale: float | None = None,
+        pag_scale: float | None = None,
+        guide_scale: float | None = None,
         timestep_spacing: str | None = None,
         guidance_interval: str | tuple[float, float] | None = None,
         pag_layers: str | tuple[str, ...] | None = None,
@@ -116,7 +116,9 @@ class Engine(AttentionViews):
         form's plan, resolved and checked already (the page's handlers check it before the job starts), else here.
 
         guidance_scale, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
-        (denoiser.sampling.guidance); autoguidance uses the guide named in the model folder's sampling.json.
+        (denoiser.sampling.guidance; None: the model folder's sampling.json, as for every door); autoguidance uses
+        the guide named in the model folder's sampling.json. scheduler, steps, num_images None: the folder's, else
+        BUILT_IN.
         timestep_spacing, guidance_interval ("lo, hi" timesteps), pag_layers ("a,b"): None or empty, the model's.
         prompt, negative_prompt: a text model's (None or empty: no condition; classifier-free guidance steers from
         the negative prompt to the prompt). edit, edit_prompt: a prompt-to-prompt edit (denoiser.sampling.prompt_to_prompt): image 0
@@ -146,7 +148,8 @@ class Engine(AttentionViews):
         the plan generate samples, and whose work (plan_work) the page's budget note shows."""
         if steps is not None:  # None: the folder's (sampling.json), else BUILT_IN
             steps = check_int("steps", steps, *LIMITS["steps"])
-        num_images = check_int("number of images", num_images, *LIMITS["num_images"])
+        num_images = BUILT_IN["num_images"] if num_images is None else check_int("number of images", num_images,
+                                                                                  *LIMITS["num_images"])
         seed = check_int("seed", seed, *LIMITS["seed"])
         if scheduler is None:  # the folder's sampler where the attention view can replay it, else BUILT_IN's
             scheduler = own if (own := self.defaults(model).scheduler) in SCHEDULERS else BUILT_IN["scheduler"]
@@ -156,6 +159,7 @@ class Engine(AttentionViews):
             class_label = check_int("class", class_label, 0, 2**31 - 1)
         scales = check_scales(guidance_scale, pag_scale, guide_scale)
         timestep_spacing = check_timestep_spacing(timestep_spacing)
+        eta = 0.0 if eta is None else eta
         if not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
             raise ValueError(f"eta must be a number in 0..1, got {eta!r}")
         prompt, negative_prompt = check_prompt("prompt", prompt), check_prompt("negative prompt", negative_prompt)

@@ -12,7 +12,6 @@ from pathlib import Path
 import gradio as gr
 
 from denoiser.app.engine import SCHEDULERS
-from denoiser.app.form_limits import LIMITS, check_int
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings
 from denoiser.request import BUILT_IN
@@ -133,17 +132,16 @@ class FormHandlers:
         """The Sample tab's form as the engine's arguments (Engine.generate, Engine.sample_plan): the class by name as
         its label, checked against the model's classes; the advanced settings (timestep spacing, eta, guidance
         interval "lo, hi", PAG layers "a,b") left at MODELS_OWN or empty as None, the model's own (its scheduler
-        config, sampling.json). The prompts only for a text model (a class model's page hides and empties them)."""
+        config, sampling.json), as is any value None (an API call's unset, an emptied box). The prompts only for a
+        text model (a class model's page hides and empties them). The values are checked once, by the engine
+        (Engine.sample_plan)."""
         classes = self.engine.classes(model) if model else []
         text = self.is_text(model)
         if class_name not in (None, "", NO_CLASS) and class_name not in classes:
             raise ValueError(f"class {str(class_name)[:40]!r} is not one of this model's classes: {', '.join(classes) or 'none'}")
-        # the page's boxes hold a number or nothing (an emptied box): each checked here, where the engine would take
-        # steps None for the folder's own
-        steps, seed = check_int("steps", steps, *LIMITS["steps"]), check_int("seed", seed, *LIMITS["seed"])
-        num_images = check_int("number of images", num_images, *LIMITS["num_images"])
-        return dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images,
-                    class_label=classes.index(class_name) if class_name in classes else None, eta=float(eta or 0),
+        return dict(scheduler=None if scheduler in ("", MODELS_OWN) else scheduler, steps=steps, seed=seed,
+                    num_images=num_images, class_label=classes.index(class_name) if class_name in classes else None,
+                    eta=eta,
                     guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
                     timestep_spacing=None if timestep_spacing in (None, "", MODELS_OWN) else timestep_spacing,
                     guidance_interval=guidance_interval, pag_layers=pag_layers,

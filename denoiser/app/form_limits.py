@@ -32,9 +32,13 @@ def check_int(name: str, value, lo: int, hi: int) -> int:
 
 
 def check_scales(guidance_scale, pag_scale, guide_scale) -> dict:
-    """The page's guidance sliders as SampleRequest fields, each within LIMITS."""
+    """The page's guidance sliders as GuidanceRequest fields, each within LIMITS; None (an API call's unset) stays
+    None: the model folder's."""
     values = {}
     for name, value in (("guidance_scale", guidance_scale), ("pag_scale", pag_scale), ("guide_scale", guide_scale)):
+        if value is None:
+            values[name] = None
+            continue
         try:
             values[name] = float(value)
         except (TypeError, ValueError):

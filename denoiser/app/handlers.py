@@ -138,11 +138,13 @@ class Handlers(FormHandlers, ViewHandlers):
         return stop
 
 
-    def generate(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale=1.0, pag_scale=0.0, guide_scale=1.0,
-                 timestep_spacing=MODELS_OWN, eta=0.0, guidance_interval="", pag_layers="", prompt="", negative_prompt="",
-                 progress=gr.Progress(), request: gr.Request = None):
-        """The Sample tab's Generate (the form as sample_form reads it)."""
-        try:  # the request checked before any work (the engine checks it again): a refusal is a message, not a failure
+    def generate(self, model, scheduler=None, steps=None, seed=0, num_images=None, class_name=None, guidance_scale=None,
+                 pag_scale=None, guide_scale=None, timestep_spacing=None, eta=None, guidance_interval=None, pag_layers=None,
+                 prompt=None, negative_prompt=None, progress=gr.Progress(), request: gr.Request = None):
+        """The Sample tab's Generate (the form as sample_form reads it), and the /generate API's: a field None is the
+        model's own, as `denoiser sample` leaves a flag not given (the page sends its whole form, set to the model's
+        values when it was picked)."""
+        try:  # the request checked and resolved once, before any work: a refusal is a message, not a failure
             form = self.sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale,
                                     guide_scale, timestep_spacing, eta, guidance_interval, pag_layers, prompt, negative_prompt)
             plan = self.engine.sample_plan(model, **form)  # resolved once: the job below runs this plan
@@ -159,9 +161,11 @@ class Handlers(FormHandlers, ViewHandlers):
 
         with self.running(request, "status"):
             gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
-        settings = dict(model=model, seed=int(seed), scheduler=scheduler, steps=int(steps), num_images=int(num_images),
-                        guidance_scale=float(guidance_scale), pag_scale=float(pag_scale), guide_scale=float(guide_scale),
-                        precision=gen.precision, **{"class": None if label is None else class_name})
+        # what ran: the plan's values (an API call's unset fields are the model's own)
+        settings = dict(model=model, seed=plan.seed, scheduler=plan.scheduler_name, steps=plan.steps,
+                        num_images=plan.num_images, guidance_scale=plan.guidance.scale, pag_scale=plan.guidance.pag_scale,
+                        guide_scale=plan.guidance.guide_scale, precision=gen.precision,
+                        **{"class": None if label is None else class_name})
         advanced = dict(timestep_spacing=timestep_spacing or MODELS_OWN, eta=float(eta or 0),
                         guidance_interval=guidance_interval or "", pag_layers=pag_layers or "",
                         prompt=form["prompt"] or "", negative_prompt=form["negative_prompt"] or "")

@@ -298,8 +298,24 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # progress and errors show on the status line only: a failed or stopped run leaves the pictures shown without
     # "Error" badges over them (the error's message stays until closed: streaming.user_error)
     sampling = dict(concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.status])
-    generating = c.run.click(h.generate, sample_inputs, sample_outputs, api_name="generate", js=ran_js("generate"),
+    generating = c.run.click(h.generate, sample_inputs, sample_outputs, api_name=False, js=ran_js("generate"),
                              **sampling)
+    # the /generate API: its own inputs, each declared with the default None (the page's form starts at values a
+    # model then replaces, and Gradio declares a parameter's default from its component's first value), so a field
+    # an API caller leaves out is the model's own, as `denoiser sample` and the pipeline fill it (issue 59)
+    with gr.Row(visible=False):
+        api_form = [gr.Dropdown([value for _, value in c.model.choices], value=c.model.value, label="model"),
+                    gr.Dropdown(list(SCHEDULERS), value=None, label="scheduler"),
+                    gr.Number(None, precision=None, label="steps"), gr.Number(0, precision=None, label="seed"),
+                    gr.Number(None, precision=None, label="num_images"),
+                    gr.Textbox(None, label="class"),
+                    *(gr.Number(None, label=name) for name in ("guidance_scale", "pag_scale", "guide_scale")),
+                    gr.Dropdown(list(TIMESTEP_SPACINGS), value=None, label="timestep_spacing"),
+                    gr.Number(None, label="eta"),
+                    *(gr.Textbox(None, label=name) for name in ("guidance_interval", "pag_layers", "prompt",
+                                                                "negative_prompt"))]
+        api_door = gr.Button()
+    api_door.click(h.generate, api_form, sample_outputs, api_name="generate", **sampling)
     word_editing, w = wire_word_edit(app, h, c, sample_outputs, form, sampling)  # a text model's result, words changed
     c.word_edit_run.click(None, js=SHOW_RUN, api_name=False)  # its progress and pictures show where Generate's do
     runs = [generating, word_editing]
