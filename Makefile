@@ -72,7 +72,7 @@ walk: venv chromium
 	DENOISER_WALK_WIDTH=$(WALK_WIDTH) DENOISER_WALK_SETTLE_S=$(WALK_SETTLE) DENOISER_WALK_KEEP_GOING=1 HF_HUB_OFFLINE=1 nice -n 10 $(PY) -m pytest -q -rA tests/test_app_walk.py -k random_walk
 
 screenshots: venv chromium
-	DENOISER_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_app.py tests/test_app_edit_page.py tests/test_app_edit.py -k browser
+	DENOISER_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_app.py tests/test_app_photo_tab_page.py tests/test_app_photo_tab.py -k browser
 
 app: venv
 	HF_HUB_OFFLINE=1 $(PY) app.py

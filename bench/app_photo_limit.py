@@ -1,4 +1,4 @@
-"""Seconds per megapixel of the app's tiled denoise (Engine.restore of a denoise, what the Edit tab's Run does) for the shipped
+"""Seconds per megapixel of the app's tiled denoise (Engine.restore of a denoise, what the Photo tab's Run does) for the shipped
 models, and the megapixel limit the work budget gives each (Engine.photo_limit): the numbers behind the limit the Edit
 tab shows before an upload. Writes a Markdown table (the notes under it in bench/app_photo_limit.md are by hand).
 
@@ -46,7 +46,7 @@ def main() -> None:
     w, h = (int(v) for v in args.size.split("x"))
     engine, rows = Engine(), []
     for model in args.models.split(","):
-        request = engine.restore_request("denoise", sigma=0.1)  # the Edit tab's denoise: tiles at the photo's size
+        request = engine.restore_request("denoise", sigma=0.1)  # the Photo tab's denoise: tiles at the photo's size
         engine.restore(model, request, photo(64, 64))  # warm-up: load, prepare weights
         times, cpu_times = [], []
         for _ in range(args.repeats):
@@ -62,7 +62,7 @@ def main() -> None:
                     f"{s_per_mp:.1f} | {cpu_per_mp:.1f} | {quiet:.1f} | **{limit:.1f}** | {limit * quiet:.0f} |")
     load = os.getloadavg()
     lines = [
-        "# The Edit tab's megapixel limit: seconds per megapixel of the tiled denoise and the work budget",
+        "# The Photo tab's megapixel limit: seconds per megapixel of the tiled denoise and the work budget",
         "",
         "```",
         f"HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/app_photo_limit.py --size {args.size} --repeats {args.repeats}"

@@ -135,7 +135,7 @@ class Walk(WalkActions, WalkChecks):
     def choose(self) -> Callable[[], str]:
         if self.rng.random() < 0.18:
             return self.switch_tab
-        table = {"Sample": self.sample_actions, "Edit": self.edit_actions, "Attention": self.attention_actions,
+        table = {"Sample": self.sample_actions, "Photo": self.edit_actions, "Attention": self.attention_actions,
                  "Heads": self.heads_actions}[self.tab]()
         actions, weights = zip(*table)
         return self.rng.choices(actions, weights)[0]

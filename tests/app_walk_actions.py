@@ -23,7 +23,7 @@ CASCADE = {"model": {"class", "guidance_scale", "scheduler", "steps", "pag_scale
 # what a "try these" row sets on the Sample form: its columns, and the advanced settings back to the model's own
 ROW_FIELDS = ("model", "scheduler", "steps", "seed", "num_images", "class", "guidance_scale", "pag_scale", "guide_scale",
               "prompt", "timestep_spacing", "eta", "guidance_interval", "pag_layers", "negative_prompt")
-TABS = ("Sample", "Edit", "Attention", "Heads")
+TABS = ("Sample", "Photo", "Attention", "Heads")
 # a text model's prompts the walk types: plain, weighted, a weight that does not read, none
 PROMPTS = ["red apple", "(red:1.5) apple", "[red] (apple:0.5)", "(red:x) apple", "red (apple", ""]
 # the edited prompts of a word edit: a word swapped, a word added, weighted, one the edit refuses, the same
@@ -268,7 +268,7 @@ class WalkActions:
         self.page.locator("#word-edit-run").click()
         return f"change the words to {text!r} ({kind}, word maps {cross}, layout {self_}), click 'change the words'"
 
-    # ---- actions: Edit tab ------------------------------------------------------------------------------------
+    # ---- actions: Photo tab ------------------------------------------------------------------------------------
 
     def edit_actions(self) -> list:
         return [(self.example_picture, 3), (self.upload_result, 2), (self.upload_photo, 1), (self.operation, 3),

@@ -125,7 +125,7 @@ class WalkChecks:
             number("cross-replace", 0, 1, whole=False)
             number("self-replace", 0, 1, whole=False)
             problems += self.check_class(v.get("model"), "class", v)
-        if self.tab == "Edit":
+        if self.tab == "Photo":
             number("edit-cfg", 1, 10, whole=False)
             number("sigma", 0, 1, whole=False)
             number("strength", 0.01, 1, whole=False)
@@ -245,8 +245,8 @@ class WalkChecks:
         return []
 
     def check_edit(self, v: dict) -> list[str]:
-        """The Edit tab's status line against its gallery and the controls it ran with."""
-        if self.tab != "Edit":
+        """The Photo tab's status line against its gallery and the controls it ran with."""
+        if self.tab != "Photo":
             return []
         files, status = self.files("edit-result"), self.page.locator("#edit-status").inner_text().strip()
         problems = []

@@ -302,7 +302,7 @@ def _together_on_screen(page, selectors: list[str]) -> None:
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_on_a_phone_run_controls_and_preview_stay_together(server, tmp_path):
-    """Issue 35 item 11 at 390x844: Generate, Stop and the preview on the first screen; the Edit tab's Run with its
+    """Issue 35 item 11 at 390x844: Generate, Stop and the preview on the first screen; the Photo tab's Run with its
     results."""
     from playwright.sync_api import sync_playwright
 
@@ -314,7 +314,7 @@ def test_browser_on_a_phone_run_controls_and_preview_stay_together(server, tmp_p
             page.locator("#generate").wait_for(timeout=30_000)
             _together_on_screen(page, ["#generate", "#stop", "#preview"])
             page.screenshot(path=str(screenshots(tmp_path) / "app-phone-sample.png"))
-            page.get_by_role("tab", name="Edit").click()
+            page.get_by_role("tab", name="Photo").click()
             page.locator("#edit-run").scroll_into_view_if_needed()
             run, results = page.locator("#edit-run").bounding_box(), page.locator("#edit-result").bounding_box()
             assert 0 < results["y"] - run["y"] < 200, f"the results are far from Run: {run}, {results}"
@@ -375,7 +375,7 @@ def test_browser_examples_fill_the_settings_and_a_picture(server, demo, weights,
         # issue 35 item 4: Gradio's cache sweep (delete_cache) removes every file it made; the examples stay
         # (the run's keep_results may still be adding files: denoiser.app.cache_sweep keeps that from failing it)
         delete_files_created_by_app(demo, None)
-        page.get_by_role("tab", name="Edit").click()
+        page.get_by_role("tab", name="Photo").click()
         page.get_by_text("try a picture").wait_for(timeout=30_000)
         examples = page.locator("#photo").locator("xpath=ancestor::div[contains(@class,'column')][1]")
         examples.locator(".gallery-item, tbody tr").first.click()  # cube.png, drawn for the project
@@ -389,7 +389,7 @@ def test_browser_examples_fill_the_settings_and_a_picture(server, demo, weights,
             assert box["y"] + box["height"] <= gallery["y"] + gallery["height"] + 1
             assert img.evaluate("i => getComputedStyle(i).imageRendering") == "pixelated"  # sharp model pixels
         page.get_by_role("tab", name="Attention").click()
-        assert page.locator("#attention-hint").get_by_text("Generate on the Sample tab or run the Edit tab").count() == 1
+        assert page.locator("#attention-hint").get_by_text("Generate on the Sample tab or run the Photo tab").count() == 1
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")

@@ -261,7 +261,7 @@ def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_pat
 
 
 def test_denoise_sigma_and_edit_strength_are_separate_checked_settings(weights):
-    """The Edit tab's two amounts (issue 34 item 6): the noise σ only denoise reads, the strength only edit reads."""
+    """The Photo tab's two amounts (issue 34 item 6): the noise σ only denoise reads, the strength only edit reads."""
     from PIL import Image
 
     ex = Engine(weights)

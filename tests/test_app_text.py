@@ -83,7 +83,7 @@ def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     class_update, guidance, *_ = h.model_form("words")
     assert not class_update["visible"]
     assert guidance["value"] == 2.5 and "prompt" in guidance["label"]  # the folder's sampling.json, for a prompt
-    assert h.cfg_default("words", "(any)")["value"] == 1.0  # the Edit tab runs a text model without a prompt
+    assert h.cfg_default("words", "(any)")["value"] == 1.0  # the Photo tab runs a text model without a prompt
     row = h.example_row("words", 0)
     assert row[5] == "(any)" and row[-1] and row[6] == 2.5  # a prompt, not a class
     _, _, scheduler, steps, *_ = h.model_form("words")
@@ -164,11 +164,11 @@ def test_browser_a_typed_prompt_is_what_the_result_shows(server, tmp_path):
 
 
 def test_the_edit_tab_takes_a_prompt_for_edit_and_inpaint(weights, tmp_path, monkeypatch):
-    """A text model's prompt box on the Edit tab: shown for edit and inpaint (emptied otherwise), a typed prompt sets
+    """A text model's prompt box on the Photo tab: shown for edit and inpaint (emptied otherwise), a typed prompt sets
     the model's guidance, the result's PNG carries the prompt and "use these settings" reads it back."""
     from PIL import Image
 
-    from denoiser.app.edit import EDIT_FORM, EditHandlers
+    from denoiser.app.photo_tab import EDIT_FORM, EditHandlers
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     h = Handlers(Engine(weights))
@@ -193,7 +193,7 @@ def test_the_edit_tab_takes_a_prompt_for_edit_and_inpaint(weights, tmp_path, mon
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_the_edit_tabs_prompt_box_follows_the_model_and_operation(server):
     with browser_page(server) as page:
-        page.get_by_role("tab", name="Edit").click()
+        page.get_by_role("tab", name="Photo").click()
         page.locator("#edit-model input").click()
         page.locator("#edit-model").get_by_role("option", name="words").click()
         page.locator("#operation").get_by_text("edit", exact=True).click()
@@ -232,11 +232,11 @@ def _edit_cfg_is(page, value: str) -> None:
 
 
 def test_browser_a_pasted_prompt_sets_the_edit_guidance_and_clearing_it_sets_1(server):
-    """Issue 51 item 9: on the Edit tab a pasted prompt (or one filled in by a program) left the guidance at 1, so
+    """Issue 51 item 9: on the Photo tab a pasted prompt (or one filled in by a program) left the guidance at 1, so
     the run and its PNG used 1; typed key by key it set the model's scale; a cleared box kept that scale, though a
     run without a prompt needs 1 (docs/app.md)."""
     with browser_page(server) as page:
-        page.get_by_role("tab", name="Edit").click()
+        page.get_by_role("tab", name="Photo").click()
         page.locator("#edit-model input").click()
         page.locator("#edit-model").get_by_role("option", name="words").click()
         page.locator("#operation").get_by_text("inpaint", exact=True).click()

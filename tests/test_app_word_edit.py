@@ -12,9 +12,9 @@ import httpx
 import pytest
 import torch
 
-from denoiser.app.edit import EditHandlers
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
+from denoiser.app.photo_tab import EditHandlers
 from denoiser.app.word_edit import EDIT_SETTINGS, WordEdit, image_words, source_of
 from denoiser.image_io import read_settings
 from denoiser.request import GuidanceRequest, SampleRequest
@@ -280,7 +280,7 @@ def test_browser_a_weighted_word_and_a_malformed_weight(server, tmp_path):
 
 def test_a_png_this_app_made_gives_its_settings_back_on_either_tab(handlers, tmp_path):
     """Issue 60 item 2 (A1111's PNG Info): a result PNG dropped on the Sample tab fills the form with what made it, a
-    word edit's panel included; uploaded on the Edit tab before any run, "use these settings" reads it (it answered
+    word edit's panel included; uploaded on the Photo tab before any run, "use these settings" reads it (it answered
     "run first"); a PNG from elsewhere is a picture, said in words."""
     from PIL import Image
 
@@ -294,7 +294,7 @@ def test_a_png_this_app_made_gives_its_settings_back_on_either_tab(handlers, tmp
     plain = tmp_path / "holiday.png"
     Image.new("RGB", (20, 20), (10, 200, 30)).save(plain)
     said = w.settings_of_file(str(plain))
-    assert said[-1] == "`holiday.png` carries no settings of this app: it is a picture (the Edit tab denoises and edits it)"
+    assert said[-1] == "`holiday.png` carries no settings of this app: it is a picture (the Photo tab denoises and edits it)"
     assert all(isinstance(o, type(gr.skip())) for o in said[:-1])
     e = EditHandlers(h)
     restored = e.restore_form([], 0, {"source": made, "copy": made})

@@ -166,7 +166,7 @@ def test_a_text_models_file_name_carries_its_prompt_where_a_class_would_go():
 
 
 def test_keep_pixels_decodes_a_large_jpeg_no_larger_than_it_needs(tmp_path):
-    """The Edit tab's denoise of a photo over the work budget: one open decodes the JPEG at the smallest scale that
+    """The Photo tab's denoise of a photo over the work budget: one open decodes the JPEG at the smallest scale that
     keeps `keep_pixels` pixels (it read a preview first to learn the size, then decoded again); a smaller image, or
     one that is no JPEG, decodes whole."""
     Image.new("RGB", (1600, 1200), (200, 30, 30)).save(tmp_path / "big.jpg", quality=90)

@@ -3,7 +3,7 @@
 
 This module starts the process. The app's parts, each in its own file: `serve` (arguments, the server,
 stopping), `layout` (the page), `handlers` (Generate, Stop, results) with `form` (the Sample tab's form) and
-`views` (the Attention and Heads tabs), `edit` (the Edit tab), `streaming` (jobs in a worker thread, progress,
+`views` (the Attention and Heads tabs), `edit` (the Photo tab), `streaming` (jobs in a worker thread, progress,
 errors for people), `engine` (models, sampling and restoring, without the web) with `attention_views` (the
 attention, word maps, four stages and heads it shows).
 

@@ -1,6 +1,6 @@
 """Pieces every tab of the page is built with: a job's Run and Stop buttons with its status line, the form's sliders
 and number boxes (their values checked by the handlers, denoiser.app.form_limits), and a tab's components kept by name for the
-wiring (denoiser/app/layout.py, denoiser/app/edit.py)."""
+wiring (denoiser/app/layout.py, denoiser/app/photo_tab.py)."""
 
 from __future__ import annotations
 

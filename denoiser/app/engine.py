@@ -38,7 +38,7 @@ from denoiser.sampling.prompt_weights import parse_prompt
 
 __all__ = ["Engine", "Generation", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS", "check_prompt"]
 
-# what the Edit tab does to a user's image (denoiser.restore.plan) -> (operation, method); "denoise" is the one-step
+# what the Photo tab does to a user's image (denoiser.restore.plan) -> (operation, method); "denoise" is the one-step
 # MMSE estimate (the photo at its own size, in tiles), "denoise (sampled)" the reverse chain
 RESTORE_OPERATIONS = {"denoise": ("denoise", "mmse"), "denoise (sampled)": ("denoise", "sample"),
                       "edit": ("edit", "mmse"), "inpaint": ("inpaint", "mmse")}
@@ -181,7 +181,7 @@ class Engine(AttentionViews):
                         pag_scale: float = 0.0, sigma: float = 0.0, strength: float | None = None, add_noise: float = 0.0,
                         steps: int | None = None, seed: int = 0, prompt: str | None = None,
                         negative_prompt: str | None = None) -> RestoreRequest:
-        """The Edit tab's form as a RestoreRequest, each value checked against the page's LIMITS (an API call is held
+        """The Photo tab's form as a RestoreRequest, each value checked against the page's LIMITS (an API call is held
         to what the page allows): operation one of RESTORE_OPERATIONS; sigma 0: estimated; add_noise 0: none;
         strength, steps None: BUILT_IN's."""
         if operation not in RESTORE_OPERATIONS:
@@ -300,7 +300,7 @@ def check_prompt(name: str, value) -> str | None:
     if not isinstance(value, str) or len(value) > MAX_PROMPT_CHARS:
         raise ValueError(f"the {name} must be text of at most {MAX_PROMPT_CHARS} characters, got "
                          f"{type(value).__name__} of length {len(str(value))}")
-    parse_prompt(value)  # the Edit tab's prompt, read before its photo is
+    parse_prompt(value)  # the Photo tab's prompt, read before its photo is
     return value.strip() or None
 
 

@@ -59,7 +59,7 @@ def few_steps_note(steps: int) -> str:
 
 
 class FormHandlers:
-    """The Sample tab's form handlers (and the Edit tab's class and guidance choices); `self.engine` is the Handlers'."""
+    """The Sample tab's form handlers (and the Photo tab's class and guidance choices); `self.engine` is the Handlers'."""
 
     def loads(self, model: str) -> bool:
         """Whether a model folder loads (the page offers broken folders in the model list, which says why)."""
@@ -76,7 +76,7 @@ class FormHandlers:
             return []
 
     def class_choices(self, model, current=None):
-        """The Edit tab's class selector for `model`: the class shown stays when the model has it, else "(any)"."""
+        """The Photo tab's class selector for `model`: the class shown stays when the model has it, else "(any)"."""
         names = self._class_names(model)
         value = current if current in names else NO_CLASS
         return gr.update(choices=[NO_CLASS] + names, value=value, visible=bool(names))
@@ -215,7 +215,7 @@ class FormHandlers:
 
     def cfg_default(self, model, class_name):
         """The model's classifier-free scale once a class is chosen; 1 (off) for "(any)", which it needs. The
-        slider's note names the steps the model guides when its sampling.json limits them. (The Edit tab's: a text
+        slider's note names the steps the model guides when its sampling.json limits them. (The Photo tab's: a text
         model runs unconditioned until a prompt is typed, so there it starts at 1 and says so.)"""
         d = self.model_defaults(model)[0]
         if self.is_text(model):

@@ -11,7 +11,7 @@ __all__ = ["LIMITS", "MAX_PROMPT_CHARS", "check_int", "check_scales"]
 
 LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance_scale": (1.0, 10.0),
           "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0),
-          # the Edit tab's: the noise σ of a photo, the noise added first (σ, [0, 1] pixel scale), an edit's strength
+          # the Photo tab's: the noise σ of a photo, the noise added first (σ, [0, 1] pixel scale), an edit's strength
           "sigma": (0.0, 1.0), "add_noise": (0.0, 0.5), "strength": (0.01, 1.0)}
 MAX_PROMPT_CHARS = 1000  # a prompt longer than this is refused (the tokenizer keeps its first max_length words anyway)
 

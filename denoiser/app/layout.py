@@ -1,4 +1,4 @@
-"""The web app's page: four tabs of components (Sample, Edit, Attention, Heads) and the events that bind them
+"""The web app's page: four tabs of components (Sample, Photo, Attention, Heads) and the events that bind them
 to the handlers (denoiser/app/handlers.py). Declarative: no logic beyond which handler serves which event.
 """
 
@@ -24,11 +24,11 @@ from denoiser.app.controls import (
     whole_box,
 )
 from denoiser.app.earlier_results import KEEP, STORAGE_KEY
-from denoiser.app.edit import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.engine import SCHEDULERS, Engine
 from denoiser.app.form import ADVANCED, SETTINGS_FORM
 from denoiser.app.form_limits import LIMITS
 from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info, results_zip
+from denoiser.app.photo_tab import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
 from denoiser.app.words import word_maps_label, word_weights_label, words_label
 from denoiser.request import BUILT_IN, TIMESTEP_SPACINGS
@@ -59,7 +59,7 @@ CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-previe
 # preview into view
 SHOW_RUN = ("() => { document.querySelector('#generate').scrollIntoView({block: 'start', behavior: 'instant'}); "
             "window.scrollBy(0, -24); }")
-# launch() settings every server of this app uses: uploads (a photo on the Edit tab) of at most 25 MB, what a
+# launch() settings every server of this app uses: uploads (a photo on the Photo tab) of at most 25 MB, what a
 # phone or camera writes; image_io then refuses more than 50 megapixels before decoding
 # show_error: Gradio's own input validation (e.g. a raw API call with steps: null) reaches the client as its
 # message instead of "the upstream app has raised an exception"; our handlers' errors are already short
@@ -79,12 +79,12 @@ def build_app(engine: Engine) -> gr.Blocks:
     with gr.Blocks(title="denoiser", delete_cache=(300, 900), analytics_enabled=False) as app:
         c = SimpleNamespace(gen_state=gr.State(None, time_to_live=SESSION_TTL_S),
                             pixel_state=gr.State(None, time_to_live=SESSION_TTL_S),
-                            photo_shown=gr.State(None),  # the upload the Edit tab's editor holds
+                            photo_shown=gr.State(None),  # the upload the Photo tab's editor holds
                             selected=gr.State(0),  # the result selected in the Sample tab's gallery
                             earlier_selected=gr.State(0),  # ... and in its earlier results
                             kept=gr.BrowserState([], storage_key=STORAGE_KEY))  # denoiser.app.earlier_results
         gr.Markdown("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, or denoise, edit and inpaint "
-                    "your own photo on the **Edit** tab; then click any pixel on the **Attention** tab to see where each "
+                    "your own photo on the **Photo** tab; then click any pixel on the **Attention** tab to see where each "
                     "attention layer of the U-Net looks; the **Heads** tab measures what each layer and head does and "
                     "switches them off.")
         _sample_tab(c, h, models, default)
@@ -181,7 +181,7 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
 def _attention_tab(c: SimpleNamespace) -> None:
     with gr.Tab("Attention", elem_id="attention-tab"):
         gr.Markdown("Click any pixel of the image to see where each attention layer looks from it. Nothing here "
-                    "yet? Generate on the **Sample** tab or run the **Edit** tab first.", elem_id="attention-hint")
+                    "yet? Generate on the **Sample** tab or run the **Photo** tab first.", elem_id="attention-hint")
         with gr.Row():
             with gr.Column(scale=1):
                 # shown once there is a generation (their ranges follow it)
@@ -339,7 +339,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     app.load(h.kept_results, c.kept, earlier, api_name=False)
     c.earlier.select(h.select_result, None, c.earlier_selected, api_name=False)
     c.use_earlier.click(w.use_settings, [c.earlier, c.earlier_selected], restored, api_name=False)
-    editing = wire_edit(app, h, c, cleared)  # the Edit tab's Run (its Stop below cancels it)
+    editing = wire_edit(app, h, c, cleared)  # the Photo tab's Run (its Stop below cancels it)
     # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), streaming.stream then stops the
     # worker after the UNet call in progress and frees the sampling slot
     # the status line then says where it stopped and what the pictures shown are

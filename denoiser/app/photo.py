@@ -1,4 +1,4 @@
-"""The Edit tab's photo: the upload kept beyond Gradio's cache sweep, the small copy the editor paints on, and the
+"""The Photo tab's photo: the upload kept beyond Gradio's cache sweep, the small copy the editor paints on, and the
 (image, mask) an edit reads from the editor.
 
 An upload is copied into a folder of the session's own at once (`keep_upload`): Gradio's cache sweep (layout's

@@ -1,4 +1,4 @@
-"""How long a photo's tiled denoise will take on this server, and how long it may: the Edit tab's photo budget.
+"""How long a photo's tiled denoise will take on this server, and how long it may: the Photo tab's photo budget.
 
 A photo is denoised at its own size in tiles of the model's size (denoiser.restore.tiles), so its cost is its tile count. How
 fast tiles go depends on the CPU and on the path that runs there (float32 or bf16, denoiser.fast.precision), so the

@@ -30,7 +30,7 @@ __all__ = ["ViewHandlers", "click_to_pixel", "enlarge", "stages_text", "HEAD_COL
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
 N_VIEWS = 6 + len(CLEARED_VIEWS) + 4  # what generation_views sets: the generation, its sliders and views, its words' views
-NO_GENERATION = "generate images first (Sample tab), or run the Edit tab: this view is of a generation"
+NO_GENERATION = "generate images first (Sample tab), or run the Photo tab: this view is of a generation"
 
 
 def _within(value, count: int) -> bool:

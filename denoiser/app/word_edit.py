@@ -179,13 +179,13 @@ class WordEdit:
 
     def settings_of_file(self, path) -> tuple:
         """A PNG a person dropped on the Sample tab: the settings it carries into the form (as use_settings), or words
-        saying it carries none (a picture from elsewhere: the Edit tab denoises and edits pictures)."""
+        saying it carries none (a picture from elsewhere: the Photo tab denoises and edits pictures)."""
         if not path:
             return (*(gr.skip(),) * (len(SETTINGS_FORM) + len(EDIT_SETTINGS) + 1), gr.skip())
         if not read_settings(path):
             name = Path(str(path)).name
             return (*(gr.skip(),) * (len(SETTINGS_FORM) + len(EDIT_SETTINGS) + 1),
-                    f"`{name}` carries no settings of this app: it is a picture (the Edit tab denoises and edits it)")
+                    f"`{name}` carries no settings of this app: it is a picture (the Photo tab denoises and edits it)")
         return self.use_settings([(str(path), "")], 0)
 
 

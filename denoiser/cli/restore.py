@@ -1,5 +1,5 @@
 """`denoiser denoise | edit | inpaint`: your image through denoiser.restore.plan (a one-step denoise keeps the image's
-size, in tiles; the chains work at the model's size), the same request the app's Edit tab runs."""
+size, in tiles; the chains work at the model's size), the same request the app's Photo tab runs."""
 
 from __future__ import annotations
 

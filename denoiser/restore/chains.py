@@ -22,7 +22,7 @@ q(x_t | x₀), the chain's steps, inpainting's re-noised known pixels, `add_nois
 generator seeded seed + k, so image k of a batch is the single run of that image with seed + k.
 
 `restore(unet, diffusion, image, operation, ...)` runs one of them on a user's picture at the model's size; the
-front doors (the CLI's `denoiser denoise | edit | inpaint`, the app's Edit tab) reach it, and the tiles of a
+front doors (the CLI's `denoiser denoise | edit | inpaint`, the app's Photo tab) reach it, and the tiles of a
 one-step denoise at the photo's own size (denoiser.restore.tiles), through `denoiser.restore.plan`: one request, one plan, one run.
 """
 

@@ -11,7 +11,7 @@ every chain (a denoise by sampling, an edit, an inpaint) works on the centre squ
 (denoiser.restore.chains). The class, prompt and guidance are resolved as for sampling and reach both. A photo over
 `max_pixels` (the app's work budget) is restored as a copy scaled down to fit, and the result says so.
 
-The CLI (`denoiser denoise | edit | inpaint`), the app's Edit tab (through its engine, which adds the cache and the
+The CLI (`denoiser denoise | edit | inpaint`), the app's Photo tab (through its engine, which adds the cache and the
 budget) and the tests call these two functions; the same request gives the same pixels from each.
 """
 
@@ -139,7 +139,7 @@ def scaled_size(width: int, height: int, max_pixels: float) -> tuple[int, int]:
 
 def read_photo(source, request: RestoreRequest, sample_size: int, max_pixels: float | None = None,
                what: str = "the photo") -> Image.Image:
-    """A person's picture file, decoded by the one rule every door uses (the command line and the app's Edit tab),
+    """A person's picture file, decoded by the one rule every door uses (the command line and the app's Photo tab),
     so the same file gives the model the same pixels: a tiled denoise reads the photo at its own size (at least
     `max_pixels` of its pixels where a budget caps it: a JPEG over it decodes at a reduced scale); a chain, which
     works on the centre square at the model's size, reads a JPEG at the smallest scale whose short side keeps

@@ -1,4 +1,4 @@
-"""The Edit tab: your own photo denoised (at its own size, in tiles), denoised by sampling, edited or inpainted.
+"""The Photo tab: your own photo denoised (at its own size, in tiles), denoised by sampling, edited or inpainted.
 Its components (edit_tab), its handlers (EditHandlers) and which handler serves which of its events (wire_edit);
 the page around it is denoiser/app/layout.py, the work the engine's (denoiser/app/engine.py).
 
@@ -42,11 +42,11 @@ from denoiser.restore.plan import RestoreResult, read_photo, scaled_size, takes_
 __all__ = ["edit_tab", "wire_edit", "EditHandlers", "restored_text", "EXAMPLES", "CLEAN_SIGMA"]
 
 log = logging.getLogger("denoiser.app")
-# pictures for the Edit tab's examples, drawn for this project (MIT, like the code); shipped in the package
+# pictures for the Photo tab's examples, drawn for this project (MIT, like the code); shipped in the package
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 # a noise level σ below this ([0, 1] pixel scale, ~2.5/255) is a clean picture: denoising leaves it as it is
 CLEAN_SIGMA = 0.01
-# the Edit form as a result's PNG carries it (denoiser.image_io.save_with_settings), in wire_edit's order
+# the Photo tab's form as a result's PNG carries it (denoiser.image_io.save_with_settings), in wire_edit's order
 EDIT_FORM = ("model", "class", "guidance_scale", "operation", "sigma", "strength", "add_noise", "steps", "seed", "pag_scale",
              "prompt")
 
@@ -64,7 +64,7 @@ def _sigma_text(sigma: float | None, given: float) -> str:
 
 
 def restored_text(operation: str, done: RestoreResult, given_sigma: float = 0.0) -> str:
-    """What the Edit tab did, in one paragraph, pointing to where to look next."""
+    """What the Photo tab did, in one paragraph, pointing to where to look next."""
     s, size = done.settings, done.model_size
     w, h = done.source_size
     if s["chain"]:
@@ -107,7 +107,7 @@ def _write_png(img: Image.Image, folder: Path, name: str) -> str:
 
 
 class EditHandlers:
-    """The Edit tab's event handlers, beside the page's (`Handlers`, whose engine and generation views they share)."""
+    """The Photo tab's event handlers, beside the page's (`Handlers`, whose engine and generation views they share)."""
 
     def __init__(self, h: Handlers) -> None:
         self.h, self.engine = h, h.engine
@@ -292,7 +292,7 @@ class EditHandlers:
         return (*form, status, prompt["value"] if isinstance(prompt, dict) and "value" in prompt else gr.skip())
 
     def use_settings(self, gallery, selected) -> tuple:
-        """The Edit form refilled from the selected result's PNG (the result when "your image" is selected): EDIT_FORM's
+        """The Photo tab's form refilled from the selected result's PNG (the result when "your image" is selected): EDIT_FORM's
         fields (the class among its model's choices), and a status line saying so."""
         skip = (gr.skip(),) * len(EDIT_FORM)
         items = list(gallery or [])
@@ -318,13 +318,13 @@ def mask_brush(size: tuple[int, int]) -> gr.Brush:
 
 
 def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
-    """The Edit tab's components, onto `c` (layout.keep)."""
+    """The Photo tab's components, onto `c` (layout.keep)."""
 
     # the session's copy of its upload (keep_upload): removed when the session ends or its photo is replaced
     upload = gr.State(None, time_to_live=SESSION_TTL_S, delete_callback=drop_upload)
-    edit_selected = gr.State(0)  # the result selected in the Edit gallery
+    edit_selected = gr.State(0)  # the result selected in the Photo tab's gallery
     edit_prompt_restored = gr.State(None)  # the prompt "use these settings" just filled (EditHandlers.prompt_changed)
-    with gr.Tab("Edit"):
+    with gr.Tab("Photo"):
         with gr.Row():
             with gr.Column(scale=1):
                 edit_sizes = gr.Markdown("Denoise keeps your photo's size; denoise (sampled), edit and inpaint work on its "
@@ -356,7 +356,7 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
                 operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation", elem_id="operation",
                                      info="denoise: one prediction, your photo at its size; denoise (sampled): the reverse "
                                           "chain; edit: redraw (SDEdit); inpaint: regenerate what you paint")
-                # the Edit tab's own model, class and guidance: what runs is what this tab shows
+                # the Photo tab's own model, class and guidance: what runs is what this tab shows
                 edit_model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
                 edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
                                          visible=False, allow_custom_value=True, elem_id="edit-class")
@@ -386,7 +386,7 @@ def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None
 
 
 def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
-    """Which handler serves which of the Edit tab's events; `cleared`: the attention views a new run clears.
+    """Which handler serves which of the Photo tab's events; `cleared`: the attention views a new run clears.
     Returns the Run event (Stop cancels it)."""
     e = EditHandlers(h)
     scope_inputs = [c.edit_model, c.operation, c.add_noise, c.upload]

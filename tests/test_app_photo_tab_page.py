@@ -1,4 +1,4 @@
-"""The Edit tab end to end (denoiser/app/edit.py, denoiser/app/photo.py), through gradio_client and in a headless
+"""The Photo tab end to end (denoiser/app/photo_tab.py, denoiser/app/photo.py), through gradio_client and in a headless
 Chromium: inpainting an upload and opening its attention, a blank canvas, a phone photo and files that do not
 read."""
 
@@ -68,7 +68,7 @@ def _file_name(path: Path) -> re.Pattern:
 
 
 def _upload_photo(page, path: Path, until_named: bool = False) -> None:
-    """Choose a file in the Edit tab's photo input, as a person does (removing the one shown first, with its ×);
+    """Choose a file in the Photo tab's photo input, as a person does (removing the one shown first, with its ×);
     until_named: until the box names it (a file the app takes)."""
     clear = page.locator("#photo").get_by_role("button", name="Clear")
     if clear.count():
@@ -105,7 +105,7 @@ def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
     heavy.write_bytes(os.urandom(26 * 1024 * 1024))  # over the 25 MB upload limit: refused in the browser
     shots = screenshots(tmp_path)
     with browser_page(server, height=1000) as page:
-        page.get_by_role("tab", name="Edit").click()
+        page.get_by_role("tab", name="Photo").click()
         _upload_photo(page, jpeg)
         page.locator("#photo-text").get_by_text("your photo: 2400x1800, shown at 512x384").wait_for(timeout=60_000)
         started = time.monotonic()
@@ -114,7 +114,7 @@ def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
         page.locator("#edit-run").click()
         page.locator("#edit-text").get_by_text("640x480 input, denoised at its own size").wait_for(timeout=120_000)
         took = time.monotonic() - started
-        model = page.locator("#edit-model input").input_value()  # the Edit tab shows the model it runs
+        model = page.locator("#edit-model input").input_value()  # the Photo tab shows the model it runs
         assert model and page.locator("#edit-status").get_by_text(f"done: denoise with {model}").count() == 1
         assert page.locator("#edit-result img").count() >= 2
         page.screenshot(path=str(shots / "app-edit-photo.png"), full_page=True)
@@ -169,7 +169,7 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
     Image.new("RGB", (64, 48), (30, 160, 60)).save(photo)
     shots = screenshots(tmp_path)
     with browser_page(server, height=1000) as page:
-        page.get_by_role("tab", name="Edit").click()
+        page.get_by_role("tab", name="Photo").click()
         # one slider per meaning (issue 34 item 6, issue 35 item 12): denoise shows the noise σ; edit its strength,
         # with a note on what the scale does; inpaint neither
         assert page.locator("#sigma").is_visible() and page.locator("#strength").is_hidden()

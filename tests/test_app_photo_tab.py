@@ -1,4 +1,4 @@
-"""The Edit tab (denoiser/app/edit.py): its handlers, and in a real headless Chromium the clicks of issue 41's
+"""The Photo tab (denoiser/app/photo_tab.py): its handlers, and in a real headless Chromium the clicks of issue 41's
 Edit items: Stop keeps the last results, uploads outlive Gradio's cache sweep, photos at their own size under a
 megapixel limit shown before the upload, results that carry their settings, the σ estimated, the scope of Run said
 before it runs."""
@@ -15,10 +15,10 @@ import pytest
 import torch
 from PIL import Image
 
-from denoiser.app.edit import CLEAN_SIGMA, EditHandlers
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers
 from denoiser.app.photo import drop_upload, keep_upload, photo_file
+from denoiser.app.photo_tab import CLEAN_SIGMA, EditHandlers
 from denoiser.image_io import read_settings, save_with_settings
 from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
 
@@ -101,7 +101,7 @@ def test_run_without_a_photo_asks_for_one_before_any_work(weights, operation, ca
 
 
 def test_a_run_writes_the_settings_that_ran_and_they_come_back(weights, tmp_path, monkeypatch):
-    """Issue 52: the Edit tab's run goes through the one restore run; its PNG carries what ran (the class and guidance
+    """Issue 52: the Photo tab's run goes through the one restore run; its PNG carries what ran (the class and guidance
     of a tiled denoise included) and "use these settings" fills the form with them."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     e = EditHandlers(Handlers(Engine(weights)))
@@ -159,7 +159,7 @@ def test_inpaint_without_a_mask_and_a_tiny_photo_are_refused_on_the_status_line(
 
 
 def _edit_tab(page):
-    page.get_by_role("tab", name="Edit").click()
+    page.get_by_role("tab", name="Photo").click()
     page.locator("#edit-run").wait_for(timeout=30_000)
 
 
@@ -299,7 +299,7 @@ def test_browser_an_upload_outlives_the_cache_sweep_and_denoises_at_its_own_size
 
     # the limit is what the server denoises in DENOISER_PHOTO_SECONDS at its measured speed: here 0.2 MP (the speed
     # fixed, for the server's engine too, which runs in this process: a tiny model's measured rate is mostly noise)
-    model = re.search(r"megapixels with (\S+) ", sizes).group(1)  # the Edit tab's model
+    model = re.search(r"megapixels with (\S+) ", sizes).group(1)  # the Photo tab's model
     monkeypatch.setattr(Engine, "tile_rate", lambda self, name: 1000.0)
     monkeypatch.setenv("DENOISER_PHOTO_SECONDS", str(0.2 * Engine(weights).photo_time(model, 1000, 1000).seconds))
     with browser_page(server) as page:  # issue 51 item 13: over the budget, a scaled copy is denoised, and said so
@@ -337,7 +337,7 @@ def test_browser_the_scope_of_run_is_said_before_it_runs(server, tmp_path):
 
 @browser
 def test_browser_the_edit_tab_on_a_phone(server, tmp_path):
-    """The Edit tab at 390x844 and 1280x900, screenshots to look at: Run with its status and results together."""
+    """The Photo tab at 390x844 and 1280x900, screenshots to look at: Run with its status and results together."""
     from playwright.sync_api import sync_playwright
 
     from tests.app_browser import BROWSER_ARGS
@@ -364,7 +364,7 @@ def test_browser_the_edit_tab_on_a_phone(server, tmp_path):
 
 
 def test_a_clean_picture_is_said_to_be_clean():
-    from denoiser.app.edit import _sigma_text
+    from denoiser.app.photo_tab import _sigma_text
 
     assert "already clean" in _sigma_text(0.002, 0.0) and "estimated" in _sigma_text(0.002, 0.0)
     assert "already clean" not in _sigma_text(0.08, 0.0) and "20.4/255" in _sigma_text(0.08, 0.0)
@@ -397,7 +397,7 @@ def test_the_inpaint_brush_is_scaled_to_the_picture(weights, tmp_path):
 
 @pytest.mark.parametrize("operation", ["denoise", "edit", "inpaint"])
 def test_a_jpeg_gives_the_same_pixels_through_the_command_line_and_the_app(weights, tmp_path, monkeypatch, operation):
-    """Issue 59 finding 1: the command line decoded a photo by one rule and the Edit tab by another (its chains read
+    """Issue 59 finding 1: the command line decoded a photo by one rule and the Photo tab by another (its chains read
     the editor's 512-px LANCZOS copy), so for an 800x600 JPEG the model's inputs differed by a level and the results
     by up to 1/255. Now every door decodes by denoiser.restore.plan.read_photo: the same JPEG with the same settings
     (the mask painted on the editor's copy, or given as a file at the photo's size) gives the same PNG."""
