@@ -10,7 +10,7 @@ import gradio as gr
 
 from denoiser.app.form_limits import LIMITS
 
-__all__ = ["CLEAR_TOASTS", "SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "keep", "on_any_change", "ran_js", "retry_js", "run_controls",
+__all__ = ["CANCELS_JS", "CLEAR_TOASTS", "SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "keep", "on_any_change", "ran_js", "retry_js", "run_controls",
            "whole_box"]
 
 SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is dropped this long after its last update
@@ -25,6 +25,19 @@ SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is droppe
 RETRY_S = 30
 STOPPED_JS = "() => { window.denoiserStoppedAt = Date.now(); }"
 STOP_DONE_JS = "() => { window.denoiserStopDone = Date.now(); }"
+
+# A job sent while Stop's cancel is still in flight is lost to the next Stop (stop 62's CI): the page's cancel posts
+# /cancel, then /reset, and once /reset answers it forgets the job of that button, whichever it is by then; the
+# stopped job's own end, a moment before, already lets a click through. So the page counts its /cancel and /reset
+# requests in flight (CANCELS_JS, run at page load: LAUNCH's js), and a job's click (ran_js) goes out only once none
+# is left, after the page has forgotten the old job (CANCEL_WAIT_S at most)
+CANCEL_WAIT_S = 10
+CANCELS_JS = r"""() => { if (window.denoiserCancels !== undefined) return; window.denoiserCancels = 0;
+    const send = window.fetch;
+    window.fetch = (url, ...rest) => {
+        if (!/\/(cancel|reset)$/.test(String(url))) return send(url, ...rest);
+        window.denoiserCancels += 1;
+        return send(url, ...rest).finally(() => setTimeout(() => { window.denoiserCancels -= 1; }, 0)); }; }"""
 
 
 # a new job's click closes the messages of earlier ones (they stay until closed: streaming.user_error), so that none
@@ -44,8 +57,13 @@ def retry_js(button: str) -> str:
 
 
 def ran_js(button: str) -> str:
-    """The job of #button has been dispatched (its inputs pass unchanged)."""
-    return f"(...args) => {{ (window.denoiserRan = window.denoiserRan || {{}})['{button}'] = Date.now(); return args; }}"
+    """The job of #button has been dispatched (its inputs pass unchanged): it goes out once no cancel is in flight
+    (CANCELS_JS)."""
+    return (f"async (...args) => {{ (window.denoiserRan = window.denoiserRan || {{}})['{button}'] = Date.now(); "
+            "const at = Date.now(); "
+            f"while ((window.denoiserCancels || 0) > 0 && Date.now() - at < {CANCEL_WAIT_S * 1000}) "
+            "await new Promise(ok => setTimeout(ok, 50)); "
+            "return args; }")
 
 
 def on_any_change(controls: list, fn, inputs: list, outputs, *, load: gr.Blocks | None = None, **kwargs):

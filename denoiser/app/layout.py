@@ -11,6 +11,7 @@ import gradio as gr
 
 from denoiser.app.cache_sweep import sweep_safe, whole_files
 from denoiser.app.controls import (
+    CANCELS_JS,
     CLEAR_TOASTS,
     SESSION_TTL_S,
     STOP_DONE_JS,
@@ -66,7 +67,7 @@ SHOW_RUN = ("() => { document.querySelector('#generate').scrollIntoView({block: 
 # and escaped (streaming.user_error), so no traceback or server path is shown either way
 # state_session_capacity: the sessions whose generations stay in memory (oldest dropped first; app.py's
 # --max-sessions); with the work budget, one generation holds at most ~200 MB of step inputs (the 16x16 model: 64 images x 1000 steps)
-LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32, "css": CSS}
+LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32, "css": CSS, "js": CANCELS_JS}
 
 
 def build_app(engine: Engine) -> gr.Blocks:
