@@ -81,6 +81,12 @@ class Engine(AttentionViews):
         """What a model's folder says about sampling it (scheduler, steps, guidance, class names)."""
         return self.loaded(name).defaults
 
+    def own_scheduler(self, name: str) -> str:
+        """The sampler the app runs for `name` when none is asked: its folder's where the app offers it (SCHEDULERS:
+        the attention view can replay it), else BUILT_IN's. The one rule, for Generate and the form the page shows."""
+        own = self.defaults(name).scheduler
+        return own if own in SCHEDULERS else BUILT_IN["scheduler"]
+
     def classes(self, name: str) -> list[str]:
         """Class names of a class-conditional model (from its card's classes.txt, else indices)."""
         return list(self.defaults(name).classes)
@@ -151,8 +157,8 @@ class Engine(AttentionViews):
         num_images = BUILT_IN["num_images"] if num_images is None else check_int("number of images", num_images,
                                                                                   *LIMITS["num_images"])
         seed = check_int("seed", seed, *LIMITS["seed"])
-        if scheduler is None:  # the folder's sampler where the attention view can replay it, else BUILT_IN's
-            scheduler = own if (own := self.defaults(model).scheduler) in SCHEDULERS else BUILT_IN["scheduler"]
+        if scheduler is None:
+            scheduler = self.own_scheduler(model)
         if scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
         if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes

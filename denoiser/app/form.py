@@ -11,7 +11,6 @@ from pathlib import Path
 
 import gradio as gr
 
-from denoiser.app.engine import SCHEDULERS
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings
 from denoiser.request import BUILT_IN
@@ -106,7 +105,7 @@ class FormHandlers:
         prompt = prompts[seed % len(prompts)] if text else ""
         guidance_scale = d.get("guidance_scale", 1.0) if names or text else 1.0
         sampler = self._own_sampler(model) or (BUILT_IN["scheduler"], BUILT_IN["steps"])
-        return [model, *sampler, seed, 8, class_name, guidance_scale, d.get("pag_scale", 0.0),
+        return [model, *sampler, seed, BUILT_IN["num_images"], class_name, guidance_scale, d.get("pag_scale", 0.0),
                 d.get("guide_scale", 1.0) if has_guide else 1.0, prompt]
 
     def example_prompts(self, model) -> tuple[str, ...]:
@@ -122,10 +121,9 @@ class FormHandlers:
         """(scheduler, steps): the model folder's measured best, its sampler where the app can run it (SCHEDULERS),
         else the built-in one; None for a folder that does not load (the page says so when it is used)."""
         try:
-            own = self.engine.defaults(model)
+            return self.engine.own_scheduler(model), self.engine.defaults(model).steps
         except (ValueError, OSError):
             return None
-        return (own.scheduler if own.scheduler in SCHEDULERS else BUILT_IN["scheduler"]), own.steps
 
     def sample_form(self, model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale, guide_scale,
                     timestep_spacing, eta, guidance_interval, pag_layers, prompt="", negative_prompt="") -> dict:
