@@ -9,6 +9,7 @@ gr = pytest.importorskip("gradio")
 
 from denoiser.app.engine import Engine  # noqa: E402
 from denoiser.app.handlers import Handlers  # noqa: E402
+from denoiser.app.jobs import Jobs  # noqa: E402
 
 
 def _run(gen_fn):
@@ -73,17 +74,17 @@ def test_the_heads_statistics_are_a_job_that_stops(weights):
 def test_stop_during_a_job_without_a_preview_does_not_speak_of_one(weights):
     """Issue 51 item 3: Stop during "average the maps over every step" or "Compute statistics" said "the preview is
     that step's predicted clean image (x₀)"; neither tab has a preview. The line each job shows while it runs, as Stop
-    turns it into its stopped line (Handlers.stopped)."""
+    turns it into its stopped line (Jobs.stopped)."""
     h = Handlers(Engine(weights))
     gen = h.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=1)
     quiet = dict(progress=lambda *a, **k: None)
     for updates, shown in ((_run(h.mean_maps(gen, 0, (3, 4), **quiet)), "maps shown"),
                            (_run(h.head_stats(gen, 0, **quiet)), "charts and table shown")):
         running = [u[-1] for u in updates[:-1] if isinstance(u[-1], str)][0]
-        stopped = Handlers._stopped_text(running)
+        stopped = Jobs._stopped_text(running)
         assert stopped.startswith("**stopped at step") and shown in stopped, stopped
         assert "preview" not in stopped and "x₀" not in stopped, stopped
-    sampling = Handlers._stopped_text("denoising: step 3 / 50 · about 2 s left")  # Generate's keeps its preview
+    sampling = Jobs._stopped_text("denoising: step 3 / 50 · about 2 s left")  # Generate's keeps its preview
     assert "the preview is that step's predicted clean image (x₀)" in sampling
 
 
@@ -115,7 +116,7 @@ def test_switch_off_is_a_job_with_its_own_status_line(weights):
         for out in h.switch_off(gen, ["down.7.attn.3"], "all", progress=lambda *a, **k: None):
             lines.append(out[-1])
     assert lines[-1].startswith("**not done**: down.7.attn.3: not a layer of tiny-classes") and "Compute statistics" in lines[-1]
-    stopped = Handlers._stopped_text("switching off: step 2 / 3 · about 1 s left")
+    stopped = Jobs._stopped_text("switching off: step 2 / 3 · about 1 s left")
     assert stopped.startswith("**stopped at step 2 / 3**")
 
 
@@ -198,15 +199,15 @@ def test_a_job_stopped_while_it_waits_in_the_queue_says_it_never_started(weights
 
     h = Handlers(Engine(weights))
     session = SimpleNamespace(session_hash="queued-session")
-    h.requester("status")(session)  # Generate pressed: noted at once, before the queue hands it out
+    h.jobs.requester("status")(session)  # Generate pressed: noted at once, before the queue hands it out
     time.sleep(0.6)  # it waits in the queue (QUEUED_S): a Generate pressed right after Stop is no cancelled one
-    line = h.stopped("done: 4 image(s), 50 steps", session, "status")
+    line = h.jobs.stopped("done: 4 image(s), 50 steps", session, "status")
     assert line.startswith("**cancelled before it started**: it was waiting for the job ahead of it")
-    assert h.stopped("done: 4 image(s), 50 steps", session, "status") == "done: 4 image(s), 50 steps"  # said once
-    h.requester("status")(session)
-    with h.running(session, "status"):  # it started: a Stop then says where it stopped, as before
-        h.requester("status")(session)  # a click repeated while it runs (retry_js) asks for nothing new
+    assert h.jobs.stopped("done: 4 image(s), 50 steps", session, "status") == "done: 4 image(s), 50 steps"  # said once
+    h.jobs.requester("status")(session)
+    with h.jobs.running(session, "status"):  # it started: a Stop then says where it stopped, as before
+        h.jobs.requester("status")(session)  # a click repeated while it runs (retry_js) asks for nothing new
     time.sleep(0.6)
-    assert h.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")
-    h.requester("status")(session)  # pressed right after Stop: asked for after it, not cancelled by it
-    assert h.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")
+    assert h.jobs.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")
+    h.jobs.requester("status")(session)  # pressed right after Stop: asked for after it, not cancelled by it
+    assert h.jobs.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")

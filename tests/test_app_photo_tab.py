@@ -17,6 +17,7 @@ from PIL import Image
 
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers
+from denoiser.app.jobs import Jobs
 from denoiser.app.photo import drop_upload, keep_upload, photo_file
 from denoiser.app.photo_tab import CLEAN_SIGMA, EditHandlers
 from denoiser.image_io import read_settings, save_with_settings
@@ -377,9 +378,9 @@ def test_a_photo_denoise_counts_tiles_as_tiles_and_stop_says_so():
 
     line = progress_text("denoise (tiles)", 256, 1024, 2.0, unit="tile")
     assert line == "denoise (tiles): tile 256 / 1024 · about 6 s left"
-    assert Handlers._stopped_text(line) == ("**stopped at tile 256 / 1024**: the preview shows the tiles denoised so "
+    assert Jobs._stopped_text(line) == ("**stopped at tile 256 / 1024**: the preview shows the tiles denoised so "
                                             "far, not a result; the results shown are from the run before")
-    assert Handlers._stopped_text("edit: step 3 / 50 · about 9 s left").startswith("**stopped at step 3 / 50**: the "
+    assert Jobs._stopped_text("edit: step 3 / 50 · about 9 s left").startswith("**stopped at step 3 / 50**: the "
                                                                                   "preview is that step's predicted")
 
 

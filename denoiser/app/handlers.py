@@ -7,13 +7,10 @@ denoiser/app/streaming.py.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import tempfile
-import threading
-import time
 import zipfile
 from pathlib import Path
 
@@ -21,7 +18,7 @@ import gradio as gr
 import torch
 
 from denoiser.app.earlier_results import recall, remember
-from denoiser.app.engine import RESTORE_OPERATIONS, Engine
+from denoiser.app.engine import Engine
 from denoiser.app.form import (
     FEW_STEPS,
     MODELS_OWN,
@@ -33,6 +30,7 @@ from denoiser.app.form import (
     few_steps_note,
     guidance_info,
 )
+from denoiser.app.jobs import Jobs
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.views import HEAD_COLUMNS, N_VIEWS, NO_GENERATION, ViewHandlers, click_to_pixel, enlarge, stages_text
 from denoiser.app.work_budget import plan_work
@@ -42,17 +40,6 @@ __all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_inf
            "N_VIEWS", "NO_GENERATION", "PROMPTS", "SETTINGS_FORM", "FEW_STEPS", "result_files", "results_zip", "escape", "few_steps_note"]
 
 log = logging.getLogger("denoiser.app")
-STOP_SETTLE_S = 0.5  # after Stop, the status line is written this long after the cancel
-QUEUED_S = 0.5  # a job asked for at least this long before Stop and not started since was waiting in the queue (a
-# Generate pressed right after Stop, retry_js's, is asked for after it: not a cancelled one)
-STOP_WAIT_S = 30  # ... or once the stopped job has ended, at most this long after Stop (controls.retry_js waits for it)
-RUNNING = ("denoising", "averaging", "measuring", "switching off", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
-# after Stop, what the jobs without a preview leave shown (Attention's "average the maps", Heads' statistics)
-STOPPED_SHOWS = {"averaging": "nothing was averaged; the maps shown are of the step chosen",
-                 "denoise (tiles)": "the preview shows the tiles denoised so far, not a result; the results shown are "
-                                    "from the run before",
-                 "measuring": "nothing was measured; the charts and table shown are from before, if any"}
-MARKS_KEPT = 1000  # sessions whose last job's end Handlers remembers (for Stop's line: Handlers.stopped)
 
 
 def result_files(images: torch.Tensor, settings: dict) -> list[str]:
@@ -88,55 +75,7 @@ class Handlers(FormHandlers, ViewHandlers):
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._finished: dict[tuple[str, str], float] = {}  # (session, status line) -> when its latest job ended
-        self._running: set[tuple[str, str]] = set()  # (session, status line) of the jobs running now
-        self._requested: dict[tuple[str, str], float] = {}  # (session, status line) -> when a job not started was asked
-        self._lock = threading.Lock()
-
-    def requester(self, line: str):
-        """A job button's unqueued listener: this session asked for the job of status line `line` (it may wait in the
-        queue behind another job; a Stop before it starts says it was cancelled before it started: stopped)."""
-
-        def requested(request: gr.Request) -> None:
-            key = (getattr(request, "session_hash", None) or "", line)
-            # a click repeated while its job runs (retry_js presses again after a Stop; the page skips the job's
-            # second start) asks for nothing new
-            if key[0] and key not in self._running:
-                self._requested[key] = time.monotonic()
-
-        return requested
-
-    @contextlib.contextmanager
-    def running(self, request: gr.Request | None, line: str):
-        """A job of this session on the status line `line` runs inside (until its worker has stopped: stream)."""
-        key = (getattr(request, "session_hash", None) or "", line)
-        self._requested.pop(key, None)
-        self._running.add(key)
-        try:
-            yield
-        finally:
-            self._running.discard(key)
-
-    def finished(self, request: gr.Request | None, line: str) -> None:
-        """A job of this session writes its last line on `line` (a status line's elem_id: done, or why it did not
-        start): a Stop pressed before it no longer writes that line (stopped)."""
-        if request is None or not getattr(request, "session_hash", None):
-            return
-        self._requested.pop((request.session_hash, line), None)
-        with self._lock:
-            self._finished.pop((request.session_hash, line), None)
-            self._finished[(request.session_hash, line)] = time.monotonic()
-            while len(self._finished) > MARKS_KEPT:
-                self._finished.pop(next(iter(self._finished)))
-
-    def stopper(self, line: str):
-        """Stop's handler for the status line `line` (stopped)."""
-
-        def stop(status: str | None, request: gr.Request) -> str:
-            return self.stopped(status, request, line)
-
-        return stop
-
+        self.jobs = Jobs()  # which job of which session runs on which status line (Stop's line)
 
     def generate(self, model, scheduler=None, steps=None, seed=0, num_images=None, class_name=None, guidance_scale=None,
                  pag_scale=None, guide_scale=None, timestep_spacing=None, eta=None, guidance_interval=None, pag_layers=None,
@@ -151,7 +90,7 @@ class Handlers(FormHandlers, ViewHandlers):
             plan_work(plan).check()
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
-            self.finished(request, "status")
+            self.jobs.finished(request, "status")
             yield (*(gr.skip(),) * (N_VIEWS + 2), not_started(error.message))  # the page's status line says why...
             raise error from None  # ... and an API caller gets the error (the page shows it as a toast that stays)
         label = form["class_label"]
@@ -159,7 +98,7 @@ class Handlers(FormHandlers, ViewHandlers):
         def job(on_step):
             return self.engine.generate(model, **form, on_step=on_step, plan=plan)
 
-        with self.running(request, "status"):
+        with self.jobs.running(request, "status"):
             gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
         # what ran: the plan's values (an API call's unset fields are the model's own)
         settings = dict(model=model, seed=plan.seed, scheduler=plan.scheduler_name, steps=plan.steps,
@@ -173,7 +112,7 @@ class Handlers(FormHandlers, ViewHandlers):
         gallery = result_files(gen.images, settings)
         of = f" of “{escape(gen.prompt)}”" if gen.prompt else (f" of class {escape(class_name)}" if label is not None else "")
         cut = "".join(f" · **{escape(note)}**" for note in gen.notes)  # a cut prompt, words the model never saw
-        self.finished(request, "status")
+        self.jobs.finished(request, "status")
         yield (
             enlarge(to_pil(gen.images)), gallery, *self.generation_views(gen),
             f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps, {gen.precision}" + cut
@@ -196,35 +135,3 @@ class Handlers(FormHandlers, ViewHandlers):
     @staticmethod
     def select_result(evt: gr.SelectData) -> int:
         return int(evt.index)
-
-    def stopped(self, status: str | None, request: gr.Request | None = None, line: str = "status"):
-        """The status line `line` after Stop, written once the cancel has reached the page; untouched when a job of
-        this session has ended on it since Stop was pressed (Generate pressed right after Stop, a short run: its line
-        is the new run's). A job still running then writes its progress over this line at its next step."""
-        pressed = time.monotonic()
-        time.sleep(STOP_SETTLE_S)  # the cancel reaches the page first: this line comes after its state
-        session = getattr(request, "session_hash", None)
-        while (session or "", line) in self._running and time.monotonic() - pressed < STOP_WAIT_S:
-            time.sleep(0.05)  # the stopped job ends after its UNet call: the page presses a waiting Generate after this
-        if session and self._finished.get((session, line), 0.0) > pressed:
-            return gr.skip()
-        asked = self._requested.get((session or "", line))
-        if asked is not None and asked < pressed - QUEUED_S:  # asked for before Stop, still waiting: Stop dropped it
-            self._requested.pop((session or "", line), None)
-            return ("**cancelled before it started**: it was waiting for the job ahead of it (one job runs at a time); "
-                    "the results shown are from the run before, if any")
-        return Handlers._stopped_text(status)
-
-    @staticmethod
-    def _stopped_text(status: str | None) -> str:
-        """The status line after Stop: where the job stopped, and what the pictures shown are (a sampling job's
-        preview is the step's predicted x₀; the Attention tab's averaging and the Heads tab's statistics have no
-        preview: their maps or charts are from before)."""
-        match = re.search(r"(step|tile) (\d+) / (\d+)", status or "")
-        if match is None or not str(status).startswith(tuple(RUNNING)):
-            return status or ""  # nothing was running
-        unit, k, n = match.groups()
-        shown = STOPPED_SHOWS.get(str(status).split(":")[0], "the preview is that step's predicted clean image (x₀), "
-                                                              "not a result; the results shown are from the run before")
-        return f"**stopped at {unit} {k} / {n}**: {shown}"
-

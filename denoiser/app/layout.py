@@ -260,7 +260,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # each job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started
     for button, line in ((c.run, c.status), (c.word_edit_run, c.status), (c.edit_run, c.edit_status),
                          (c.mean_run, c.mean_status), (c.stats_run, c.stats_status), (c.off_run, c.off_status)):
-        button.click(h.requester(line.elem_id), None, None, api_name=False, queue=False)
+        button.click(h.jobs.requester(line.elem_id), None, None, api_name=False, queue=False)
     for button in (c.show_btn,):  # a new request: older messages close
         button.click(None, js=f"() => {{ {CLEAR_TOASTS} }}", api_name=False, queue=False)
     # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
@@ -352,7 +352,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
                                (c.mean_stop, c.mean_status, [averaging]), (c.stats_stop, c.stats_status, [heads]),
                                (c.off_stop, c.off_status, [switching])):
         button.click(None, None, None, cancels=jobs, js=STOPPED_JS, api_name=False).then(
-            h.stopper(line.elem_id), line, line, api_name=False, show_progress="hidden").then(None, js=STOP_DONE_JS)
+            h.jobs.stopper(line.elem_id), line, line, api_name=False, show_progress="hidden").then(None, js=STOP_DONE_JS)
     pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]
     views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
     # a text model's words: the chosen word's maps and the pixel's weights over the words follow every change of view

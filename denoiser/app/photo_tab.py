@@ -137,7 +137,7 @@ class EditHandlers:
                                          lambda path: read_photo(path, restore, size, what="the upload"))
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
-            self.h.finished(request, "edit-status")
+            self.h.jobs.finished(request, "edit-status")
             yield (*(gr.skip(),) * (N_VIEWS + 4), not_started(error.message))  # the status line says why ...
             raise error from None  # ... and the toast (an API caller gets the error)
 
@@ -145,7 +145,7 @@ class EditHandlers:
             return self.engine.restore(model, restore, image, mask, on_step=on_step)
 
         preview, what = (self._tiles_preview, "denoise (tiles)") if restore.tiled else (self._preview, operation)
-        with self.h.running(request, "edit-status"):  # Stop's line waits for this job to end (Handlers.stopped)
+        with self.h.jobs.running(request, "edit-status"):  # Stop's line waits for this job to end (Jobs.stopped)
             unit = "tile" if restore.tiled else "step"  # a photo's progress counts its tiles, and says so
             gen, done = yield from _preview_last(relay(stream(job, progress, what, unit), N_VIEWS + 4, preview, status=True))
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
@@ -162,7 +162,7 @@ class EditHandlers:
         scaled = (f", a copy scaled from {done.settings['scaled_from'][0]}x{done.settings['scaled_from'][1]} to the photo "
                   "budget") if done.settings.get("scaled_from") else ""
         what = f"{gen.num_steps} step(s)" if gen is not None else f"at {w}x{h}{scaled}"
-        self.h.finished(request, "edit-status")
+        self.h.jobs.finished(request, "edit-status")
         yield (shown, restored_text(operation, done, float(sigma or 0)), *views, gr.update(visible=False), upload,
                f"done: {operation} with {model}, {what}, {done.settings['precision']}")  # what ran
 

@@ -228,16 +228,16 @@ class ViewHandlers:
                 raise ValueError("click a pixel of the image first: the maps are of that pixel")
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
-            self.finished(request, "mean-status")
+            self.jobs.finished(request, "mean-status")
             yield gr.skip(), not_started(error.message)
             raise error from None
 
         def job(on_step):
             return self.engine.mean_attention_maps(gen, image, pixel, on_step=on_step)
 
-        with self.running(request, "mean-status"):
+        with self.jobs.running(request, "mean-status"):
             maps = yield from relay(stream(job, progress, "averaging"), 2, lambda preview: gr.skip(), status=True)
-        self.finished(request, "mean-status")
+        self.jobs.finished(request, "mean-status")
         yield maps, f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} steps"
 
     def head_stats(self, gen, image, chosen=None, progress=gr.Progress(), request: gr.Request = None):
@@ -246,17 +246,17 @@ class ViewHandlers:
         model's statistics) are dropped with the new list. Outputs: chart, table, the layers to switch off, status."""
         if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
             gr.Warning(NO_GENERATION)
-            self.finished(request, "stats-status")
+            self.jobs.finished(request, "stats-status")
             yield gr.skip(), gr.skip(), gr.skip(), NO_GENERATION
             return
 
         def job(on_step):
             return self.engine.head_table(gen, image, on_step=on_step)
 
-        with self.running(request, "stats-status"):
+        with self.jobs.running(request, "stats-status"):
             rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
         unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
-        self.finished(request, "stats-status")
+        self.jobs.finished(request, "stats-status")
         layers = list(dict.fromkeys(r.layer for r in rows))
         kept = [name for name in (chosen or []) if name in layers]  # another model's layers: not offered, not kept
         yield (chart, _head_rows(rows), gr.update(choices=layers, value=kept),
@@ -268,7 +268,7 @@ class ViewHandlers:
         warning and its line, not an error). Outputs: the picture, its text, the status line."""
         if gen is None:
             gr.Warning(NO_GENERATION)
-            self.finished(request, "off-status")
+            self.jobs.finished(request, "off-status")
             yield gr.skip(), gr.skip(), NO_GENERATION
             return
         try:
@@ -278,17 +278,17 @@ class ViewHandlers:
                                  "computed)")
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
-            self.finished(request, "off-status")
+            self.jobs.finished(request, "off-status")
             yield gr.skip(), gr.skip(), not_started(error.message)
             raise error from None
 
         def job(on_step):
             return self.engine.ablate(gen, list(layers), head_ids, on_step=on_step)
 
-        with self.running(request, "off-status"):
+        with self.jobs.running(request, "off-status"):
             off = yield from relay(stream(job, progress, "switching off"), 3, lambda preview: enlarge(preview), status=True)
         which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
-        self.finished(request, "off-status")
+        self.jobs.finished(request, "off-status")
         yield (enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
                f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity attention "
                f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}",

@@ -116,14 +116,14 @@ class WordEdit:
             plan_work(plan).check()
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
-            self.h.finished(request, "status")
+            self.h.jobs.finished(request, "status")
             yield (*(gr.skip(),) * (N_VIEWS + 2), not_started(error.message))
             raise error from None
 
         def job(on_step):
             return self.engine.generate(model, **form, on_step=on_step, plan=plan)
 
-        with self.h.running(request, "status"):
+        with self.h.jobs.running(request, "status"):
             gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
         edit = form["edit"]
         made = {k: v for k, v in settings.items() if k not in ("index", "count", *EDIT_SETTINGS)}
@@ -132,7 +132,7 @@ class WordEdit:
                     cross_replace_steps=edit.cross_replace_steps[1], self_replace_steps=edit.self_replace_steps[1])
         what = (f"{edit.edit_type}: the word maps from the source for the first {edit.cross_replace_steps[1]:.0%} of the "
                 f"steps, its layout for the first {edit.self_replace_steps[1]:.0%}; both from the noise of seed {form['seed']}")
-        self.h.finished(request, "status")
+        self.h.jobs.finished(request, "status")
         yield (enlarge(to_pil(gen.images)), result_files(gen.images, made), *self.h.generation_views(gen),
                f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, {gen.num_steps} steps"
                f" · {what}{note}" + few_steps_note(gen.num_steps))
