@@ -9,6 +9,7 @@ gr = pytest.importorskip("gradio")
 
 from denoiser.app.engine import Engine  # noqa: E402
 from denoiser.app.handlers import Handlers  # noqa: E402
+from denoiser.app.heads_tab import HeadsTab  # noqa: E402
 from denoiser.app.jobs import Jobs  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def test_the_heads_statistics_are_a_job_that_stops(weights):
 
     h = Handlers(Engine(weights))
     gen = h.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
-    updates = _run(h.head_stats(gen, 0, progress=lambda *a, **k: None))
+    updates = _run(HeadsTab(h.engine, h.jobs).head_stats(gen, 0, progress=lambda *a, **k: None))
     assert any(isinstance(u[3], str) and u[3].startswith("measuring: step") for u in updates)
     chart, rows, layers, line = updates[-1]
     assert line.startswith("done:") and rows and layers["choices"] and layers["value"] == []
@@ -51,7 +52,7 @@ def test_the_heads_statistics_are_a_job_that_stops(weights):
     # listed, and Switch off then failed in Gradio's own words ("Value: 'up.1.attn.0' ... not in the list of
     # choices"); now the new list keeps only this model's layers
     mine = layers["choices"][0]
-    *_, (_, _, relisted, _) = _run(h.head_stats(gen, 0, ["up.1.attn.0", mine], progress=lambda *a, **k: None))
+    *_, (_, _, relisted, _) = _run(HeadsTab(h.engine, h.jobs).head_stats(gen, 0, ["up.1.attn.0", mine], progress=lambda *a, **k: None))
     assert relisted["value"] == [mine] and "up.1.attn.0" not in relisted["choices"]
     # Stop: the page closes the handler at a yield; the worker stops at its next UNet call and is joined
     import time
@@ -79,7 +80,7 @@ def test_stop_during_a_job_without_a_preview_does_not_speak_of_one(weights):
     gen = h.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=1)
     quiet = dict(progress=lambda *a, **k: None)
     for updates, shown in ((_run(h.mean_maps(gen, 0, (3, 4), **quiet)), "maps shown"),
-                           (_run(h.head_stats(gen, 0, **quiet)), "charts and table shown")):
+                           (_run(HeadsTab(h.engine, h.jobs).head_stats(gen, 0, **quiet)), "charts and table shown")):
         running = [u[-1] for u in updates[:-1] if isinstance(u[-1], str)][0]
         stopped = Jobs._stopped_text(running)
         assert stopped.startswith("**stopped at step") and shown in stopped, stopped
@@ -93,8 +94,8 @@ def test_switch_off_before_a_generation_hints_as_compute_statistics_does(weights
     Switch off. Both now warn and say it on their line."""
     h = Handlers(Engine(weights))
     quiet = dict(progress=lambda *a, **k: None)
-    stats = _run(h.head_stats(None, 0, **quiet))  # neither raises: no Error toast
-    off = _run(h.switch_off(None, ["mid_attn"], "all", **quiet))
+    stats = _run(HeadsTab(h.engine, h.jobs).head_stats(None, 0, **quiet))  # neither raises: no Error toast
+    off = _run(HeadsTab(h.engine, h.jobs).switch_off(None, ["mid_attn"], "all", **quiet))
     assert stats[-1][-1] == off[-1][-1] and off[-1][-1].startswith("generate images first")
 
 
@@ -104,16 +105,16 @@ def test_switch_off_is_a_job_with_its_own_status_line(weights):
     h = Handlers(Engine(weights))
     gen = h.engine.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=1)
     layer = h.engine.records(gen, 0)[0].name
-    updates = _run(h.switch_off(gen, [layer], "all", progress=lambda *a, **k: None))
+    updates = _run(HeadsTab(h.engine, h.jobs).switch_off(gen, [layer], "all", progress=lambda *a, **k: None))
     lines = [u[-1] for u in updates if isinstance(u[-1], str)]
     assert any(line.startswith("switching off: step") for line in lines), lines
     assert lines[-1] == f"done: {layer} switched off, 3 steps" and "switched to identity attention" in updates[-1][1]
-    refused = h.switch_off(gen, [], "all", progress=lambda *a, **k: None)
+    refused = HeadsTab(h.engine, h.jobs).switch_off(gen, [], "all", progress=lambda *a, **k: None)
     assert next(refused)[-1].startswith("**not started**: choose at least one attention layer to switch off")
     # a layer listed by another model's statistics (the walk, seed 11 step 134): said in words, on the status line
     lines = []
     with pytest.raises(Exception, match="not a layer of tiny-classes, the model of the images shown"):
-        for out in h.switch_off(gen, ["down.7.attn.3"], "all", progress=lambda *a, **k: None):
+        for out in HeadsTab(h.engine, h.jobs).switch_off(gen, ["down.7.attn.3"], "all", progress=lambda *a, **k: None):
             lines.append(out[-1])
     assert lines[-1].startswith("**not done**: down.7.attn.3: not a layer of tiny-classes") and "Compute statistics" in lines[-1]
     stopped = Jobs._stopped_text("switching off: step 2 / 3 · about 1 s left")

@@ -11,6 +11,7 @@ from torchvision.transforms.functional import pil_to_tensor
 from denoiser import UNet
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers, stages_text
+from denoiser.app.heads_tab import HeadsTab
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.pixels import to_uint8
 from denoiser.sampling.guidance import Guidance
@@ -365,7 +366,8 @@ def test_the_heads_and_layer_views_answer_in_words_not_error_badges(weights):
 
     h = Handlers(Engine(weights))
     with pytest.warns(UserWarning, match="generate images first"):
-        *outputs, line = next(h.head_stats(None, 0))  # a job now (issue 41 item 7): its status line says it too
+        # a job now (issue 41 item 7): its status line says it too
+        *outputs, line = next(HeadsTab(h.engine, h.jobs).head_stats(None, 0))
     assert all(isinstance(o, type(gr.skip())) for o in outputs) and len(outputs) == 3 and "generate images first" in line
     gen = h.engine.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
     with pytest.warns(UserWarning, match="not one of this generation's"):  # the walk, seed 10 step 55: before, an

@@ -2,9 +2,10 @@
 [--max-sessions 32] [--weights FOLDER]`.
 
 This module starts the process. The app's parts, each in its own file: `serve` (arguments, the server,
-stopping), `layout` (the page), `handlers` (Generate, Stop, results) with `form` (the Sample tab's form) and
-`views` (the Attention and Heads tabs), `edit` (the Photo tab), `streaming` (jobs in a worker thread, progress,
-errors for people), `engine` (models, sampling and restoring, without the web) with `attention_views` (the
+stopping), `layout` (the page), `handlers` (Generate, results) with `form` (the Sample tab's form) and
+`views` (the Attention tab), `photo_tab` and `heads_tab` (those tabs, each its components, handlers and wiring),
+`jobs` (which job runs on which status line, for Stop), `streaming` (jobs in a worker thread, progress, errors for
+people), `engine` (models, sampling and restoring, without the web) with `attention_views` (the
 attention, word maps, four stages and heads it shows).
 
 Gradio's served files go to a folder of the app's own (under GRADIO_TEMP_DIR when set), made before

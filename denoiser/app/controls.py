@@ -10,7 +10,7 @@ import gradio as gr
 
 from denoiser.app.form_limits import LIMITS
 
-__all__ = ["CANCELS_JS", "CLEAR_TOASTS", "SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "keep", "on_any_change", "ran_js", "retry_js", "run_controls",
+__all__ = ["CANCELS_JS", "CLEAR_TOASTS", "SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "job_controls", "keep", "on_any_change", "ran_js", "retry_js", "run_controls", "stop_controls",
            "whole_box"]
 
 SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is dropped this long after its last update
@@ -64,6 +64,26 @@ def ran_js(button: str) -> str:
             f"while ((window.denoiserCancels || 0) > 0 && Date.now() - at < {CANCEL_WAIT_S * 1000}) "
             "await new Promise(ok => setTimeout(ok, 50)); "
             "return args; }")
+
+
+def job_controls(run: gr.Button, stop: gr.Button, status: gr.Markdown, jobs, fn, inputs: list, outputs: list, **kwargs):
+    """A long job on `run` (one at a time on the server: the "sampling" slot), its progress on `status`, stopped by
+    `stop`: pressed right after a Stop, `run` is pressed again until its job goes out (retry_js, before the job's own
+    listener: Gradio runs a click's listeners in order); its request is noted at once, unqueued, so a Stop while it
+    still waits says it never started (`jobs`: denoiser.app.jobs.Jobs). Returns the job's event."""
+    run.click(None, js=retry_js(run.elem_id), api_name=False, queue=False)
+    run.click(jobs.requester(status.elem_id), None, None, api_name=False, queue=False)
+    job = run.click(fn, inputs, outputs, js=ran_js(run.elem_id), concurrency_limit=1, concurrency_id="sampling",
+                    show_progress_on=[status], **kwargs)
+    stop_controls(stop, status, [job], jobs)
+    return job
+
+
+def stop_controls(stop: gr.Button, status: gr.Markdown, events: list, jobs) -> None:
+    """`stop` cancels `events`; then its status line says where the job stopped (jobs.stopper, once the stopped job
+    has ended), and the page may press a waiting Run (STOP_DONE_JS, retry_js)."""
+    stop.click(None, None, None, cancels=events, js=STOPPED_JS, api_name=False).then(
+        jobs.stopper(status.elem_id), status, status, api_name=False, show_progress="hidden").then(None, js=STOP_DONE_JS)
 
 
 def on_any_change(controls: list, fn, inputs: list, outputs, *, load: gr.Blocks | None = None, **kwargs):

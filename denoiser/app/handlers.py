@@ -32,11 +32,11 @@ from denoiser.app.form import (
 )
 from denoiser.app.jobs import Jobs
 from denoiser.app.streaming import not_started, relay, stream, user_error
-from denoiser.app.views import HEAD_COLUMNS, N_VIEWS, NO_GENERATION, ViewHandlers, click_to_pixel, enlarge, stages_text
+from denoiser.app.views import N_VIEWS, NO_GENERATION, ViewHandlers, click_to_pixel, enlarge, stages_text
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import save_with_settings, to_pil
 
-__all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "HEAD_COLUMNS", "NO_CLASS", "MODELS_OWN",
+__all__ = ["Handlers", "click_to_pixel", "enlarge", "stages_text", "guidance_info", "NO_CLASS", "MODELS_OWN",
            "N_VIEWS", "NO_GENERATION", "PROMPTS", "SETTINGS_FORM", "FEW_STEPS", "result_files", "results_zip", "escape", "few_steps_note"]
 
 log = logging.getLogger("denoiser.app")

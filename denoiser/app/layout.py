@@ -14,21 +14,21 @@ from denoiser.app.controls import (
     CANCELS_JS,
     CLEAR_TOASTS,
     SESSION_TTL_S,
-    STOP_DONE_JS,
-    STOPPED_JS,
     form_slider,
     keep,
     on_any_change,
     ran_js,
     retry_js,
     run_controls,
+    stop_controls,
     whole_box,
 )
 from denoiser.app.earlier_results import KEEP, STORAGE_KEY
 from denoiser.app.engine import SCHEDULERS, Engine
 from denoiser.app.form import ADVANCED, SETTINGS_FORM
 from denoiser.app.form_limits import LIMITS
-from denoiser.app.handlers import HEAD_COLUMNS, MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info, results_zip
+from denoiser.app.handlers import MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info, results_zip
+from denoiser.app.heads_tab import HeadsTab
 from denoiser.app.photo_tab import EXAMPLES, edit_tab, wire_edit
 from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
 from denoiser.app.words import word_maps_label, word_weights_label, words_label
@@ -91,8 +91,10 @@ def build_app(engine: Engine) -> gr.Blocks:
         _sample_tab(c, h, models, default)
         edit_tab(c, models, default)
         _attention_tab(c)
-        _heads_tab(c)
+        heads = HeadsTab(engine, h.jobs)
+        heads.build()
         _wire(app, h, c)
+        heads.wire(c.gen_state, c.image_idx)
     whole_files()  # a picture returned again is not rewritten under a response still serving it
     return sweep_safe(app)  # the delete_cache sweep above survives files added while it runs
 
@@ -224,42 +226,14 @@ def _attention_tab(c: SimpleNamespace) -> None:
     keep(c, locals())
 
 
-def _heads_tab(c: SimpleNamespace) -> None:
-    with gr.Tab("Heads", elem_id="heads-tab"):
-        gr.Markdown("What each attention layer and head does for the chosen image (Attention tab's image slider), "
-                    "at four noise levels: how far it looks (mean distance in image pixels), how spread its weights "
-                    "are (entropy / log N: 1 = uniform), how much a pixel keeps of itself, and how much the U-Net's "
-                    "output changes when the layer or head is switched to identity attention.")
-        with gr.Row():
-            with gr.Column(scale=1):
-                stats_run, stats_stop, stats_status = run_controls("Compute statistics", "stats-run", "stats-stop",
-                                                                   "stats-status")
-                # a layer the page no longer lists (an API call's, say) reaches the switch, which says why in words
-                off_layers = gr.Dropdown([], multiselect=True, label="layers to switch off", elem_id="off-layers",
-                                         info="listed once the statistics are computed", allow_custom_value=True)
-                off_heads = gr.Textbox("all", label="heads to switch off (all, or e.g. 0,2)", elem_id="off-heads")
-                off_run, off_stop, off_status = run_controls("Switch off and regenerate (same seed)", "off-run",
-                                                             "off-stop", "off-status")
-            with gr.Column(scale=2):
-                gr.Markdown("**Per layer** (heads averaged), over the noise level t (noisy on the left)")
-                stats_chart = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stats-chart")
-                stats_table = gr.Dataframe(headers=HEAD_COLUMNS, label="layers x heads (mean over the noise levels; "
-                                           "head -1 = the whole layer)", elem_id="stats-table", interactive=False)
-                gr.Markdown("**Switched off**: as generated (top row), the same seed without the chosen attention (bottom)")
-                off_image = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="off-image")
-                off_text = gr.Markdown()
-
-    keep(c, locals())
-
-
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
     # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js)
-    for button in (c.run, c.word_edit_run, c.edit_run, c.mean_run, c.stats_run, c.off_run):
+    for button in (c.run, c.word_edit_run, c.edit_run, c.mean_run):
         button.click(None, js=retry_js(button.elem_id), api_name=False, queue=False)
     # each job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started
     for button, line in ((c.run, c.status), (c.word_edit_run, c.status), (c.edit_run, c.edit_status),
-                         (c.mean_run, c.mean_status), (c.stats_run, c.stats_status), (c.off_run, c.off_status)):
+                         (c.mean_run, c.mean_status)):
         button.click(h.jobs.requester(line.elem_id), None, None, api_name=False, queue=False)
     for button in (c.show_btn,):  # a new request: older messages close
         button.click(None, js=f"() => {{ {CLEAR_TOASTS} }}", api_name=False, queue=False)
@@ -278,12 +252,6 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
         clicked.then(h.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
     c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
     c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
-    heads = c.stats_run.click(h.head_stats, [c.gen_state, c.image_idx, c.off_layers], [c.stats_chart, c.stats_table, c.off_layers,
-                              c.stats_status], api_name="heads", concurrency_limit=1, concurrency_id="sampling",
-                              show_progress_on=[c.stats_status], js=ran_js("stats-run"))  # right after Stop: retry_js
-    switching = c.off_run.click(h.switch_off, [c.gen_state, c.off_layers, c.off_heads], [c.off_image, c.off_text,
-                                c.off_status], concurrency_limit=1, concurrency_id="sampling", api_name="switch_off",
-                                show_progress_on=[c.off_status], js=ran_js("off-run"))  # right after Stop: retry_js
     work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.scheduler, c.spacing, c.interval,
             c.pag_layers, c.prompt, c.negative_prompt]  # what Generate reads, in budget_note's order
     on_any_change(work, h.budget_note, work, c.budget, load=app, show_progress="hidden")  # the note of the latest form
@@ -349,10 +317,8 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
                                  api_name="mean_maps", concurrency_limit=1, concurrency_id="sampling",
                                  show_progress_on=[c.mean_status], js=ran_js("mean-run"))  # right after Stop: retry_js
     for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [editing]),
-                               (c.mean_stop, c.mean_status, [averaging]), (c.stats_stop, c.stats_status, [heads]),
-                               (c.off_stop, c.off_status, [switching])):
-        button.click(None, None, None, cancels=jobs, js=STOPPED_JS, api_name=False).then(
-            h.jobs.stopper(line.elem_id), line, line, api_name=False, show_progress="hidden").then(None, js=STOP_DONE_JS)
+                               (c.mean_stop, c.mean_status, [averaging])):
+        stop_controls(button, line, jobs, h.jobs)
     pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]
     views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
     # a text model's words: the chosen word's maps and the pixel's weights over the words follow every change of view

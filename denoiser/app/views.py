@@ -1,5 +1,5 @@
-"""The Attention and Heads tabs' handlers: what a new generation sets on those tabs, a clicked pixel's maps and four
-stages, a text model's word maps, the maps averaged over the chain, the heads' statistics and switching them off. A
+"""The Attention tab's handlers: what a new generation sets on it, a clicked pixel's maps and four stages, a text
+model's word maps, the maps averaged over the chain (the Heads tab is denoiser/app/heads_tab.py). A
 mixin of denoiser.app.handlers.Handlers, which binds it to an engine; the drawing is denoiser/app/attention_views.py's.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 
 import gradio as gr
-import torch
 from PIL import Image, ImageDraw
 
 from denoiser.app.engine import Stages
@@ -25,7 +24,7 @@ from denoiser.app.words import (
 )
 from denoiser.image_io import to_pil
 
-__all__ = ["ViewHandlers", "click_to_pixel", "enlarge", "stages_text", "HEAD_COLUMNS", "N_VIEWS", "NO_GENERATION"]
+__all__ = ["ViewHandlers", "click_to_pixel", "enlarge", "stages_text", "N_VIEWS", "NO_GENERATION"]
 
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
@@ -90,21 +89,7 @@ def _index_slider(count: int, value: int) -> dict:
     return gr.update(maximum=max(1, count - 1), value=value, interactive=count > 1, visible=count > 1)
 
 
-HEAD_COLUMNS = ["layer", "head", "grid", "distance (px)", "entropy / log N", "self-weight", "output change"]
 
-
-def _head_rows(rows) -> list[list]:
-    """attention_stats rows -> one table row per (layer, head), averaged over the noise levels."""
-    groups: dict[tuple[str, int], list] = {}
-    for r in rows:
-        groups.setdefault((r.layer, r.head), []).append(r)
-    table = []
-    for (layer, head), rs in groups.items():
-        n = len(rs)
-        table.append([layer, head, f"{rs[0].resolution}x{rs[0].resolution}",
-                      round(sum(r.mean_distance for r in rs) / n, 2), round(sum(r.entropy / r.max_entropy for r in rs) / n, 3),
-                      round(sum(r.self_weight for r in rs) / n, 3), round(sum(r.output_change for r in rs) / n, 4)])
-    return table
 
 
 def _generation(gen):
@@ -112,17 +97,6 @@ def _generation(gen):
     if gen is None:
         raise ValueError(NO_GENERATION)
     return gen
-
-
-def _parse_heads(text) -> list[int] | None:
-    """'all' (or empty) -> None; '0, 2' -> [0, 2]."""
-    text = str(text or "").strip().lower()
-    if text in ("", "all"):
-        return None
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"heads must be 'all' or comma-separated numbers such as 0,2; got {text[:40]!r}") from None
 
 
 def stages_text(s: Stages) -> str:
@@ -239,60 +213,6 @@ class ViewHandlers:
             maps = yield from relay(stream(job, progress, "averaging"), 2, lambda preview: gr.skip(), status=True)
         self.jobs.finished(request, "mean-status")
         yield maps, f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} steps"
-
-    def head_stats(self, gen, image, chosen=None, progress=gr.Progress(), request: gr.Request = None):
-        """The Heads tab's statistics of one generated image: long work (a UNet call per noise level, layer and head),
-        so a job like Generate. `chosen`: the layers picked to switch off; those this model lacks (picked from another
-        model's statistics) are dropped with the new list. Outputs: chart, table, the layers to switch off, status."""
-        if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
-            gr.Warning(NO_GENERATION)
-            self.jobs.finished(request, "stats-status")
-            yield gr.skip(), gr.skip(), gr.skip(), NO_GENERATION
-            return
-
-        def job(on_step):
-            return self.engine.head_table(gen, image, on_step=on_step)
-
-        with self.jobs.running(request, "stats-status"):
-            rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
-        unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
-        self.jobs.finished(request, "stats-status")
-        layers = list(dict.fromkeys(r.layer for r in rows))
-        kept = [name for name in (chosen or []) if name in layers]  # another model's layers: not offered, not kept
-        yield (chart, _head_rows(rows), gr.update(choices=layers, value=kept),
-               f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} noise levels{unprompted}")
-
-    def switch_off(self, gen, layers, heads, progress=gr.Progress(), request: gr.Request = None):
-        """The Heads tab's switch: the same seed regenerated with the chosen layers or heads at identity attention, a
-        job like Generate (its own status line and Stop). Before any generation, the hint Compute statistics gives (a
-        warning and its line, not an error). Outputs: the picture, its text, the status line."""
-        if gen is None:
-            gr.Warning(NO_GENERATION)
-            self.jobs.finished(request, "off-status")
-            yield gr.skip(), gr.skip(), NO_GENERATION
-            return
-        try:
-            head_ids = _parse_heads(heads)
-            if not layers:
-                raise ValueError("choose at least one attention layer to switch off (listed once the statistics are "
-                                 "computed)")
-        except Exception as err:  # noqa: BLE001
-            error = user_error(err)
-            self.jobs.finished(request, "off-status")
-            yield gr.skip(), gr.skip(), not_started(error.message)
-            raise error from None
-
-        def job(on_step):
-            return self.engine.ablate(gen, list(layers), head_ids, on_step=on_step)
-
-        with self.jobs.running(request, "off-status"):
-            off = yield from relay(stream(job, progress, "switching off"), 3, lambda preview: enlarge(preview), status=True)
-        which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
-        self.jobs.finished(request, "off-status")
-        yield (enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
-               f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity attention "
-               f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}",
-               f"done: {which} switched off, {off.num_steps} steps")
 
     @friendly
     @of_this_generation(3)

@@ -1,0 +1,146 @@
+"""The Heads tab: what each attention layer and head does for the chosen image, at four noise levels (the charts and
+table of `denoiser attention-stats`), and a switch that regenerates the same seed with the chosen layers or heads at
+identity attention. One module: its components (`HeadsTab.build`), its handlers and its wiring (`HeadsTab.wire`).
+The image is the Attention tab's image slider's, of the session's generation (the page's shared state).
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+import torch
+
+from denoiser.app.controls import job_controls, run_controls
+from denoiser.app.engine import Engine
+from denoiser.app.jobs import Jobs
+from denoiser.app.streaming import not_started, relay, stream, user_error
+from denoiser.app.views import NO_GENERATION, enlarge
+from denoiser.image_io import to_pil
+
+__all__ = ["HeadsTab", "HEAD_COLUMNS"]
+
+HEAD_COLUMNS = ["layer", "head", "grid", "distance (px)", "entropy / log N", "self-weight", "output change"]
+
+
+def _head_rows(rows) -> list[list]:
+    """attention_stats rows -> one table row per (layer, head), averaged over the noise levels."""
+    groups: dict[tuple[str, int], list] = {}
+    for r in rows:
+        groups.setdefault((r.layer, r.head), []).append(r)
+    table = []
+    for (layer, head), rs in groups.items():
+        n = len(rs)
+        table.append([layer, head, f"{rs[0].resolution}x{rs[0].resolution}",
+                      round(sum(r.mean_distance for r in rs) / n, 2), round(sum(r.entropy / r.max_entropy for r in rs) / n, 3),
+                      round(sum(r.self_weight for r in rs) / n, 3), round(sum(r.output_change for r in rs) / n, 4)])
+    return table
+
+
+def _parse_heads(text) -> list[int] | None:
+    """'all' (or empty) -> None; '0, 2' -> [0, 2]."""
+    text = str(text or "").strip().lower()
+    if text in ("", "all"):
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"heads must be 'all' or comma-separated numbers such as 0,2; got {text[:40]!r}") from None
+
+
+class HeadsTab:
+    """The Heads tab of one page: built inside the page's Blocks (`build`), then wired to the page's generation and
+    image slider (`wire`)."""
+
+    def __init__(self, engine: Engine, jobs: Jobs) -> None:
+        self.engine, self.jobs = engine, jobs
+
+    def build(self) -> None:
+        with gr.Tab("Heads", elem_id="heads-tab"):
+            gr.Markdown("What each attention layer and head does for the chosen image (Attention tab's image slider), "
+                        "at four noise levels: how far it looks (mean distance in image pixels), how spread its weights "
+                        "are (entropy / log N: 1 = uniform), how much a pixel keeps of itself, and how much the U-Net's "
+                        "output changes when the layer or head is switched to identity attention.")
+            with gr.Row():
+                with gr.Column(scale=1):
+                    self.stats_run, self.stats_stop, self.stats_status = run_controls(
+                        "Compute statistics", "stats-run", "stats-stop", "stats-status")
+                    # a layer the page no longer lists (an API call's, say) reaches the switch, which says why in words
+                    self.off_layers = gr.Dropdown([], multiselect=True, label="layers to switch off", elem_id="off-layers",
+                                                  info="listed once the statistics are computed", allow_custom_value=True)
+                    self.off_heads = gr.Textbox("all", label="heads to switch off (all, or e.g. 0,2)", elem_id="off-heads")
+                    self.off_run, self.off_stop, self.off_status = run_controls(
+                        "Switch off and regenerate (same seed)", "off-run", "off-stop", "off-status")
+                with gr.Column(scale=2):
+                    gr.Markdown("**Per layer** (heads averaged), over the noise level t (noisy on the left)")
+                    self.stats_chart = gr.Image(show_label=False, format="png", type="pil", interactive=False,
+                                                elem_id="stats-chart")
+                    self.stats_table = gr.Dataframe(headers=HEAD_COLUMNS, label="layers x heads (mean over the noise "
+                                                    "levels; head -1 = the whole layer)", elem_id="stats-table",
+                                                    interactive=False)
+                    gr.Markdown("**Switched off**: as generated (top row), the same seed without the chosen attention "
+                                "(bottom)")
+                    self.off_image = gr.Image(show_label=False, format="png", type="pil", interactive=False,
+                                              elem_id="off-image")
+                    self.off_text = gr.Markdown()
+
+    def wire(self, gen_state: gr.State, image_idx: gr.Slider) -> None:
+        """Its two jobs, each with its Stop and status line (job_controls), on the session's generation and image."""
+        job_controls(self.stats_run, self.stats_stop, self.stats_status, self.jobs, self.head_stats,
+                     [gen_state, image_idx, self.off_layers],
+                     [self.stats_chart, self.stats_table, self.off_layers, self.stats_status], api_name="heads")
+        job_controls(self.off_run, self.off_stop, self.off_status, self.jobs, self.switch_off,
+                     [gen_state, self.off_layers, self.off_heads], [self.off_image, self.off_text, self.off_status],
+                     api_name="switch_off")
+
+    def head_stats(self, gen, image, chosen=None, progress=gr.Progress(), request: gr.Request = None):
+        """The Heads tab's statistics of one generated image: long work (a UNet call per noise level, layer and head),
+        so a job like Generate. `chosen`: the layers picked to switch off; those this model lacks (picked from another
+        model's statistics) are dropped with the new list. Outputs: chart, table, the layers to switch off, status."""
+        if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
+            gr.Warning(NO_GENERATION)
+            self.jobs.finished(request, "stats-status")
+            yield gr.skip(), gr.skip(), gr.skip(), NO_GENERATION
+            return
+
+        def job(on_step):
+            return self.engine.head_table(gen, image, on_step=on_step)
+
+        with self.jobs.running(request, "stats-status"):
+            rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
+        unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
+        self.jobs.finished(request, "stats-status")
+        layers = list(dict.fromkeys(r.layer for r in rows))
+        kept = [name for name in (chosen or []) if name in layers]  # another model's layers: not offered, not kept
+        yield (chart, _head_rows(rows), gr.update(choices=layers, value=kept),
+               f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} noise levels{unprompted}")
+
+    def switch_off(self, gen, layers, heads, progress=gr.Progress(), request: gr.Request = None):
+        """The Heads tab's switch: the same seed regenerated with the chosen layers or heads at identity attention, a
+        job like Generate (its own status line and Stop). Before any generation, the hint Compute statistics gives (a
+        warning and its line, not an error). Outputs: the picture, its text, the status line."""
+        if gen is None:
+            gr.Warning(NO_GENERATION)
+            self.jobs.finished(request, "off-status")
+            yield gr.skip(), gr.skip(), NO_GENERATION
+            return
+        try:
+            head_ids = _parse_heads(heads)
+            if not layers:
+                raise ValueError("choose at least one attention layer to switch off (listed once the statistics are "
+                                 "computed)")
+        except Exception as err:  # noqa: BLE001
+            error = user_error(err)
+            self.jobs.finished(request, "off-status")
+            yield gr.skip(), gr.skip(), not_started(error.message)
+            raise error from None
+
+        def job(on_step):
+            return self.engine.ablate(gen, list(layers), head_ids, on_step=on_step)
+
+        with self.jobs.running(request, "off-status"):
+            off = yield from relay(stream(job, progress, "switching off"), 3, lambda preview: enlarge(preview), status=True)
+        which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
+        self.jobs.finished(request, "off-status")
+        yield (enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
+               f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity attention "
+               f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}",
+               f"done: {which} switched off, {off.num_steps} steps")
