@@ -7,6 +7,7 @@ import pytest
 
 gr = pytest.importorskip("gradio")
 
+from denoiser.app.attention_tab import AttentionTab  # noqa: E402
 from denoiser.app.engine import Engine  # noqa: E402
 from denoiser.app.handlers import Handlers  # noqa: E402
 from denoiser.app.heads_tab import HeadsTab  # noqa: E402
@@ -21,7 +22,7 @@ def _run(gen_fn):
 def test_the_averaged_maps_are_a_job_with_progress_and_a_result_line(weights):
     h = Handlers(Engine(weights))
     gen = h.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=2)
-    updates = _run(h.mean_maps(gen, 1, (3, 4), progress=lambda *a, **k: None))
+    updates = _run(AttentionTab(h.engine, h.jobs).mean_maps(gen, 1, (3, 4), progress=lambda *a, **k: None))
     texts = [u[1] for u in updates if isinstance(u[1], str)]
     assert any(t.startswith("averaging: step") for t in texts)  # progress with its step count
     maps, last = updates[-1]
@@ -32,7 +33,7 @@ def test_the_averaged_maps_are_a_job_with_progress_and_a_result_line(weights):
 def test_the_averaged_maps_need_a_pixel_and_say_so_on_their_line(weights):
     h = Handlers(Engine(weights))
     gen = h.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
-    run = h.mean_maps(gen, 0, None, progress=lambda *a, **k: None)
+    run = AttentionTab(h.engine, h.jobs).mean_maps(gen, 0, None, progress=lambda *a, **k: None)
     skip, line = next(run)
     assert line.startswith("**not started**: click a pixel of the image first")
     with pytest.raises(gr.Error, match="click a pixel"):
@@ -79,7 +80,7 @@ def test_stop_during_a_job_without_a_preview_does_not_speak_of_one(weights):
     h = Handlers(Engine(weights))
     gen = h.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=1)
     quiet = dict(progress=lambda *a, **k: None)
-    for updates, shown in ((_run(h.mean_maps(gen, 0, (3, 4), **quiet)), "maps shown"),
+    for updates, shown in ((_run(AttentionTab(h.engine, h.jobs).mean_maps(gen, 0, (3, 4), **quiet)), "maps shown"),
                            (_run(HeadsTab(h.engine, h.jobs).head_stats(gen, 0, **quiet)), "charts and table shown")):
         running = [u[-1] for u in updates[:-1] if isinstance(u[-1], str)][0]
         stopped = Jobs._stopped_text(running)
@@ -185,10 +186,10 @@ def test_a_view_read_with_the_generation_befores_step_waits_for_the_new_one(weig
     h = Handlers(Engine(weights))
     gen = h.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
     skip = gr.skip()
-    assert h.restage(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 3
-    assert h.refresh(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 4
-    assert h.refresh(gen, 3, 1, (1, 1), 0, 0) == (skip,) * 4  # an image of the generation before
-    stages, text, heads = h.restage(gen, 0, 1, (1, 1), 0, 0)
+    assert AttentionTab(h.engine, h.jobs).restage(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 3
+    assert AttentionTab(h.engine, h.jobs).refresh(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 4
+    assert AttentionTab(h.engine, h.jobs).refresh(gen, 3, 1, (1, 1), 0, 0) == (skip,) * 4  # an image of the generation before
+    stages, text, heads = AttentionTab(h.engine, h.jobs).restage(gen, 0, 1, (1, 1), 0, 0)
     assert stages is not None and "step 1" in text
 
 

@@ -9,6 +9,7 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from denoiser import UNet
+from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import Handlers, stages_text
 from denoiser.app.heads_tab import HeadsTab
@@ -371,13 +372,13 @@ def test_the_heads_and_layer_views_answer_in_words_not_error_badges(weights):
     assert all(isinstance(o, type(gr.skip())) for o in outputs) and len(outputs) == 3 and "generate images first" in line
     gen = h.engine.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
     with pytest.warns(UserWarning, match="not one of this generation's"):  # the walk, seed 10 step 55: before, an
-        stages, text, heads = h.restage(gen, 0, 1, (3, 4), "zzz", 0)  # error emptied the head list, stale text stayed
+        stages, text, heads = AttentionTab(h.engine, h.jobs).restage(gen, 0, 1, (3, 4), "zzz", 0)  # error emptied the head list, stale text stayed
     assert stages is None and "not one of this generation's" in text and "invalid literal" not in text
     assert isinstance(heads, type(gr.skip()))  # the head list keeps the last real layer's heads
     # and the pixel's views still show with that layer typed (the walk, seed 10 step 65: the image went blank)
-    _, _, _, shown, maps, stages, text = h.at_pixel(gen, 0, 1, 3, 4, "zzz", 0)
+    _, _, _, shown, maps, stages, text = AttentionTab(h.engine, h.jobs).at_pixel(gen, 0, 1, 3, 4, "zzz", 0)
     assert shown is not None and maps is not None and stages is None and text.startswith("**Not shown:** layer 'zzz'")
-    stages, text, heads = h.restage(gen, 0, 1, (3, 4), 1, 0)
+    stages, text, heads = AttentionTab(h.engine, h.jobs).restage(gen, 0, 1, (3, 4), 1, 0)
     assert stages is not None and "head 0" in text and heads["value"] == 0
 
 

@@ -13,6 +13,7 @@ import torch
 from diffusers import DDPMScheduler
 
 from denoiser import UNet
+from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
 from denoiser.image_io import read_settings
@@ -100,11 +101,11 @@ def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     restored = h.use_settings(gallery, 0)
     form = dict(zip(SETTINGS_FORM, restored))
     assert form["prompt"]["value"] == "red apple" and form["prompt"]["visible"]
-    word_map, pixel_weights = h.word_views(gen, 0, 1, (3, 4), 1)
+    word_map, pixel_weights = AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, (3, 4), 1)
     assert word_map is not None and pixel_weights is not None
-    each_head, _ = h.word_views(gen, 0, 1, (3, 4), 1, True)  # "each head": a row per layer
+    each_head, _ = AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, (3, 4), 1, True)  # "each head": a row per layer
     assert each_head["value"].height > word_map["value"].height and "“apple”" in word_map["label"]
-    assert h.word_views(gen, 0, 1, None, None) == (None, None)
+    assert AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, None, None) == (None, None)
 
 
 def test_class_model_ignores_a_hidden_prompt(weights, tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.engine import Engine
 from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
 from denoiser.app.photo_tab import EditHandlers
@@ -121,10 +122,10 @@ def test_a_weighted_word_is_labelled_with_its_weight(handlers):
     assert gen.words == ("red", "apple") and gen.word_weights == ((1.5, 1.0),)  # the parsed words, not "1", "5"
     words = last[2 + 6 + 4]
     assert words["choices"] == [("red ×1.5", 0), ("apple", 1)]
-    maps, chart = h.word_views(gen, 0, 1, (2, 3), 0)
+    maps, chart = AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, (2, 3), 0)
     assert "the map of “red ×1.5”:" in maps["label"]
     assert "plus what the weights add" in chart["label"]
-    plain, _ = h.word_views(gen, 0, 1, None, 1)
+    plain, _ = AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, None, 1)
     assert "“apple”:" in plain["label"]
     assert read_settings(last[1][0])["prompt"] == "(red:1.5) apple"
 

@@ -32,7 +32,7 @@ from denoiser.app.form import (
 )
 from denoiser.app.jobs import Jobs
 from denoiser.app.streaming import not_started, relay, stream, user_error
-from denoiser.app.views import N_VIEWS, NO_GENERATION, ViewHandlers, click_to_pixel, enlarge, stages_text
+from denoiser.app.views import N_VIEWS, NO_GENERATION, click_to_pixel, enlarge, generation_views, stages_text
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import save_with_settings, to_pil
 
@@ -70,7 +70,7 @@ def results_zip(gallery) -> dict:
     return gr.update(value=str(path), label=f"download all {len(paths)} ({path.name})", visible=True)
 
 
-class Handlers(FormHandlers, ViewHandlers):
+class Handlers(FormHandlers):
     """Every event handler of the page, bound to one engine (and so to one set of models)."""
 
     def __init__(self, engine: Engine) -> None:
@@ -114,7 +114,7 @@ class Handlers(FormHandlers, ViewHandlers):
         cut = "".join(f" · **{escape(note)}**" for note in gen.notes)  # a cut prompt, words the model never saw
         self.jobs.finished(request, "status")
         yield (
-            enlarge(to_pil(gen.images)), gallery, *self.generation_views(gen),
+            enlarge(to_pil(gen.images)), gallery, *generation_views(self.engine, gen),
             f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps, {gen.precision}" + cut
             + few_steps_note(gen.num_steps),
         )

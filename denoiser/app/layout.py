@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.cache_sweep import sweep_safe, whole_files
 from denoiser.app.controls import (
     CANCELS_JS,
@@ -30,8 +31,7 @@ from denoiser.app.form_limits import LIMITS
 from denoiser.app.handlers import MODELS_OWN, NO_CLASS, PROMPTS, Handlers, guidance_info, results_zip
 from denoiser.app.heads_tab import HeadsTab
 from denoiser.app.photo_tab import EXAMPLES, edit_tab, wire_edit
-from denoiser.app.word_edit import image_words, wire_word_edit, word_edit_box
-from denoiser.app.words import word_maps_label, word_weights_label, words_label
+from denoiser.app.word_edit import wire_word_edit, word_edit_box
 from denoiser.request import BUILT_IN, TIMESTEP_SPACINGS
 
 __all__ = ["build_app", "LAUNCH"]
@@ -90,11 +90,13 @@ def build_app(engine: Engine) -> gr.Blocks:
                     "switches them off.")
         _sample_tab(c, h, models, default)
         edit_tab(c, models, default)
-        _attention_tab(c)
+        c.attention = AttentionTab(engine, h.jobs)
+        c.attention.build()
         heads = HeadsTab(engine, h.jobs)
         heads.build()
         _wire(app, h, c)
-        heads.wire(c.gen_state, c.image_idx)
+        c.attention.wire(c.gen_state, c.pixel_state)
+        heads.wire(c.gen_state, c.attention.image_idx)
     whole_files()  # a picture returned again is not rewritten under a response still serving it
     return sweep_safe(app)  # the delete_cache sweep above survives files added while it runs
 
@@ -181,62 +183,14 @@ def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str
     keep(c, locals())
 
 
-def _attention_tab(c: SimpleNamespace) -> None:
-    with gr.Tab("Attention", elem_id="attention-tab"):
-        gr.Markdown("Click any pixel of the image to see where each attention layer looks from it. Nothing here "
-                    "yet? Generate on the **Sample** tab or run the **Photo** tab first.", elem_id="attention-hint")
-        with gr.Row():
-            with gr.Column(scale=1):
-                # shown once there is a generation (their ranges follow it)
-                image_idx = form_slider(0, 1, value=0, step=1, label="image", visible=False,
-                                      elem_id="image-index")
-                step = form_slider(0, 1, value=0, step=1, label="denoising step", visible=False)
-                clickable = gr.Image(label="click a pixel", format="png", type="pil", interactive=False,
-                                     elem_id="clickable")
-                with gr.Row():
-                    py = gr.Number(value=0, precision=None, label="pixel y")  # typed values reach the check as typed
-                    px = gr.Number(value=0, precision=None, label="pixel x")
-                    show_btn = gr.Button("show", size="sm")
-                # custom values allowed: a session's API call may name a layer before its page has listed any (the handlers
-                # refuse one that is not a layer of the generation, in words: handlers._layer_index)
-                # a text model's generation: its prompt's words (handlers.generation_views shows them)
-                words = gr.Radio([], label=words_label((), ()), elem_id="words", visible=False,
-                                 info="click a word: its map in each cross-attention layer; click a pixel: its weights "
-                                      "over the words (both on the right, at the chosen step)")
-                word_heads = gr.Checkbox(False, label="each head of the word's map", elem_id="word-heads", visible=False,
-                                         info="a row per layer: the mean of heads, then each head")
-                layer = gr.Dropdown([], label="layer (four stages)", elem_id="layer", allow_custom_value=True)
-                head = gr.Dropdown([0], value=0, label="head (four stages)", elem_id="head")  # the layer's heads
-                # long work (one U-Net call per step): a job of its own, with progress and Stop
-                mean_run, mean_stop, mean_status = run_controls("average the maps over every step", "mean-run",
-                                                                "mean-stop", "mean-status")
-            with gr.Column(scale=2):
-                # a text model's cross-attention, above its self-attention: the chosen word's map, the pixel's words
-                word_maps = gr.Image(label=word_maps_label(), format="png", type="pil", interactive=False,
-                                     elem_id="word-maps", visible=False)
-                word_weights = gr.Image(label=word_weights_label(), format="png", type="pil", interactive=False,
-                                        elem_id="word-weights", visible=False)
-                # titles above the images: a floating label would cover the first row's layer names
-                gr.Markdown("**Attention of the clicked pixel** (pixels to pixels): one row per layer, mean of heads, then each head")
-                maps = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="maps")
-                gr.Markdown("**The four stages** for one layer and head")
-                stages = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="stages")
-                stage_text = gr.Markdown(elem_id="stage-text")
-
-    keep(c, locals())
-
-
 def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     """Which handler serves which event."""
     # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js)
-    for button in (c.run, c.word_edit_run, c.edit_run, c.mean_run):
+    for button in (c.run, c.word_edit_run, c.edit_run):
         button.click(None, js=retry_js(button.elem_id), api_name=False, queue=False)
     # each job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started
-    for button, line in ((c.run, c.status), (c.word_edit_run, c.status), (c.edit_run, c.edit_status),
-                         (c.mean_run, c.mean_status)):
+    for button, line in ((c.run, c.status), (c.word_edit_run, c.status), (c.edit_run, c.edit_status)):
         button.click(h.jobs.requester(line.elem_id), None, None, api_name=False, queue=False)
-    for button in (c.show_btn,):  # a new request: older messages close
-        button.click(None, js=f"() => {{ {CLEAR_TOASTS} }}", api_name=False, queue=False)
     # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
     # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
     # .change of the model would race it: it reads the class shown before the row's arrived)
@@ -261,9 +215,9 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
             c.eta, c.interval, c.pag_layers, c.prompt, c.negative_prompt]
     c.randomise.click(lambda: random.randint(0, 2**31 - 1), None, c.seed, api_name=False)
     # a new generation: no pixel, no maps of the old one; its prompt's words (if any), no word chosen
-    cleared = [c.pixel_state, c.maps, c.stages, c.stage_text, c.words, c.word_maps, c.word_weights, c.word_heads]
+    cleared = [c.pixel_state, *c.attention.cleared_by_generation]
     sample_inputs = form
-    sample_outputs = [c.preview, c.gallery, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared, c.status]
+    sample_outputs = [c.preview, c.gallery, c.gen_state, *c.attention.shown_for_generation, *cleared, c.status]
     # progress and errors show on the status line only: a failed or stopped run leaves the pictures shown without
     # "Error" badges over them (the error's message stays until closed: streaming.user_error)
     sampling = dict(concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.status])
@@ -313,28 +267,5 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # worker after the UNet call in progress and frees the sampling slot
     # the status line then says where it stopped and what the pictures shown are
     # (after the cancel has landed: that update also clears the cancelled run's error state from the status line)
-    averaging = c.mean_run.click(h.mean_maps, [c.gen_state, c.image_idx, c.pixel_state], [c.maps, c.mean_status],
-                                 api_name="mean_maps", concurrency_limit=1, concurrency_id="sampling",
-                                 show_progress_on=[c.mean_status], js=ran_js("mean-run"))  # right after Stop: retry_js
-    for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [editing]),
-                               (c.mean_stop, c.mean_status, [averaging])):
+    for button, line, jobs in ((c.stop, c.status, runs), (c.edit_stop, c.edit_status, [editing])):
         stop_controls(button, line, jobs, h.jobs)
-    pixel_outputs = [c.pixel_state, c.py, c.px, c.clickable, c.maps, c.stages, c.stage_text]
-    views = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
-    # a text model's words: the chosen word's maps and the pixel's weights over the words follow every change of view
-    word_views = dict(fn=h.word_views, inputs=[c.gen_state, c.image_idx, c.step, c.pixel_state, c.words, c.word_heads],
-                      outputs=[c.word_maps, c.word_weights], api_name=False)
-    # another image: its words (a word edit's two differ), then its views
-    c.image_idx.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name=False).then(
-        image_words, [c.gen_state, c.image_idx, c.words], c.words, api_name=False).then(**word_views)
-    c.step.change(h.refresh, views, [c.clickable, c.maps, c.stages, c.stage_text], api_name="refresh").then(**word_views)
-    c.clickable.select(h.click, [c.gen_state, c.image_idx, c.step, c.layer, c.head], pixel_outputs,
-                       api_name=False).then(**word_views)
-    c.show_btn.click(h.at_pixel, [c.gen_state, c.image_idx, c.step, c.py, c.px, c.layer, c.head],
-                     pixel_outputs, api_name="attention").then(**word_views)
-    c.words.input(**word_views)
-    c.word_heads.input(**word_views)
-    stage_inputs = [c.gen_state, c.image_idx, c.step, c.pixel_state, c.layer, c.head]
-    # another layer: its stages, and the head selector offers its heads; another head: its stages
-    c.layer.change(h.restage, stage_inputs, [c.stages, c.stage_text, c.head], api_name=False)
-    c.head.change(h.restage_head, stage_inputs, [c.stages, c.stage_text], api_name=False)

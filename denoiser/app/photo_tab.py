@@ -34,6 +34,7 @@ from denoiser.app.photo import (
     photo_preview,
 )
 from denoiser.app.streaming import not_started, relay, stream, user_error
+from denoiser.app.views import generation_views
 from denoiser.atomic import atomic_path
 from denoiser.image_io import read_settings, save_with_settings
 from denoiser.request import BUILT_IN
@@ -157,7 +158,7 @@ class EditHandlers:
         settings = {"model": model, **done.settings, "operation": operation}  # the form's name of the operation
         settings.pop("method")  # the operation's name says it
         shown.append((str(save_with_settings(done.image, folder, settings)), "result"))
-        views = self.h.generation_views(gen) if gen is not None else (gr.skip(),) * N_VIEWS  # tiles are no generation
+        views = generation_views(self.h.engine, gen) if gen is not None else (gr.skip(),) * N_VIEWS  # tiles are no generation
         w, h = done.image.size
         scaled = (f", a copy scaled from {done.settings['scaled_from'][0]}x{done.settings['scaled_from'][1]} to the photo "
                   "budget") if done.settings.get("scaled_from") else ""
@@ -416,7 +417,7 @@ def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
     c.editing = c.edit_run.click(
         e.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.sigma, c.strength, c.add_noise,
                      c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown, c.upload, c.edit_prompt],
-        [c.edit_result, c.edit_text, c.gen_state, c.image_idx, c.step, c.clickable, c.layer, c.head, *cleared,
+        [c.edit_result, c.edit_text, c.gen_state, *c.attention.shown_for_generation, *cleared,
          c.edit_preview, c.upload, c.edit_status],
         concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit",
         js=ran_js("edit-run"))  # Stop, then Run at once: layout's retry_js presses it again until it has gone out

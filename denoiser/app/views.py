@@ -1,6 +1,7 @@
-"""The Attention tab's handlers: what a new generation sets on it, a clicked pixel's maps and four stages, a text
-model's word maps, the maps averaged over the chain (the Heads tab is denoiser/app/heads_tab.py). A
-mixin of denoiser.app.handlers.Handlers, which binds it to an engine; the drawing is denoiser/app/attention_views.py's.
+"""What a generation shows on the page, shared by every tab that samples and by the Attention tab: the generation's
+views set at once (`generation_views`), the image to click, the four stages in words, a click mapped to the model's
+grid, and the guard that leaves a view alone when its sliders are of the generation before (`of_this_generation`).
+The Attention tab itself is denoiser/app/attention_tab.py, the Heads tab denoiser/app/heads_tab.py.
 """
 
 from __future__ import annotations
@@ -12,19 +13,13 @@ from PIL import Image, ImageDraw
 
 from denoiser.app.engine import Stages
 from denoiser.app.form_limits import check_int
-from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
 from denoiser.app.words import (
     word_choices,
-    word_label,
-    word_maps_label,
-    word_maps_panel,
-    word_weights_chart,
-    word_weights_label,
     words_label,
 )
 from denoiser.image_io import to_pil
 
-__all__ = ["ViewHandlers", "click_to_pixel", "enlarge", "stages_text", "N_VIEWS", "NO_GENERATION"]
+__all__ = ["generation_views", "of_this_generation", "click_to_pixel", "enlarge", "stages_text", "N_VIEWS", "NO_GENERATION"]
 
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
 CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
@@ -114,128 +109,23 @@ def stages_text(s: Stages) -> str:
     )
 
 
-class ViewHandlers:
-    """The Attention and Heads tabs' handlers; `self.engine` is the Handlers'."""
+def generation_views(engine, gen) -> tuple:
+    """What a new generation sets on the page (after its pictures; the Attention tab's components, in
+    AttentionTab.shown_for_generation's order): the generation itself, the image and step
+    sliders over it (its last step chosen), its first image to click, its layers and heads, and the attention
+    views of the previous one cleared."""
+    words = gr.update(choices=word_choices(gen.words_of(0), gen.weights_of(0)), value=None, visible=bool(gen.words),
+                      label=words_label(gen.words, gen.unread, gen.unseen))
+    shown = gr.update(value=None, visible=bool(gen.words))
+    heads = gr.update(visible=bool(gen.words))  # the word maps' "each head": as the person left it
+    return (gen, _index_slider(gen.images.shape[0], 0), _index_slider(gen.num_steps, gen.num_steps - 1),
+            _display(gen, 0, None), *_layer_choices(engine, gen), *CLEARED_VIEWS, words, shown, shown, heads)
 
-    def generation_views(self, gen) -> tuple:
-        """What a new generation sets on the page (after its pictures): the generation itself, the image and step
-        sliders over it (its last step chosen), its first image to click, its layers and heads, and the attention
-        views of the previous one cleared."""
-        words = gr.update(choices=word_choices(gen.words_of(0), gen.weights_of(0)), value=None, visible=bool(gen.words),
-                          label=words_label(gen.words, gen.unread, gen.unseen))
-        shown = gr.update(value=None, visible=bool(gen.words))
-        heads = gr.update(visible=bool(gen.words))  # the word maps' "each head": as the person left it
-        return (gen, _index_slider(gen.images.shape[0], 0), _index_slider(gen.num_steps, gen.num_steps - 1),
-                _display(gen, 0, None), *self._layer_choices(gen), *CLEARED_VIEWS, words, shown, shown, heads)
 
-    def _layer_choices(self, gen) -> tuple[dict, dict]:
-        """A new generation's layer selector (its last step's layers, the first chosen) and head selector (the
-        first layer's heads)."""
-        records = self.engine.records(gen, gen.num_steps - 1)
-        names = self.engine.layer_names(gen, gen.num_steps - 1)
-        return (gr.update(choices=[(name, i) for i, name in enumerate(names)], value=0),
-                gr.update(choices=list(range(records[0].num_heads)), value=0))
-
-    @friendly
-    def at_pixel(self, gen, image, step, y, x, layer, head):
-        """The views of one pixel at one step: the clickable image marked, every layer's maps, the four stages."""
-        _generation(gen)
-        pixel = (y, x)
-        try:
-            maps = self.engine.attention_maps(gen, image, step, pixel)
-        except ValueError as err:
-            raise user_error(err) from None
-        try:
-            stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head or 0)
-            text = stages_text(numbers)
-        except ValueError as err:  # a layer typed that is none: said on the stages' line; the pixel's views still show
-            stages, text = None, f"**Not shown:** {user_error(err).message}"
-        y, x = int(y), int(x)
-        return (y, x), y, x, _display(gen, int(image), (y, x)), maps, stages, text
-
-    @friendly
-    def click(self, gen, image, step, layer, head, evt: gr.SelectData):
-        _generation(gen)
-        y, x = click_to_pixel(evt.index, gen.images.shape[-1])
-        return self.at_pixel(gen, image, step, y, x, layer, head)
-
-    @friendly
-    @of_this_generation(4)
-    def refresh(self, gen, image, step, pixel, layer, head):
-        """Every view at the current (image, step, pixel): the clickable image, the maps, the four stages."""
-        if gen is None:
-            return None, None, None, ""
-        if pixel is None:
-            return _display(gen, int(image), None), None, None, ""
-        return self.at_pixel(gen, image, step, pixel[0], pixel[1], layer, head)[3:]
-
-    @friendly
-    @of_this_generation(2)
-    def word_views(self, gen, image, step, pixel, word, heads=False):
-        """A text model's cross-attention at (image, step): the chosen word's map, all layers together and in every
-        cross-attention layer (heads: each head's too), and the clicked pixel's weights over the prompt's words;
-        None where there is no word or pixel (or no prompt)."""
-        if gen is None or not gen.words:
-            return None, None
-        try:
-            weights_of = gen.weights_of(image)
-            labels = [word_label(w, x) for w, x in zip(gen.words_of(image), weights_of)]
-            maps = None
-            if word is not None:
-                panel = self.engine.word_maps(gen, image, step, word)
-                maps = gr.update(value=word_maps_panel(gen.images[int(image)], panel, None if pixel is None else tuple(pixel),
-                                                       heads=bool(heads)), label=word_maps_label(labels[int(word)]))
-            weights = None
-            if pixel is not None:
-                weights = gr.update(value=word_weights_chart(self.engine.word_weights(gen, image, step, pixel), labels),
-                                    label=word_weights_label(any(x != 1 for x in weights_of)))
-        except ValueError as err:
-            raise user_error(err) from None
-        return maps, weights
-
-    def mean_maps(self, gen, image, pixel, progress=gr.Progress(), request: gr.Request = None):
-        """The clicked pixel's maps averaged over every step of the chain: long work (one UNet call per step), so a
-        job like Generate (the one-job queue, the work budget, progress, Stop). Outputs: maps, status line."""
-        try:
-            _generation(gen)
-            if pixel is None:
-                raise ValueError("click a pixel of the image first: the maps are of that pixel")
-        except Exception as err:  # noqa: BLE001
-            error = user_error(err)
-            self.jobs.finished(request, "mean-status")
-            yield gr.skip(), not_started(error.message)
-            raise error from None
-
-        def job(on_step):
-            return self.engine.mean_attention_maps(gen, image, pixel, on_step=on_step)
-
-        with self.jobs.running(request, "mean-status"):
-            maps = yield from relay(stream(job, progress, "averaging"), 2, lambda preview: gr.skip(), status=True)
-        self.jobs.finished(request, "mean-status")
-        yield maps, f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} steps"
-
-    @friendly
-    @of_this_generation(3)
-    def restage(self, gen, image, step, pixel, layer, head):
-        """The four stages at the chosen layer and head; the head selector offers the chosen layer's heads (a
-        head the layer lacks becomes head 0)."""
-        if gen is None:
-            return None, "", gr.skip()
-        records = self.engine.records(gen, step)
-        try:
-            layer = self.engine.check_layer(gen, layer)
-        except ValueError as err:  # a layer typed that is none: said in words, the head list kept, no stale stages
-            message = user_error(err).message
-            gr.Warning(message)
-            return None, f"**Not shown:** {message}", gr.skip()
-        heads = records[layer].num_heads
-        head = int(head) if head is not None and 0 <= int(head) < heads else 0
-        choices = gr.update(choices=list(range(heads)), value=head)
-        if pixel is None:
-            return None, "", choices
-        stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer, head)
-        return stages, stages_text(numbers), choices
-
-    def restage_head(self, gen, image, step, pixel, layer, head):
-        """The four stages at another head of the chosen layer."""
-        return self.restage(gen, image, step, pixel, layer, head)[:2]
+def _layer_choices(engine, gen) -> tuple[dict, dict]:
+    """A new generation's layer selector (its last step's layers, the first chosen) and head selector (the
+    first layer's heads)."""
+    records = engine.records(gen, gen.num_steps - 1)
+    names = engine.layer_names(gen, gen.num_steps - 1)
+    return (gr.update(choices=[(name, i) for i, name in enumerate(names)], value=0),
+            gr.update(choices=list(range(records[0].num_heads)), value=0))

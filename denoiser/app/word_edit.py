@@ -32,6 +32,7 @@ from denoiser.app.handlers import (
     result_files,
 )
 from denoiser.app.streaming import not_started, relay, stream, user_error
+from denoiser.app.views import generation_views
 from denoiser.app.words import word_choices
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings, to_pil
@@ -133,7 +134,7 @@ class WordEdit:
         what = (f"{edit.edit_type}: the word maps from the source for the first {edit.cross_replace_steps[1]:.0%} of the "
                 f"steps, its layout for the first {edit.self_replace_steps[1]:.0%}; both from the noise of seed {form['seed']}")
         self.h.jobs.finished(request, "status")
-        yield (enlarge(to_pil(gen.images)), result_files(gen.images, made), *self.h.generation_views(gen),
+        yield (enlarge(to_pil(gen.images)), result_files(gen.images, made), *generation_views(self.h.engine, gen),
                f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, {gen.num_steps} steps"
                f" · {what}{note}" + few_steps_note(gen.num_steps))
 
