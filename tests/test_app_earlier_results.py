@@ -32,7 +32,7 @@ def test_kept_results_come_back_with_their_settings_newest_first(tmp_path, monke
     assert [f.rsplit("/", 1)[1] for f in files] == [p.rsplit("/", 1)[1] for p, _ in second + first]  # names kept
     assert all(f.startswith(str(tmp_path / "gradio")) for f in files)
     # "use these settings" reads a kept result as any other: its seed back in the form
-    updates = Handlers(Engine(tmp_path / "no-models")).use_settings(files, 3)  # model "m" is not served: no classes
+    updates = Handlers(Engine(tmp_path / "no-models")).form.use_settings(files, 3)  # model "m" is not served: no classes
     assert updates[3]["value"] == 1 and updates[-1] == f"settings of `{files[3].rsplit('/', 1)[1]}` restored: press Generate"
     many = remember(_results(tmp_path, 3, KEEP + 5), kept)
     assert len(many) == KEEP and len(recall(many)) == KEEP

@@ -162,7 +162,7 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").scheduler
     # the folder's interval applies: DDIM-3 visits 666, 333, 0 and guides the first two
     g = Guidance(pag_scale=1.5, guide=ex.guide("tiny-classes"), guide_scale=2.0, interval=(300, 700))
-    assert gen.guidance == g and "t = 300..700" in Handlers(ex).cfg_default("tiny-classes", "red")["info"]
+    assert gen.guidance == g and "t = 300..700" in Handlers(ex).form.cfg_default("tiny-classes", "red")["info"]
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=g, capture_steps=[1, 2])
     assert torch.equal(gen.images, res.images)
     for step in (1, 2):  # t = 333 guided (the images' own rows of the batched call), t = 0 one plain pass
@@ -257,7 +257,7 @@ def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_pat
     *_, last = h.generate("tiny-classes", "ddim", 3, 1, 2, "blue", 2.0, 1.0, 1.0, "trailing", 0.5, "0, 600", "")
     files = last[1]
     assert read_settings(files[0])["timestep_spacing"] == "trailing" and "pag_layers" not in read_settings(files[0])
-    updates = h.use_settings(files, 0)
+    updates = h.form.use_settings(files, 0)
     values = [u["value"] for u in updates[:-1]]
     assert values == ["tiny-classes", "ddim", 3, 1, 2, "blue", 2.0, 1.0, 1.0, "trailing", 0.5, "0, 600", "", "", ""]  # the prompts: none for a class model
 
@@ -289,7 +289,7 @@ def test_the_page_starts_at_the_folders_sampler_steps_and_guidance(tmp_path):
     save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), tmp_path / "m", classes=["a", "b", "c"])
     (tmp_path / "m" / "sampling.json").write_text(json.dumps({"num_inference_steps": 7, "guidance_scale": 2.5}))
     ex = Engine(tmp_path)
-    class_update, guidance, scheduler, steps, pag, guide = Handlers(ex).model_form("m")
+    class_update, guidance, scheduler, steps, pag, guide = Handlers(ex).form.model_form("m")
     assert class_update["value"] == "a" and guidance["value"] == 2.5 and pag["value"] == 0.0
     assert scheduler["value"] == "ddim" and steps["value"] == 7 and guide["visible"] is False
     gen = ex.generate("m", seed=0, num_images=1, class_label=0, guidance_scale=2.5)
@@ -337,7 +337,7 @@ def test_the_budget_note_says_over_exactly_when_generate_refuses(weights, tmp_pa
         for num_images in (1, 2, 5):
             for steps in range(1, 41):
                 form = {"guidance_interval": interval} if interval else {}  # the page's seven inputs, or one more
-                note = h.budget_note("tiny-classes", steps, num_images, "red", 3.0, 0.0, 2.0, **form)
+                note = h.form.budget_note("tiny-classes", steps, num_images, "red", 3.0, 0.0, 2.0, **form)
                 try:
                     ex.generate("tiny-classes", "ddim", steps, 0, num_images, 0, guidance_scale=3.0, guide_scale=2.0,
                                 guidance_interval=interval)

@@ -77,17 +77,17 @@ def test_word_map_and_pixel_weights_are_the_records(weights):
 def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     h = Handlers(Engine(weights))
-    prompt, negative, examples, _ = h.text_controls("words")
+    prompt, negative, examples, _ = h.form.text_controls("words")
     assert prompt["visible"] and negative["visible"] and examples["visible"]
-    prompt, negative, examples, _ = h.text_controls("tiny-classes")
+    prompt, negative, examples, _ = h.form.text_controls("tiny-classes")
     assert not prompt["visible"] and "value" not in prompt and not examples["visible"]  # kept for the next text model
-    class_update, guidance, *_ = h.model_form("words")
+    class_update, guidance, *_ = h.form.model_form("words")
     assert not class_update["visible"]
     assert guidance["value"] == 2.5 and "prompt" in guidance["label"]  # the folder's sampling.json, for a prompt
-    assert h.cfg_default("words", "(any)")["value"] == 1.0  # the Photo tab runs a text model without a prompt
-    row = h.example_row("words", 0)
+    assert h.form.cfg_default("words", "(any)")["value"] == 1.0  # the Photo tab runs a text model without a prompt
+    row = h.form.example_row("words", 0)
     assert row[5] == "(any)" and row[-1] and row[6] == 2.5  # a prompt, not a class
-    _, _, scheduler, steps, *_ = h.model_form("words")
+    _, _, scheduler, steps, *_ = h.form.model_form("words")
     assert row[1:3] == [scheduler["value"], steps["value"]]  # "try these" samples as the model's own form does
     *_, last = h.generate("words", "ddim", 2, 3, 2, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
     assert len(last) == N_VIEWS + 3
@@ -98,7 +98,7 @@ def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     assert "red_apple" in gallery[0]
     words = last[2 + 6 + 4]  # after the generation's sliders, views and cleared views: the words
     assert words["choices"] == [("red", 0), ("apple", 1)] and words["visible"]
-    restored = h.use_settings(gallery, 0)
+    restored = h.form.use_settings(gallery, 0)
     form = dict(zip(SETTINGS_FORM, restored))
     assert form["prompt"]["value"] == "red apple" and form["prompt"]["visible"]
     word_map, pixel_weights = AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, (3, 4), 1)
@@ -216,15 +216,15 @@ def test_a_filled_form_labels_guidance_for_its_model(weights, tmp_path, monkeypa
     label as picking does (the value the row's or the result's)."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     h = Handlers(Engine(weights))
-    picked = h.model_form("words")[1]
+    picked = h.form.model_form("words")[1]
     *_, last = h.generate("words", "ddim", 2, 3, 1, "(any)", 2.0, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
-    restored = dict(zip(SETTINGS_FORM, h.use_settings(last[1], 0)))["guidance_scale"]
-    filled = h.filled_form("words", "(any)")[1]
+    restored = dict(zip(SETTINGS_FORM, h.form.use_settings(last[1], 0)))["guidance_scale"]
+    filled = h.form.filled_form("words", "(any)")[1]
     for update in (restored, filled):
         assert update["label"] == picked["label"] == "guidance (with a prompt)"
         assert update["info"] == picked["info"] and "needs a prompt" in update["info"]
     assert restored["value"] == 2.0 and "value" not in filled  # the result's scale; the row's stays as it set it
-    assert h.filled_form("tiny-classes", "(any)")[1]["label"] == "guidance (with a class)"
+    assert h.form.filled_form("tiny-classes", "(any)")[1]["label"] == "guidance (with a class)"
 
 
 def _edit_cfg_is(page, value: str) -> None:
@@ -318,11 +318,11 @@ def test_examples_are_the_model_folders_prompts(weights, tmp_path, monkeypatch):
     own = ["red apple", "yellow star", "blue car"]
     (root / "own-prompts" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5, "example_prompts": own}))
     h = Handlers(Engine(root))
-    assert [h.example_row("own-prompts", k)[-1] for k in range(4)] == [*own, own[0]]
-    assert h.example_prompts("own-prompts") == tuple(own)
-    assert h.text_controls("own-prompts")[3]["samples"] == [[p] for p in own]
-    assert h.example_row("no-prompts", 1)[-1] == PROMPTS[1]  # a folder without them: the app's
-    assert h.text_controls("no-prompts")[3]["samples"] == [[p] for p in PROMPTS]
+    assert [h.form.example_row("own-prompts", k)[-1] for k in range(4)] == [*own, own[0]]
+    assert h.form.example_prompts("own-prompts") == tuple(own)
+    assert h.form.text_controls("own-prompts")[3]["samples"] == [[p] for p in own]
+    assert h.form.example_row("no-prompts", 1)[-1] == PROMPTS[1]  # a folder without them: the app's
+    assert h.form.text_controls("no-prompts")[3]["samples"] == [[p] for p in PROMPTS]
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
@@ -373,7 +373,7 @@ def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list
     # issue 60 item 7: said under the form while the prompt is typed, and logged once per Generate, not per keystroke
     caplog.set_level(logging.WARNING)
     for typed in ("red", "red 日本", "red 日本 zorb", "red 日本 zorblat"):
-        note = h.budget_note("words", 2, 1, "(any)", 2.5, prompt=typed)
+        note = h.form.budget_note("words", 2, 1, "(any)", 2.5, prompt=typed)
     assert note.startswith("work: ") and "never seen in training, drawn as a guess: “日本 zorblat”" in note
     assert not [r for r in caplog.records if "never seen in training" in r.getMessage()]
     *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red 日本 zorblat", "")
@@ -394,9 +394,9 @@ def test_a_prompt_whose_marks_the_tokenizer_drops_is_said_as_it_is_read(weights,
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     h = Handlers(Engine(weights))
-    note = h.budget_note("words", 2, 1, "(any)", 2.5, prompt="赤いりんご")
+    note = h.form.budget_note("words", 2, 1, "(any)", 2.5, prompt="赤いりんご")
     assert "read as “赤いりんこ”: the tokenizer drops accents and marks" in note
-    assert "read as" not in h.budget_note("words", 2, 1, "(any)", 2.5, prompt="red apple")
+    assert "read as" not in h.form.budget_note("words", 2, 1, "(any)", 2.5, prompt="red apple")
     *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "café", "")
     assert "read as “cafe”: the tokenizer drops accents and marks" in last[-1]
     plan = resolve(SampleRequest(num_images=1, prompts="赤いりんご", steps=1), weights / "words")

@@ -143,7 +143,7 @@ def test_a_malformed_weight_is_refused_before_any_work(handlers, caplog):
     editor = {"background": None, "layers": [], "composite": None}
     edit = e.run_edit("words", "(any)", 2.5, editor, "edit", 0.0, 0.5, 0.0, 3, 0, prompt="red (apple")
     assert "not started**: prompt weighting" in next(edit)[-1]  # before the photo is even looked at
-    assert h.budget_note("words", 3, 1, "(any)", prompt="(red:x) apple") == ""  # Generate says why
+    assert h.form.budget_note("words", 3, 1, "(any)", prompt="(red:x) apple") == ""  # Generate says why
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]  # no traceback logged
 
 

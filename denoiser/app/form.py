@@ -1,6 +1,6 @@
 """The Sample tab's form: a model's best settings (its classes, its sampling.json's guidance, its sampler), the "try
 these" rows and example prompts, the work budget's note, the form read as the engine's arguments and refilled from a
-result's PNG. A mixin of denoiser.app.handlers.Handlers, which binds it to an engine.
+result's PNG. `ModelForm` binds them to an engine.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings
 from denoiser.request import BUILT_IN
 
-__all__ = ["FormHandlers", "PROMPTS", "NO_CLASS", "MODELS_OWN", "SETTINGS_FORM", "FEW_STEPS", "guidance_info", "escape",
+__all__ = ["ModelForm", "PROMPTS", "NO_CLASS", "MODELS_OWN", "SETTINGS_FORM", "FEW_STEPS", "guidance_info", "escape",
            "few_steps_note"]
 
 # example prompts a text model's Sample tab offers to click where its folder names none (sampling.json's example_prompts,
-# chosen by prompt fidelity: FormHandlers.example_prompts)
+# chosen by prompt fidelity: ModelForm.example_prompts)
 PROMPTS = ("red apple", "grinning face", "red heart", "pizza", "rocket", "cat", "sun", "ghost")
 NO_CLASS = "(any)"
 MODELS_OWN = "(the model's)"  # an advanced setting left to the model folder (its scheduler config, sampling.json)
@@ -57,8 +57,12 @@ def few_steps_note(steps: int) -> str:
 
 
 
-class FormHandlers:
-    """The Sample tab's form handlers (and the Photo tab's class and guidance choices); `self.engine` is the Handlers'."""
+class ModelForm:
+    """What the form shows for a model: the Sample tab's form handlers, and the Photo tab's class and guidance choices
+    (the engine's models, in the page's words)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
 
     def loads(self, model: str) -> bool:
         """Whether a model folder loads (the page offers broken folders in the model list, which says why)."""

@@ -25,7 +25,7 @@ from denoiser.app.form import (
     NO_CLASS,
     PROMPTS,
     SETTINGS_FORM,
-    FormHandlers,
+    ModelForm,
     escape,
     few_steps_note,
     guidance_info,
@@ -70,11 +70,12 @@ def results_zip(gallery) -> dict:
     return gr.update(value=str(path), label=f"download all {len(paths)} ({path.name})", visible=True)
 
 
-class Handlers(FormHandlers):
+class Handlers:
     """Every event handler of the page, bound to one engine (and so to one set of models)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.form = ModelForm(engine)  # what the form shows for a model
         self.jobs = Jobs()  # which job of which session runs on which status line (Stop's line)
 
     def generate(self, model, scheduler=None, steps=None, seed=0, num_images=None, class_name=None, guidance_scale=None,
@@ -84,7 +85,7 @@ class Handlers(FormHandlers):
         model's own, as `denoiser sample` leaves a flag not given (the page sends its whole form, set to the model's
         values when it was picked)."""
         try:  # the request checked and resolved once, before any work: a refusal is a message, not a failure
-            form = self.sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale,
+            form = self.form.sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale, pag_scale,
                                     guide_scale, timestep_spacing, eta, guidance_interval, pag_layers, prompt, negative_prompt)
             plan = self.engine.sample_plan(model, **form)  # resolved once: the job below runs this plan
             plan_work(plan).check()

@@ -102,8 +102,8 @@ def build_app(engine: Engine) -> gr.Blocks:
 
 
 def _sample_tab(c: SimpleNamespace, h: Handlers, models: list[str], default: str | None) -> None:
-    first = [m for m in sorted(models, key=lambda m: m != default) if h.loads(m)][:3]  # the default model first
-    rows = [h.example_row(m, k) for k, m in enumerate(first)]  # "try these": everything set, a class or prompt included
+    first = [m for m in sorted(models, key=lambda m: m != default) if h.form.loads(m)][:3]  # the default model first
+    rows = [h.form.example_row(m, k) for k, m in enumerate(first)]  # "try these": everything set, a class or prompt included
     with gr.Tab("Sample"):
         with gr.Row():
             # first (left; on a phone, on top): Generate, Stop, the progress and the live preview stay together
@@ -195,20 +195,20 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
     # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
     # .change of the model would race it: it reads the class shown before the row's arrived)
     model_form = [c.class_name, c.guidance, c.scheduler, c.steps, c.pag, c.guide_w]
-    app.load(h.model_form, [c.model, c.class_name], model_form, api_name=False)
+    app.load(h.form.model_form, [c.model, c.class_name], model_form, api_name=False)
     # a text model's prompt in place of the class: shown with its model, however the model was set
     text_controls = [c.prompt, c.negative_prompt, c.prompt_examples_box, c.prompt_examples.dataset]
-    app.load(h.text_controls, c.model, text_controls, api_name=False)
-    c.model.change(h.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
+    app.load(h.form.text_controls, c.model, text_controls, api_name=False)
+    c.model.change(h.form.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
     # Gradio's Examples (6.31) set each input's props as built with the value clicked: the prompt box, built hidden,
     # would hide (and a row's class selector: filled_form shows it)
     for clicked in (c.prompt_examples.load_input_event, *([c.sample_examples.load_input_event] if c.sample_examples else [])):
-        clicked.then(h.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
-    c.model.input(h.model_form, [c.model, c.class_name], model_form, api_name=False)
-    c.class_name.input(h.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
+        clicked.then(h.form.text_controls, c.model, text_controls, api_name=False, queue=False, show_progress="hidden")
+    c.model.input(h.form.model_form, [c.model, c.class_name], model_form, api_name=False)
+    c.class_name.input(h.form.cfg_default, [c.model, c.class_name], c.guidance, api_name=False)
     work = [c.model, c.steps, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.scheduler, c.spacing, c.interval,
             c.pag_layers, c.prompt, c.negative_prompt]  # what Generate reads, in budget_note's order
-    on_any_change(work, h.budget_note, work, c.budget, load=app, show_progress="hidden")  # the note of the latest form
+    on_any_change(work, h.form.budget_note, work, c.budget, load=app, show_progress="hidden")  # the note of the latest form
     c.gallery.select(h.select_result, None, c.selected, api_name=False)
     # the Sample tab's form, in SETTINGS_FORM's order: Generate reads it, "use these settings" fills it
     form = [c.model, c.scheduler, c.steps, c.seed, c.num_images, c.class_name, c.guidance, c.pag, c.guide_w, c.spacing,
@@ -251,7 +251,7 @@ def _wire(app: gr.Blocks, h: Handlers, c: SimpleNamespace) -> None:
         # the row's table is below: the status line and the preview come into view; older messages close
         filled.then(None, js=f"() => {{ {CLEAR_TOASTS} ({SHOW_RUN})(); }}")
         advanced = [dict(zip(SETTINGS_FORM, form))[name] for name in ADVANCED]  # the form's controls, by name
-        runs.append(filled.then(h.filled_form, [c.model, c.class_name], [c.class_name, c.guidance, *advanced],
+        runs.append(filled.then(h.form.filled_form, [c.model, c.class_name], [c.class_name, c.guidance, *advanced],
                                 api_name=False, queue=False)
                     .then(h.generate, sample_inputs, sample_outputs, api_name=False, **sampling))
     # a finished run's results join the ones kept in the browser; a reload shows those again

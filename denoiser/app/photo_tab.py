@@ -262,16 +262,16 @@ class EditHandlers:
     def prompt_box(self, model, operation):
         """The prompt box: shown for a text model's edit and inpaint; hidden and emptied otherwise (what runs then
         takes no prompt)."""
-        if self.h.is_text(model) and takes_prompt(operation):
+        if self.h.form.is_text(model) and takes_prompt(operation):
             return gr.update(visible=True)
         return gr.update(value="", visible=False)
 
     def prompt_cfg(self, model, class_name, prompt):
         """The guidance once a prompt is typed: the model's classifier-free scale (its sampling.json); without a
         prompt what cfg_default gives (a text model: 1, which an unconditioned run needs)."""
-        if not (self.h.is_text(model) and str(prompt or "").strip()):
-            return self.h.cfg_default(model, class_name)
-        scale = self.h.model_defaults(model)[0].get("guidance_scale", 1.0)
+        if not (self.h.form.is_text(model) and str(prompt or "").strip()):
+            return self.h.form.cfg_default(model, class_name)
+        scale = self.h.form.model_defaults(model)[0].get("guidance_scale", 1.0)
         return gr.update(value=scale, label="guidance (with a prompt)",
                          info="classifier-free guidance toward the prompt (the model's own scale); 1 = off")
 
@@ -306,7 +306,7 @@ class EditHandlers:
             return (*skip, "this result carries no settings")
         path, s = found[0]
         updates = {k: gr.update(value=s[k]) if k in s else gr.skip() for k in EDIT_FORM}
-        updates["class"] = self.h.class_choices(s.get("model"), s.get("class") or NO_CLASS)  # among its model's classes
+        updates["class"] = self.h.form.class_choices(s.get("model"), s.get("class") or NO_CLASS)  # among its model's classes
         updates["prompt"] = gr.update(value=s.get("prompt", ""))  # none in the PNG: the run had no prompt
         # the file name as code: Markdown would turn its `_red_1.5_` into italics
         return (*updates.values(), f"settings of `{path.name}` restored: press Run")
@@ -391,13 +391,13 @@ def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
     Returns the Run event (Stop cancels it)."""
     e = EditHandlers(h)
     scope_inputs = [c.edit_model, c.operation, c.add_noise, c.upload]
-    app.load(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
+    app.load(h.form.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
     app.load(e.sizes, c.edit_model, c.edit_sizes, api_name=False)
-    c.edit_model.change(h.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
+    c.edit_model.change(h.form.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
     c.edit_model.change(e.sizes, c.edit_model, c.edit_sizes, api_name=False, show_progress="hidden")
     # a person's choice of model or class sets the guidance to the model's; "use these settings" keeps the result's
-    c.edit_model.input(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
-    c.edit_class.input(h.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
+    c.edit_model.input(h.form.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
+    c.edit_class.input(h.form.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
     # an upload, an example, or cleared; photo_shown: which upload the editor holds; upload: the session's copy
     # unqueued: the photo (or why it cannot be used) shows at once, not after a running job's queue turn
     c.photo.change(e.load_photo, [c.photo, c.upload, c.edit_model], [c.editor, c.photo_text, c.photo_shown, c.upload],

@@ -89,7 +89,7 @@ class WordEdit:
         if not settings:
             raise ValueError("generate first: the word edit redraws a result of the Sample tab")
         model = settings.get("model")
-        if not self.h.is_text(model):
+        if not self.h.form.is_text(model):
             raise ValueError("the word edit changes a text model's prompt: generate with a text model (e.g. emoji) first")
         seed, source = source_of(settings)
         if str(edit_prompt or "").strip() == source.strip():
@@ -97,7 +97,7 @@ class WordEdit:
         if edit_type not in OFFERED:
             raise ValueError(f"the edit type must be one of {', '.join(OFFERED)}, got {str(edit_type)[:40]!r}")
         v = {k: settings.get(k, default) for k, default in SETTINGS_FORM.items()}
-        form = self.h.sample_form(model, v["scheduler"], v["steps"], seed, 2, v["class"] or NO_CLASS, v["guidance_scale"],
+        form = self.h.form.sample_form(model, v["scheduler"], v["steps"], seed, 2, v["class"] or NO_CLASS, v["guidance_scale"],
                                   0.0, v["guide_scale"], v["timestep_spacing"], v["eta"], v["guidance_interval"],
                                   v["pag_layers"], source, v["negative_prompt"])
         form["edit"] = PromptEdit(edit_type, cross_replace_steps=float(cross), self_replace_steps=float(self_))
@@ -143,7 +143,7 @@ class WordEdit:
         its prompt box filled with the result's prompt when that is a new one (a word edit's own results keep what
         was typed). Outputs: the panel, its line, the prompt box, the prompt it was filled from."""
         _, s = selected_result(gallery, selected)
-        if not s or not self.h.is_text(s.get("model")):
+        if not s or not self.h.form.is_text(s.get("model")):
             return gr.update(visible=False), "", gr.skip(), gr.skip()
         seed, source = source_of(s)
         said = f"“{escape(source)}”" if source else "no prompt"
@@ -165,12 +165,12 @@ class WordEdit:
 
     def form_of_result(self, gallery) -> tuple:
         """After a word edit: the Sample form shows what its results were made with (their seed, two images, no PAG)."""
-        return self.h.use_settings(gallery, 0)[:-1]
+        return self.h.form.use_settings(gallery, 0)[:-1]
 
     def use_settings(self, gallery, selected) -> tuple:
         """Handlers.use_settings, and from a word edit's PNG its edited prompt, edit type and fractions into the panel.
         Outputs: the Sample form, the panel's four controls, the prompt it was filled from, the status line."""
-        *form, status = self.h.use_settings(gallery, selected)
+        *form, status = self.h.form.use_settings(gallery, selected)
         _, s = selected_result(gallery, selected)
         if "edit_prompt" not in s:
             return (*form, *(gr.skip(),) * (len(EDIT_SETTINGS) + 1), status)
