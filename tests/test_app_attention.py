@@ -27,7 +27,7 @@ def test_the_averaged_maps_are_a_job_with_progress_and_a_result_line(weights):
     assert any(t.startswith("averaging: step") for t in texts)  # progress with its step count
     maps, last = updates[-1]
     assert last == "done: the maps of pixel (y 3, x 4) averaged over all 6 steps"
-    assert maps.size == h.engine.mean_attention_maps(gen, 1, (3, 4)).size
+    assert maps.size == h.engine.views.mean_attention_maps(gen, 1, (3, 4)).size
 
 
 def test_the_averaged_maps_need_a_pixel_and_say_so_on_their_line(weights):
@@ -59,10 +59,10 @@ def test_the_heads_statistics_are_a_job_that_stops(weights):
     import time
 
     full: list = []
-    h.engine.head_table(gen, 0, on_step=lambda *a: full.append(1))
+    h.engine.views.head_table(gen, 0, on_step=lambda *a: full.append(1))
 
     def slow(on_step):  # each UNet call takes 50 ms longer, so the close comes mid-way
-        return h.engine.head_table(gen, 0, on_step=lambda *a: (calls.append(1), time.sleep(0.05), on_step(*a)))
+        return h.engine.views.head_table(gen, 0, on_step=lambda *a: (calls.append(1), time.sleep(0.05), on_step(*a)))
 
     calls: list = []
     job = stream(slow, lambda *a, **k: None, "measuring")
@@ -105,7 +105,7 @@ def test_switch_off_is_a_job_with_its_own_status_line(weights):
     below the button). It now says how far it is and what it did on its own line, and refuses in words."""
     h = Handlers(Engine(weights))
     gen = h.engine.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=1)
-    layer = h.engine.records(gen, 0)[0].name
+    layer = h.engine.views.records(gen, 0)[0].name
     updates = _run(HeadsTab(h.engine, h.jobs).switch_off(gen, [layer], "all", progress=lambda *a, **k: None))
     lines = [u[-1] for u in updates if isinstance(u[-1], str)]
     assert any(line.startswith("switching off: step") for line in lines), lines

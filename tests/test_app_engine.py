@@ -48,15 +48,15 @@ def test_attention_is_exactly_that_of_the_sampling_pass(weights):
     gen = ex.generate("tiny", "ddim", steps=3, seed=0, num_images=2)
     unet, sched = ex.loaded("tiny").unet, ex.loaded("tiny").scheduler
     during = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, capture_steps=[1]).attention[1]
-    recs = ex.records(gen, 1)
+    recs = ex.views.records(gen, 1)
     assert [r.name for r in recs] == [r.name for r in during]
     for a, b in zip(recs, during):
         assert torch.equal(a.q, b.q) and torch.equal(a.k, b.k)  # bit-identical to the sampling pass
-    panel = ex.attention_maps(gen, image=1, step=1, pixel=(5, 9))
+    panel = ex.views.attention_maps(gen, image=1, step=1, pixel=(5, 9))
     assert panel.width > 100 and panel.height > 100
     # one name per layer everywhere (issue 35 item 13): the module name --pag-layers takes, and the grid
-    assert ex.layer_names(gen, 1) == [f"{r.name} (8x8)" for r in recs]
-    assert ex.layer_names(gen, 1)[1] == "mid_attn (8x8)"
+    assert ex.views.layer_names(gen, 1) == [f"{r.name} (8x8)" for r in recs]
+    assert ex.views.layer_names(gen, 1)[1] == "mid_attn (8x8)"
 
 
 def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
@@ -66,7 +66,7 @@ def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=Guidance(scale=2.5),
                  capture_steps=[1])
     assert torch.equal(gen.images, res.images)
-    recs = ex.records(gen, 1)
+    recs = ex.views.records(gen, 1)
     for a, b in zip(recs, res.attention[1], strict=True):
         assert b.q.shape[0] == 4 and a.q.shape[0] == 2  # sampling ran class + no-class in one batch
         assert torch.equal(a.q, b.q[:2]) and torch.equal(a.k, b.k[:2])
@@ -79,9 +79,9 @@ def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
 def test_four_stages_scores_and_weights(weights):
     ex = Engine(weights)
     gen = ex.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
-    img, numbers = ex.four_stages(gen, image=0, step=0, pixel=(4, 6), layer=1, head=1)
+    img, numbers = ex.views.four_stages(gen, image=0, step=0, pixel=(4, 6), layer=1, head=1)
     text = stages_text(numbers)  # the page's words for them
-    rec = ex.records(gen, 0)[1]
+    rec = ex.views.records(gen, 0)[1]
     w = rec.weights((2, 3))[0, 1]
     torch.testing.assert_close(w, torch.softmax(rec.scores((2, 3))[0, 1].flatten(), 0).reshape(8, 8))
     assert "mid_attn (8x8), head 1" in text and "sum to 1.000000" in text
@@ -122,7 +122,7 @@ def test_memory_stays_bounded_over_100_generations(weights):
     rss = []
     for i in range(100):
         gen = ex.generate("tiny", steps=2, seed=i, num_images=4)  # a session keeps only its latest generation
-        ex.attention_maps(gen, image=i % 4, step=i % 2, pixel=(i % 16, (3 * i) % 16))
+        ex.views.attention_maps(gen, image=i % 4, step=i % 2, pixel=(i % 16, (3 * i) % 16))
         if i in (19, 99):
             gc.collect()
             rss.append(proc.memory_info().rss)
@@ -166,7 +166,7 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=g, capture_steps=[1, 2])
     assert torch.equal(gen.images, res.images)
     for step in (1, 2):  # t = 333 guided (the images' own rows of the batched call), t = 0 one plain pass
-        for a, b in zip(ex.records(gen, step), res.attention[step], strict=True):
+        for a, b in zip(ex.views.records(gen, step), res.attention[step], strict=True):
             assert torch.equal(a.q, b.q[:2]) and torch.equal(a.k, b.k[:2])
     with pytest.raises(ValueError, match="ships no guide model"):
         ex.generate("tiny", steps=2, num_images=1, guide_scale=2.0)
@@ -190,20 +190,20 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
 def test_heads_view_mean_maps_and_switching_layers_off(weights):
     ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=2)
-    rows, chart = ex.head_table(gen, image=1, timesteps=(500, 50))
+    rows, chart = ex.views.head_table(gen, image=1, timesteps=(500, 50))
     assert {r.layer for r in rows} == {"down.1.attn.0", "mid_attn", "up.0.attn.0", "up.0.attn.1"} and chart.width == 480  # one column (phones)
-    mean = ex.mean_attention_maps(gen, image=1, pixel=(4, 5))
-    last = ex.attention_maps(gen, image=1, step=2, pixel=(4, 5))
+    mean = ex.views.mean_attention_maps(gen, image=1, pixel=(4, 5))
+    last = ex.views.attention_maps(gen, image=1, step=2, pixel=(4, 5))
     assert mean.size == last.size and mean.tobytes() != last.tobytes()
-    off = ex.ablate(gen, ["mid_attn"])
+    off = ex.views.ablate(gen, ["mid_attn"])
     unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").scheduler
     with identity_attention(unet, ["mid_attn"]):
         want = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=2).images
     assert torch.equal(off.images, want) and not torch.equal(off.images, gen.images)
-    one_head = ex.ablate(gen, ["mid_attn"], [0])
+    one_head = ex.views.ablate(gen, ["mid_attn"], [0])
     assert not torch.equal(one_head.images, off.images)
     with pytest.raises(ValueError, match="at least one attention layer"):
-        ex.ablate(gen, [])
+        ex.views.ablate(gen, [])
 
 
 def test_inpaint_with_a_mask_of_another_size_changes_only_where_it_was_painted(weights):
@@ -297,7 +297,7 @@ def test_the_page_starts_at_the_folders_sampler_steps_and_guidance(tmp_path):
     # switching a layer off samples the same request again: the same guidance, interval and PAG layers
     gen = ex.generate("m", steps=3, num_images=1, class_label=0, guidance_scale=2.5, pag_scale=1.0,
                       pag_layers="mid_attn", guidance_interval="0, 600")
-    off = ex.ablate(gen, ["mid_attn"])
+    off = ex.views.ablate(gen, ["mid_attn"])
     assert off.guidance == gen.guidance and off.guidance.interval == (0.0, 600.0) and off.num_steps == 3
     assert not torch.equal(off.images, gen.images)
 
@@ -401,12 +401,12 @@ def test_long_attention_work_is_refused_over_the_budget_before_any_unet_call(wei
     monkeypatch.setenv("DENOISER_WORK_BUDGET", str(2 * 6 * 2 * model_cost(unet) - 1))  # 2 images x 6 steps x CFG's 2
     try:
         with pytest.raises(ValueError, match="over the budget"):
-            ex.mean_attention_maps(gen, image=0, pixel=(3, 3))
+            ex.views.mean_attention_maps(gen, image=0, pixel=(3, 3))
         with pytest.raises(ValueError, match="over the budget"):
-            ex.head_table(gen, image=0, timesteps=tuple(range(100, 900, 10)))
+            ex.views.head_table(gen, image=0, timesteps=tuple(range(100, 900, 10)))
         assert calls[1:] == []  # not one UNet call
         monkeypatch.setenv("DENOISER_WORK_BUDGET", str(2 * 6 * 2 * model_cost(unet)))  # exactly the work: allowed
-        ex.mean_attention_maps(gen, image=0, pixel=(3, 3))
+        ex.views.mean_attention_maps(gen, image=0, pixel=(3, 3))
     finally:
         calls[0].remove()
 
@@ -419,19 +419,19 @@ def test_long_attention_work_reports_every_step_and_stops_when_asked(weights):
     ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=2)
     seen = []
-    mean = ex.mean_attention_maps(gen, 1, (4, 5), on_step=lambda i, n, x: seen.append((i, n, tuple(x.shape))))
+    mean = ex.views.mean_attention_maps(gen, 1, (4, 5), on_step=lambda i, n, x: seen.append((i, n, tuple(x.shape))))
     assert seen == [(0, 3, (1, 3, 16, 16)), (1, 3, (1, 3, 16, 16)), (2, 3, (1, 3, 16, 16))]
-    assert mean.tobytes() == ex.mean_attention_maps(gen, 1, (4, 5)).tobytes()
+    assert mean.tobytes() == ex.views.mean_attention_maps(gen, 1, (4, 5)).tobytes()
     unet = ex.loaded("tiny-classes").unet
     per_t = _stats_calls_per_timestep(unet)
     assert per_t == 1 + 4 + 4 * 2  # the plain call, 4 layers, each of their 2 heads (TINY)
     steps, calls = [], _unet_calls(unet)
     try:
-        rows, _ = ex.head_table(gen, 1, timesteps=(500, 50), on_step=lambda i, n, x: steps.append((i, n)))
+        rows, _ = ex.views.head_table(gen, 1, timesteps=(500, 50), on_step=lambda i, n, x: steps.append((i, n)))
     finally:
         calls[0].remove()
     assert steps == [(i, 2 * per_t) for i in range(2 * per_t)] and len(calls) - 1 == 2 * per_t  # one per UNet call
-    assert [r.output_change for r in rows] == [r.output_change for r in ex.head_table(gen, 1, timesteps=(500, 50))[0]]
+    assert [r.output_change for r in rows] == [r.output_change for r in ex.views.head_table(gen, 1, timesteps=(500, 50))[0]]
 
     class Stop(Exception):
         pass
@@ -444,9 +444,9 @@ def test_long_attention_work_reports_every_step_and_stops_when_asked(weights):
         return on_step
 
     with pytest.raises(Stop):
-        ex.head_table(gen, 1, timesteps=(500, 50), on_step=stop_at(3))
+        ex.views.head_table(gen, 1, timesteps=(500, 50), on_step=stop_at(3))
     with pytest.raises(Stop):
-        ex.mean_attention_maps(gen, 1, (4, 5), on_step=stop_at(1))
+        ex.views.mean_attention_maps(gen, 1, (4, 5), on_step=stop_at(1))
     ex.generate("tiny-classes", steps=2, num_images=1)  # the stopped run's hook is gone: nothing raises here
 
 
@@ -491,14 +491,14 @@ def test_a_layer_is_checked_in_one_place(weights):
     layer's index or a sentence naming how many layers there are; the four stages use the same rule."""
     ex = Engine(weights)
     gen = ex.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
-    assert [ex.check_layer(gen, v) for v in (0, 3, "3", " 2 ", 1.0)] == [0, 3, 3, 2, 1]
+    assert [ex.views.check_layer(gen, v) for v in (0, 3, "3", " 2 ", 1.0)] == [0, 3, 3, 2, 1]
     for bad in ("zzz", "4", 4, -1, "1.5", None, "", True):
         with pytest.raises(ValueError, match=f"layer {str(bad)[:40]!r} is not one of this generation's 4 attention layers: pick one"):
-            ex.check_layer(gen, bad)
+            ex.views.check_layer(gen, bad)
     with pytest.raises(ValueError, match="layer 'zzz' is not one of this generation's 4 attention layers"):
-        ex.four_stages(gen, 0, 1, (3, 4), "zzz", 0)
-    panel, stages = ex.four_stages(gen, 0, 1, (3, 4), "1", 0)
-    assert stages.layer == ex.layer_names(gen, 1)[1]
+        ex.views.four_stages(gen, 0, 1, (3, 4), "zzz", 0)
+    panel, stages = ex.views.four_stages(gen, 0, 1, (3, 4), "1", 0)
+    assert stages.layer == ex.views.layer_names(gen, 1)[1]
 
 
 def test_a_generate_resolves_its_plan_once(weights, monkeypatch):

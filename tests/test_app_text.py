@@ -56,22 +56,22 @@ def test_prompt_reaches_the_images(weights):
 def test_word_map_and_pixel_weights_are_the_records(weights):
     ex = Engine(weights)
     gen = ex.generate("words", "ddim", steps=3, seed=0, num_images=2, prompt="red apple", guidance_scale=2.0)
-    cross = ex.records(gen, 1, "cross")
+    cross = ex.views.records(gen, 1, "cross")
     assert cross and all(r.kind == "cross" for r in cross)
-    assert all(r.kind == "self" for r in ex.records(gen, 1))  # the pixel-to-pixel views never see a cross layer
-    maps = ex.word_maps(gen, 1, 1, 1)  # image 1, step 1, "apple"
+    assert all(r.kind == "self" for r in ex.views.records(gen, 1))  # the pixel-to-pixel views never see a cross layer
+    maps = ex.views.word_maps(gen, 1, 1, 1)  # image 1, step 1, "apple"
     assert len(maps) == len(cross)
     for (label, m), r in zip(maps, cross):
         assert r.name in label
         torch.testing.assert_close(m, r.token_map(1)[1])
-    weights_ = ex.word_weights(gen, 1, 1, (5, 9))
+    weights_ = ex.views.word_weights(gen, 1, 1, (5, 9))
     for (_, w), r in zip(weights_, cross):
         H, W = r.size
         S = gen.images.shape[-1]
         torch.testing.assert_close(w, r.weights((5 * H // S, 9 * W // S))[1, :, :2])
         torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[0]))  # every head's weights are on the two words
     with pytest.raises(ValueError, match="word"):
-        ex.word_maps(gen, 0, 1, 2)  # the prompt has two words
+        ex.views.word_maps(gen, 0, 1, 2)  # the prompt has two words
 
 
 def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
@@ -126,11 +126,11 @@ def test_edit_and_heads_run_a_text_model_unconditioned(weights):
     assert gen.images.shape == (1, 3, 16, 16) and not gen.words
     with pytest.raises(ValueError, match="without a prompt"):
         ex.restore("words", ex.restore_request("edit", guidance_scale=2.0, strength=0.5, steps=4), photo)
-    rows, _ = ex.head_table(gen, 0, timesteps=(500,))
+    rows, _ = ex.views.head_table(gen, 0, timesteps=(500,))
     assert rows
     sampled = ex.generate("words", "ddim", steps=2, seed=0, num_images=1, prompt="red apple")
-    assert ex.attention_maps(sampled, 0, 1, (2, 3)) is not None  # the self-attention views as for any model
-    assert ex.ablate(sampled, ["mid_attn"]).images.shape == sampled.images.shape
+    assert ex.views.attention_maps(sampled, 0, 1, (2, 3)) is not None  # the self-attention views as for any model
+    assert ex.views.ablate(sampled, ["mid_attn"]).images.shape == sampled.images.shape
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")

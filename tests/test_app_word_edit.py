@@ -152,7 +152,7 @@ def test_a_word_edits_layers_are_not_switched_off(handlers):
     gallery = _generate(h, "red apple", num_images=1)[1]
     gen = list(w.run(gallery, 0, "blue apple", "replace", 0.8, 0.4))[-1][2]
     with pytest.raises(ValueError, match="a word edit's layers cannot be switched off"):
-        h.engine.ablate(gen, ["mid_attn"])
+        h.engine.views.ablate(gen, ["mid_attn"])
 
 
 def _form(page, steps: int, images: int) -> None:

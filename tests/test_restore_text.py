@@ -73,7 +73,7 @@ def test_the_engine_edits_toward_a_prompt_and_its_words_have_maps(text_model):
     gen, done = ex.restore("words", ex.restore_request("edit", guidance_scale=2.0, strength=0.7, steps=4, seed=3,
                                                        prompt="red apple"), PHOTO)
     assert gen.words == ("red", "apple") and gen.prompt == "red apple" and done.steps == gen.num_steps
-    maps = ex.word_maps(gen, 0, gen.num_steps - 1, 1)  # "apple" at the last step, in every cross-attention layer
+    maps = ex.views.word_maps(gen, 0, gen.num_steps - 1, 1)  # "apple" at the last step, in every cross-attention layer
     assert maps and all(torch.isfinite(w).all() for _, w in maps)
     bare, _ = ex.restore("words", ex.restore_request("edit", strength=0.7, steps=4, seed=3), PHOTO)
     assert not bare.words and (bare.images - gen.images).abs().max() > 1e-3

@@ -122,11 +122,11 @@ class AttentionTab:
         _generation(gen)
         pixel = (y, x)
         try:
-            maps = self.engine.attention_maps(gen, image, step, pixel)
+            maps = self.engine.views.attention_maps(gen, image, step, pixel)
         except ValueError as err:
             raise user_error(err) from None
         try:
-            stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer or 0, head or 0)
+            stages, numbers = self.engine.views.four_stages(gen, image, step, pixel, layer or 0, head or 0)
             text = stages_text(numbers)
         except ValueError as err:  # a layer typed that is none: said on the stages' line; the pixel's views still show
             stages, text = None, f"**Not shown:** {user_error(err).message}"
@@ -162,12 +162,12 @@ class AttentionTab:
             labels = [word_label(w, x) for w, x in zip(gen.words_of(image), weights_of)]
             maps = None
             if word is not None:
-                panel = self.engine.word_maps(gen, image, step, word)
+                panel = self.engine.views.word_maps(gen, image, step, word)
                 maps = gr.update(value=word_maps_panel(gen.images[int(image)], panel, None if pixel is None else tuple(pixel),
                                                        heads=bool(heads)), label=word_maps_label(labels[int(word)]))
             weights = None
             if pixel is not None:
-                weights = gr.update(value=word_weights_chart(self.engine.word_weights(gen, image, step, pixel), labels),
+                weights = gr.update(value=word_weights_chart(self.engine.views.word_weights(gen, image, step, pixel), labels),
                                     label=word_weights_label(any(x != 1 for x in weights_of)))
         except ValueError as err:
             raise user_error(err) from None
@@ -187,7 +187,7 @@ class AttentionTab:
             raise error from None
 
         def job(on_step):
-            return self.engine.mean_attention_maps(gen, image, pixel, on_step=on_step)
+            return self.engine.views.mean_attention_maps(gen, image, pixel, on_step=on_step)
 
         with self.jobs.running(request, "mean-status"):
             maps = yield from relay(stream(job, progress, "averaging"), 2, lambda preview: gr.skip(), status=True)
@@ -201,9 +201,9 @@ class AttentionTab:
         head the layer lacks becomes head 0)."""
         if gen is None:
             return None, "", gr.skip()
-        records = self.engine.records(gen, step)
+        records = self.engine.views.records(gen, step)
         try:
-            layer = self.engine.check_layer(gen, layer)
+            layer = self.engine.views.check_layer(gen, layer)
         except ValueError as err:  # a layer typed that is none: said in words, the head list kept, no stale stages
             message = user_error(err).message
             gr.Warning(message)
@@ -213,7 +213,7 @@ class AttentionTab:
         choices = gr.update(choices=list(range(heads)), value=head)
         if pixel is None:
             return None, "", choices
-        stages, numbers = self.engine.four_stages(gen, image, step, pixel, layer, head)
+        stages, numbers = self.engine.views.four_stages(gen, image, step, pixel, layer, head)
         return stages, stages_text(numbers), choices
 
     def restage_head(self, gen, image, step, pixel, layer, head):

@@ -103,8 +103,11 @@ class Stages:
 
 
 class AttentionViews:
-    """The engine's attention views of a Generation, a mixin of Engine: it relies on the engine's `loaded(name)`,
-    `check_work(...)` and `generate(...)`."""
+    """The attention views of a Generation (`Engine.views`): they use the engine's `loaded(name)`, `check_work(...)`
+    and `generate(...)`."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
 
     def records(self, gen: Generation, step: int, kind: str = "self") -> list[AttentionRecord]:
         """Exact attention of step `step` for the whole batch (re-run under capture, cached per step): the pixel-to-pixel
@@ -113,7 +116,7 @@ class AttentionViews:
         return [r for r in gen.attention.get(step, lambda: self._capture(gen, step)) if r.kind == kind]
 
     def _capture(self, gen: Generation, step: int) -> list[AttentionRecord]:
-        unet = self.loaded(gen.model).unet
+        unet = self.engine.loaded(gen.model).unet
         # the sampling pass's setup (packed weights): the same arithmetic, so the same q and k
         x, labels, B = gen.inputs[step], gen.labels, gen.images.shape[0]
         # the guided call as sampled: the images' own rows first, then "no class" (the negative prompt) and perturbed rows
@@ -133,7 +136,7 @@ class AttentionViews:
 
     def is_text(self, name: str) -> bool:
         """Whether a model takes a prompt (its UNet has cross-attention) rather than classes."""
-        return getattr(self.loaded(name).unet.config, "cross_attention_dim", None) is not None
+        return getattr(self.engine.loaded(name).unet.config, "cross_attention_dim", None) is not None
 
     def _word(self, gen: Generation, image: int, word) -> int:
         words = gen.words_of(image)
@@ -166,7 +169,7 @@ class AttentionViews:
     def check_layer(self, gen: Generation, layer) -> int:
         """The layer selector's value (an index among the generation's attention layers: an int, or text a person
         typed such as "3") as that index; anything else is refused in words naming how many layers there are."""
-        count = len(attention_layer_names(self.loaded(gen.model).unet))
+        count = len(attention_layer_names(self.engine.loaded(gen.model).unet))
         try:
             index = float(str(layer).strip()) if isinstance(layer, str) else float(layer)
         except (TypeError, ValueError):
@@ -187,8 +190,8 @@ class AttentionViews:
         image = check_int("image", image, 0, gen.images.shape[0] - 1)
         S = gen.images.shape[-1]
         y, x = (check_int("pixel y", pixel[0], 0, S - 1), check_int("pixel x", pixel[1], 0, S - 1))
-        unet = self.loaded(gen.model).unet
-        self.check_work(unet, gen.images.shape[0], gen.num_steps, gen.guidance)
+        unet = self.engine.loaded(gen.model).unet
+        self.engine.check_work(unet, gen.images.shape[0], gen.num_steps, gen.guidance)
         sums: dict[str, torch.Tensor] = {}
         for step in range(gen.num_steps):
             for rec in self.records(gen, step):
@@ -205,10 +208,10 @@ class AttentionViews:
         noise level: one plain, then one per layer and per head switched off) are refused over the work budget
         before any work; on_step(i, total, the image in [0, 1]) after each call, and raising from it stops the work."""
         image = check_int("image", image, 0, gen.images.shape[0] - 1)
-        model = self.loaded(gen.model)
+        model = self.engine.loaded(gen.model)
         unet, train_sched = model.unet, model.scheduler
         calls = len(timesteps) * _stats_calls_per_timestep(unet)
-        self.check_work(unet, 1, calls)
+        self.engine.check_work(unet, 1, calls)
         labels = None if gen.labels is None else gen.labels[image : image + 1]
         x0 = unit_to_model(gen.images[image : image + 1])  # (1, C, H, W)
         shown = gen.images[image : image + 1]
@@ -225,13 +228,13 @@ class AttentionViews:
                              "which identity attention replaces; switch layers off on a generation of one prompt")
         if not layers:
             raise ValueError("choose at least one attention layer to switch off")
-        unet = self.loaded(gen.model).unet
+        unet = self.engine.loaded(gen.model).unet
         if stale := [name for name in layers if name not in attention_layers(unet)]:  # checked before any work
             raise ValueError(f"{', '.join(stale)}: not a layer of {gen.model}, the model of the images shown (the list is "
                              "of an earlier generation's statistics): press Compute statistics, then choose among its "
                              "layers")
         with identity_attention(unet, layers, heads):
-            return self.generate(gen.model, **gen.replay, on_step=on_step)
+            return self.engine.generate(gen.model, **gen.replay, on_step=on_step)
 
     def four_stages(
         self, gen: Generation, image: int, step: int, pixel: tuple[int, int], layer: int, head: int

@@ -1,8 +1,7 @@
 """The web app's engine, without the web: models by name, generation with previews, your images restored,
 then any pixel's attention, the heads' statistics and layers switched off. Returns tensors, images and
 plain data; the words and Markdown a page shows are the handlers' (denoiser/app/handlers.py).
-The attention views and the Generation they read are in denoiser/app/attention_views.py (AttentionViews, a
-mixin Engine inherits).
+The attention views and the Generation they read are in denoiser/app/attention_views.py (`Engine.views`).
 
 Sampling runs the fused attention path and keeps only the model inputs x_t of every step (a few MB).
 Opening the attention view for a step re-runs that step's UNet call on the same batch under
@@ -49,7 +48,7 @@ SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
 PREVIEW_SIDE = 256  # a tiled denoise's live preview: at most this many pixels a side
 
 
-class Engine(AttentionViews):
+class Engine:
     """Models under folders of model folders, loaded once; generation and attention views."""
 
     def __init__(self, weights_dir: str | Path | Sequence[str | Path] | None = None) -> None:
@@ -60,6 +59,7 @@ class Engine(AttentionViews):
         self._lock = threading.Lock()
         self._tile_rates: dict[str, float] = {}  # model -> tiles a second of its photo denoise here (measured once)
         self._rate_lock = threading.Lock()
+        self.views = AttentionViews(self)  # a generation's attention, its words, its heads
 
     def models(self) -> list[str]:
         return list_models(self.weights_dir)

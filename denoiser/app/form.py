@@ -94,7 +94,7 @@ class ModelForm:
     def is_text(self, model) -> bool:
         """Whether `model` takes a prompt (False for a class model and for a folder that does not load)."""
         try:
-            return bool(model) and self.engine.is_text(model)
+            return bool(model) and self.engine.views.is_text(model)
         except (ValueError, OSError):
             return False
 

@@ -102,7 +102,7 @@ class HeadsTab:
             return
 
         def job(on_step):
-            return self.engine.head_table(gen, image, on_step=on_step)
+            return self.engine.views.head_table(gen, image, on_step=on_step)
 
         with self.jobs.running(request, "stats-status"):
             rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
@@ -134,7 +134,7 @@ class HeadsTab:
             raise error from None
 
         def job(on_step):
-            return self.engine.ablate(gen, list(layers), head_ids, on_step=on_step)
+            return self.engine.views.ablate(gen, list(layers), head_ids, on_step=on_step)
 
         with self.jobs.running(request, "off-status"):
             off = yield from relay(stream(job, progress, "switching off"), 3, lambda preview: enlarge(preview), status=True)

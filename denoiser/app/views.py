@@ -125,7 +125,7 @@ def generation_views(engine, gen) -> tuple:
 def _layer_choices(engine, gen) -> tuple[dict, dict]:
     """A new generation's layer selector (its last step's layers, the first chosen) and head selector (the
     first layer's heads)."""
-    records = engine.records(gen, gen.num_steps - 1)
-    names = engine.layer_names(gen, gen.num_steps - 1)
+    records = engine.views.records(gen, gen.num_steps - 1)
+    names = engine.views.layer_names(gen, gen.num_steps - 1)
     return (gr.update(choices=[(name, i) for i, name in enumerate(names)], value=0),
             gr.update(choices=list(range(records[0].num_heads)), value=0))
