@@ -149,15 +149,17 @@ def test_browser_a_job_pressed_right_after_its_stop_runs(server, monkeypatch, jo
 
     if not Path(CHROMIUM).exists():
         pytest.skip("make test installs Debian's chromium")
+    from denoiser.app.attention_views import AttentionViews
+
     tab, method, done = JOBS[job]
-    work, runs = getattr(Engine, method), []
+    work, runs = getattr(AttentionViews, method), []
 
     def slow(self, *args, on_step=None, **kwargs):  # the first run's steps as long as a real model's on a busy CPU
         runs.append(time.monotonic())
         pause = 0.2 if len(runs) == 1 else 0.0  # Stop lands inside it; the run pressed after Stop only has to end
         return work(self, *args, on_step=lambda *a: (time.sleep(pause), on_step(*a))[1] if on_step else None, **kwargs)
 
-    monkeypatch.setattr(Engine, method, slow)
+    monkeypatch.setattr(AttentionViews, method, slow)
     with browser_page(server) as page:
         type_number(page, "steps", 30)
         page.locator("#generate").click()

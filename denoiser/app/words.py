@@ -57,7 +57,7 @@ def word_weights_label(weighted: bool = False) -> str:
 def all_layers_map(maps: Sequence[tuple[str, torch.Tensor]], size: int) -> torch.Tensor:
     """Where the word lands in the picture, all cross-attention layers together: each layer's head-averaged map
     upsampled to the image's (size, size) grid (nearest: each cell is one pixel of the layer's grid) and averaged
-    over the layers. maps: (layer label, (h, H, W)) as Engine.word_maps gives them. Each layer's maps of the prompt's
+    over the layers. maps: (layer label, (h, H, W)) as Engine.views.word_maps gives them. Each layer's maps of the prompt's
     words sum to one at every pixel, so this map's do too."""
     up = [F.interpolate(w.float().mean(0)[None, None], size=(size, size), mode="nearest")[0, 0] for _, w in maps]  # (S, S)
     return torch.stack(up).mean(0)  # (layers, S, S) -> (S, S)
@@ -65,7 +65,7 @@ def all_layers_map(maps: Sequence[tuple[str, torch.Tensor]], size: int) -> torch
 
 def word_maps_panel(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]], pixel: tuple[int, int] | None = None,
                     heads: bool = False) -> Image.Image:
-    """The word's map over the image. maps: (layer label, (h, H, W)) as Engine.word_maps gives them; pixel (y, x) in
+    """The word's map over the image. maps: (layer label, (h, H, W)) as Engine.views.word_maps gives them; pixel (y, x) in
     image pixels, marked when given.
 
     heads=False: two rows, the image, all layers together (`all_layers_map`), then each layer's head-averaged map,
