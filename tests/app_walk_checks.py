@@ -32,6 +32,7 @@ ALLOWED = [
     r"over the work budget",
     r"prompt weighting, at character",  # a weight in a prompt that does not read ("(red:x)")
     r"on a text model needs a prompt",  # classifier-free guidance without a prompt
+    r"guidance needs a class",  # classifier-free guidance with the class at "(any)"
     r"swaps words one for one",  # a word edit of type replace with words added
     r"the edited prompt is the result's own|type the edited prompt",
     r"a word edit's layers cannot be switched off",

@@ -519,3 +519,18 @@ def test_a_generate_resolves_its_plan_once(weights, monkeypatch):
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=5, num_images=2, class_label=1, guidance_scale=2.0)
     shown = torch.stack([pil_to_tensor(Image.open(path)) for path in last[1]])  # (B, 3, H, W) uint8: the PNGs
     assert torch.equal(shown, to_uint8(gen.images))
+
+
+def test_guidance_without_a_class_is_refused_before_the_job_starts(weights):
+    """The walk, seed 4 step 21: with the class at "(any)" and guidance at 3.5, Generate started ("denoising:
+    starting"), then said "not done: guidance needs a class": the check ran in the loop. The plan checks it now, so
+    the page's status says the job never started and the pictures shown are the ones before."""
+    import gradio as gr
+
+    h = Handlers(Engine(weights))
+    run = h.generate("tiny-classes", "ddim", 2, 0, 2, "(any)", guidance_scale=3.5, progress=lambda *a, **k: None)
+    *_, status = next(run)
+    assert status.startswith("**not started**: guidance needs a class") and "pick a class or set guidance to 1" in status
+    with pytest.raises(gr.Error, match="guidance needs a class"):
+        next(run)
+

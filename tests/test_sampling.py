@@ -153,7 +153,9 @@ def test_bad_requests_fail_before_any_work(folder):
     for fields, match in (({"steps": 0}, "steps must be"), ({"num_images": 0}, "number of images"),
                           ({"scheduler": "heun"}, "unknown scheduler"), ({"timestep_spacing": "sideways"}, "spacing"),
                           ({"guidance": GuidanceRequest(guide_scale=2.0)}, "needs a guide model"),
-                          ({"guidance": GuidanceRequest(guidance_scale=0.5)}, ">= 1")):
+                          ({"guidance": GuidanceRequest(guidance_scale=0.5)}, ">= 1"),
+                          # the walk, seed 4: classifier-free guidance without a class was refused a step into the run
+                          ({"guidance": GuidanceRequest(guidance_scale=3.0)}, "guidance needs a class")):
         with pytest.raises(ValueError, match=match):
             resolve(SampleRequest(**fields), folder)
     with pytest.raises(ValueError, match="one generator per image"):

@@ -185,8 +185,12 @@ def resolve(
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
     if not isinstance(steps, int) or not 1 <= steps <= sched.config.num_train_timesteps:
         raise ValueError(f"steps must be a whole number in 1..{sched.config.num_train_timesteps}, got {steps!r}")
-    return Plan(unet, sched, steps, float(request.eta), guidance, labels, int(request.seed), request.num_images,
+    plan = Plan(unet, sched, steps, float(request.eta), guidance, labels, int(request.seed), request.num_images,
                 batch_size, defaults.classes, prompts, negative, text, request.edit, choose_precision(unet))
+    # what each guidance term needs (a class or a prompt for classifier-free guidance, PAG's layers), before any work:
+    # the loop checks each batch the same way, a step too late for a page that said the job had started
+    guidance.check(unet, labels, plan.text_condition(range(plan.num_images)))
+    return plan
 
 
 def _check_edit(request: SampleRequest, prompts: tuple, text: TextModel | None, guidance: Guidance) -> None:
