@@ -305,6 +305,10 @@ def test_browser_generate_right_after_stop_runs(server, slow_steps, reset):
             page.wait_for_timeout(int(gap * 1000))
             page.evaluate(WATCH_STATUS)
             page.locator("#generate").click()
+        deadline = time.monotonic() + 30  # the last try's run has started on the server (its status line may still
+        while len(runs) < len(STOP_GAPS) + 1 and time.monotonic() < deadline:  # show the stopped run's last step)
+            page.wait_for_timeout(100)
+        assert len(runs) == len(STOP_GAPS) + 1, f"the last try (Generate {STOP_GAPS[-1]} s after Stop): nothing ran"
         page.locator("#status").get_by_text("denoising: step").wait_for(timeout=30_000)
         page.locator("#stop").click()
         page.locator("#status").get_by_text("stopped at step").wait_for(timeout=30_000)

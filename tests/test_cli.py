@@ -153,3 +153,14 @@ def test_sample_and_restore_take_the_guidance_flags(tmp_path, capsys):
     Image.new("L", (20, 20), 255).save(tmp_path / "mask.png")
     assert main(["inpaint", "--model", str(model), "--image", str(tmp_path / "in.png"), "--mask", str(tmp_path / "mask.png"),
                  "--out", str(tmp_path / "o.png"), "--steps", "2", "--pag-scale", "2"]) == 0
+
+
+def test_python_dash_m_denoiser_cli_runs_the_command_line():
+    """`python -m denoiser.cli` (the Makefile's build-kernels) failed with an import error after the package moved to
+    subpackages, so a fresh `make test` built no kernels; it runs the command line again."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "denoiser.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "build-kernels" in out.stdout and "sample" in out.stdout

@@ -1,5 +1,5 @@
 """`python -m denoiser.cli`: the command line."""
 
-from denoiser.cli.main.main import main
+from denoiser.cli.main import main
 
 main()
