@@ -143,3 +143,12 @@ def cli(*args: str, launcher: list[str] | None = None, env: dict | None = None, 
     if check and res.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res
+
+
+def app_page(root):
+    """The web app's page of the model folders under `root`, built as a server builds it (denoiser.app.layout.build_page):
+    its tabs' job handlers yield updates keyed by their components (page.tab(SampleTab).status, page.generation)."""
+    from denoiser.app.engine import Engine
+    from denoiser.app.layout import build_page
+
+    return build_page(Engine(root))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from denoiser.app import handlers
+from denoiser.app import views
 from denoiser.app.layout import CSS
 from denoiser.fast.precision import choose_precision
 from denoiser.folders.model_dir import WEIGHTS_DIR
@@ -22,10 +22,10 @@ from tests.test_app_serve import _assert_sampling_runs, _cpu_seconds_over, _samp
 
 
 def test_click_maps_through_display_scaling():
-    assert handlers.click_to_pixel((0, 0), 32) == (0, 0)
-    assert handlers.click_to_pixel((255, 255), 32) == (31, 31)
-    assert handlers.click_to_pixel((9, 200), 32, display=256) == (25, 1)  # (x, y) in, (y, x) out
-    assert handlers.click_to_pixel((300, 300), 16) == (15, 15)
+    assert views.click_to_pixel((0, 0), 32) == (0, 0)
+    assert views.click_to_pixel((255, 255), 32) == (31, 31)
+    assert views.click_to_pixel((9, 200), 32, display=256) == (25, 1)  # (x, y) in, (y, x) out
+    assert views.click_to_pixel((300, 300), 16) == (15, 15)
 
 
 def test_gradio_client_samples_then_shows_attention(server):

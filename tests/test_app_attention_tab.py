@@ -10,7 +10,9 @@ gr = pytest.importorskip("gradio")
 
 from denoiser.app.attention_tab import AttentionTab  # noqa: E402
 from denoiser.app.engine import Engine  # noqa: E402
-from denoiser.app.handlers import Handlers  # noqa: E402
+from denoiser.app.page import Page  # noqa: E402
+from denoiser.app.sample_tab import SampleTab  # noqa: E402
+from tests.conftest import app_page  # noqa: E402
 
 
 def _run(gen_fn):
@@ -19,22 +21,24 @@ def _run(gen_fn):
 
 
 def test_the_averaged_maps_are_a_job_with_progress_and_a_result_line(weights):
-    h = Handlers(Engine(weights))
-    gen = h.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=2)
-    updates = _run(AttentionTab(h.engine, h.jobs).mean_maps(gen, 1, (3, 4), progress=lambda *a, **k: None))
-    texts = [u[1] for u in updates if isinstance(u[1], str)]
+    page = app_page(weights)
+    tab = page.tab(AttentionTab)
+    gen = page.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=2)
+    updates = _run(tab.mean_maps(gen, 1, (3, 4), progress=lambda *a, **k: None))
+    texts = [u[tab.mean_status] for u in updates if isinstance(u.get(tab.mean_status), str)]
     assert any(t.startswith("averaging: step") for t in texts)  # progress with its step count
-    maps, last = updates[-1]
-    assert last == "done: the maps of pixel (y 3, x 4) averaged over all 6 steps"
-    assert maps.size == h.engine.views.mean_attention_maps(gen, 1, (3, 4)).size
+    assert updates[-1][tab.mean_status] == "done: the maps of pixel (y 3, x 4) averaged over all 6 steps"
+    assert updates[-1][tab.maps].size == page.engine.views.mean_attention_maps(gen, 1, (3, 4)).size
 
 
 def test_the_averaged_maps_need_a_pixel_and_say_so_on_their_line(weights):
-    h = Handlers(Engine(weights))
-    gen = h.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
-    run = AttentionTab(h.engine, h.jobs).mean_maps(gen, 0, None, progress=lambda *a, **k: None)
-    skip, line = next(run)
-    assert line.startswith("**not started**: click a pixel of the image first")
+    page = app_page(weights)
+    tab = page.tab(AttentionTab)
+    gen = page.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
+    run = tab.mean_maps(gen, 0, None, progress=lambda *a, **k: None)
+    first = next(run)
+    assert list(first) == [tab.mean_status]  # the status line only: the maps shown stay
+    assert first[tab.mean_status].startswith("**not started**: click a pixel of the image first")
     with pytest.raises(gr.Error, match="click a pixel"):
         next(run)  # an API caller gets the error too
 
@@ -42,12 +46,13 @@ def test_the_averaged_maps_need_a_pixel_and_say_so_on_their_line(weights):
 def test_a_class_models_done_line_names_the_class_it_drew(weights, tmp_path, monkeypatch):
     """Issue 51 item 14: a class model's status line said "done: 2 image(s), 2 steps" without the class it drew."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    h = Handlers(Engine(weights))
-    name = h.engine.classes("tiny-classes")[1]
-    last = _run(h.generate("tiny-classes", "ddim", 2, 0, 2, name, progress=lambda *a, **k: None))[-1]
-    assert last[-1].startswith(f"done: 2 image(s) of class {name}, 2 steps"), last[-1]
-    last = _run(h.generate("tiny-classes", "ddim", 2, 0, 2, "(any)", progress=lambda *a, **k: None))[-1]
-    assert last[-1].startswith("done: 2 image(s), 2 steps"), last[-1]  # no class chosen: none named
+    page = app_page(weights)
+    sample = page.tab(SampleTab)
+    name = page.engine.classes("tiny-classes")[1]
+    last = _run(sample.generate("tiny-classes", "ddim", 2, 0, 2, name, progress=lambda *a, **k: None))[-1][sample.status]
+    assert last.startswith(f"done: 2 image(s) of class {name}, 2 steps"), last
+    last = _run(sample.generate("tiny-classes", "ddim", 2, 0, 2, "(any)", progress=lambda *a, **k: None))[-1][sample.status]
+    assert last.startswith("done: 2 image(s), 2 steps"), last  # no class chosen: none named
 
 
 JOBS = {"mean": ("Attention", "mean_attention_maps", "done: the maps of pixel"),
@@ -102,13 +107,13 @@ def test_a_view_read_with_the_generation_befores_step_waits_for_the_new_one(weig
     generation) read the step slider before its new value landed, and the page showed "step must be a whole number
     in 0..1, got 89". A view whose image or step is out of the generation's range is left as it is (the step
     slider's change, with its new value, follows); in range, it is drawn."""
-    h = Handlers(Engine(weights))
-    gen = h.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
+    tab = AttentionTab(Page(Engine(weights)))  # its views' handlers need no page built
+    gen = tab.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
     skip = gr.skip()
-    assert AttentionTab(h.engine, h.jobs).restage(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 3
-    assert AttentionTab(h.engine, h.jobs).refresh(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 4
-    assert AttentionTab(h.engine, h.jobs).refresh(gen, 3, 1, (1, 1), 0, 0) == (skip,) * 4  # an image of the generation before
-    stages, text, heads = AttentionTab(h.engine, h.jobs).restage(gen, 0, 1, (1, 1), 0, 0)
+    assert tab.restage(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 3
+    assert tab.refresh(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 4
+    assert tab.refresh(gen, 3, 1, (1, 1), 0, 0) == (skip,) * 4  # an image of the generation before
+    stages, text, heads = tab.restage(gen, 0, 1, (1, 1), 0, 0)
     assert stages is not None and "step 1" in text
 
 

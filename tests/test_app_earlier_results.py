@@ -10,7 +10,8 @@ from PIL import Image
 
 from denoiser.app.earlier_results import KEEP, MAX_PNG_BYTES, recall, remember
 from denoiser.app.engine import Engine
-from denoiser.app.handlers import Handlers
+from denoiser.app.form import ModelForm
+from denoiser.app.sample_tab import SampleTab
 from denoiser.image_io import read_settings, save_with_settings
 
 
@@ -32,7 +33,7 @@ def test_kept_results_come_back_with_their_settings_newest_first(tmp_path, monke
     assert [f.rsplit("/", 1)[1] for f in files] == [p.rsplit("/", 1)[1] for p, _ in second + first]  # names kept
     assert all(f.startswith(str(tmp_path / "gradio")) for f in files)
     # "use these settings" reads a kept result as any other: its seed back in the form
-    updates = Handlers(Engine(tmp_path / "no-models")).form.use_settings(files, 3)  # model "m" is not served: no classes
+    updates = ModelForm(Engine(tmp_path / "no-models")).use_settings(files, 3)  # model "m" is not served: no classes
     assert updates[3]["value"] == 1 and updates[-1] == f"settings of `{files[3].rsplit('/', 1)[1]}` restored: press Generate"
     many = remember(_results(tmp_path, 3, KEEP + 5), kept)
     assert len(many) == KEEP and len(recall(many)) == KEEP
@@ -63,8 +64,8 @@ def test_earlier_results_leave_out_the_ones_just_shown(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
     (tmp_path / "gradio").mkdir()
     first, second = _results(tmp_path, 1, 3), _results(tmp_path, 2, 2)
-    kept, earlier, button = Handlers.keep_results(first, [])
+    kept, earlier, button = SampleTab.keep_results(first, [])
     assert len(kept) == 3 and earlier["value"] == [] and not earlier["visible"] and not button["visible"]
-    kept, earlier, button = Handlers.keep_results(second, kept)
+    kept, earlier, button = SampleTab.keep_results(second, kept)
     assert len(kept) == 5 and [read_settings(f)["seed"] for f in earlier["value"]] == [1, 1, 1] and earlier["visible"]
     assert [read_settings(f)["seed"] for f in recall(kept)] == [2, 2, 1, 1, 1]  # a reload shows them all

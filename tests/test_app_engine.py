@@ -11,8 +11,12 @@ from torchvision.transforms.functional import pil_to_tensor
 from denoiser import UNet
 from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.engine import Engine
-from denoiser.app.handlers import Handlers, stages_text
+from denoiser.app.form import ModelForm
 from denoiser.app.heads_tab import HeadsTab
+from denoiser.app.layout import build_page
+from denoiser.app.page import Page
+from denoiser.app.sample_tab import SampleTab
+from denoiser.app.views import stages_text
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.pixels import to_uint8
 from denoiser.sampling.guidance import Guidance
@@ -162,7 +166,7 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").scheduler
     # the folder's interval applies: DDIM-3 visits 666, 333, 0 and guides the first two
     g = Guidance(pag_scale=1.5, guide=ex.guide("tiny-classes"), guide_scale=2.0, interval=(300, 700))
-    assert gen.guidance == g and "t = 300..700" in Handlers(ex).form.cfg_default("tiny-classes", "red")["info"]
+    assert gen.guidance == g and "t = 300..700" in ModelForm(ex).cfg_default("tiny-classes", "red")["info"]
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=g, capture_steps=[1, 2])
     assert torch.equal(gen.images, res.images)
     for step in (1, 2):  # t = 333 guided (the images' own rows of the batched call), t = 0 one plain pass
@@ -253,11 +257,12 @@ def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_pat
             ex.generate("tiny-classes", "ddim", **common, **bad)
     # the form through the handler: a result's PNG carries the changed advanced settings, "use these settings" reads
     # them back (the ones left at the model's own come back as such)
-    h = Handlers(ex)
-    *_, last = h.generate("tiny-classes", "ddim", 3, 1, 2, "blue", 2.0, 1.0, 1.0, "trailing", 0.5, "0, 600", "")
-    files = last[1]
+    page = build_page(ex)
+    sample = page.tab(SampleTab)
+    *_, last = sample.generate("tiny-classes", "ddim", 3, 1, 2, "blue", 2.0, 1.0, 1.0, "trailing", 0.5, "0, 600", "")
+    files = last[sample.gallery]
     assert read_settings(files[0])["timestep_spacing"] == "trailing" and "pag_layers" not in read_settings(files[0])
-    updates = h.form.use_settings(files, 0)
+    updates = page.form.use_settings(files, 0)
     values = [u["value"] for u in updates[:-1]]
     assert values == ["tiny-classes", "ddim", 3, 1, 2, "blue", 2.0, 1.0, 1.0, "trailing", 0.5, "0, 600", "", "", ""]  # the prompts: none for a class model
 
@@ -289,7 +294,7 @@ def test_the_page_starts_at_the_folders_sampler_steps_and_guidance(tmp_path):
     save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), tmp_path / "m", classes=["a", "b", "c"])
     (tmp_path / "m" / "sampling.json").write_text(json.dumps({"num_inference_steps": 7, "guidance_scale": 2.5}))
     ex = Engine(tmp_path)
-    class_update, guidance, scheduler, steps, pag, guide = Handlers(ex).form.model_form("m")
+    class_update, guidance, scheduler, steps, pag, guide = ModelForm(ex).model_form("m")
     assert class_update["value"] == "a" and guidance["value"] == 2.5 and pag["value"] == 0.0
     assert scheduler["value"] == "ddim" and steps["value"] == 7 and guide["visible"] is False
     gen = ex.generate("m", seed=0, num_images=1, class_label=0, guidance_scale=2.5)
@@ -321,7 +326,7 @@ def test_the_budget_note_says_over_exactly_when_generate_refuses(weights, tmp_pa
     defaults = {"guidance_scale": 3.0, "guide_model": "guide", "guide_scale": 2.0, "guidance_interval": [300, 700]}
     (root / "tiny-classes" / "sampling.json").write_text(json.dumps(defaults))
     ex = Engine(root)
-    h = Handlers(ex)
+    form_of = ModelForm(ex)
     unet = ex.loaded("tiny-classes").unet
     monkeypatch.setenv("DENOISER_WORK_BUDGET", str(40 * model_cost(unet)))  # 40 plain image-steps
 
@@ -337,7 +342,7 @@ def test_the_budget_note_says_over_exactly_when_generate_refuses(weights, tmp_pa
         for num_images in (1, 2, 5):
             for steps in range(1, 41):
                 form = {"guidance_interval": interval} if interval else {}  # the page's seven inputs, or one more
-                note = h.form.budget_note("tiny-classes", steps, num_images, "red", 3.0, 0.0, 2.0, **form)
+                note = form_of.budget_note("tiny-classes", steps, num_images, "red", 3.0, 0.0, 2.0, **form)
                 try:
                     ex.generate("tiny-classes", "ddim", steps, 0, num_images, 0, guidance_scale=3.0, guide_scale=2.0,
                                 guidance_interval=interval)
@@ -365,20 +370,21 @@ def test_the_heads_and_layer_views_answer_in_words_not_error_badges(weights):
     naming the layers (before: "invalid literal for int() with base 10: 'zzz'")."""
     import gradio as gr
 
-    h = Handlers(Engine(weights))
+    page = build_page(Engine(weights))
+    heads, attention = page.tab(HeadsTab), AttentionTab(Page(page.engine))
     with pytest.warns(UserWarning, match="generate images first"):
         # a job now (issue 41 item 7): its status line says it too
-        *outputs, line = next(HeadsTab(h.engine, h.jobs).head_stats(None, 0))
-    assert all(isinstance(o, type(gr.skip())) for o in outputs) and len(outputs) == 3 and "generate images first" in line
-    gen = h.engine.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
+        update = next(heads.head_stats(None, 0))
+    assert list(update) == [heads.stats_status] and "generate images first" in update[heads.stats_status]  # the rest kept
+    gen = page.engine.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
     with pytest.warns(UserWarning, match="not one of this generation's"):  # the walk, seed 10 step 55: before, an
-        stages, text, heads = AttentionTab(h.engine, h.jobs).restage(gen, 0, 1, (3, 4), "zzz", 0)  # error emptied the head list, stale text stayed
+        stages, text, heads = attention.restage(gen, 0, 1, (3, 4), "zzz", 0)  # error emptied the head list, stale text stayed
     assert stages is None and "not one of this generation's" in text and "invalid literal" not in text
     assert isinstance(heads, type(gr.skip()))  # the head list keeps the last real layer's heads
     # and the pixel's views still show with that layer typed (the walk, seed 10 step 65: the image went blank)
-    _, _, _, shown, maps, stages, text = AttentionTab(h.engine, h.jobs).at_pixel(gen, 0, 1, 3, 4, "zzz", 0)
+    _, _, _, shown, maps, stages, text = attention.at_pixel(gen, 0, 1, 3, 4, "zzz", 0)
     assert shown is not None and maps is not None and stages is None and text.startswith("**Not shown:** layer 'zzz'")
-    stages, text, heads = AttentionTab(h.engine, h.jobs).restage(gen, 0, 1, (3, 4), 1, 0)
+    stages, text, heads = attention.restage(gen, 0, 1, (3, 4), 1, 0)
     assert stages is not None and "head 0" in text and heads["value"] == 0
 
 
@@ -513,11 +519,12 @@ def test_a_generate_resolves_its_plan_once(weights, monkeypatch):
         return resolve_plan(self, *args, **kwargs)
 
     monkeypatch.setattr(Engine, "sample_plan", counted)
-    *_, last = Handlers(ex).generate("tiny-classes", "ddim", 3, 5, 2, "green", guidance_scale=2.0)
+    sample = build_page(ex).tab(SampleTab)
+    *_, last = sample.generate("tiny-classes", "ddim", 3, 5, 2, "green", guidance_scale=2.0)
     assert len(calls) == 1, calls
-    assert last[-1].startswith("done: 2 image(s) of class green, 3 steps")
+    assert last[sample.status].startswith("done: 2 image(s) of class green, 3 steps")
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=5, num_images=2, class_label=1, guidance_scale=2.0)
-    shown = torch.stack([pil_to_tensor(Image.open(path)) for path in last[1]])  # (B, 3, H, W) uint8: the PNGs
+    shown = torch.stack([pil_to_tensor(Image.open(path)) for path in last[sample.gallery]])  # (B, 3, H, W) uint8: the PNGs
     assert torch.equal(shown, to_uint8(gen.images))
 
 
@@ -527,9 +534,11 @@ def test_guidance_without_a_class_is_refused_before_the_job_starts(weights):
     the page's status says the job never started and the pictures shown are the ones before."""
     import gradio as gr
 
-    h = Handlers(Engine(weights))
-    run = h.generate("tiny-classes", "ddim", 2, 0, 2, "(any)", guidance_scale=3.5, progress=lambda *a, **k: None)
-    *_, status = next(run)
+    sample = build_page(Engine(weights)).tab(SampleTab)
+    run = sample.generate("tiny-classes", "ddim", 2, 0, 2, "(any)", guidance_scale=3.5, progress=lambda *a, **k: None)
+    first = next(run)
+    assert list(first) == [sample.status]  # the pictures shown stay
+    status = first[sample.status]
     assert status.startswith("**not started**: guidance needs a class") and "pick a class or set guidance to 1" in status
     with pytest.raises(gr.Error, match="guidance needs a class"):
         next(run)

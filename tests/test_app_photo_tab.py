@@ -16,12 +16,13 @@ import torch
 from PIL import Image
 
 from denoiser.app.engine import Engine
-from denoiser.app.handlers import Handlers
 from denoiser.app.jobs import Jobs
+from denoiser.app.page import Page
 from denoiser.app.photo import drop_upload, keep_upload, photo_file
-from denoiser.app.photo_tab import CLEAN_SIGMA, EditHandlers
+from denoiser.app.photo_tab import CLEAN_SIGMA, PhotoTab
 from denoiser.image_io import read_settings, save_with_settings
 from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
+from tests.conftest import app_page
 
 browser = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 
@@ -62,7 +63,7 @@ def test_use_these_settings_reads_the_result_whichever_picture_is_selected(weigh
     """Issue 41 item 12: the Edit form refilled from the result's PNG; "your image" selected reads the result's."""
     import gradio as gr
 
-    e = EditHandlers(Handlers(Engine(weights)))
+    e = PhotoTab(Page(Engine(weights)))
     settings = {"model": "tiny-classes", "operation": "edit", "class": "1", "guidance_scale": 2.0, "sigma": 0.0,
                 "strength": 0.4, "add_noise": 0.1, "steps": 7, "seed": 5, "pag_scale": 0.5, "chain": True}
     result = save_with_settings(Image.new("RGB", (16, 16)), tmp_path, settings)
@@ -78,7 +79,7 @@ def test_use_these_settings_reads_the_result_whichever_picture_is_selected(weigh
 def test_run_says_before_it_runs_what_it_works_on(weights):
     """Issue 41 item 10, issue 52: what Run works on is said before it runs, by the one rule (RestoreRequest.tiled):
     a denoise, noise added first or not, works on the whole photo; the chains on the centre square."""
-    e = EditHandlers(Handlers(Engine(weights)))
+    e = PhotoTab(Page(Engine(weights)))
     assert "whole photo at its own size" in e.scope("tiny-classes", "denoise", 0, None)
     noisy = e.scope("tiny-classes", "denoise", 0.2, None)
     assert "added to your whole photo, then removed" in noisy and "centre square" not in noisy
@@ -93,9 +94,9 @@ def test_run_without_a_photo_asks_for_one_before_any_work(weights, operation, ca
     """The long walk, seed 9 step 43: Run on "edit" with no photo reached the restore and failed there ("TypeError:
     image must be a PIL image, got NoneType", a traceback in the log). Every operation now says what to do, on the
     status line, before any work."""
-    e = EditHandlers(Handlers(Engine(weights)))
+    e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
     run = e.run_edit("tiny-classes", "(any)", 1.0, None, operation, 0.1, 0.3, 0.0, 3, 0)
-    assert next(run)[-1].startswith("**not started**: upload a photo first")
+    assert next(run)[e.status].startswith("**not started**: upload a photo first")
     with pytest.raises(Exception, match="upload a photo first"):
         next(run)
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
@@ -105,10 +106,10 @@ def test_a_run_writes_the_settings_that_ran_and_they_come_back(weights, tmp_path
     """Issue 52: the Photo tab's run goes through the one restore run; its PNG carries what ran (the class and guidance
     of a tiled denoise included) and "use these settings" fills the form with them."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    e = EditHandlers(Handlers(Engine(weights)))
+    e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
     photo = _photo(tmp_path / "photo.png", (40, 24))
     *_, last = e.run_edit("tiny-classes", "1", 2.0, None, "denoise", 0.0, 0.3, 0.1, 5, 3, photo=str(photo))
-    shown, status = last[0], last[-1]
+    shown, status = last[e.result], last[e.status]
     assert [label for _, label in shown] == ["your image", "noisy (σ 0.1 added)", "result"]
     settings = read_settings(shown[-1][0])
     assert settings | {"class": "1", "guidance_scale": 2.0, "add_noise": 0.1, "sigma": 0.1, "chain": False,
@@ -126,10 +127,10 @@ def test_a_run_writes_the_settings_that_ran_and_they_come_back(weights, tmp_path
 def test_an_empty_or_decimal_steps_box_is_refused_in_words(weights, tmp_path, steps, said):
     """Issue 60 item 3: an empty Edit steps box ran 1 step, and 2.5 ran 2: now both are refused before any work,
     quoting what was typed."""
-    e = EditHandlers(Handlers(Engine(weights)))
+    e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
     photo = _photo(tmp_path / "photo.png", (40, 24))
     run = e.run_edit("tiny-classes", "(any)", 1.0, None, "edit", 0.0, 0.3, 0.0, steps, 0, photo=str(photo))
-    assert next(run)[-1].startswith(f"**not started**: {said}")
+    assert next(run)[e.status].startswith(f"**not started**: {said}")
     with pytest.raises(Exception, match=re.escape(said)):
         next(run)
 
@@ -139,7 +140,7 @@ def test_inpaint_without_a_mask_and_a_tiny_photo_are_refused_on_the_status_line(
     """Issue 60 item 4: inpaint without a mask was refused by a toast alone, the status line left blank; a 1x1 photo was
     accepted at upload and failed at Run with "images must be (B, C, H, W) with H, W >= 2". Both now say why in
     words where the person looks: the status line, and under the upload box."""
-    e = EditHandlers(Handlers(Engine(weights)))
+    e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
     photo = _photo(tmp_path / "photo.png", (40, 24))
     editor = {"background": Image.open(photo).convert("RGB"), "layers": [], "composite": None}
     run = e.run_edit("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.3, 0.0, 3, 0, photo=str(photo),
@@ -147,7 +148,7 @@ def test_inpaint_without_a_mask_and_a_tiny_photo_are_refused_on_the_status_line(
     lines = []
     with pytest.raises(Exception, match="inpaint needs a mask"):
         for out in run:
-            lines.append(out[-1])
+            lines.append(out.get(e.status))
     assert lines[-1].startswith("**not done**: inpaint needs a mask: paint")
     tiny = _photo(tmp_path / "tiny.png", (1, 1))
     editor_value, text, *_ = e.load_photo(str(tiny), None, "tiny-classes")
@@ -387,7 +388,7 @@ def test_a_photo_denoise_counts_tiles_as_tiles_and_stop_says_so():
 def test_the_inpaint_brush_is_scaled_to_the_picture(weights, tmp_path):
     """Issue 60 item 9: the brush covered 80 % of a 64x64 picture in one stroke; it is now a twentieth of the picture's
     shorter side as the editor shows it (a 64x64 emoji: 3 pixels; a photo shown at 512x366: 18)."""
-    e = EditHandlers(Handlers(Engine(weights)))
+    e = PhotoTab(Page(Engine(weights)))
     sizes = {}
     for name, size in (("emoji.png", (64, 64)), ("photo.png", (700, 500))):
         update, *_ = e.load_photo(str(_photo(tmp_path / name, size)), None, "tiny-classes")
@@ -416,10 +417,10 @@ def test_a_jpeg_gives_the_same_pixels_through_the_command_line_and_the_app(weigh
     mask.paste(255, (200, 150, 400, 300))  # the same quarter, at the photo's size
     mask.save(mask_file)
     editor = {"background": preview, "layers": [layer] if operation == "inpaint" else [], "composite": None}
-    e = EditHandlers(Handlers(Engine(weights)))
+    e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
     *_, last = e.run_edit("tiny-classes", "1", 2.0, editor, operation, 0.05, 0.4, 0.0, 3, 7, photo=str(photo),
                           shown=str(photo))
-    app_png = last[0][-1][0]
+    app_png = last[e.result][-1][0]
     cli_png = tmp_path / "cli.png"
     args = [operation, "--model", str(weights / "tiny-classes"), "--image", str(photo), "--out", str(cli_png),
             "--class-label", "1", "--guidance-scale", "2.0", "--steps", "3", "--seed", "7"]

@@ -15,14 +15,15 @@ from diffusers import DDPMScheduler
 from denoiser import UNet
 from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.engine import Engine
-from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
+from denoiser.app.form import SETTINGS_FORM, ModelForm
+from denoiser.app.sample_tab import SampleTab
 from denoiser.image_io import read_settings
 from denoiser.model.text import HashTextEncoder
 from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
 from tests.app_browser import CHROMIUM, browser_page, no_errors
-from tests.conftest import TINY
+from tests.conftest import TINY, app_page
 from tests.test_text import TEXT, D, _tokenizer, _wake_cross
 
 WORDS_EXAMPLES = ["blue car", "red apple", "hot tea"]  # the "words" model's example prompts (its sampling.json)
@@ -76,45 +77,47 @@ def test_word_map_and_pixel_weights_are_the_records(weights):
 
 def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    h = Handlers(Engine(weights))
-    prompt, negative, examples, _ = h.form.text_controls("words")
+    page = app_page(weights)
+    sample, views = page.tab(SampleTab), page.tab(AttentionTab)
+    prompt, negative, examples, _ = page.form.text_controls("words")
     assert prompt["visible"] and negative["visible"] and examples["visible"]
-    prompt, negative, examples, _ = h.form.text_controls("tiny-classes")
+    prompt, negative, examples, _ = page.form.text_controls("tiny-classes")
     assert not prompt["visible"] and "value" not in prompt and not examples["visible"]  # kept for the next text model
-    class_update, guidance, *_ = h.form.model_form("words")
+    class_update, guidance, *_ = page.form.model_form("words")
     assert not class_update["visible"]
     assert guidance["value"] == 2.5 and "prompt" in guidance["label"]  # the folder's sampling.json, for a prompt
-    assert h.form.cfg_default("words", "(any)")["value"] == 1.0  # the Photo tab runs a text model without a prompt
-    row = h.form.example_row("words", 0)
+    assert page.form.cfg_default("words", "(any)")["value"] == 1.0  # the Photo tab runs a text model without a prompt
+    row = page.form.example_row("words", 0)
     assert row[5] == "(any)" and row[-1] and row[6] == 2.5  # a prompt, not a class
-    _, _, scheduler, steps, *_ = h.form.model_form("words")
+    _, _, scheduler, steps, *_ = page.form.model_form("words")
     assert row[1:3] == [scheduler["value"], steps["value"]]  # "try these" samples as the model's own form does
-    *_, last = h.generate("words", "ddim", 2, 3, 2, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
-    assert len(last) == N_VIEWS + 3
-    gallery, gen, status = last[1], last[2], last[-1]
+    *_, last = sample.generate("words", "ddim", 2, 3, 2, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
+    assert set(last) == set(sample.outputs)  # done: every output set
+    gallery, gen, status = last[sample.gallery], last[page.generation], last[sample.status]
     assert gen.prompt == "red apple" and "red apple" in status
     settings = read_settings(gallery[0])
     assert settings["prompt"] == "red apple" and "negative_prompt" not in settings
     assert "red_apple" in gallery[0]
-    words = last[2 + 6 + 4]  # after the generation's sliders, views and cleared views: the words
+    words = last[views.words]  # the words the Attention tab lists
     assert words["choices"] == [("red", 0), ("apple", 1)] and words["visible"]
-    restored = h.form.use_settings(gallery, 0)
+    restored = page.form.use_settings(gallery, 0)
     form = dict(zip(SETTINGS_FORM, restored))
     assert form["prompt"]["value"] == "red apple" and form["prompt"]["visible"]
-    word_map, pixel_weights = AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, (3, 4), 1)
+    word_map, pixel_weights = views.word_views(gen, 0, 1, (3, 4), 1)
     assert word_map is not None and pixel_weights is not None
-    each_head, _ = AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, (3, 4), 1, True)  # "each head": a row per layer
+    each_head, _ = views.word_views(gen, 0, 1, (3, 4), 1, True)  # "each head": a row per layer
     assert each_head["value"].height > word_map["value"].height and "“apple”" in word_map["label"]
-    assert AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, None, None) == (None, None)
+    assert views.word_views(gen, 0, 1, None, None) == (None, None)
 
 
 def test_class_model_ignores_a_hidden_prompt(weights, tmp_path, monkeypatch):
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    h = Handlers(Engine(weights))
-    *_, last = h.generate("tiny-classes", "ddim", 2, 0, 1, "(any)", 1.0, 0.0, 1.0, "(the model's)",
+    page = app_page(weights)
+    sample = page.tab(SampleTab)
+    *_, last = sample.generate("tiny-classes", "ddim", 2, 0, 1, "(any)", 1.0, 0.0, 1.0, "(the model's)",
                           0.0, "", "", "left over", "")
-    assert "prompt" not in read_settings(last[1][0])
-    assert not last[2].words
+    assert "prompt" not in read_settings(last[sample.gallery][0])
+    assert not last[page.generation].words
 
 
 def test_edit_and_heads_run_a_text_model_unconditioned(weights):
@@ -169,11 +172,11 @@ def test_the_edit_tab_takes_a_prompt_for_edit_and_inpaint(weights, tmp_path, mon
     the model's guidance, the result's PNG carries the prompt and "use these settings" reads it back."""
     from PIL import Image
 
-    from denoiser.app.photo_tab import EDIT_FORM, EditHandlers
+    from denoiser.app.photo_tab import EDIT_FORM, PhotoTab
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    h = Handlers(Engine(weights))
-    e = EditHandlers(h)
+    page = app_page(weights)
+    e = page.tab(PhotoTab)
     assert e.prompt_box("words", "edit")["visible"] and e.prompt_box("words", "inpaint")["visible"]
     for model, operation in (("words", "denoise"), ("words", "denoise (sampled)"), ("tiny-classes", "edit")):
         box = e.prompt_box(model, operation)
@@ -183,8 +186,8 @@ def test_the_edit_tab_takes_a_prompt_for_edit_and_inpaint(weights, tmp_path, mon
     photo = Image.new("RGB", (16, 16), (200, 40, 40))
     editor = {"background": photo, "layers": [], "composite": photo}
     *_, last = e.run_edit("words", "(any)", 2.5, editor, "edit", 0.0, 0.6, 0.0, 4, 0, prompt="red apple")
-    gallery, gen = last[0], last[2]
-    assert gen.words == ("red", "apple") and last[-1].startswith("done: edit")
+    gallery, gen = last[e.result], last[page.generation]
+    assert gen.words == ("red", "apple") and last[e.status].startswith("done: edit")
     out = e.use_settings(gallery, 0)
     form = dict(zip(EDIT_FORM, out[:-1]))
     assert form["prompt"]["value"] == "red apple" and form["guidance_scale"]["value"] == 2.5
@@ -215,16 +218,17 @@ def test_a_filled_form_labels_guidance_for_its_model(weights, tmp_path, monkeypa
     slider still read "(with a class) … needs a class"; picking the model said "(with a prompt)". Both now set the
     label as picking does (the value the row's or the result's)."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    h = Handlers(Engine(weights))
-    picked = h.form.model_form("words")[1]
-    *_, last = h.generate("words", "ddim", 2, 3, 1, "(any)", 2.0, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
-    restored = dict(zip(SETTINGS_FORM, h.form.use_settings(last[1], 0)))["guidance_scale"]
-    filled = h.form.filled_form("words", "(any)")[1]
+    page = app_page(weights)
+    sample = page.tab(SampleTab)
+    picked = page.form.model_form("words")[1]
+    *_, last = sample.generate("words", "ddim", 2, 3, 1, "(any)", 2.0, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
+    restored = dict(zip(SETTINGS_FORM, page.form.use_settings(last[sample.gallery], 0)))["guidance_scale"]
+    filled = page.form.filled_form("words", "(any)")[1]
     for update in (restored, filled):
         assert update["label"] == picked["label"] == "guidance (with a prompt)"
         assert update["info"] == picked["info"] and "needs a prompt" in update["info"]
     assert restored["value"] == 2.0 and "value" not in filled  # the result's scale; the row's stays as it set it
-    assert h.form.filled_form("tiny-classes", "(any)")[1]["label"] == "guidance (with a class)"
+    assert page.form.filled_form("tiny-classes", "(any)")[1]["label"] == "guidance (with a class)"
 
 
 def _edit_cfg_is(page, value: str) -> None:
@@ -289,17 +293,18 @@ def test_a_cut_prompt_says_so_on_the_status_line_and_the_word_list(weights, tmp_
     status quoted the whole prompt and the Attention tab quietly listed the words read. Both now say it was cut and
     which words were not read (Plan.words: what the model reads; the tokenizer's dropped: the rest)."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    h = Handlers(Engine(weights))
+    page = app_page(weights)
+    sample, views = page.tab(SampleTab), page.tab(AttentionTab)
     max_length = TEXT["max_length"]  # the test tokenizer's (tests/test_text.py)
     prompt = " ".join(f"w{i}" for i in range(max_length + 3))
-    *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", prompt, "")
-    gen, status, words = last[2], last[-1], last[2 + 6 + 4]
+    *_, last = sample.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", prompt, "")
+    gen, status, words = last[page.generation], last[sample.status], last[views.words]
     assert gen.words == tuple(prompt.split()[:max_length]) and gen.unread == tuple(prompt.split()[max_length:])
     said = f"only the first {max_length} words; 3 more not read"
     assert said in status and f"w{max_length + 2}" in status, status
     assert said in words["label"] and len(words["choices"]) == max_length
-    *_, whole = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
-    assert "cut" not in whole[-1] and whole[2 + 6 + 4]["label"] == "the prompt's words"
+    *_, whole = sample.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
+    assert "cut" not in whole[sample.status] and whole[views.words]["label"] == "the prompt's words"
 
 
 def test_examples_are_the_model_folders_prompts(weights, tmp_path, monkeypatch):
@@ -317,12 +322,12 @@ def test_examples_are_the_model_folders_prompts(weights, tmp_path, monkeypatch):
     (root / "no-prompts" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5}))
     own = ["red apple", "yellow star", "blue car"]
     (root / "own-prompts" / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5, "example_prompts": own}))
-    h = Handlers(Engine(root))
-    assert [h.form.example_row("own-prompts", k)[-1] for k in range(4)] == [*own, own[0]]
-    assert h.form.example_prompts("own-prompts") == tuple(own)
-    assert h.form.text_controls("own-prompts")[3]["samples"] == [[p] for p in own]
-    assert h.form.example_row("no-prompts", 1)[-1] == PROMPTS[1]  # a folder without them: the app's
-    assert h.form.text_controls("no-prompts")[3]["samples"] == [[p] for p in PROMPTS]
+    form = ModelForm(Engine(root))
+    assert [form.example_row("own-prompts", k)[-1] for k in range(4)] == [*own, own[0]]
+    assert form.example_prompts("own-prompts") == tuple(own)
+    assert form.text_controls("own-prompts")[3]["samples"] == [[p] for p in own]
+    assert form.example_row("no-prompts", 1)[-1] == PROMPTS[1]  # a folder without them: the app's
+    assert form.text_controls("no-prompts")[3]["samples"] == [[p] for p in PROMPTS]
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
@@ -369,20 +374,21 @@ def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list
     shutil.copytree(weights / "words", root / "words")
     tokenizer = WordHashTokenizer.from_pretrained(root / "words" / "tokenizer")
     WordHashTokenizer(**tokenizer.config, vocabulary=["a red apple", "a blue car"]).save_pretrained(root / "words" / "tokenizer")
-    h = Handlers(Engine(root))
+    page = app_page(root)
+    sample, views = page.tab(SampleTab), page.tab(AttentionTab)
     # issue 60 item 7: said under the form while the prompt is typed, and logged once per Generate, not per keystroke
     caplog.set_level(logging.WARNING)
     for typed in ("red", "red 日本", "red 日本 zorb", "red 日本 zorblat"):
-        note = h.form.budget_note("words", 2, 1, "(any)", 2.5, prompt=typed)
+        note = page.form.budget_note("words", 2, 1, "(any)", 2.5, prompt=typed)
     assert note.startswith("work: ") and "never seen in training, drawn as a guess: “日本 zorblat”" in note
     assert not [r for r in caplog.records if "never seen in training" in r.getMessage()]
-    *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red 日本 zorblat", "")
-    gen, status, words = last[2], last[-1], last[2 + 6 + 4]
+    *_, last = sample.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red 日本 zorblat", "")
+    gen, status, words = last[page.generation], last[sample.status], last[views.words]
     assert gen.unseen == ("日本", "zorblat")
     assert "never seen in training, drawn as a guess: “日本 zorblat”" in status and "日本 zorblat" in words["label"]
     assert len([r for r in caplog.records if "never seen in training" in r.getMessage()]) == 1  # one Generate, one line
-    *_, known = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
-    assert "never seen" not in known[-1] and known[2 + 6 + 4]["label"] == "the prompt's words"
+    *_, known = sample.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "red apple", "")
+    assert "never seen" not in known[sample.status] and known[views.words]["label"] == "the prompt's words"
 
 
 
@@ -393,11 +399,12 @@ def test_a_prompt_whose_marks_the_tokenizer_drops_is_said_as_it_is_read(weights,
     from denoiser.sampling.plan import resolve
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    h = Handlers(Engine(weights))
-    note = h.form.budget_note("words", 2, 1, "(any)", 2.5, prompt="赤いりんご")
+    page = app_page(weights)
+    sample = page.tab(SampleTab)
+    note = page.form.budget_note("words", 2, 1, "(any)", 2.5, prompt="赤いりんご")
     assert "read as “赤いりんこ”: the tokenizer drops accents and marks" in note
-    assert "read as" not in h.form.budget_note("words", 2, 1, "(any)", 2.5, prompt="red apple")
-    *_, last = h.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "café", "")
-    assert "read as “cafe”: the tokenizer drops accents and marks" in last[-1]
+    assert "read as" not in page.form.budget_note("words", 2, 1, "(any)", 2.5, prompt="red apple")
+    *_, last = sample.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "café", "")
+    assert "read as “cafe”: the tokenizer drops accents and marks" in last[sample.status]
     plan = resolve(SampleRequest(num_images=1, prompts="赤いりんご", steps=1), weights / "words")
     assert any("read as “赤いりんこ”" in n for n in plan.notices())

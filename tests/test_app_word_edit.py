@@ -12,45 +12,47 @@ import httpx
 import pytest
 import torch
 
-from denoiser.app.attention_tab import AttentionTab
-from denoiser.app.engine import Engine
-from denoiser.app.handlers import N_VIEWS, SETTINGS_FORM, Handlers
-from denoiser.app.photo_tab import EditHandlers
-from denoiser.app.word_edit import EDIT_SETTINGS, WordEdit, image_words, source_of
+from denoiser.app.attention_tab import AttentionTab, image_words
+from denoiser.app.form import SETTINGS_FORM
+from denoiser.app.photo_tab import PhotoTab
+from denoiser.app.sample_tab import SampleTab
+from denoiser.app.word_edit import EDIT_SETTINGS, source_of
 from denoiser.image_io import read_settings
 from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
 from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots, type_number
+from tests.conftest import app_page
 from tests.test_app_text import weights  # noqa: F401 - the tiny text model "words" and a class model
 
 FORM = ("(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "")  # class .. pag layers, as Generate reads them
 
 
-def _generate(h: Handlers, prompt: str, seed: int = 3, num_images: int = 3):
-    *_, last = h.generate("words", "ddim", 3, seed, num_images, *FORM, prompt, "")
+def _generate(sample: SampleTab, prompt: str, seed: int = 3, num_images: int = 3) -> dict:
+    *_, last = sample.generate("words", "ddim", 3, seed, num_images, *FORM, prompt, "")
     return last
 
 
 @pytest.fixture
 def handlers(weights, tmp_path, monkeypatch):  # noqa: F811
+    """The Sample tab of a built page (its handlers' updates are keyed by its components) and its word edit."""
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
-    h = Handlers(Engine(weights))
-    return h, WordEdit(h)
+    sample = app_page(weights).tab(SampleTab)
+    return sample, sample.word_edit
 
 
 def test_the_word_edit_is_the_cores_edit_from_the_selected_results_noise(handlers, weights):  # noqa: F811
     h, w = handlers
     first = _generate(h, "red apple")
-    gallery = first[1]
-    out = list(w.run(gallery, 2, "blue apple", "replace", 0.6, 0.3))[-1]
-    assert len(out) == N_VIEWS + 3
-    files, gen, status = out[1], out[2], out[-1]
+    gallery = first[h.gallery]
+    out = list(w.edit(gallery, 2, "blue apple", "replace", 0.6, 0.3))[-1]
+    assert set(out) == set(h.outputs)  # done: every output of Generate set
+    files, gen, status = out[h.gallery], out[h.page.generation], out[h.status]
     edit = PromptEdit("replace", cross_replace_steps=0.6, self_replace_steps=0.3)
     plan = resolve(SampleRequest(num_images=2, prompts=["red apple", "blue apple"], seed=5, scheduler="ddim", steps=3,
                                  guidance=GuidanceRequest(guidance_scale=2.5), edit=edit), weights / "words")
     assert torch.equal(gen.images, run(plan).images)  # seed 3 + result 3's index 2: its noise
-    torch.testing.assert_close(gen.images[0], first[2].images[2], atol=1e-5, rtol=0)  # the source is the picture kept
+    torch.testing.assert_close(gen.images[0], first[h.page.generation].images[2], atol=1e-5, rtol=0)  # the source is the picture kept
     assert len(files) == 2 and status.startswith("done: 2 image(s) of “red apple” → “blue apple”, 3 steps")
     assert "replace" in status and "60%" in status and "30%" in status and "seed 5" in status
     for k, f in enumerate(files):
@@ -61,14 +63,14 @@ def test_the_word_edit_is_the_cores_edit_from_the_selected_results_noise(handler
     assert gen.image_words == (("red", "apple"), ("blue", "apple"))
     assert image_words(gen, 1, 0)["choices"] == [("blue", 0), ("apple", 1)]
     # editing an edit's picture starts again from its source: the same seed, the same source prompt
-    again = list(w.run(files, 1, "green apple", "replace", 0.6, 0.3))[-1]
-    assert torch.equal(again[2].images[0], gen.images[0]) and read_settings(again[1][0])["seed"] == 5
+    again = list(w.edit(files, 1, "green apple", "replace", 0.6, 0.3))[-1]
+    assert torch.equal(again[h.page.generation].images[0], gen.images[0]) and read_settings(again[h.gallery][0])["seed"] == 5
 
 
 def test_use_these_settings_rebuilds_a_word_edit(handlers):
     h, w = handlers
-    gallery = _generate(h, "red apple")[1]
-    files = list(w.run(gallery, 0, "red apple tree", "refine", 0.5, 0.2))[-1][1]
+    gallery = _generate(h, "red apple")[h.gallery]
+    files = list(w.edit(gallery, 0, "red apple tree", "refine", 0.5, 0.2))[-1][h.gallery]
     out = w.use_settings(files, 1)
     form = dict(zip(SETTINGS_FORM, out))
     panel = dict(zip(EDIT_SETTINGS, out[len(SETTINGS_FORM):]))
@@ -82,17 +84,17 @@ def test_use_these_settings_rebuilds_a_word_edit(handlers):
 
 def test_the_panel_follows_the_selected_result(handlers):
     h, w = handlers
-    gallery = _generate(h, "red apple")[1]
+    gallery = _generate(h, "red apple")[h.gallery]
     selected, box, line, prompt, filled = w.new_results(gallery, None)
     assert selected == 0 and box["visible"] and prompt["value"] == "red apple" and filled == "red apple"
     assert "result 1 of 3" in line and "seed 3" in line
     _, line, prompt, _ = w.shown(gallery, 2, "red apple")
     assert "result 3 of 3" in line and "seed 5" in line and prompt.get("__type__") == "update" and "value" not in prompt
-    files = list(w.run(gallery, 0, "blue apple", "replace", 0.8, 0.4))[-1][1]
+    files = list(w.edit(gallery, 0, "blue apple", "replace", 0.8, 0.4))[-1][h.gallery]
     _, _, _, prompt, _ = w.new_results(files, "red apple")  # its own results keep what was typed
     assert "value" not in prompt
     cls = h.generate("tiny-classes", "ddim", 2, 0, 1, "(any)", 1.0, 0.0, 1.0, "(the model's)", 0.0, "", "", "", "")
-    assert not w.new_results(list(cls)[-1][1], None)[1]["visible"]  # a class model's result: no word edit
+    assert not w.new_results(list(cls)[-1][h.gallery], None)[1]["visible"]  # a class model's result: no word edit
 
 
 @pytest.mark.parametrize("edit_prompt, edit_type, expected", [
@@ -104,30 +106,31 @@ def test_the_panel_follows_the_selected_result(handlers):
 ])
 def test_a_word_edit_refused_before_any_work_says_why(handlers, edit_prompt, edit_type, expected):
     h, w = handlers
-    gallery = _generate(h, "red apple", num_images=1)[1]
-    runs = w.run(gallery, 0, edit_prompt, edit_type, 0.8, 0.4)
+    gallery = _generate(h, "red apple", num_images=1)[h.gallery]
+    runs = w.edit(gallery, 0, edit_prompt, edit_type, 0.8, 0.4)
     first = next(runs)
-    assert first[-1].startswith("**not started**:") and expected in first[-1]
-    assert all(u.get("__type__") == "update" for u in first[:-1])  # nothing else changes
+    assert first[h.status].startswith("**not started**:") and expected in first[h.status]
+    assert list(first) == [h.status]  # nothing else changes
     with pytest.raises(Exception, match="."):
         next(runs)
-    none = next(w.run([], 0, "blue apple", "replace", 0.8, 0.4))
-    assert "generate first" in none[-1]
+    none = next(w.edit([], 0, "blue apple", "replace", 0.8, 0.4))
+    assert "generate first" in none[h.status]
 
 
 def test_a_weighted_word_is_labelled_with_its_weight(handlers):
     h, _ = handlers
     last = _generate(h, "(red:1.5) apple", num_images=1)
-    gen = last[2]
+    views = h.page.tab(AttentionTab)
+    gen = last[h.page.generation]
     assert gen.words == ("red", "apple") and gen.word_weights == ((1.5, 1.0),)  # the parsed words, not "1", "5"
-    words = last[2 + 6 + 4]
+    words = last[views.words]
     assert words["choices"] == [("red ×1.5", 0), ("apple", 1)]
-    maps, chart = AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, (2, 3), 0)
+    maps, chart = views.word_views(gen, 0, 1, (2, 3), 0)
     assert "the map of “red ×1.5”:" in maps["label"]
     assert "plus what the weights add" in chart["label"]
-    plain, _ = AttentionTab(h.engine, h.jobs).word_views(gen, 0, 1, None, 1)
+    plain, _ = views.word_views(gen, 0, 1, None, 1)
     assert "“apple”:" in plain["label"]
-    assert read_settings(last[1][0])["prompt"] == "(red:1.5) apple"
+    assert read_settings(last[h.gallery][0])["prompt"] == "(red:1.5) apple"
 
 
 def test_a_malformed_weight_is_refused_before_any_work(handlers, caplog):
@@ -135,22 +138,22 @@ def test_a_malformed_weight_is_refused_before_any_work(handlers, caplog):
     caplog.set_level(logging.INFO, logger="denoiser.app")
     runs = h.generate("words", "ddim", 3, 0, 1, *FORM, "(red:x) apple", "")
     first = next(runs)
-    assert first[-1].startswith("**not started**: prompt weighting, at character 6")
-    assert "is not a number" in first[-1] and all(u.get("__type__") == "update" for u in first[:-1])
+    assert first[h.status].startswith("**not started**: prompt weighting, at character 6")
+    assert "is not a number" in first[h.status] and list(first) == [h.status]
     with pytest.raises(Exception, match="prompt weighting"):
         next(runs)
-    e = EditHandlers(h)
+    e = h.page.tab(PhotoTab)
     editor = {"background": None, "layers": [], "composite": None}
     edit = e.run_edit("words", "(any)", 2.5, editor, "edit", 0.0, 0.5, 0.0, 3, 0, prompt="red (apple")
-    assert "not started**: prompt weighting" in next(edit)[-1]  # before the photo is even looked at
-    assert h.form.budget_note("words", 3, 1, "(any)", prompt="(red:x) apple") == ""  # Generate says why
+    assert "not started**: prompt weighting" in next(edit)[e.status]  # before the photo is even looked at
+    assert h.page.form.budget_note("words", 3, 1, "(any)", prompt="(red:x) apple") == ""  # Generate says why
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]  # no traceback logged
 
 
 def test_a_word_edits_layers_are_not_switched_off(handlers):
     h, w = handlers
-    gallery = _generate(h, "red apple", num_images=1)[1]
-    gen = list(w.run(gallery, 0, "blue apple", "replace", 0.8, 0.4))[-1][2]
+    gallery = _generate(h, "red apple", num_images=1)[h.gallery]
+    gen = list(w.edit(gallery, 0, "blue apple", "replace", 0.8, 0.4))[-1][h.page.generation]
     with pytest.raises(ValueError, match="a word edit's layers cannot be switched off"):
         h.engine.views.ablate(gen, ["mid_attn"])
 
@@ -287,7 +290,7 @@ def test_a_png_this_app_made_gives_its_settings_back_on_either_tab(handlers, tmp
 
     h, w = handlers
     first = _generate(h, "(red:1.5) apple", seed=7, num_images=2)
-    made = first[1][1]  # the second result's PNG
+    made = first[h.gallery][1]  # the second result's PNG
     out = w.settings_of_file(made)
     values = dict(zip(SETTINGS_FORM, out[: len(SETTINGS_FORM)]))
     assert values["seed"]["value"] == 7 and values["prompt"]["value"] == "(red:1.5) apple"
@@ -297,7 +300,7 @@ def test_a_png_this_app_made_gives_its_settings_back_on_either_tab(handlers, tmp
     said = w.settings_of_file(str(plain))
     assert said[-1] == "`holiday.png` carries no settings of this app: it is a picture (the Photo tab denoises and edits it)"
     assert all(isinstance(o, type(gr.skip())) for o in said[:-1])
-    e = EditHandlers(h)
+    e = h.page.tab(PhotoTab)
     restored = e.restore_form([], 0, {"source": made, "copy": made})
     assert restored[-2].startswith("settings of `") and "restored: press Run" in restored[-2]
     assert restored[-1] == "(red:1.5) apple"  # the prompt it filled

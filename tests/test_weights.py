@@ -73,7 +73,7 @@ def test_every_front_door_samples_with_the_folders_measured_best(name, monkeypat
     """Each shipped folder's knee of the sampling frontier (docs/guidance.md): its scheduler/ names the sampler and
     its sampling.json the step count, and the CLI, `evaluate --fid`, the pipeline and the app all sample with them."""
     from denoiser.app.engine import Engine
-    from denoiser.app.handlers import Handlers
+    from denoiser.app.form import ModelForm
     from denoiser.cli.main import main
     from denoiser.request import BUILT_IN
 
@@ -102,7 +102,7 @@ def test_every_front_door_samples_with_the_folders_measured_best(name, monkeypat
             call()
         assert seen.pop() == (own, steps), door
     # the app: choosing the model sets the form's sampler and steps to the folder's, and Generate passes them on
-    form = Handlers(Engine(WEIGHTS_DIR)).model_form(name)
+    form = ModelForm(Engine(WEIGHTS_DIR)).model_form(name)
     scheduler, form_steps = form[2]["value"], form[3]["value"]
     assert form_steps == steps
     with pytest.raises(_Sampled):

@@ -2,7 +2,7 @@
 layer's maps, the four stages of one layer and head), a text model's word maps, and the maps averaged over the whole
 chain (a job with its own Stop). One module: its components (`AttentionTab.build`), its handlers and its wiring
 (`AttentionTab.wire`). The generation it shows is the session's (the page's shared state), set by every tab that
-samples (denoiser.app.views.generation_views, in `shown_for_generation`'s order).
+samples with what `AttentionTab.show` gives for it.
 """
 
 from __future__ import annotations
@@ -10,12 +10,18 @@ from __future__ import annotations
 import gradio as gr
 
 from denoiser.app.controls import CLEAR_TOASTS, form_slider, job_controls, run_controls
-from denoiser.app.engine import Engine
-from denoiser.app.jobs import Jobs
+from denoiser.app.page import Page
 from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
-from denoiser.app.views import _display, _generation, click_to_pixel, of_this_generation, stages_text
-from denoiser.app.word_edit import image_words
+from denoiser.app.views import (
+    click_to_pixel,
+    clickable_image,
+    index_slider,
+    of_this_generation,
+    require_generation,
+    stages_text,
+)
 from denoiser.app.words import (
+    word_choices,
     word_label,
     word_maps_label,
     word_maps_panel,
@@ -24,15 +30,25 @@ from denoiser.app.words import (
     words_label,
 )
 
-__all__ = ["AttentionTab"]
+__all__ = ["AttentionTab", "image_words"]
+
+
+def image_words(gen, image, word):
+    """The Attention tab's words for the chosen image (the two pictures of a word edit have different words): their
+    choices labelled with their weights, the word chosen kept where the image has it."""
+    if gen is None or not gen.words:
+        return gr.skip()
+    words = gen.words_of(int(image))
+    keep_word = word if word is not None and 0 <= int(word) < len(words) else None
+    return gr.update(choices=word_choices(words, gen.weights_of(int(image))), value=keep_word)
 
 
 class AttentionTab:
     """The Attention tab of one page: built inside the page's Blocks (`build`), then wired to the session's
     generation and clicked pixel (`wire`)."""
 
-    def __init__(self, engine: Engine, jobs: Jobs) -> None:
-        self.engine, self.jobs = engine, jobs
+    def __init__(self, page: Page) -> None:
+        self.page, self.engine, self.jobs = page, page.engine, page.jobs
 
     def build(self) -> None:
         with gr.Tab("Attention", elem_id="attention-tab"):
@@ -80,18 +96,33 @@ class AttentionTab:
                     self.stage_text = gr.Markdown(elem_id="stage-text")
 
     @property
-    def shown_for_generation(self) -> list:
-        """The components a new generation sets after the generation itself (generation_views' order): its image and
-        step sliders, the image to click, the layer and head selectors."""
-        return [self.image_idx, self.step, self.clickable, self.layer, self.head]
+    def generation_outputs(self) -> list:
+        """What a new generation sets (`show`'s keys, in this order): the generation itself, the image and step
+        sliders, the image to click, the layer and head selectors, and the views of the generation before cleared:
+        the pixel, the maps, the stages, the words and their views."""
+        return [self.page.generation, self.image_idx, self.step, self.clickable, self.layer, self.head, self.page.pixel,
+                self.maps, self.stages, self.stage_text, self.words, self.word_maps, self.word_weights, self.word_heads]
 
-    @property
-    def cleared_by_generation(self) -> list:
-        """The views a new generation clears (after the pixel): the maps, the stages, the words and their views."""
-        return [self.maps, self.stages, self.stage_text, self.words, self.word_maps, self.word_weights, self.word_heads]
+    def show(self, gen) -> dict:
+        """A new generation on the page (any tab that samples yields this): its image and step sliders (its last step
+        chosen), its first image to click, its last step's layers (the first chosen) and the first layer's heads; no
+        pixel, no maps of the generation before; its prompt's words (if any), no word chosen."""
+        records = self.engine.views.records(gen, gen.num_steps - 1)
+        names = self.engine.views.layer_names(gen, gen.num_steps - 1)
+        text = bool(gen.words)
+        return {self.page.generation: gen, self.image_idx: index_slider(gen.images.shape[0], 0),
+                self.step: index_slider(gen.num_steps, gen.num_steps - 1), self.clickable: clickable_image(gen, 0, None),
+                self.layer: gr.update(choices=[(name, i) for i, name in enumerate(names)], value=0),
+                self.head: gr.update(choices=list(range(records[0].num_heads)), value=0),
+                self.page.pixel: None, self.maps: None, self.stages: None, self.stage_text: "",
+                self.words: gr.update(choices=word_choices(gen.words_of(0), gen.weights_of(0)), value=None,
+                                      visible=text, label=words_label(gen.words, gen.unread, gen.unseen)),
+                self.word_maps: gr.update(value=None, visible=text), self.word_weights: gr.update(value=None, visible=text),
+                self.word_heads: gr.update(visible=text)}  # the word maps' "each head": as the person left it
 
-    def wire(self, gen_state: gr.State, pixel_state: gr.State) -> None:
+    def wire(self, app: gr.Blocks) -> None:
         """Every view follows the image, the step, a clicked or typed pixel, the layer and head; the averaging is a job."""
+        gen_state, pixel_state = self.page.generation, self.page.pixel
         job_controls(self.mean_run, self.mean_stop, self.mean_status, self.jobs, self.mean_maps,
                      [gen_state, self.image_idx, pixel_state], [self.maps, self.mean_status], api_name="mean_maps")
         self.show_btn.click(None, js=f"() => {{ {CLEAR_TOASTS} }}", api_name=False, queue=False)  # older messages close
@@ -119,7 +150,7 @@ class AttentionTab:
     @friendly
     def at_pixel(self, gen, image, step, y, x, layer, head):
         """The views of one pixel at one step: the clickable image marked, every layer's maps, the four stages."""
-        _generation(gen)
+        require_generation(gen)
         pixel = (y, x)
         try:
             maps = self.engine.views.attention_maps(gen, image, step, pixel)
@@ -131,11 +162,11 @@ class AttentionTab:
         except ValueError as err:  # a layer typed that is none: said on the stages' line; the pixel's views still show
             stages, text = None, f"**Not shown:** {user_error(err).message}"
         y, x = int(y), int(x)
-        return (y, x), y, x, _display(gen, int(image), (y, x)), maps, stages, text
+        return (y, x), y, x, clickable_image(gen, int(image), (y, x)), maps, stages, text
 
     @friendly
     def click(self, gen, image, step, layer, head, evt: gr.SelectData):
-        _generation(gen)
+        require_generation(gen)
         y, x = click_to_pixel(evt.index, gen.images.shape[-1])
         return self.at_pixel(gen, image, step, y, x, layer, head)
 
@@ -146,7 +177,7 @@ class AttentionTab:
         if gen is None:
             return None, None, None, ""
         if pixel is None:
-            return _display(gen, int(image), None), None, None, ""
+            return clickable_image(gen, int(image), None), None, None, ""
         return self.at_pixel(gen, image, step, pixel[0], pixel[1], layer, head)[3:]
 
     @friendly
@@ -175,24 +206,27 @@ class AttentionTab:
 
     def mean_maps(self, gen, image, pixel, progress=gr.Progress(), request: gr.Request = None):
         """The clicked pixel's maps averaged over every step of the chain: long work (one UNet call per step), so a
-        job like Generate (the one-job queue, the work budget, progress, Stop). Outputs: maps, status line."""
+        job like Generate (the one-job queue, the work budget, progress, Stop). Yields updates of the maps and the
+        status line."""
         try:
-            _generation(gen)
+            require_generation(gen)
             if pixel is None:
                 raise ValueError("click a pixel of the image first: the maps are of that pixel")
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
             self.jobs.finished(request, "mean-status")
-            yield gr.skip(), not_started(error.message)
+            yield {self.mean_status: not_started(error.message)}
             raise error from None
 
         def job(on_step):
             return self.engine.views.mean_attention_maps(gen, image, pixel, on_step=on_step)
 
         with self.jobs.running(request, "mean-status"):
-            maps = yield from relay(stream(job, progress, "averaging"), 2, lambda preview: gr.skip(), status=True)
+            maps = yield from relay(stream(job, progress, "averaging"), self.mean_status)
         self.jobs.finished(request, "mean-status")
-        yield maps, f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} steps"
+        yield {self.maps: maps,
+               self.mean_status: f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} "
+                                 "steps"}
 
     @friendly
     @of_this_generation(3)

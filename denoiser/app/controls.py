@@ -1,16 +1,16 @@
-"""Pieces every tab of the page is built with: a job's Run and Stop buttons with its status line, the form's sliders
-and number boxes (their values checked by the handlers, denoiser.app.form_limits), and a tab's components kept by name for the
-wiring (denoiser/app/layout.py, denoiser/app/photo_tab.py)."""
+"""Pieces every tab of the page is built with: a job's Run and Stop buttons with its status line and their wiring
+(job_controls, stop_controls; the page's script that a Generate pressed right after Stop needs), the form's sliders and
+number boxes (their values checked by the handlers, denoiser.app.form_limits), one listener for many controls, and a
+gallery's selection."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import gradio as gr
 
 from denoiser.app.form_limits import LIMITS
 
-__all__ = ["CANCELS_JS", "CLEAR_TOASTS", "SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "job_controls", "keep", "on_any_change", "ran_js", "retry_js", "run_controls", "stop_controls",
+__all__ = ["CANCELS_JS", "CLEAR_TOASTS", "SESSION_TTL_S", "STOPPED_JS", "STOP_DONE_JS", "form_slider", "job_controls",
+           "on_any_change", "ran_js", "retry_js", "run_controls", "scroll_to_js", "selected_index", "stop_controls",
            "whole_box"]
 
 SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is dropped this long after its last update
@@ -43,6 +43,13 @@ CANCELS_JS = r"""() => { if (window.denoiserCancels !== undefined) return; windo
 # a new job's click closes the messages of earlier ones (they stay until closed: streaming.user_error), so that none
 # is left about a request that is over ("generate images first" after a generation exists)
 CLEAR_TOASTS = "document.querySelectorAll('[data-testid=toast-close]').forEach(b => b.click());"
+
+
+def scroll_to_js(elem_id: str) -> str:
+    """A function for the page that brings #elem_id to the top of the window (a job started from a row or panel far
+    below it: its status line and live preview come into view)."""
+    return (f"() => {{ document.querySelector('#{elem_id}').scrollIntoView({{block: 'start', behavior: 'instant'}}); "
+            "window.scrollBy(0, -24); }")
 
 
 def retry_js(button: str) -> str:
@@ -96,11 +103,9 @@ def on_any_change(controls: list, fn, inputs: list, outputs, *, load: gr.Blocks 
     return gr.on(triggers, fn, inputs, outputs, trigger_mode="always_last", api_name=False, **kwargs)
 
 
-def keep(c: SimpleNamespace, scope: dict) -> None:
-    """A tab's components onto `c` under their variable names, for the wiring."""
-    for name, value in scope.items():
-        if isinstance(value, gr.blocks.Block):
-            setattr(c, name, value)
+def selected_index(evt: gr.SelectData) -> int:
+    """A gallery's select listener: the index of the result clicked (a gr.State keeps it for "use these settings")."""
+    return int(evt.index)
 
 
 def run_controls(label: str, run_id: str, stop_id: str, status_id: str):

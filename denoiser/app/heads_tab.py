@@ -9,9 +9,9 @@ from __future__ import annotations
 import gradio as gr
 import torch
 
+from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.controls import job_controls, run_controls
-from denoiser.app.engine import Engine
-from denoiser.app.jobs import Jobs
+from denoiser.app.page import Page
 from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.views import NO_GENERATION, enlarge
 from denoiser.image_io import to_pil
@@ -50,8 +50,8 @@ class HeadsTab:
     """The Heads tab of one page: built inside the page's Blocks (`build`), then wired to the page's generation and
     image slider (`wire`)."""
 
-    def __init__(self, engine: Engine, jobs: Jobs) -> None:
-        self.engine, self.jobs = engine, jobs
+    def __init__(self, page: Page) -> None:
+        self.page, self.engine, self.jobs = page, page.engine, page.jobs
 
     def build(self) -> None:
         with gr.Tab("Heads", elem_id="heads-tab"):
@@ -82,8 +82,10 @@ class HeadsTab:
                                               elem_id="off-image")
                     self.off_text = gr.Markdown()
 
-    def wire(self, gen_state: gr.State, image_idx: gr.Slider) -> None:
-        """Its two jobs, each with its Stop and status line (job_controls), on the session's generation and image."""
+    def wire(self, app: gr.Blocks) -> None:
+        """Its two jobs, each with its Stop and status line (job_controls), on the session's generation and the image
+        the Attention tab's slider chose."""
+        gen_state, image_idx = self.page.generation, self.page.tab(AttentionTab).image_idx
         job_controls(self.stats_run, self.stats_stop, self.stats_status, self.jobs, self.head_stats,
                      [gen_state, image_idx, self.off_layers],
                      [self.stats_chart, self.stats_table, self.off_layers, self.stats_status], api_name="heads")
@@ -94,33 +96,36 @@ class HeadsTab:
     def head_stats(self, gen, image, chosen=None, progress=gr.Progress(), request: gr.Request = None):
         """The Heads tab's statistics of one generated image: long work (a UNet call per noise level, layer and head),
         so a job like Generate. `chosen`: the layers picked to switch off; those this model lacks (picked from another
-        model's statistics) are dropped with the new list. Outputs: chart, table, the layers to switch off, status."""
+        model's statistics) are dropped with the new list. Yields updates of the chart, the table, the layers to switch
+        off and the status line."""
         if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
             gr.Warning(NO_GENERATION)
             self.jobs.finished(request, "stats-status")
-            yield gr.skip(), gr.skip(), gr.skip(), NO_GENERATION
+            yield {self.stats_status: NO_GENERATION}
             return
 
         def job(on_step):
             return self.engine.views.head_table(gen, image, on_step=on_step)
 
         with self.jobs.running(request, "stats-status"):
-            rows, chart = yield from relay(stream(job, progress, "measuring"), 4, lambda preview: gr.skip(), status=True)
+            rows, chart = yield from relay(stream(job, progress, "measuring"), self.stats_status)
         unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
         self.jobs.finished(request, "stats-status")
         layers = list(dict.fromkeys(r.layer for r in rows))
         kept = [name for name in (chosen or []) if name in layers]  # another model's layers: not offered, not kept
-        yield (chart, _head_rows(rows), gr.update(choices=layers, value=kept),
-               f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} noise levels{unprompted}")
+        yield {self.stats_chart: chart, self.stats_table: _head_rows(rows),
+               self.off_layers: gr.update(choices=layers, value=kept),
+               self.stats_status: f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} "
+                                  f"noise levels{unprompted}"}
 
     def switch_off(self, gen, layers, heads, progress=gr.Progress(), request: gr.Request = None):
         """The Heads tab's switch: the same seed regenerated with the chosen layers or heads at identity attention, a
         job like Generate (its own status line and Stop). Before any generation, the hint Compute statistics gives (a
-        warning and its line, not an error). Outputs: the picture, its text, the status line."""
+        warning and its line, not an error). Yields updates of the picture, its text and the status line."""
         if gen is None:
             gr.Warning(NO_GENERATION)
             self.jobs.finished(request, "off-status")
-            yield gr.skip(), gr.skip(), NO_GENERATION
+            yield {self.off_status: NO_GENERATION}
             return
         try:
             head_ids = _parse_heads(heads)
@@ -130,17 +135,18 @@ class HeadsTab:
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
             self.jobs.finished(request, "off-status")
-            yield gr.skip(), gr.skip(), not_started(error.message)
+            yield {self.off_status: not_started(error.message)}
             raise error from None
 
         def job(on_step):
             return self.engine.views.ablate(gen, list(layers), head_ids, on_step=on_step)
 
         with self.jobs.running(request, "off-status"):
-            off = yield from relay(stream(job, progress, "switching off"), 3, lambda preview: enlarge(preview), status=True)
+            off = yield from relay(stream(job, progress, "switching off"), self.off_status, self.off_image, enlarge)
         which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
         self.jobs.finished(request, "off-status")
-        yield (enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
-               f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity attention "
-               f"(each pixel attends only to itself). Mean pixel change: {float((off.images - gen.images).abs().mean()):.4f}",
-               f"done: {which} switched off, {off.num_steps} steps")
+        change = float((off.images - gen.images).abs().mean())
+        yield {self.off_image: enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
+               self.off_text: f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity "
+                              f"attention (each pixel attends only to itself). Mean pixel change: {change:.4f}",
+               self.off_status: f"done: {which} switched off, {off.num_steps} steps"}

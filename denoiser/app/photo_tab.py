@@ -1,6 +1,6 @@
 """The Photo tab: your own photo denoised (at its own size, in tiles), denoised by sampling, edited or inpainted.
-Its components (edit_tab), its handlers (EditHandlers) and which handler serves which of its events (wire_edit);
-the page around it is denoiser/app/layout.py, the work the engine's (denoiser/app/engine.py).
+One module: its components (`PhotoTab.build`), its handlers and its wiring (`PhotoTab.wire`); the work is the
+engine's (denoiser/app/engine.py), the attention views of a run's generation the Attention tab's (`AttentionTab.show`).
 
 The photo (its upload kept for the session, the copy the editor paints on) is denoiser/app/photo.py's. A run
 streams its progress into the tab's live preview; the results and the text under them change only when a run
@@ -14,15 +14,26 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import gradio as gr
 from PIL import Image
 
-from denoiser.app.controls import SESSION_TTL_S, form_slider, keep, on_any_change, ran_js, run_controls, whole_box
+from denoiser.app.attention_tab import AttentionTab
+from denoiser.app.controls import (
+    SESSION_TTL_S,
+    form_slider,
+    on_any_change,
+    ran_js,
+    retry_js,
+    run_controls,
+    selected_index,
+    stop_controls,
+    whole_box,
+)
 from denoiser.app.engine import RESTORE_OPERATIONS
+from denoiser.app.form import NO_CLASS, guidance_info
 from denoiser.app.form_limits import LIMITS, check_int
-from denoiser.app.handlers import N_VIEWS, NO_CLASS, Handlers, enlarge, guidance_info
+from denoiser.app.page import Page
 from denoiser.app.photo import (
     EDIT_PREVIEW,
     centre_square,
@@ -34,13 +45,13 @@ from denoiser.app.photo import (
     photo_preview,
 )
 from denoiser.app.streaming import not_started, relay, stream, user_error
-from denoiser.app.views import generation_views
+from denoiser.app.views import enlarge
 from denoiser.atomic import atomic_path
 from denoiser.image_io import read_settings, save_with_settings
 from denoiser.request import BUILT_IN
 from denoiser.restore.plan import RestoreResult, read_photo, scaled_size, takes_prompt
 
-__all__ = ["edit_tab", "wire_edit", "EditHandlers", "restored_text", "EXAMPLES", "CLEAN_SIGMA"]
+__all__ = ["PhotoTab", "restored_text", "EXAMPLES", "CLEAN_SIGMA"]
 
 log = logging.getLogger("denoiser.app")
 # pictures for the Photo tab's examples, drawn for this project (MIT, like the code); shipped in the package
@@ -84,22 +95,6 @@ def restored_text(operation: str, done: RestoreResult, given_sigma: float = 0.0)
     return text + f" The result downloads at {done.image.width}x{done.image.height}."
 
 
-def _preview_last(updates):
-    """relay's updates with its first output (the live preview) moved beside the status line, and the upload's state
-    (set once the run is done: its time to live starts again) between them: an API caller's results start with the
-    gallery and its text, as they did before the preview. Returns relay's result; closing this closes relay
-    (stopping the work)."""
-    try:
-        while True:
-            try:
-                first, *rest = next(updates)
-            except StopIteration as done:
-                return done.value
-            yield (*rest[:-1], first, gr.skip(), rest[-1])
-    finally:
-        updates.close()
-
-
 def _write_png(img: Image.Image, folder: Path, name: str) -> str:
     path = folder / name
     with atomic_path(path) as tmp:  # a reader never sees half a picture (denoiser.atomic)
@@ -107,11 +102,139 @@ def _write_png(img: Image.Image, folder: Path, name: str) -> str:
     return str(path)
 
 
-class EditHandlers:
-    """The Photo tab's event handlers, beside the page's (`Handlers`, whose engine and generation views they share)."""
+def mask_brush(size: tuple[int, int]) -> gr.Brush:
+    """The inpaint brush for a picture of `size` (as the editor shows it): a twentieth of its shorter side, so a stroke
+    marks a part of a 64x64 emoji as of a photo (Gradio's own size covered 80 % of a 64x64 picture in one stroke)."""
+    return gr.Brush(colors=["#ff00ff"], color_mode="fixed", default_size=max(1, round(min(size) / 20)))
 
-    def __init__(self, h: Handlers) -> None:
-        self.h, self.engine = h, h.engine
+
+class PhotoTab:
+    """The Photo tab of one page."""
+
+    def __init__(self, page: Page) -> None:
+        self.page, self.engine, self.jobs = page, page.engine, page.jobs
+
+    def build(self) -> None:
+        models = self.engine.models()
+        preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
+        default = preferred[0] if preferred else (models[0] if models else None)
+        self.photo_shown = gr.State(None)  # the upload the editor holds
+        # the session's copy of its upload (keep_upload): removed when the session ends or its photo is replaced
+        self.upload = gr.State(None, time_to_live=SESSION_TTL_S, delete_callback=drop_upload)
+        self.selected = gr.State(0)  # the result selected in the Photo tab's gallery
+        self.prompt_restored = gr.State(None)  # the prompt "use these settings" just filled (prompt_changed)
+        with gr.Tab("Photo"):
+            with gr.Row():
+                with gr.Column(scale=1):
+                    self.sizes_note = gr.Markdown("Denoise keeps your photo's size; denoise (sampled), edit and inpaint work on its "
+                                             "centre square at the model's size.", elem_id="edit-sizes")
+                    self.photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 25 MB",
+                                    file_types=["image"], type="filepath", elem_id="photo", height=110)
+                    self.photo_text = gr.Markdown(elem_id="photo-text")
+                    # the editor gets a small copy of the photo (photo_preview): painting needs no more, and the
+                    # browser sends the editor's content back as PNG on every run
+                    self.editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
+                                            label="inpaint mask",  # short: the editor's toolbar covers long labels
+                                            brush=mask_brush((EDIT_PREVIEW, EDIT_PREVIEW)))
+                    gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [self.photo], label="try a picture")
+                # Run, Stop, the progress, the live preview and the results together, beside the photo (on a phone: under it)
+                with gr.Column(scale=1):
+                    self.run, self.stop, self.status = run_controls("Run", "edit-run", "edit-stop", "edit-status")
+                    self.scope_note = gr.Markdown(elem_id="edit-scope")  # what Run will do with this form
+                    # shown while a run goes on: the results below stay the last finished run's (after Stop too)
+                    self.preview = gr.Image(label="running: the predicted clean image (x₀) so far", format="png", type="pil",
+                                            interactive=False, elem_id="edit-preview", height=220, visible=False)
+                    # "fit-content": as tall as its pictures (Gradio's "auto" keeps a 450-pixel minimum, mostly empty)
+                    self.result = gr.Gallery(label="before and after (lossless PNG; the result named after and carrying "
+                                             "its settings)", format="png", columns=3, elem_id="edit-result",
+                                             object_fit="contain", height="fit-content", type="filepath", interactive=False,
+                                             buttons=["download"])
+                    self.text = gr.Markdown(elem_id="edit-text")
+                    self.use_selected = gr.Button("use these settings (the selected result's)", size="sm", elem_id="edit-use-settings")
+                with gr.Column(scale=1):
+                    self.operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation", elem_id="operation",
+                                         info="denoise: one prediction, your photo at its size; denoise (sampled): the reverse "
+                                              "chain; edit: redraw (SDEdit); inpaint: regenerate what you paint")
+                    # the Photo tab's own model, class and guidance: what runs is what this tab shows
+                    self.model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
+                    self.class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
+                                             visible=False, allow_custom_value=True, elem_id="edit-class")
+                    # a text model's prompt: what edit and inpaint redraw toward (shown for those, emptied when hidden)
+                    self.prompt = gr.Textbox("", label="prompt (edit, inpaint)", elem_id="edit-prompt", visible=False,
+                                             max_lines=2, placeholder="e.g. red apple; empty: no condition",
+                                             info="what the redrawn pixels should show; typing one sets the guidance to "
+                                                  "the model's")
+                    self.guidance = form_slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
+                                              elem_id="edit-cfg", info=guidance_info())
+                    # one slider per meaning, the one the operation uses shown
+                    self.sigma = form_slider(*LIMITS["sigma"], value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
+                                      elem_id="sigma", info="noise level σ on the 0..1 pixel scale (0.04 ≈ 10/255)")
+                    self.strength = form_slider(*LIMITS["strength"], value=BUILT_IN["strength"], step=0.01, label="edit strength", elem_id="strength", visible=False,
+                                         info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
+                                              "replaces it with a picture of its own")
+                    self.add_noise = form_slider(*LIMITS["add_noise"], value=0.0, step=0.01, label="add noise first (0 = off)",
+                                            elem_id="add-noise", info="noise level σ added, then removed (the round trip, "
+                                                                      "with PSNR)")
+                    with gr.Row():
+                        self.steps = whole_box("steps", BUILT_IN["steps"], "steps (sampled denoise, edit, inpaint)", "edit-steps")
+                        self.seed = whole_box("seed", 0, "seed", "edit-seed")
+                    self.pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance",
+                                         elem_id="edit-pag", info="perturbed-attention guidance (PAG), for sampled denoise, "
+                                                                  "edit and inpaint; 0 = off")
+
+    @property
+    def form(self) -> list:
+        """The tab's form in EDIT_FORM's order: a result's PNG carries it, "use these settings" fills it."""
+        return [self.model, self.class_name, self.guidance, self.operation, self.sigma, self.strength, self.add_noise,
+                self.steps, self.seed, self.pag, self.prompt]
+
+    def wire(self, app: gr.Blocks) -> None:
+        form = self.page.form
+        # before the job it retries: Gradio runs a click's listeners in order, each job's to its end (retry_js); the
+        # job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started
+        self.run.click(None, js=retry_js(self.run.elem_id), api_name=False, queue=False)
+        self.run.click(self.jobs.requester(self.status.elem_id), None, None, api_name=False, queue=False)
+        scope_inputs = [self.model, self.operation, self.add_noise, self.upload]
+        app.load(form.class_choices, [self.model, self.class_name], self.class_name, api_name=False)
+        app.load(self.sizes, self.model, self.sizes_note, api_name=False)
+        self.model.change(form.class_choices, [self.model, self.class_name], self.class_name, api_name=False)
+        self.model.change(self.sizes, self.model, self.sizes_note, api_name=False, show_progress="hidden")
+        # a person's choice of model or class sets the guidance to the model's; "use these settings" keeps the result's
+        self.model.input(form.cfg_default, [self.model, self.class_name], self.guidance, api_name=False)
+        self.class_name.input(form.cfg_default, [self.model, self.class_name], self.guidance, api_name=False)
+        # an upload, an example, or cleared; photo_shown: which upload the editor holds; upload: the session's copy
+        # unqueued: the photo (or why it cannot be used) shows at once, not after a running job's queue turn
+        self.photo.change(self.load_photo, [self.photo, self.upload, self.model],
+                          [self.editor, self.photo_text, self.photo_shown, self.upload], api_name=False, queue=False
+                          ).then(self.scope, scope_inputs, self.scope_note, api_name=False, queue=False)
+        on_any_change([self.model, self.operation, self.add_noise], self.scope, scope_inputs, self.scope_note, load=app,
+                      queue=False, show_progress="hidden")  # Run's scope, said before it runs
+        # a text model's prompt box for edit and inpaint, however the model or operation was set; a typed prompt sets
+        # the guidance to the model's (cleared: 1, what an unconditioned run needs)
+        on_any_change([self.model, self.operation], self.prompt_box, [self.model, self.operation], self.prompt,
+                      queue=False, show_progress="hidden")
+        # .change, not .input: a paste or a program's fill sets it as typing does (Gradio's .input misses them)
+        self.prompt.change(self.prompt_changed, [self.model, self.class_name, self.prompt, self.prompt_restored],
+                           [self.guidance, self.prompt_restored], api_name=False,
+                           trigger_mode="always_last")  # typing fast: the last keystroke's text decides
+        # what a run sets (the /edit API returns them in this order): the results, their text, the generation and its
+        # views (the Attention tab's), the preview, the upload's state, the status line
+        outputs = [self.result, self.text, *self.page.tab(AttentionTab).generation_outputs, self.preview, self.upload,
+                   self.status]
+        editing = self.run.click(
+            self.run_edit, [self.model, self.class_name, self.guidance, self.editor, self.operation, self.sigma,
+                            self.strength, self.add_noise, self.steps, self.seed, self.pag, self.photo, self.photo_shown,
+                            self.upload, self.prompt], outputs,
+            concurrency_limit=1, concurrency_id="sampling", show_progress_on=[self.status], api_name="edit",
+            js=ran_js(self.run.elem_id))  # Stop, then Run at once: retry_js presses it again until it has gone out
+        self.result.select(selected_index, None, self.selected, api_name=False)
+        self.use_selected.click(self.restore_form, [self.result, self.selected, self.upload],
+                                [*self.form, self.status, self.prompt_restored], api_name=False)
+        # each operation shows its own amount: the noise σ for denoise, the strength for edit
+        self.operation.change(lambda op: (gr.update(visible=op.startswith("denoise")), gr.update(visible=op == "edit")),
+                              self.operation, [self.sigma, self.strength], api_name=False, queue=False,
+                              show_progress="hidden")
+        stop_controls(self.stop, self.status, [editing], self.jobs)
 
     def run_edit(self, model, class_name, guidance_scale, editor, operation, sigma, strength, add_noise, steps, seed,
                  pag_scale=0.0, photo=None, shown=None, upload=None, prompt=None, progress=gr.Progress(),
@@ -138,17 +261,17 @@ class EditHandlers:
                                          lambda path: read_photo(path, restore, size, what="the upload"))
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
-            self.h.jobs.finished(request, "edit-status")
-            yield (*(gr.skip(),) * (N_VIEWS + 4), not_started(error.message))  # the status line says why ...
+            self.jobs.finished(request, "edit-status")
+            yield {self.status: not_started(error.message)}  # the status line says why ...
             raise error from None  # ... and the toast (an API caller gets the error)
 
         def job(on_step):
             return self.engine.restore(model, restore, image, mask, on_step=on_step)
 
         preview, what = (self._tiles_preview, "denoise (tiles)") if restore.tiled else (self._preview, operation)
-        with self.h.jobs.running(request, "edit-status"):  # Stop's line waits for this job to end (Jobs.stopped)
+        with self.jobs.running(request, "edit-status"):  # Stop's line waits for this job to end (Jobs.stopped)
             unit = "tile" if restore.tiled else "step"  # a photo's progress counts its tiles, and says so
-            gen, done = yield from _preview_last(relay(stream(job, progress, what, unit), N_VIEWS + 4, preview, status=True))
+            gen, done = yield from relay(stream(job, progress, what, unit), self.status, self.preview, preview)
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         # "your image" in the result's framing: the photo (or its scaled copy), or the centre square the model sees
         yours = done.input if restore.tiled else centre_square(image)
@@ -158,14 +281,16 @@ class EditHandlers:
         settings = {"model": model, **done.settings, "operation": operation}  # the form's name of the operation
         settings.pop("method")  # the operation's name says it
         shown.append((str(save_with_settings(done.image, folder, settings)), "result"))
-        views = generation_views(self.h.engine, gen) if gen is not None else (gr.skip(),) * N_VIEWS  # tiles are no generation
+        views = self.page.tab(AttentionTab).show(gen) if gen is not None else {}  # tiles are no generation
         w, h = done.image.size
         scaled = (f", a copy scaled from {done.settings['scaled_from'][0]}x{done.settings['scaled_from'][1]} to the photo "
                   "budget") if done.settings.get("scaled_from") else ""
         what = f"{gen.num_steps} step(s)" if gen is not None else f"at {w}x{h}{scaled}"
-        self.h.jobs.finished(request, "edit-status")
-        yield (shown, restored_text(operation, done, float(sigma or 0)), *views, gr.update(visible=False), upload,
-               f"done: {operation} with {model}, {what}, {done.settings['precision']}")  # what ran
+        self.jobs.finished(request, "edit-status")
+        # the upload's state set again: its time to live starts again
+        yield {self.result: shown, self.text: restored_text(operation, done, float(sigma or 0)), **views,
+               self.preview: gr.update(visible=False), self.upload: upload,
+               self.status: f"done: {operation} with {model}, {what}, {done.settings['precision']}"}  # what ran
 
     def _whole_photo(self, model, source: str | None, editor, restore) -> Image.Image:
         """The photo for the tiled denoise: decoded once (read_photo, every door's rule), and no larger than the photo
@@ -262,16 +387,16 @@ class EditHandlers:
     def prompt_box(self, model, operation):
         """The prompt box: shown for a text model's edit and inpaint; hidden and emptied otherwise (what runs then
         takes no prompt)."""
-        if self.h.form.is_text(model) and takes_prompt(operation):
+        if self.page.form.is_text(model) and takes_prompt(operation):
             return gr.update(visible=True)
         return gr.update(value="", visible=False)
 
     def prompt_cfg(self, model, class_name, prompt):
         """The guidance once a prompt is typed: the model's classifier-free scale (its sampling.json); without a
         prompt what cfg_default gives (a text model: 1, which an unconditioned run needs)."""
-        if not (self.h.form.is_text(model) and str(prompt or "").strip()):
-            return self.h.form.cfg_default(model, class_name)
-        scale = self.h.form.model_defaults(model)[0].get("guidance_scale", 1.0)
+        if not (self.page.form.is_text(model) and str(prompt or "").strip()):
+            return self.page.form.cfg_default(model, class_name)
+        scale = self.page.form.model_defaults(model)[0].get("guidance_scale", 1.0)
         return gr.update(value=scale, label="guidance (with a prompt)",
                          info="classifier-free guidance toward the prompt (the model's own scale); 1 = off")
 
@@ -306,125 +431,7 @@ class EditHandlers:
             return (*skip, "this result carries no settings")
         path, s = found[0]
         updates = {k: gr.update(value=s[k]) if k in s else gr.skip() for k in EDIT_FORM}
-        updates["class"] = self.h.form.class_choices(s.get("model"), s.get("class") or NO_CLASS)  # among its model's classes
+        updates["class"] = self.page.form.class_choices(s.get("model"), s.get("class") or NO_CLASS)  # among its model's classes
         updates["prompt"] = gr.update(value=s.get("prompt", ""))  # none in the PNG: the run had no prompt
         # the file name as code: Markdown would turn its `_red_1.5_` into italics
         return (*updates.values(), f"settings of `{path.name}` restored: press Run")
-
-
-def mask_brush(size: tuple[int, int]) -> gr.Brush:
-    """The inpaint brush for a picture of `size` (as the editor shows it): a twentieth of its shorter side, so a stroke
-    marks a part of a 64x64 emoji as of a photo (Gradio's own size covered 80 % of a 64x64 picture in one stroke)."""
-    return gr.Brush(colors=["#ff00ff"], color_mode="fixed", default_size=max(1, round(min(size) / 20)))
-
-
-def edit_tab(c: SimpleNamespace, models: list[str], default: str | None) -> None:
-    """The Photo tab's components, onto `c` (layout.keep)."""
-
-    # the session's copy of its upload (keep_upload): removed when the session ends or its photo is replaced
-    upload = gr.State(None, time_to_live=SESSION_TTL_S, delete_callback=drop_upload)
-    edit_selected = gr.State(0)  # the result selected in the Photo tab's gallery
-    edit_prompt_restored = gr.State(None)  # the prompt "use these settings" just filled (EditHandlers.prompt_changed)
-    with gr.Tab("Photo"):
-        with gr.Row():
-            with gr.Column(scale=1):
-                edit_sizes = gr.Markdown("Denoise keeps your photo's size; denoise (sampled), edit and inpaint work on its "
-                                         "centre square at the model's size.", elem_id="edit-sizes")
-                photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 25 MB",
-                                file_types=["image"], type="filepath", elem_id="photo", height=110)
-                photo_text = gr.Markdown(elem_id="photo-text")
-                # the editor gets a small copy of the photo (photo_preview): painting needs no more, and the
-                # browser sends the editor's content back as PNG on every run
-                editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
-                                        label="inpaint mask",  # short: the editor's toolbar covers long labels
-                                        brush=mask_brush((EDIT_PREVIEW, EDIT_PREVIEW)))
-                gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [photo], label="try a picture")
-            # Run, Stop, the progress, the live preview and the results together, beside the photo (on a phone: under it)
-            with gr.Column(scale=1):
-                edit_run, edit_stop, edit_status = run_controls("Run", "edit-run", "edit-stop", "edit-status")
-                edit_scope = gr.Markdown(elem_id="edit-scope")  # what Run will do with this form
-                # shown while a run goes on: the results below stay the last finished run's (after Stop too)
-                edit_preview = gr.Image(label="running: the predicted clean image (x₀) so far", format="png", type="pil",
-                                        interactive=False, elem_id="edit-preview", height=220, visible=False)
-                # "fit-content": as tall as its pictures (Gradio's "auto" keeps a 450-pixel minimum, mostly empty)
-                edit_result = gr.Gallery(label="before and after (lossless PNG; the result named after and carrying "
-                                         "its settings)", format="png", columns=3, elem_id="edit-result",
-                                         object_fit="contain", height="fit-content", type="filepath", interactive=False,
-                                         buttons=["download"])
-                edit_text = gr.Markdown(elem_id="edit-text")
-                edit_use = gr.Button("use these settings (the selected result's)", size="sm", elem_id="edit-use-settings")
-            with gr.Column(scale=1):
-                operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation", elem_id="operation",
-                                     info="denoise: one prediction, your photo at its size; denoise (sampled): the reverse "
-                                          "chain; edit: redraw (SDEdit); inpaint: regenerate what you paint")
-                # the Photo tab's own model, class and guidance: what runs is what this tab shows
-                edit_model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
-                edit_class = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
-                                         visible=False, allow_custom_value=True, elem_id="edit-class")
-                # a text model's prompt: what edit and inpaint redraw toward (shown for those, emptied when hidden)
-                edit_prompt = gr.Textbox("", label="prompt (edit, inpaint)", elem_id="edit-prompt", visible=False,
-                                         max_lines=2, placeholder="e.g. red apple; empty: no condition",
-                                         info="what the redrawn pixels should show; typing one sets the guidance to "
-                                              "the model's")
-                edit_guidance = form_slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
-                                          elem_id="edit-cfg", info=guidance_info())
-                # one slider per meaning, the one the operation uses shown
-                sigma = form_slider(*LIMITS["sigma"], value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
-                                  elem_id="sigma", info="noise level σ on the 0..1 pixel scale (0.04 ≈ 10/255)")
-                strength = form_slider(*LIMITS["strength"], value=BUILT_IN["strength"], step=0.01, label="edit strength", elem_id="strength", visible=False,
-                                     info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
-                                          "replaces it with a picture of its own")
-                add_noise = form_slider(*LIMITS["add_noise"], value=0.0, step=0.01, label="add noise first (0 = off)",
-                                        elem_id="add-noise", info="noise level σ added, then removed (the round trip, "
-                                                                  "with PSNR)")
-                with gr.Row():
-                    edit_steps = whole_box("steps", BUILT_IN["steps"], "steps (sampled denoise, edit, inpaint)", "edit-steps")
-                    edit_seed = whole_box("seed", 0, "seed", "edit-seed")
-                edit_pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance",
-                                     elem_id="edit-pag", info="perturbed-attention guidance (PAG), for sampled denoise, "
-                                                              "edit and inpaint; 0 = off")
-    keep(c, locals())
-
-
-def wire_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, cleared: list):
-    """Which handler serves which of the Photo tab's events; `cleared`: the attention views a new run clears.
-    Returns the Run event (Stop cancels it)."""
-    e = EditHandlers(h)
-    scope_inputs = [c.edit_model, c.operation, c.add_noise, c.upload]
-    app.load(h.form.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
-    app.load(e.sizes, c.edit_model, c.edit_sizes, api_name=False)
-    c.edit_model.change(h.form.class_choices, [c.edit_model, c.edit_class], c.edit_class, api_name=False)
-    c.edit_model.change(e.sizes, c.edit_model, c.edit_sizes, api_name=False, show_progress="hidden")
-    # a person's choice of model or class sets the guidance to the model's; "use these settings" keeps the result's
-    c.edit_model.input(h.form.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
-    c.edit_class.input(h.form.cfg_default, [c.edit_model, c.edit_class], c.edit_guidance, api_name=False)
-    # an upload, an example, or cleared; photo_shown: which upload the editor holds; upload: the session's copy
-    # unqueued: the photo (or why it cannot be used) shows at once, not after a running job's queue turn
-    c.photo.change(e.load_photo, [c.photo, c.upload, c.edit_model], [c.editor, c.photo_text, c.photo_shown, c.upload],
-                   api_name=False, queue=False).then(e.scope, scope_inputs, c.edit_scope, api_name=False, queue=False)
-    on_any_change([c.edit_model, c.operation, c.add_noise], e.scope, scope_inputs, c.edit_scope, load=app, queue=False,
-                  show_progress="hidden")  # Run's scope, said before it runs
-    form = [c.edit_model, c.edit_class, c.edit_guidance, c.operation, c.sigma, c.strength, c.add_noise, c.edit_steps,
-            c.edit_seed, c.edit_pag, c.edit_prompt]  # EDIT_FORM's order
-    # a text model's prompt box for edit and inpaint, however the model or operation was set; a typed prompt sets
-    # the guidance to the model's (cleared: 1, what an unconditioned run needs)
-    on_any_change([c.edit_model, c.operation], e.prompt_box, [c.edit_model, c.operation], c.edit_prompt, queue=False,
-                  show_progress="hidden")
-    # .change, not .input: a paste or a program's fill sets it as typing does (Gradio's .input misses them)
-    c.edit_prompt.change(e.prompt_changed, [c.edit_model, c.edit_class, c.edit_prompt, c.edit_prompt_restored],
-                         [c.edit_guidance, c.edit_prompt_restored], api_name=False,
-                         trigger_mode="always_last")  # typing fast: the last keystroke's text decides
-    c.editing = c.edit_run.click(
-        e.run_edit, [c.edit_model, c.edit_class, c.edit_guidance, c.editor, c.operation, c.sigma, c.strength, c.add_noise,
-                     c.edit_steps, c.edit_seed, c.edit_pag, c.photo, c.photo_shown, c.upload, c.edit_prompt],
-        [c.edit_result, c.edit_text, c.gen_state, *c.attention.shown_for_generation, *cleared,
-         c.edit_preview, c.upload, c.edit_status],
-        concurrency_limit=1, concurrency_id="sampling", show_progress_on=[c.edit_status], api_name="edit",
-        js=ran_js("edit-run"))  # Stop, then Run at once: layout's retry_js presses it again until it has gone out
-    c.edit_result.select(h.select_result, None, c.edit_selected, api_name=False)
-    c.edit_use.click(e.restore_form, [c.edit_result, c.edit_selected, c.upload],
-                     [*form, c.edit_status, c.edit_prompt_restored], api_name=False)
-    # each operation shows its own amount: the noise σ for denoise, the strength for edit
-    c.operation.change(lambda op: (gr.update(visible=op.startswith("denoise")), gr.update(visible=op == "edit")),
-                       c.operation, [c.sigma, c.strength], api_name=False, queue=False, show_progress="hidden")
-    return c.editing

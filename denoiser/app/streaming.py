@@ -166,24 +166,22 @@ def friendly(handler):
     return wrapped
 
 
-def relay(stream, n_outputs: int, show, status: bool = False):
-    """A handler's updates for each item of `stream`: `show(preview)` in the first output and, with `status`,
-    the progress text in the last; the rest untouched. Returns the stream's result. Closing the handler closes
-    the stream (stopping its work)."""
+def relay(stream, status, preview=None, show=None):
+    """A job handler's updates, keyed by component, for each item of `stream`: its progress text on `status` (a status
+    line) and, where given, `show(preview)` on `preview` (a live preview); every other output of the handler is left
+    as it is. Returns the stream's result. Closing the handler closes the stream (stopping its work)."""
     try:
         while True:
             try:
-                preview, text = next(stream)
+                image, text = next(stream)
             except StopIteration as done:
                 return done.value
             except gr.Error as err:  # refused or failed once the job had started: the status line says why too
-                if status:
-                    yield (*(gr.skip(),) * (n_outputs - 1), not_done(err.message))
+                yield {status: not_done(err.message)}
                 raise
-            first = gr.skip() if preview is None else show(preview)
-            last = ((gr.skip() if text is None else text),) if status else ()
-            yield (first,) + (gr.skip(),) * (n_outputs - 1 - len(last)) + last
+            update = {} if text is None else {status: text}
+            if preview is not None and image is not None:
+                update[preview] = show(image)
+            yield update or gr.skip()
     finally:
         stream.close()
-
-

@@ -1,7 +1,8 @@
-"""What a generation shows on the page, shared by every tab that samples and by the Attention tab: the generation's
-views set at once (`generation_views`), the image to click, the four stages in words, a click mapped to the model's
-grid, and the guard that leaves a view alone when its sliders are of the generation before (`of_this_generation`).
-The Attention tab itself is denoiser/app/attention_tab.py, the Heads tab denoiser/app/heads_tab.py.
+"""What a generation shows on the page, pieces the tabs share: the image to click (`clickable_image`), the image
+and step sliders, the four stages in words, a click mapped to the model's grid, an enlarged preview, the one refusal
+before there is a generation (`require_generation`), and the guard that leaves a view alone when its sliders are of
+the generation before (`of_this_generation`). The Attention tab itself is denoiser/app/attention_tab.py (a new
+generation's views: `AttentionTab.show`), the Heads tab denoiser/app/heads_tab.py.
 """
 
 from __future__ import annotations
@@ -13,17 +14,12 @@ from PIL import Image, ImageDraw
 
 from denoiser.app.engine import Stages
 from denoiser.app.form_limits import check_int
-from denoiser.app.words import (
-    word_choices,
-    words_label,
-)
 from denoiser.image_io import to_pil
 
-__all__ = ["generation_views", "of_this_generation", "click_to_pixel", "enlarge", "stages_text", "N_VIEWS", "NO_GENERATION"]
+__all__ = ["of_this_generation", "clickable_image", "click_to_pixel", "enlarge", "index_slider", "require_generation",
+           "stages_text", "NO_GENERATION"]
 
 DISPLAY = 256  # pixels of the clickable image; clicks are mapped back to the model's grid
-CLEARED_VIEWS = (None, None, None, "")  # pixel, maps, stages, stage text after a new generation
-N_VIEWS = 6 + len(CLEARED_VIEWS) + 4  # what generation_views sets: the generation, its sliders and views, its words' views
 NO_GENERATION = "generate images first (Sample tab), or run the Photo tab: this view is of a generation"
 
 
@@ -56,7 +52,7 @@ def of_this_generation(outputs: int):
     return wrap
 
 
-def _display(gen, image: int, pixel: tuple[int, int] | None) -> Image.Image:
+def clickable_image(gen, image: int, pixel: tuple[int, int] | None) -> Image.Image:
     img = to_pil(gen.images[image : image + 1], nrow=1, padding=0).resize((DISPLAY, DISPLAY), Image.Resampling.NEAREST)
     if pixel is not None:
         S = gen.images.shape[-1]
@@ -78,16 +74,14 @@ def enlarge(img: Image.Image, target: int = DISPLAY) -> Image.Image:
     return img.resize((img.width * factor, img.height * factor), Image.Resampling.NEAREST) if factor > 1 else img
 
 
-def _index_slider(count: int, value: int) -> dict:
+def index_slider(count: int, value: int) -> dict:
     """An index slider over 0..count-1, shown only when there is something to choose (a single image or step
     hides it: Gradio refuses minimum == maximum anyway, so it keeps maximum 1 at value 0)."""
     return gr.update(maximum=max(1, count - 1), value=value, interactive=count > 1, visible=count > 1)
 
 
 
-
-
-def _generation(gen):
+def require_generation(gen):
     """The session's generation, or the one refusal every view of it gives before there is one (NO_GENERATION)."""
     if gen is None:
         raise ValueError(NO_GENERATION)
@@ -107,25 +101,3 @@ def stages_text(s: Stages) -> str:
         f"{s.weight_sum:.6f} · (4) output = weights · v\n\n"
         f"| attended pixel (y, x) | score | weight |\n|---|---|---|\n{rows}"
     )
-
-
-def generation_views(engine, gen) -> tuple:
-    """What a new generation sets on the page (after its pictures; the Attention tab's components, in
-    AttentionTab.shown_for_generation's order): the generation itself, the image and step
-    sliders over it (its last step chosen), its first image to click, its layers and heads, and the attention
-    views of the previous one cleared."""
-    words = gr.update(choices=word_choices(gen.words_of(0), gen.weights_of(0)), value=None, visible=bool(gen.words),
-                      label=words_label(gen.words, gen.unread, gen.unseen))
-    shown = gr.update(value=None, visible=bool(gen.words))
-    heads = gr.update(visible=bool(gen.words))  # the word maps' "each head": as the person left it
-    return (gen, _index_slider(gen.images.shape[0], 0), _index_slider(gen.num_steps, gen.num_steps - 1),
-            _display(gen, 0, None), *_layer_choices(engine, gen), *CLEARED_VIEWS, words, shown, shown, heads)
-
-
-def _layer_choices(engine, gen) -> tuple[dict, dict]:
-    """A new generation's layer selector (its last step's layers, the first chosen) and head selector (the
-    first layer's heads)."""
-    records = engine.views.records(gen, gen.num_steps - 1)
-    names = engine.views.layer_names(gen, gen.num_steps - 1)
-    return (gr.update(choices=[(name, i) for i, name in enumerate(names)], value=0),
-            gr.update(choices=list(range(records[0].num_heads)), value=0))

@@ -9,36 +9,32 @@ request is the Sample tab's own (Engine.generate with a PromptEdit): the same qu
 as Generate. Its PNGs carry the source prompt, the edited prompt, the edit type and the two fractions, and "use
 these settings" fills the form and this panel from them.
 
-Its components (word_edit_box), its handlers (WordEdit) and its wiring (wire_word_edit); the page around it is
-denoiser/app/layout.py.
+One class, `WordEdit`: its components (`build`, inside the Sample tab's results column), its handlers and its wiring
+(`wire`); the tab around it is denoiser/app/sample_tab.py.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from denoiser.app.controls import form_slider, keep, ran_js
-from denoiser.app.handlers import (
-    N_VIEWS,
-    NO_CLASS,
-    SETTINGS_FORM,
-    Handlers,
-    enlarge,
-    escape,
-    few_steps_note,
-    result_files,
-)
+from denoiser.app.attention_tab import AttentionTab
+from denoiser.app.controls import form_slider, ran_js, scroll_to_js
+from denoiser.app.form import NO_CLASS, SETTINGS_FORM, escape, few_steps_note
+from denoiser.app.page import Page
+from denoiser.app.result_files import result_files
 from denoiser.app.streaming import not_started, relay, stream, user_error
-from denoiser.app.views import generation_views
-from denoiser.app.words import word_choices
+from denoiser.app.views import enlarge
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings, to_pil
 from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
 
-__all__ = ["EDIT_SETTINGS", "OFFERED", "WordEdit", "word_edit_box", "wire_word_edit", "image_words", "source_of"]
+if TYPE_CHECKING:
+    from denoiser.app.sample_tab import SampleTab
+
+__all__ = ["EDIT_SETTINGS", "OFFERED", "WordEdit", "source_of"]
 
 OFFERED = ("replace", "refine")  # the edit types the panel offers ("reweight": write "(word:2)" in the edited prompt)
 # a word edit's settings in its PNG, in the panel's order, and what a result without them stands for
@@ -67,21 +63,56 @@ def source_of(settings: dict) -> tuple[int, str]:
     return seed + int(settings.get("index", 0)), str(settings.get("prompt", ""))
 
 
-def image_words(gen, image, word):
-    """The Attention tab's words for the chosen image (the two pictures of a word edit have different words): their
-    choices labelled with their weights, the word chosen kept where the image has it."""
-    if gen is None or not gen.words:
-        return gr.skip()
-    words = gen.words_of(int(image))
-    keep_word = word if word is not None and 0 <= int(word) < len(words) else None
-    return gr.update(choices=word_choices(words, gen.weights_of(int(image))), value=keep_word)
-
-
 class WordEdit:
-    """The word edit's handlers, beside the page's (`Handlers`: its engine, its form, its generation views)."""
+    """The word edit's panel under the Sample tab's results (its gallery, its form, its status line)."""
 
-    def __init__(self, h: Handlers) -> None:
-        self.h, self.engine = h, h.engine
+    def __init__(self, page: Page, sample: SampleTab) -> None:
+        self.page, self.sample, self.engine = page, sample, page.engine
+
+    def build(self) -> None:
+        """The panel (under the results, shown for a text model's)."""
+        self.filled_from = gr.State(None)  # the result prompt the edited-prompt box was last filled with
+        with gr.Accordion("change the words, keep the picture", open=True, visible=False, elem_id="word-edit") as box:
+            self.box = box
+            self.source = gr.Markdown(elem_id="word-edit-source")
+            self.edit_words = gr.Textbox("", label="the edited prompt", elem_id="edit-words", max_lines=2,
+                                         placeholder="the result's prompt with some words changed, e.g. red heart → "
+                                                     "blue heart",
+                                         info="the result drawn again from its noise beside its edit; weights work "
+                                              "here too: (blue:1.5) heart")
+            self.edit_type = gr.Radio(list(OFFERED), value=EDIT_SETTINGS["edit_type"], label="the words change by",
+                                      elem_id="edit-type", info="replace: one word for another, as many words (red heart "
+                                                                "→ blue heart); refine: words added or taken out (heart → "
+                                                                "red heart)")
+            with gr.Row():
+                self.cross_replace = form_slider(0, 1, value=DEFAULT_CROSS_REPLACE, step=0.05, label=CROSS_LABEL,
+                                                 elem_id="cross-replace", info="the words' maps; on weights/emoji it "
+                                                                               "changes little (docs/prompt-editing.md)")
+                self.self_replace = form_slider(0, 1, value=DEFAULT_SELF_REPLACE, step=0.05, label=SELF_LABEL,
+                                                elem_id="self-replace", info="more: more of the source's layout, less "
+                                                                             "room to change")
+            self.run = gr.Button("change the words", variant="primary", elem_id="word-edit-run")
+
+    @property
+    def panel(self) -> list:
+        """What "use these settings" fills besides the Sample form (use_settings): EDIT_SETTINGS' controls, in its order,
+        and the prompt the edited-prompt box was filled from."""
+        return [self.edit_words, self.edit_type, self.cross_replace, self.self_replace, self.filled_from]
+
+    def wire(self, sampling: dict):
+        """Its events; `sampling`: Generate's queue settings (its retry and request notes are the Sample tab's). Returns
+        the word edit's run (the Sample tab's Stop cancels it)."""
+        sample = self.sample
+        shown = [self.box, self.source, self.edit_words, self.filled_from]
+        sample.gallery.change(self.new_results, [sample.gallery, self.filled_from], [sample.selected, *shown],
+                              api_name=False, queue=False, show_progress="hidden")
+        sample.gallery.select(self.shown_on_select, [sample.gallery, self.filled_from], shown, api_name=False,
+                              queue=False, show_progress="hidden")
+        self.run.click(None, js=scroll_to_js(sample.run.elem_id), api_name=False)  # its progress shows where Generate's
+        running = self.run.click(self.edit, [sample.gallery, sample.selected, *self.panel[:4]], sample.outputs,
+                                 api_name="word_edit", js=ran_js(self.run.elem_id), **sampling)
+        running.success(self.form_of_result, sample.gallery, sample.form, api_name=False, queue=False)  # what ran
+        return running
 
     def request(self, settings: dict, edit_prompt, edit_type, cross, self_) -> tuple[str, dict, str]:
         """(model, Engine.generate's arguments, a note on what differs from the result) for editing the result whose
@@ -89,7 +120,7 @@ class WordEdit:
         if not settings:
             raise ValueError("generate first: the word edit redraws a result of the Sample tab")
         model = settings.get("model")
-        if not self.h.form.is_text(model):
+        if not self.page.form.is_text(model):
             raise ValueError("the word edit changes a text model's prompt: generate with a text model (e.g. emoji) first")
         seed, source = source_of(settings)
         if str(edit_prompt or "").strip() == source.strip():
@@ -97,7 +128,7 @@ class WordEdit:
         if edit_type not in OFFERED:
             raise ValueError(f"the edit type must be one of {', '.join(OFFERED)}, got {str(edit_type)[:40]!r}")
         v = {k: settings.get(k, default) for k, default in SETTINGS_FORM.items()}
-        form = self.h.form.sample_form(model, v["scheduler"], v["steps"], seed, 2, v["class"] or NO_CLASS, v["guidance_scale"],
+        form = self.page.form.sample_form(model, v["scheduler"], v["steps"], seed, 2, v["class"] or NO_CLASS, v["guidance_scale"],
                                   0.0, v["guide_scale"], v["timestep_spacing"], v["eta"], v["guidance_interval"],
                                   v["pag_layers"], source, v["negative_prompt"])
         form["edit"] = PromptEdit(edit_type, cross_replace_steps=float(cross), self_replace_steps=float(self_))
@@ -106,10 +137,11 @@ class WordEdit:
         note = " · attention guidance (PAG) off: an edit takes the source's layout" if float(v["pag_scale"] or 0) else ""
         return model, form, note
 
-    def run(self, gallery, selected, edit_prompt, edit_type, cross, self_, progress=gr.Progress(),
+    def edit(self, gallery, selected, edit_prompt, edit_type, cross, self_, progress=gr.Progress(),
             request: gr.Request = None):
-        """The selected result and its edit, [source, edit], from its noise. Outputs: Generate's (the preview, the
-        results, the generation and its views, the status line)."""
+        """The selected result and its edit, [source, edit], from its noise. Yields updates keyed by the Sample tab's
+        outputs (Generate's: the preview, the results, the generation and its views, the status line)."""
+        status = self.sample.status
         try:  # the request checked before any work: a refusal is a message on the status line, not a failure
             _, settings = selected_result(gallery, selected)
             model, form, note = self.request(settings, edit_prompt, edit_type, cross, self_)
@@ -117,15 +149,15 @@ class WordEdit:
             plan_work(plan).check()
         except Exception as err:  # noqa: BLE001
             error = user_error(err)
-            self.h.jobs.finished(request, "status")
-            yield (*(gr.skip(),) * (N_VIEWS + 2), not_started(error.message))
+            self.page.jobs.finished(request, "status")
+            yield {status: not_started(error.message)}
             raise error from None
 
         def job(on_step):
             return self.engine.generate(model, **form, on_step=on_step, plan=plan)
 
-        with self.h.jobs.running(request, "status"):
-            gen = yield from relay(stream(job, progress, "denoising"), N_VIEWS + 3, enlarge, status=True)
+        with self.page.jobs.running(request, "status"):
+            gen = yield from relay(stream(job, progress, "denoising"), status, self.sample.preview, enlarge)
         edit = form["edit"]
         made = {k: v for k, v in settings.items() if k not in ("index", "count", *EDIT_SETTINGS)}
         made.update(seed=form["seed"], num_images=2, pag_scale=0.0, prompt=form["prompt"] or "",
@@ -133,17 +165,18 @@ class WordEdit:
                     cross_replace_steps=edit.cross_replace_steps[1], self_replace_steps=edit.self_replace_steps[1])
         what = (f"{edit.edit_type}: the word maps from the source for the first {edit.cross_replace_steps[1]:.0%} of the "
                 f"steps, its layout for the first {edit.self_replace_steps[1]:.0%}; both from the noise of seed {form['seed']}")
-        self.h.jobs.finished(request, "status")
-        yield (enlarge(to_pil(gen.images)), result_files(gen.images, made), *generation_views(self.h.engine, gen),
-               f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, {gen.num_steps} steps"
-               f" · {what}{note}" + few_steps_note(gen.num_steps))
+        self.page.jobs.finished(request, "status")
+        yield {self.sample.preview: enlarge(to_pil(gen.images)), self.sample.gallery: result_files(gen.images, made),
+               **self.page.tab(AttentionTab).show(gen),
+               status: f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, "
+                       f"{gen.num_steps} steps · {what}{note}" + few_steps_note(gen.num_steps)}
 
     def shown(self, gallery, selected, filled_from):
         """The panel for the gallery's selected result: shown for a text model's, with the result it edits in words;
         its prompt box filled with the result's prompt when that is a new one (a word edit's own results keep what
         was typed). Outputs: the panel, its line, the prompt box, the prompt it was filled from."""
         _, s = selected_result(gallery, selected)
-        if not s or not self.h.form.is_text(s.get("model")):
+        if not s or not self.page.form.is_text(s.get("model")):
             return gr.update(visible=False), "", gr.skip(), gr.skip()
         seed, source = source_of(s)
         said = f"“{escape(source)}”" if source else "no prompt"
@@ -165,12 +198,12 @@ class WordEdit:
 
     def form_of_result(self, gallery) -> tuple:
         """After a word edit: the Sample form shows what its results were made with (their seed, two images, no PAG)."""
-        return self.h.form.use_settings(gallery, 0)[:-1]
+        return self.page.form.use_settings(gallery, 0)[:-1]
 
     def use_settings(self, gallery, selected) -> tuple:
-        """Handlers.use_settings, and from a word edit's PNG its edited prompt, edit type and fractions into the panel.
+        """ModelForm.use_settings, and from a word edit's PNG its edited prompt, edit type and fractions into the panel.
         Outputs: the Sample form, the panel's four controls, the prompt it was filled from, the status line."""
-        *form, status = self.h.form.use_settings(gallery, selected)
+        *form, status = self.page.form.use_settings(gallery, selected)
         _, s = selected_result(gallery, selected)
         if "edit_prompt" not in s:
             return (*form, *(gr.skip(),) * (len(EDIT_SETTINGS) + 1), status)
@@ -188,40 +221,3 @@ class WordEdit:
             return (*(gr.skip(),) * (len(SETTINGS_FORM) + len(EDIT_SETTINGS) + 1),
                     f"`{name}` carries no settings of this app: it is a picture (the Photo tab denoises and edits it)")
         return self.use_settings([(str(path), "")], 0)
-
-
-def word_edit_box(c: SimpleNamespace) -> None:
-    """The panel's components (under the results, shown for a text model's), onto `c` (layout.keep)."""
-    word_filled_from = gr.State(None)  # the result prompt the edited-prompt box was last filled with
-    with gr.Accordion("change the words, keep the picture", open=True, visible=False, elem_id="word-edit") as word_edit:
-        word_source = gr.Markdown(elem_id="word-edit-source")
-        edit_words = gr.Textbox("", label="the edited prompt", elem_id="edit-words", max_lines=2,
-                                placeholder="the result's prompt with some words changed, e.g. red heart → blue heart",
-                                info="the result drawn again from its noise beside its edit; weights work here too: "
-                                     "(blue:1.5) heart")
-        edit_type = gr.Radio(list(OFFERED), value=EDIT_SETTINGS["edit_type"], label="the words change by",
-                             elem_id="edit-type", info="replace: one word for another, as many words (red heart → blue "
-                                                       "heart); refine: words added or taken out (heart → red heart)")
-        with gr.Row():
-            cross_replace = form_slider(0, 1, value=DEFAULT_CROSS_REPLACE, step=0.05, label=CROSS_LABEL,
-                                      elem_id="cross-replace", info="the words' maps; on weights/emoji it changes little (docs/prompt-editing.md)")
-            self_replace = form_slider(0, 1, value=DEFAULT_SELF_REPLACE, step=0.05, label=SELF_LABEL,
-                                     elem_id="self-replace", info="more: more of the source's layout, less room to change")
-        word_edit_run = gr.Button("change the words", variant="primary", elem_id="word-edit-run")
-    keep(c, locals())
-
-
-def wire_word_edit(app: gr.Blocks, h: Handlers, c: SimpleNamespace, outputs: list, form: list, sampling: dict):
-    """Which handler serves which of the panel's events. outputs: Generate's; form: the Sample form in SETTINGS_FORM's
-    order; sampling: Generate's queue settings. Returns the panel's run (Stop cancels it) and its handlers."""
-    w = WordEdit(h)
-    panel = [c.word_edit, c.word_source, c.edit_words, c.word_filled_from]
-    c.gallery.change(w.new_results, [c.gallery, c.word_filled_from], [c.selected, *panel], api_name=False, queue=False,
-                     show_progress="hidden")
-    c.gallery.select(w.shown_on_select, [c.gallery, c.word_filled_from], panel, api_name=False, queue=False,
-                     show_progress="hidden")
-    edits = [c.edit_words, c.edit_type, c.cross_replace, c.self_replace]  # EDIT_SETTINGS' order
-    running = c.word_edit_run.click(w.run, [c.gallery, c.selected, *edits], outputs, api_name="word_edit",
-                                    js=ran_js("word-edit-run"), **sampling)  # pressed right after Stop: layout.retry_js
-    running.success(w.form_of_result, c.gallery, form, api_name=False, queue=False)  # the form shows what ran
-    return running, w
