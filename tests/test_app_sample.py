@@ -284,7 +284,8 @@ def test_browser_generate_right_after_stop_runs(server, slow_steps, reset):
     job it still counts as running, and it counts a stopped job as running until the server has stopped it (a UNet
     step later). Now such a click is pressed again until it goes out (controls.retry_js): each try's run starts.
     "late": the cancel's /reset answered after Stop's line (CI, stop 62): a click that went out before it was
-    forgotten by the cancel, so the next Stop stopped nothing; now retry_js waits for the cancel's end."""
+    forgotten by the cancel, so the next Stop stopped nothing; now ran_js waits for the cancel's end, and a Stop
+    pressed while it waits drops it (it went out after the wait, and ran)."""
     runs = slow_steps
     with browser_page(server, init_script=SLOW_RESET_JS if reset == "late" else "") as page:
         type_number(page, "steps", 200)
@@ -311,6 +312,13 @@ def test_browser_generate_right_after_stop_runs(server, slow_steps, reset):
         assert len(runs) == len(STOP_GAPS) + 1, f"the last try (Generate {STOP_GAPS[-1]} s after Stop): nothing ran"
         page.locator("#status").get_by_text("denoising: step").wait_for(timeout=30_000)
         page.locator("#stop").click()
+        if reset == "late":  # Generate pressed while that Stop's cancel is still in flight, then Stop: it never runs
+            page.wait_for_timeout(100)  # (before, it went out once the cancel had ended, and the second Stop was lost)
+            page.locator("#generate").click()
+            page.wait_for_timeout(300)
+            page.locator("#stop").click()
+            page.wait_for_timeout(5000)
+            assert len(runs) == len(STOP_GAPS) + 1, "a Generate stopped before it went out ran anyway"
         page.locator("#status").get_by_text("stopped at step").wait_for(timeout=30_000)
 
 

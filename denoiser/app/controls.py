@@ -54,22 +54,25 @@ def scroll_to_js(elem_id: str) -> str:
 
 def retry_js(button: str) -> str:
     """A click on #button: the earlier messages closed (CLEAR_TOASTS); within RETRY_S of a Stop, pressed again once
-    Stop is done, until ran_js(button) says its job went out."""
+    Stop is done, until ran_js(button) says its job went out, or until another Stop (the person stopped it)."""
     return ("() => { " + CLEAR_TOASTS + " const at = Date.now(), stopped = window.denoiserStoppedAt || 0; "
             f"if (at - stopped > {RETRY_S * 1000} || window.denoiserRetry) return; "
             "let tries = 0; window.denoiserRetry = setInterval(() => { "
-            f"if ((window.denoiserRan || {{}})['{button}'] >= at || ++tries > {RETRY_S * 5}) {{ "
+            f"if ((window.denoiserRan || {{}})['{button}'] >= at || (window.denoiserStoppedAt || 0) > stopped "
+            f"|| ++tries > {RETRY_S * 5}) {{ "
             "clearInterval(window.denoiserRetry); window.denoiserRetry = null; return; } "
             f"if ((window.denoiserStopDone || 0) > stopped) document.querySelector('#{button}').click(); }}, 200); }}")
 
 
 def ran_js(button: str) -> str:
     """The job of #button has been dispatched (its inputs pass unchanged): it goes out once no cancel is in flight
-    (CANCELS_JS)."""
+    (CANCELS_JS), unless a Stop was pressed while it waited: then it is dropped, as a job still in the queue is (a
+    throw in an event's script ends the event before its request is sent)."""
     return (f"async (...args) => {{ (window.denoiserRan = window.denoiserRan || {{}})['{button}'] = Date.now(); "
             "const at = Date.now(); "
             f"while ((window.denoiserCancels || 0) > 0 && Date.now() - at < {CANCEL_WAIT_S * 1000}) "
             "await new Promise(ok => setTimeout(ok, 50)); "
+            "if ((window.denoiserStoppedAt || 0) > at) throw new Error('stopped before it was sent'); "
             "return args; }")
 
 

@@ -16,7 +16,6 @@ One class, `WordEdit`: its components (`build`, inside the Sample tab's results 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import gradio as gr
 
@@ -30,9 +29,6 @@ from denoiser.app.views import enlarge
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings, to_pil
 from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
-
-if TYPE_CHECKING:
-    from denoiser.app.sample_tab import SampleTab
 
 __all__ = ["EDIT_SETTINGS", "OFFERED", "WordEdit", "source_of"]
 
@@ -66,7 +62,9 @@ def source_of(settings: dict) -> tuple[int, str]:
 class WordEdit:
     """The word edit's panel under the Sample tab's results (its gallery, its form, its status line)."""
 
-    def __init__(self, page: Page, sample: SampleTab) -> None:
+    def __init__(self, page: Page, sample) -> None:
+        """sample: the Sample tab it sits in (denoiser.app.sample_tab, which imports this module): its gallery, form,
+        preview and status line, read once built."""
         self.page, self.sample, self.engine = page, sample, page.engine
 
     def build(self) -> None:

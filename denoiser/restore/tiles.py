@@ -212,7 +212,7 @@ def denoise_tiles(
     opts = options or TileOptions()
     tile = _check(unet, image, opts, class_label)
     guidance = guidance or Guidance()
-    guidance.check(unet, None if class_label is None else torch.tensor([class_label]))
+    guidance.check(unet, class_label is not None)
     H, W = image.shape[-2:]
     if H < tile or W < tile:  # pad up to one tile (replicated edges), denoise, crop back
         sigma = photo_sigma(image) if sigma is None else sigma

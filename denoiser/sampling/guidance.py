@@ -207,11 +207,12 @@ class Guidance:
         t = float(torch.as_tensor(t).reshape(-1)[0])
         return self.interval[0] <= t <= self.interval[1]
 
-    def check(self, unet: nn.Module, labels: torch.Tensor | None, text: TextCondition | None = None) -> None:
-        """Before any work: the model can give what each term needs."""
-        if text is not None and getattr(unet.config, "cross_attention_dim", None) is None:
+    def check(self, unet: nn.Module, has_class: bool, has_text: bool = False) -> None:
+        """Before any work: the model can give what each term needs, with a class label (`has_class`) or a text
+        condition (`has_text`) or neither (what is checked needs no prompt encoded)."""
+        if has_text and getattr(unet.config, "cross_attention_dim", None) is None:
             raise ValueError("a prompt was given but this model takes no text (it has no cross-attention): use its classes")
-        if self.classifier_free and labels is None and text is None:
+        if self.classifier_free and not has_class and not has_text:
             if getattr(unet.config, "cross_attention_dim", None) is not None:
                 raise ValueError("classifier-free guidance (guidance_scale != 1) on a text model needs a prompt: give "
                                  "one, or set guidance to 1")
@@ -268,7 +269,7 @@ class Guidance:
     def predictor(self, unet: nn.Module, labels: torch.Tensor | None, text: TextCondition | None = None,
                   ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """predict(x, t) -> the guided output for one step (see the module docstring)."""
-        self.check(unet, labels, text)
+        self.check(unet, labels is not None, text is not None)
 
         def predict(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             applies = self.applies_at(t)

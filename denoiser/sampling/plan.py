@@ -189,7 +189,7 @@ def resolve(
                 batch_size, defaults.classes, prompts, negative, text, request.edit, choose_precision(unet))
     # what each guidance term needs (a class or a prompt for classifier-free guidance, PAG's layers), before any work:
     # the loop checks each batch the same way, a step too late for a page that said the job had started
-    guidance.check(unet, labels, plan.text_condition(range(plan.num_images)))
+    guidance.check(unet, labels is not None, text is not None)  # no prompt encoded: the budget note resolves per keystroke
     return plan
 
 
