@@ -43,6 +43,18 @@ class Page:
         self.generation: gr.State | None = None  # made inside the page's Blocks (states)
         self.pixel: gr.State | None = None
 
+    @property
+    def models(self) -> list[str]:
+        """The model folders the page offers (every tab's model list)."""
+        return self.engine.models()
+
+    @property
+    def default_model(self) -> str | None:
+        """The model every tab starts at: cifar10 where it is served (a test server's synthetic-shapes), else the first."""
+        models = self.models
+        preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
+        return preferred[0] if preferred else (models[0] if models else None)
+
     def states(self) -> None:
         """The session's state the tabs share, made inside the page's Blocks: its latest generation (every tab that
         samples sets it, the Attention and Heads tabs show it) and the pixel clicked on it."""

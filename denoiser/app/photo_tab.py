@@ -115,9 +115,6 @@ class PhotoTab:
         self.page, self.engine, self.jobs = page, page.engine, page.jobs
 
     def build(self) -> None:
-        models = self.engine.models()
-        preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
-        default = preferred[0] if preferred else (models[0] if models else None)
         self.photo_shown = gr.State(None)  # the upload the editor holds
         # the session's copy of its upload (keep_upload): removed when the session ends or its photo is replaced
         self.upload = gr.State(None, time_to_live=SESSION_TTL_S, delete_callback=drop_upload)
@@ -126,61 +123,71 @@ class PhotoTab:
         with gr.Tab("Photo"):
             with gr.Row():
                 with gr.Column(scale=1):
-                    self.sizes_note = gr.Markdown("Denoise keeps your photo's size; denoise (sampled), edit and inpaint work on its "
-                                             "centre square at the model's size.", elem_id="edit-sizes")
-                    self.photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 25 MB",
-                                    file_types=["image"], type="filepath", elem_id="photo", height=110)
-                    self.photo_text = gr.Markdown(elem_id="photo-text")
-                    # the editor gets a small copy of the photo (photo_preview): painting needs no more, and the
-                    # browser sends the editor's content back as PNG on every run
-                    self.editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
-                                            label="inpaint mask",  # short: the editor's toolbar covers long labels
-                                            brush=mask_brush((EDIT_PREVIEW, EDIT_PREVIEW)))
-                    gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [self.photo], label="try a picture")
-                # Run, Stop, the progress, the live preview and the results together, beside the photo (on a phone: under it)
+                    self._photo_column()
+                # Run, Stop, the progress, the live preview and the results together, beside the photo (on a phone:
+                # under it)
                 with gr.Column(scale=1):
-                    self.run, self.stop, self.status = run_controls("Run", "edit-run", "edit-stop", "edit-status")
-                    self.scope_note = gr.Markdown(elem_id="edit-scope")  # what Run will do with this form
-                    # shown while a run goes on: the results below stay the last finished run's (after Stop too)
-                    self.preview = gr.Image(label="running: the predicted clean image (x₀) so far", format="png", type="pil",
-                                            interactive=False, elem_id="edit-preview", height=220, visible=False)
-                    # "fit-content": as tall as its pictures (Gradio's "auto" keeps a 450-pixel minimum, mostly empty)
-                    self.result = gr.Gallery(label="before and after (lossless PNG; the result named after and carrying "
-                                             "its settings)", format="png", columns=3, elem_id="edit-result",
-                                             object_fit="contain", height="fit-content", type="filepath", interactive=False,
-                                             buttons=["download"])
-                    self.text = gr.Markdown(elem_id="edit-text")
-                    self.use_selected = gr.Button("use these settings (the selected result's)", size="sm", elem_id="edit-use-settings")
+                    self._results_column()
                 with gr.Column(scale=1):
-                    self.operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation", elem_id="operation",
-                                         info="denoise: one prediction, your photo at its size; denoise (sampled): the reverse "
-                                              "chain; edit: redraw (SDEdit); inpaint: regenerate what you paint")
-                    # the Photo tab's own model, class and guidance: what runs is what this tab shows
-                    self.model = gr.Dropdown(models, value=default, label="model", elem_id="edit-model")
-                    self.class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
-                                             visible=False, allow_custom_value=True, elem_id="edit-class")
-                    # a text model's prompt: what edit and inpaint redraw toward (shown for those, emptied when hidden)
-                    self.prompt = gr.Textbox("", label="prompt (edit, inpaint)", elem_id="edit-prompt", visible=False,
-                                             max_lines=2, placeholder="e.g. red apple; empty: no condition",
-                                             info="what the redrawn pixels should show; typing one sets the guidance to "
-                                                  "the model's")
-                    self.guidance = form_slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
-                                              elem_id="edit-cfg", info=guidance_info())
-                    # one slider per meaning, the one the operation uses shown
-                    self.sigma = form_slider(*LIMITS["sigma"], value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
-                                      elem_id="sigma", info="noise level σ on the 0..1 pixel scale (0.04 ≈ 10/255)")
-                    self.strength = form_slider(*LIMITS["strength"], value=BUILT_IN["strength"], step=0.01, label="edit strength", elem_id="strength", visible=False,
-                                         info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
-                                              "replaces it with a picture of its own")
-                    self.add_noise = form_slider(*LIMITS["add_noise"], value=0.0, step=0.01, label="add noise first (0 = off)",
-                                            elem_id="add-noise", info="noise level σ added, then removed (the round trip, "
-                                                                      "with PSNR)")
-                    with gr.Row():
-                        self.steps = whole_box("steps", BUILT_IN["steps"], "steps (sampled denoise, edit, inpaint)", "edit-steps")
-                        self.seed = whole_box("seed", 0, "seed", "edit-seed")
-                    self.pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance",
-                                         elem_id="edit-pag", info="perturbed-attention guidance (PAG), for sampled denoise, "
-                                                                  "edit and inpaint; 0 = off")
+                    self._settings_column()
+
+    def _photo_column(self) -> None:
+        """The photo: its upload box, what it is, the editor the inpaint mask is painted on, example pictures."""
+        self.sizes_note = gr.Markdown("Denoise keeps your photo's size; denoise (sampled), edit and inpaint work on its "
+                                      "centre square at the model's size.", elem_id="edit-sizes")
+        self.photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 25 MB", file_types=["image"], type="filepath",
+                             elem_id="photo", height=110)
+        self.photo_text = gr.Markdown(elem_id="photo-text")
+        # the editor gets a small copy of the photo (photo_preview): painting needs no more, and the browser sends the
+        # editor's content back as PNG on every run
+        self.editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
+                                     label="inpaint mask",  # short: the editor's toolbar covers long labels
+                                     brush=mask_brush((EDIT_PREVIEW, EDIT_PREVIEW)))
+        gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [self.photo], label="try a picture")
+
+    def _results_column(self) -> None:
+        self.run, self.stop, self.status = run_controls("Run", "edit-run", "edit-stop", "edit-status")
+        self.scope_note = gr.Markdown(elem_id="edit-scope")  # what Run will do with this form
+        # shown while a run goes on: the results below stay the last finished run's (after Stop too)
+        self.preview = gr.Image(label="running: the predicted clean image (x₀) so far", format="png", type="pil",
+                                interactive=False, elem_id="edit-preview", height=220, visible=False)
+        # "fit-content": as tall as its pictures (Gradio's "auto" keeps a 450-pixel minimum, mostly empty)
+        self.result = gr.Gallery(label="before and after (lossless PNG; the result named after and carrying its "
+                                       "settings)", format="png", columns=3, elem_id="edit-result", object_fit="contain",
+                                 height="fit-content", type="filepath", interactive=False, buttons=["download"])
+        self.text = gr.Markdown(elem_id="edit-text")
+        self.use_selected = gr.Button("use these settings (the selected result's)", size="sm",
+                                      elem_id="edit-use-settings")
+
+    def _settings_column(self) -> None:
+        """The operation and its settings; the tab's own model, class and guidance: what runs is what this tab shows."""
+        self.operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation", elem_id="operation",
+                                  info="denoise: one prediction, your photo at its size; denoise (sampled): the reverse "
+                                       "chain; edit: redraw (SDEdit); inpaint: regenerate what you paint")
+        self.model = gr.Dropdown(self.page.models, value=self.page.default_model, label="model", elem_id="edit-model")
+        self.class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
+                                      visible=False, allow_custom_value=True, elem_id="edit-class")
+        # a text model's prompt: what edit and inpaint redraw toward (shown for those, emptied when hidden)
+        self.prompt = gr.Textbox("", label="prompt (edit, inpaint)", elem_id="edit-prompt", visible=False, max_lines=2,
+                                 placeholder="e.g. red apple; empty: no condition",
+                                 info="what the redrawn pixels should show; typing one sets the guidance to the model's")
+        self.guidance = form_slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
+                                    elem_id="edit-cfg", info=guidance_info())
+        # one slider per meaning, the one the operation uses shown
+        self.sigma = form_slider(*LIMITS["sigma"], value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
+                                 elem_id="sigma", info="noise level σ on the 0..1 pixel scale (0.04 ≈ 10/255)")
+        self.strength = form_slider(*LIMITS["strength"], value=BUILT_IN["strength"], step=0.01, label="edit strength",
+                                    elem_id="strength", visible=False,
+                                    info="0.1-0.3 keeps your picture and redraws its details; from about 0.5 the model "
+                                         "replaces it with a picture of its own")
+        self.add_noise = form_slider(*LIMITS["add_noise"], value=0.0, step=0.01, label="add noise first (0 = off)",
+                                     elem_id="add-noise", info="noise level σ added, then removed (the round trip, with "
+                                                               "PSNR)")
+        with gr.Row():
+            self.steps = whole_box("steps", BUILT_IN["steps"], "steps (sampled denoise, edit, inpaint)", "edit-steps")
+            self.seed = whole_box("seed", 0, "seed", "edit-seed")
+        self.pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance", elem_id="edit-pag",
+                               info="perturbed-attention guidance (PAG), for sampled denoise, edit and inpaint; 0 = off")
 
     @property
     def form(self) -> list:

@@ -77,9 +77,7 @@ class SampleTab:
         self.word_edit = WordEdit(page, self)
 
     def build(self) -> None:
-        form, models = self.page.form, self.engine.models()
-        preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
-        default = preferred[0] if preferred else (models[0] if models else None)
+        form, models, default = self.page.form, self.page.models, self.page.default_model
         first = [m for m in sorted(models, key=lambda m: m != default) if form.loads(m)][:3]  # the default model first
         rows = [form.example_row(m, k) for k, m in enumerate(first)]  # "try these": everything set, a class or prompt
         self.selected = gr.State(0)  # the result selected in the gallery
