@@ -11,7 +11,7 @@ import gradio as gr
 
 from denoiser.app.controls import CLEAR_TOASTS, form_slider, job_controls, run_controls
 from denoiser.app.page import Page
-from denoiser.app.streaming import friendly, not_started, relay, stream, user_error
+from denoiser.app.streaming import friendly, user_error
 from denoiser.app.views import (
     click_to_pixel,
     clickable_image,
@@ -212,18 +212,14 @@ class AttentionTab:
             require_generation(gen)
             if pixel is None:
                 raise ValueError("click a pixel of the image first: the maps are of that pixel")
-        except Exception as err:  # noqa: BLE001
-            error = user_error(err)
-            self.jobs.finished(request, "mean-status")
-            yield {self.mean_status: not_started(error.message)}
-            raise error from None
+        except Exception as err:  # noqa: BLE001 - said on the status line, then raised
+            yield from self.jobs.refuse(request, self.mean_status, err)
 
         def job(on_step):
             return self.engine.views.mean_attention_maps(gen, image, pixel, on_step=on_step)
 
-        with self.jobs.running(request, "mean-status"):
-            maps = yield from relay(stream(job, progress, "averaging"), self.mean_status)
-        self.jobs.finished(request, "mean-status")
+        maps = yield from self.jobs.run(request, self.mean_status, job, progress, "averaging")
+        self.jobs.finished(request, self.mean_status.elem_id)
         yield {self.maps: maps,
                self.mean_status: f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} "
                                  "steps"}

@@ -12,7 +12,6 @@ import torch
 from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.controls import job_controls, run_controls
 from denoiser.app.page import Page
-from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.views import NO_GENERATION, enlarge
 from denoiser.image_io import to_pil
 
@@ -100,17 +99,16 @@ class HeadsTab:
         off and the status line."""
         if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
             gr.Warning(NO_GENERATION)
-            self.jobs.finished(request, "stats-status")
+            self.jobs.finished(request, self.stats_status.elem_id)
             yield {self.stats_status: NO_GENERATION}
             return
 
         def job(on_step):
             return self.engine.views.head_table(gen, image, on_step=on_step)
 
-        with self.jobs.running(request, "stats-status"):
-            rows, chart = yield from relay(stream(job, progress, "measuring"), self.stats_status)
+        rows, chart = yield from self.jobs.run(request, self.stats_status, job, progress, "measuring")
         unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
-        self.jobs.finished(request, "stats-status")
+        self.jobs.finished(request, self.stats_status.elem_id)
         layers = list(dict.fromkeys(r.layer for r in rows))
         kept = [name for name in (chosen or []) if name in layers]  # another model's layers: not offered, not kept
         yield {self.stats_chart: chart, self.stats_table: _head_rows(rows),
@@ -124,7 +122,7 @@ class HeadsTab:
         warning and its line, not an error). Yields updates of the picture, its text and the status line."""
         if gen is None:
             gr.Warning(NO_GENERATION)
-            self.jobs.finished(request, "off-status")
+            self.jobs.finished(request, self.off_status.elem_id)
             yield {self.off_status: NO_GENERATION}
             return
         try:
@@ -132,19 +130,15 @@ class HeadsTab:
             if not layers:
                 raise ValueError("choose at least one attention layer to switch off (listed once the statistics are "
                                  "computed)")
-        except Exception as err:  # noqa: BLE001
-            error = user_error(err)
-            self.jobs.finished(request, "off-status")
-            yield {self.off_status: not_started(error.message)}
-            raise error from None
+        except Exception as err:  # noqa: BLE001 - said on the status line, then raised
+            yield from self.jobs.refuse(request, self.off_status, err)
 
         def job(on_step):
             return self.engine.views.ablate(gen, list(layers), head_ids, on_step=on_step)
 
-        with self.jobs.running(request, "off-status"):
-            off = yield from relay(stream(job, progress, "switching off"), self.off_status, self.off_image, enlarge)
+        off = yield from self.jobs.run(request, self.off_status, job, progress, "switching off", self.off_image, enlarge)
         which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
-        self.jobs.finished(request, "off-status")
+        self.jobs.finished(request, self.off_status.elem_id)
         change = float((off.images - gen.images).abs().mean())
         yield {self.off_image: enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
                self.off_text: f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity "

@@ -15,6 +15,7 @@ import time
 import gradio as gr
 
 from denoiser.app.engine import RESTORE_OPERATIONS
+from denoiser.app.streaming import not_started, relay, stream, user_error
 
 __all__ = ["Jobs", "RUNNING"]
 
@@ -52,6 +53,22 @@ class Jobs:
                 self._requested[key] = time.monotonic()
 
         return requested
+
+    def refuse(self, request: gr.Request | None, status, err: Exception):
+        """A job refused before any work (`yield from jobs.refuse(...)` in its handler): its status line says why, the
+        rest of the page stays as it is, and the error goes on (the page's toast; an API caller's exception)."""
+        error = user_error(err)
+        self.finished(request, status.elem_id)
+        yield {status: not_started(error.message)}
+        raise error from None
+
+    def run(self, request: gr.Request | None, status, job, progress, what: str, preview=None, show=None,
+            unit: str = "step"):
+        """`job(on_step)` as this session's job on the status line `status` (`result = yield from jobs.run(...)`):
+        in a worker thread (streaming.stream), its progress on the line, its previews shown on `preview`; returns its
+        result. The handler then writes its last line and says so (finished)."""
+        with self.running(request, status.elem_id):
+            return (yield from relay(stream(job, progress, what, unit), status, preview, show))
 
     @contextlib.contextmanager
     def running(self, request: gr.Request | None, line: str):

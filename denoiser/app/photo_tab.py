@@ -44,7 +44,6 @@ from denoiser.app.photo import (
     photo_file,
     photo_preview,
 )
-from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.views import enlarge
 from denoiser.atomic import atomic_path
 from denoiser.image_io import read_settings, save_with_settings
@@ -266,19 +265,15 @@ class PhotoTab:
                 size = self.engine.loaded(model).unet.config.sample_size
                 image, mask = edit_input(editor, source, photo, shown, operation,
                                          lambda path: read_photo(path, restore, size, what="the upload"))
-        except Exception as err:  # noqa: BLE001
-            error = user_error(err)
-            self.jobs.finished(request, "edit-status")
-            yield {self.status: not_started(error.message)}  # the status line says why ...
-            raise error from None  # ... and the toast (an API caller gets the error)
+        except Exception as err:  # noqa: BLE001 - said on the status line, then raised (the toast; an API caller's)
+            yield from self.jobs.refuse(request, self.status, err)
 
         def job(on_step):
             return self.engine.restore(model, restore, image, mask, on_step=on_step)
 
         preview, what = (self._tiles_preview, "denoise (tiles)") if restore.tiled else (self._preview, operation)
-        with self.jobs.running(request, "edit-status"):  # Stop's line waits for this job to end (Jobs.stopped)
-            unit = "tile" if restore.tiled else "step"  # a photo's progress counts its tiles, and says so
-            gen, done = yield from relay(stream(job, progress, what, unit), self.status, self.preview, preview)
+        unit = "tile" if restore.tiled else "step"  # a photo's progress counts its tiles, and says so
+        gen, done = yield from self.jobs.run(request, self.status, job, progress, what, self.preview, preview, unit)
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         # "your image" in the result's framing: the photo (or its scaled copy), or the centre square the model sees
         yours = done.input if restore.tiled else centre_square(image)
@@ -293,7 +288,7 @@ class PhotoTab:
         scaled = (f", a copy scaled from {done.settings['scaled_from'][0]}x{done.settings['scaled_from'][1]} to the photo "
                   "budget") if done.settings.get("scaled_from") else ""
         what = f"{gen.num_steps} step(s)" if gen is not None else f"at {w}x{h}{scaled}"
-        self.jobs.finished(request, "edit-status")
+        self.jobs.finished(request, self.status.elem_id)
         # the upload's state set again: its time to live starts again
         yield {self.result: shown, self.text: restored_text(operation, done, float(sigma or 0)), **views,
                self.preview: gr.update(visible=False), self.upload: upload,

@@ -39,7 +39,6 @@ from denoiser.app.form import (
 from denoiser.app.form_limits import LIMITS
 from denoiser.app.page import Page
 from denoiser.app.result_files import result_files, results_zip
-from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.views import enlarge
 from denoiser.app.word_edit import WordEdit
 from denoiser.app.work_budget import plan_work
@@ -258,18 +257,14 @@ class SampleTab:
                                               pag_layers, prompt, negative_prompt)
             plan = self.engine.sample_plan(model, **form)  # resolved once: the job below runs this plan
             plan_work(plan).check()
-        except Exception as err:  # noqa: BLE001
-            error = user_error(err)
-            self.jobs.finished(request, "status")
-            yield {self.status: not_started(error.message)}  # the page's status line says why ...
-            raise error from None  # ... and an API caller gets the error (the page shows it as a toast that stays)
+        except Exception as err:  # noqa: BLE001 - said on the status line, then raised (the toast; an API caller's)
+            yield from self.jobs.refuse(request, self.status, err)
         label = form["class_label"]
 
         def job(on_step):
             return self.engine.generate(model, **form, on_step=on_step, plan=plan)
 
-        with self.jobs.running(request, "status"):
-            gen = yield from relay(stream(job, progress, "denoising"), self.status, self.preview, enlarge)
+        gen = yield from self.jobs.run(request, self.status, job, progress, "denoising", self.preview, enlarge)
         # what ran: the plan's values (an API call's unset fields are the model's own)
         settings = dict(model=model, seed=plan.seed, scheduler=plan.scheduler_name, steps=plan.steps,
                         num_images=plan.num_images, guidance_scale=plan.guidance.scale, pag_scale=plan.guidance.pag_scale,
@@ -281,7 +276,7 @@ class SampleTab:
         settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
         of = f" of “{escape(gen.prompt)}”" if gen.prompt else (f" of class {escape(class_name)}" if label is not None else "")
         cut = "".join(f" · **{escape(note)}**" for note in gen.notes)  # a cut prompt, words the model never saw
-        self.jobs.finished(request, "status")
+        self.jobs.finished(request, self.status.elem_id)
         yield {self.preview: enlarge(to_pil(gen.images)), self.gallery: result_files(gen.images, settings),
                **self.page.tab(AttentionTab).show(gen),
                self.status: f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps, {gen.precision}" + cut

@@ -24,7 +24,6 @@ from denoiser.app.controls import form_slider, ran_js, scroll_to_js
 from denoiser.app.form import NO_CLASS, SETTINGS_FORM, escape, few_steps_note
 from denoiser.app.page import Page
 from denoiser.app.result_files import result_files
-from denoiser.app.streaming import not_started, relay, stream, user_error
 from denoiser.app.views import enlarge
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import read_settings, to_pil
@@ -145,17 +144,13 @@ class WordEdit:
             model, form, note = self.request(settings, edit_prompt, edit_type, cross, self_)
             plan = self.engine.sample_plan(model, **form)  # resolved once: the job below runs this plan
             plan_work(plan).check()
-        except Exception as err:  # noqa: BLE001
-            error = user_error(err)
-            self.page.jobs.finished(request, "status")
-            yield {status: not_started(error.message)}
-            raise error from None
+        except Exception as err:  # noqa: BLE001 - said on the status line, then raised
+            yield from self.page.jobs.refuse(request, status, err)
 
         def job(on_step):
             return self.engine.generate(model, **form, on_step=on_step, plan=plan)
 
-        with self.page.jobs.running(request, "status"):
-            gen = yield from relay(stream(job, progress, "denoising"), status, self.sample.preview, enlarge)
+        gen = yield from self.page.jobs.run(request, status, job, progress, "denoising", self.sample.preview, enlarge)
         edit = form["edit"]
         made = {k: v for k, v in settings.items() if k not in ("index", "count", *EDIT_SETTINGS)}
         made.update(seed=form["seed"], num_images=2, pag_scale=0.0, prompt=form["prompt"] or "",
@@ -163,7 +158,7 @@ class WordEdit:
                     cross_replace_steps=edit.cross_replace_steps[1], self_replace_steps=edit.self_replace_steps[1])
         what = (f"{edit.edit_type}: the word maps from the source for the first {edit.cross_replace_steps[1]:.0%} of the "
                 f"steps, its layout for the first {edit.self_replace_steps[1]:.0%}; both from the noise of seed {form['seed']}")
-        self.page.jobs.finished(request, "status")
+        self.page.jobs.finished(request, status.elem_id)
         yield {self.sample.preview: enlarge(to_pil(gen.images)), self.sample.gallery: result_files(gen.images, made),
                **self.page.tab(AttentionTab).show(gen),
                status: f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, "
