@@ -56,3 +56,81 @@ def test_a_job_stopped_while_it_waits_in_the_queue_says_it_never_started():
     assert jobs.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")
     jobs.requester("status")(session)  # pressed right after Stop: asked for after it, not cancelled by it
     assert jobs.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")
+
+
+def test_a_job_left_by_its_cancel_stops_and_stop_says_so(monkeypatch):
+    """Under load the page's Stop cancelled Gradio's task but sent the event id of the job before, so Gradio closed no
+    generator (gradio 6.31 closes the one of that id): the worker sampled on unseen to the end, and Stop's line waited
+    for the handler (the Photo tab's browser test in CI: "after Stop the status line says: 'edit: step 1 / 1000'").
+    A handler nobody resumes for ORPHAN_S now stops its work at the next step, and Stop's line follows the work."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from denoiser.app import jobs as jobs_module
+    from denoiser.app import streaming
+
+    monkeypatch.setattr(streaming, "ORPHAN_S", 0.6)
+    monkeypatch.setattr(jobs_module, "STOP_SETTLE_S", 0.0)
+    jobs, session, steps = Jobs(), SimpleNamespace(session_hash="left"), []
+    status = gr.Markdown(elem_id="status")  # the line (a component, as the page's; never drawn here)
+
+    def job(on_step):  # 200 steps of 20 ms: 4 s if nobody stops it
+        for i in range(200):
+            time.sleep(0.02)
+            steps.append(i)
+            on_step(i, 200, torch.zeros(1, 3, 4, 4))
+        return "done"
+
+    handler = jobs.run(session, status, job, lambda *a, **k: None, "denoising")
+    next(handler)  # the job runs; then nobody resumes its handler, and nobody closes it (the cancel missed it)
+    pressed = time.monotonic()
+    line = jobs.stopped("denoising: step 3 / 200 · about 4 s left", session, "status")
+    waited = time.monotonic() - pressed
+    assert line.startswith("**stopped at step 3 / 200**") and waited < 2.5, (line, waited)
+    stopped_at = len(steps)
+    time.sleep(0.3)
+    assert 0 < stopped_at < 200 and len(steps) == stopped_at  # its work stopped well before its end, and stays stopped
+    assert not jobs._is_running(("left", "status"))  # a new job of the line may start
+    handler.close()  # Gradio's own close, later (a session dropped): the handler ends quietly
+
+
+def test_stop_halts_the_sessions_job_on_its_line_at_the_click():
+    """Stop's unqueued listener (Jobs.halter) stops the work of the job running on its line for its session, at the
+    click and whatever Gradio's cancel reaches; another session's job and another line's go on."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+
+    from denoiser.app.streaming import Stopped
+
+    jobs = Jobs()
+    counts = {"mine": [], "theirs": []}
+
+    def job_of(name):
+        def job(on_step):
+            for i in range(100):
+                time.sleep(0.02)
+                counts[name].append(i)
+                on_step(i, 100, torch.zeros(1, 3, 4, 4))
+            return name
+
+        return job
+
+    mine, theirs = SimpleNamespace(session_hash="mine"), SimpleNamespace(session_hash="theirs")
+    status = gr.Markdown(elem_id="status")
+    handlers = {name: jobs.run(who, status, job_of(name), lambda *a, **k: None, "denoising")
+                for name, who in (("mine", mine), ("theirs", theirs))}
+    for handler in handlers.values():
+        next(handler)
+    jobs.halter("status")(mine)
+    jobs.halter("other-status")(theirs)  # a Stop of another line: nothing of this one
+    lines = []
+    with pytest.raises(Stopped) as stopped:  # its handler, still resumed (the cancel missed it), ends at once
+        for update in handlers["mine"]:
+            lines.append(update.get(status))
+    assert len(counts["mine"]) < 50 and not stopped.value.visible  # stopped well before its end; no toast
+    assert not any("not done" in str(line) for line in lines)  # no word of its own: Stop's line says where it stopped
+    assert list(handlers["theirs"])[-1] is not None and len(counts["theirs"]) == 100  # another session's ran on

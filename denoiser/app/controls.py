@@ -90,8 +90,10 @@ def job_controls(run: gr.Button, stop: gr.Button, status: gr.Markdown, jobs, fn,
 
 
 def stop_controls(stop: gr.Button, status: gr.Markdown, events: list, jobs) -> None:
-    """`stop` cancels `events`; then its status line says where the job stopped (jobs.stopper, once the stopped job
+    """`stop` cancels `events`, and stops the session's job on `status` on the server at once (jobs.halter: Gradio's
+    cancel alone can miss it); then its status line says where the job stopped (jobs.stopper, once the stopped job
     has ended), and the page may press a waiting Run (STOP_DONE_JS, retry_js)."""
+    stop.click(jobs.halter(status.elem_id), None, None, api_name=False, queue=False)
     stop.click(None, None, None, cancels=events, js=STOPPED_JS, api_name=False).then(
         jobs.stopper(status.elem_id), status, status, api_name=False, show_progress="hidden").then(None, js=STOP_DONE_JS)
 

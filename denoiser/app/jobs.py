@@ -37,7 +37,9 @@ class Jobs:
 
     def __init__(self) -> None:
         self._finished: dict[tuple[str, str], float] = {}  # (session, status line) -> when its latest job ended
-        self._running: set[tuple[str, str]] = set()  # (session, status line) of the jobs running now
+        # (session, status line) of the jobs running now -> (set once the job's work has ended, which may come before
+        # its handler ends: a handler left by a cancel that closed no generator; set to stop its work: halter)
+        self._running: dict[tuple[str, str], tuple[threading.Event, threading.Event]] = {}
         self._requested: dict[tuple[str, str], float] = {}  # (session, status line) -> when a job not started was asked
         self._lock = threading.Lock()
 
@@ -49,7 +51,7 @@ class Jobs:
             key = (getattr(request, "session_hash", None) or "", line)
             # a click repeated while its job runs (retry_js presses again after a Stop; the page skips the job's
             # second start) asks for nothing new
-            if key[0] and key not in self._running:
+            if key[0] and not self._is_running(key):
                 self._requested[key] = time.monotonic()
 
         return requested
@@ -67,19 +69,48 @@ class Jobs:
         """`job(on_step)` as this session's job on the status line `status` (`result = yield from jobs.run(...)`):
         in a worker thread (streaming.stream), its progress on the line, its previews shown on `preview`; returns its
         result. The handler then writes its last line and says so (finished)."""
-        with self.running(request, status.elem_id):
-            return (yield from relay(stream(job, progress, what, unit), status, preview, show))
+        ended, stop = threading.Event(), threading.Event()
+
+        def work(on_step):
+            try:
+                return job(on_step)
+            finally:
+                ended.set()  # the work has stopped: Stop's line need not wait for the handler (stopped)
+
+        with self.running(request, status.elem_id, (ended, stop)):
+            return (yield from relay(stream(work, progress, what, unit, stop), status, preview, show))
 
     @contextlib.contextmanager
-    def running(self, request: gr.Request | None, line: str):
-        """A job of this session on the status line `line` runs inside (until its worker has stopped: stream)."""
+    def running(self, request: gr.Request | None, line: str, events: tuple | None = None):
+        """A job of this session on the status line `line` runs inside (until its worker has stopped: stream);
+        `events`: (set once its work has ended, which can come first; set to stop it), as Jobs.run makes them."""
         key = (getattr(request, "session_hash", None) or "", line)
+        events = events or (threading.Event(), threading.Event())
         self._requested.pop(key, None)
-        self._running.add(key)
+        self._running[key] = events
         try:
             yield
         finally:
-            self._running.discard(key)
+            events[0].set()
+            if self._running.get(key) is events:  # a later job of the line has an entry of its own
+                del self._running[key]
+
+    def _is_running(self, key: tuple[str, str]) -> bool:
+        events = self._running.get(key)
+        return events is not None and not events[0].is_set()
+
+    def halter(self, line: str):
+        """A Stop button's unqueued listener: the job of this session running on the status line `line` stops its work
+        at its next step, whatever Gradio's cancel does (under load the page's cancel can name the job before: it
+        then cancels Gradio's task but closes no generator, and the work went on unseen). Unqueued, it acts at the
+        click, before a job pressed after the Stop can start."""
+
+        def halt(request: gr.Request) -> None:
+            events = self._running.get((getattr(request, "session_hash", None) or "", line))
+            if events is not None:
+                events[1].set()
+
+        return halt
 
     def finished(self, request: gr.Request | None, line: str) -> None:
         """A job of this session writes its last line on `line` (a status line's elem_id: done, or why it did not
@@ -108,7 +139,7 @@ class Jobs:
         pressed = time.monotonic()
         time.sleep(STOP_SETTLE_S)  # the cancel reaches the page first: this line comes after its state
         session = getattr(request, "session_hash", None)
-        while (session or "", line) in self._running and time.monotonic() - pressed < STOP_WAIT_S:
+        while self._is_running((session or "", line)) and time.monotonic() - pressed < STOP_WAIT_S:
             time.sleep(0.05)  # the stopped job ends after its UNet call: the page presses a waiting Generate after this
         if session and self._finished.get((session, line), 0.0) > pressed:
             return gr.skip()

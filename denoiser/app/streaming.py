@@ -23,16 +23,29 @@ from denoiser.fast import malloc
 from denoiser.folders.model_dir import model_roots
 from denoiser.image_io import to_pil
 
-__all__ = ["STOPPING", "Cancelled", "progress_text", "stream", "relay", "user_error", "not_started", "friendly"]
+__all__ = ["STOPPING", "Cancelled", "Stopped", "progress_text", "stream", "relay", "user_error", "not_started", "friendly"]
 
 log = logging.getLogger("denoiser.app")
 HEARTBEAT_S = 0.5  # longest wait between yields of a running generation (how soon a cancel is seen)
 PREVIEW_EVERY_S = 1.5  # at least this often a preview while sampling (DDPM-1000 never looks frozen)
+# a job whose handler nobody has resumed for this long has been left (the page's Stop cancelled Gradio's task but
+# closed no generator: gradio 6.31 closes the one of the event id the page sends, and under load that id can be the
+# job before's, so the worker sampled on unseen to the end): it stops at its next step, as if closed
+ORPHAN_S = 10.0
 STOPPING = threading.Event()
 
 
 class Cancelled(Exception):
     """Raised inside the sampling loop's callback once the request that started it is gone."""
+
+
+class Stopped(gr.Error):
+    """A job's work stopped by the page's Stop (Jobs.halter) while its handler still runs (Gradio's cancel has not
+    closed it, or never will): the handler ends without a word of its own, no toast; Stop's line says where it
+    stopped."""
+
+    def __init__(self) -> None:
+        super().__init__("stopped", visible=False, print_exception=False)
 
 
 def progress_text(desc: str, done: int, total: int, elapsed: float, unit: str = "step") -> str:
@@ -52,12 +65,13 @@ class _Worker:
         self.result: dict = {}
         self.stop = threading.Event()  # set when nobody listens any more
         self.started = self.last_preview = time.monotonic()  # DDPM-1000 still shows a fresh x0 every PREVIEW_EVERY_S
+        self.pulled = self.started  # when the handler last resumed (stream): a job left for ORPHAN_S stops
         self.status: str | None = None  # the latest "step k / N · about S s left"
         self.shown: str | None = None  # the status line the page shows now
         self.thread = threading.Thread(target=self._work, name="denoiser-generate", daemon=True)
 
     def on_step(self, i: int, total: int, x0) -> None:
-        if self.stop.is_set() or STOPPING.is_set():
+        if self.stop.is_set() or STOPPING.is_set() or time.monotonic() - self.pulled > ORPHAN_S:
             raise Cancelled  # out of the sampling loop after the UNet call in progress
         self.status = progress_text(self.desc, i + 1, total, time.monotonic() - self.started, self.unit)
         self.progress((i + 1) / total, desc=self.status)
@@ -83,18 +97,21 @@ class _Worker:
         return new
 
 
-def stream(job, progress, desc: str, unit: str = "step"):
+def stream(job, progress, desc: str, unit: str = "step", stop: threading.Event | None = None):
     """Run `job(on_step)` (a generation or an edit) in a worker thread; yield (x0 preview, progress text) as they
     come (None for what has not changed, at least every HEARTBEAT_S), then return its result. When the consumer is closed
     (Gradio's cancel, a closed tab), the worker stops at its next step and is joined first, so the
-    queue slot frees only once the work has stopped."""
+    queue slot frees only once the work has stopped. `stop`: set by someone else (the page's Stop: Jobs.halter), the
+    worker stops the same way."""
     worker = _Worker(job, progress, desc, unit)
+    worker.stop = stop or worker.stop
     # this job's own line at once: before its first step the page would show Gradio's estimate, the average time to
     # the first output of earlier jobs of this button, whatever their size (issue 60)
     progress(0, desc=f"{desc}: starting")
     worker.thread.start()
     try:
         while True:
+            worker.pulled = time.monotonic()  # resumed: somebody still listens
             try:
                 x0 = worker.previews.get(timeout=HEARTBEAT_S)
             except queue.Empty:  # yield now and then: a cancel can only close a generator at a yield
@@ -111,6 +128,8 @@ def stream(job, progress, desc: str, unit: str = "step"):
         malloc.release_free_memory()
     if "error" in worker.result:
         raise user_error(worker.result["error"])
+    if "value" not in worker.result and not STOPPING.is_set():  # stopped by the page's Stop, its handler not closed
+        raise Stopped
     if "value" not in worker.result:  # cancelled while the request still listens: the server is stopping
         raise gr.Error("the server is shutting down: try again once it is back")
     return worker.result["value"]
@@ -176,6 +195,8 @@ def relay(stream, status, preview=None, show=None):
                 image, text = next(stream)
             except StopIteration as done:
                 return done.value
+            except Stopped:  # Stop's own line says where
+                raise
             except gr.Error as err:  # refused or failed once the job had started: the status line says why too
                 yield {status: not_done(err.message)}
                 raise
