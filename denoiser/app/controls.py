@@ -23,6 +23,9 @@ SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is droppe
 # stopped, then STOP_DONE_JS) and is pressed again every 200 ms until its job has gone out (ran_js marks that): a
 # skipped press does nothing, and the first that is not runs the job once
 RETRY_S = 30
+# a click's listeners run in order, but ran_js's mark can come a moment before retry_js's own time: a mark this close
+# before it is of the same click (its job went out; pressing again would start a second one after the next Stop)
+SAME_CLICK_MS = 250
 STOPPED_JS = "() => { window.denoiserStoppedAt = Date.now(); }"
 STOP_DONE_JS = "() => { window.denoiserStopDone = Date.now(); }"
 
@@ -58,7 +61,7 @@ def retry_js(button: str) -> str:
     return ("() => { " + CLEAR_TOASTS + " const at = Date.now(), stopped = window.denoiserStoppedAt || 0; "
             f"if (at - stopped > {RETRY_S * 1000} || window.denoiserRetry) return; "
             "let tries = 0; window.denoiserRetry = setInterval(() => { "
-            f"if ((window.denoiserRan || {{}})['{button}'] >= at || (window.denoiserStoppedAt || 0) > stopped "
+            f"if ((window.denoiserRan || {{}})['{button}'] >= at - {SAME_CLICK_MS} || (window.denoiserStoppedAt || 0) > stopped "
             f"|| ++tries > {RETRY_S * 5}) {{ "
             "clearInterval(window.denoiserRetry); window.denoiserRetry = null; return; } "
             f"if ((window.denoiserStopDone || 0) > stopped) document.querySelector('#{button}').click(); }}, 200); }}")
@@ -80,11 +83,14 @@ def job_controls(run: gr.Button, stop: gr.Button, status: gr.Markdown, jobs, fn,
     """A long job on `run` (one at a time on the server: the "sampling" slot), its progress on `status`, stopped by
     `stop`: pressed right after a Stop, `run` is pressed again until its job goes out (retry_js, before the job's own
     listener: Gradio runs a click's listeners in order); its request is noted at once, unqueued, so a Stop while it
-    still waits says it never started (`jobs`: denoiser.app.jobs.Jobs). Returns the job's event."""
+    still waits says it never started (`jobs`: denoiser.app.jobs.Jobs), after the job's listener. Returns the job's
+    event."""
     run.click(None, js=retry_js(run.elem_id), api_name=False, queue=False)
-    run.click(jobs.requester(status.elem_id), None, None, api_name=False, queue=False)
     job = run.click(fn, inputs, outputs, js=ran_js(run.elem_id), concurrency_limit=1, concurrency_id="sampling",
                     show_progress_on=[status], **kwargs)
+    # after the job's listener: the page dispatches a click's listeners in order, and under load the job listener
+    # (its ran_js mark) came after retry_js's first look, which pressed Run again: two jobs, one of them after Stop
+    run.click(jobs.requester(status.elem_id), None, None, api_name=False, queue=False)
     stop_controls(stop, status, [job], jobs)
     return job
 
@@ -93,8 +99,8 @@ def stop_controls(stop: gr.Button, status: gr.Markdown, events: list, jobs) -> N
     """`stop` cancels `events`, and stops the session's job on `status` on the server at once (jobs.halter: Gradio's
     cancel alone can miss it); then its status line says where the job stopped (jobs.stopper, once the stopped job
     has ended), and the page may press a waiting Run (STOP_DONE_JS, retry_js)."""
-    stop.click(jobs.halter(status.elem_id), None, None, api_name=False, queue=False)
-    stop.click(None, None, None, cancels=events, js=STOPPED_JS, api_name=False).then(
+    stop.click(jobs.halter(status.elem_id), None, None, js=STOPPED_JS, api_name=False, queue=False)  # its listener first
+    stop.click(None, None, None, cancels=events, api_name=False).then(
         jobs.stopper(status.elem_id), status, status, api_name=False, show_progress="hidden").then(None, js=STOP_DONE_JS)
 
 
