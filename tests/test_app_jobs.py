@@ -96,15 +96,19 @@ def test_a_job_left_by_its_cancel_stops_and_stop_says_so(monkeypatch):
     handler.close()  # Gradio's own close, later (a session dropped): the handler ends quietly
 
 
-def test_stop_halts_the_sessions_job_on_its_line_at_the_click():
+def test_stop_halts_the_sessions_job_on_its_line_at_the_click(monkeypatch):
     """Stop's unqueued listener (Jobs.halter) stops the work of the job running on its line for its session, at the
-    click and whatever Gradio's cancel reaches; another session's job and another line's go on."""
+    click and whatever Gradio's cancel reaches; another session's job and another line's go on. Its handler waits a
+    moment for the cancel to close it (STOP_GRACE_S), then ends by itself without a word (Stopped)."""
     import time
     from types import SimpleNamespace
 
     import torch
 
+    from denoiser.app import streaming
     from denoiser.app.streaming import Stopped
+
+    monkeypatch.setattr(streaming, "STOP_GRACE_S", 0.5)
 
     jobs = Jobs()
     counts = {"mine": [], "theirs": []}

@@ -23,9 +23,6 @@ SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is droppe
 # stopped, then STOP_DONE_JS) and is pressed again every 200 ms until its job has gone out (ran_js marks that): a
 # skipped press does nothing, and the first that is not runs the job once
 RETRY_S = 30
-# a click's listeners run in order, but ran_js's mark can come a moment before retry_js's own time: a mark this close
-# before it is of the same click (its job went out; pressing again would start a second one after the next Stop)
-SAME_CLICK_MS = 250
 STOPPED_JS = "() => { window.denoiserStoppedAt = Date.now(); }"
 STOP_DONE_JS = "() => { window.denoiserStopDone = Date.now(); }"
 
@@ -56,12 +53,15 @@ def scroll_to_js(elem_id: str) -> str:
 
 
 def retry_js(button: str) -> str:
-    """A click on #button: the earlier messages closed (CLEAR_TOASTS); within RETRY_S of a Stop, pressed again once
-    Stop is done, until ran_js(button) says its job went out, or until another Stop (the person stopped it)."""
+    """A click on #button: the earlier messages closed (CLEAR_TOASTS); within RETRY_S of a Stop that is not done yet,
+    pressed again once it is, until ran_js(button) says its job went out, or until another Stop (the person stopped
+    it). A click after Stop is done goes out as it is: pressing again then sent a second job under load (the job's
+    own listener comes after the request note's answer, later than the first look), which ran after the next Stop."""
     return ("() => { " + CLEAR_TOASTS + " const at = Date.now(), stopped = window.denoiserStoppedAt || 0; "
-            f"if (at - stopped > {RETRY_S * 1000} || window.denoiserRetry) return; "
+            f"if (at - stopped > {RETRY_S * 1000} || (window.denoiserStopDone || 0) > stopped || window.denoiserRetry) "
+            "return; "
             "let tries = 0; window.denoiserRetry = setInterval(() => { "
-            f"if ((window.denoiserRan || {{}})['{button}'] >= at - {SAME_CLICK_MS} || (window.denoiserStoppedAt || 0) > stopped "
+            f"if ((window.denoiserRan || {{}})['{button}'] >= at || (window.denoiserStoppedAt || 0) > stopped "
             f"|| ++tries > {RETRY_S * 5}) {{ "
             "clearInterval(window.denoiserRetry); window.denoiserRetry = null; return; } "
             f"if ((window.denoiserStopDone || 0) > stopped) document.querySelector('#{button}').click(); }}, 200); }}")
@@ -83,14 +83,11 @@ def job_controls(run: gr.Button, stop: gr.Button, status: gr.Markdown, jobs, fn,
     """A long job on `run` (one at a time on the server: the "sampling" slot), its progress on `status`, stopped by
     `stop`: pressed right after a Stop, `run` is pressed again until its job goes out (retry_js, before the job's own
     listener: Gradio runs a click's listeners in order); its request is noted at once, unqueued, so a Stop while it
-    still waits says it never started (`jobs`: denoiser.app.jobs.Jobs), after the job's listener. Returns the job's
-    event."""
+    still waits says it never started (`jobs`: denoiser.app.jobs.Jobs). Returns the job's event."""
     run.click(None, js=retry_js(run.elem_id), api_name=False, queue=False)
+    run.click(jobs.requester(status.elem_id), None, None, api_name=False, queue=False)
     job = run.click(fn, inputs, outputs, js=ran_js(run.elem_id), concurrency_limit=1, concurrency_id="sampling",
                     show_progress_on=[status], **kwargs)
-    # after the job's listener: the page dispatches a click's listeners in order, and under load the job listener
-    # (its ran_js mark) came after retry_js's first look, which pressed Run again: two jobs, one of them after Stop
-    run.click(jobs.requester(status.elem_id), None, None, api_name=False, queue=False)
     stop_controls(stop, status, [job], jobs)
     return job
 

@@ -196,8 +196,10 @@ class PhotoTab:
 
     def wire(self, app: gr.Blocks) -> None:
         form = self.page.form
-        # before the job it retries: Gradio runs a click's listeners in order, each job's to its end (retry_js)
+        # before the job it retries: Gradio runs a click's listeners in order, each job's to its end (retry_js); the
+        # job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started
         self.run.click(None, js=retry_js(self.run.elem_id), api_name=False, queue=False)
+        self.run.click(self.jobs.requester(self.status.elem_id), None, None, api_name=False, queue=False)
         scope_inputs = [self.model, self.operation, self.add_noise, self.upload]
         app.load(form.class_choices, [self.model, self.class_name], self.class_name, api_name=False)
         app.load(self.sizes, self.model, self.sizes_note, api_name=False)
@@ -231,8 +233,6 @@ class PhotoTab:
                             self.upload, self.prompt], outputs,
             concurrency_limit=1, concurrency_id="sampling", show_progress_on=[self.status], api_name="edit",
             js=ran_js(self.run.elem_id))  # Stop, then Run at once: retry_js presses it again until it has gone out
-        # the job's request noted at once, unqueued, after the job's own listener (controls.job_controls)
-        self.run.click(self.jobs.requester(self.status.elem_id), None, None, api_name=False, queue=False)
         self.result.select(selected_index, None, self.selected, api_name=False)
         self.use_selected.click(self.restore_form, [self.result, self.selected, self.upload],
                                 [*self.form, self.status, self.prompt_restored], api_name=False)

@@ -181,9 +181,11 @@ class SampleTab:
 
     def wire(self, app: gr.Blocks) -> None:
         form = self.page.form
-        # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js)
+        # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js); each
+        # job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started
         for button in (self.run, self.word_edit.run):
             button.click(None, js=retry_js(button.elem_id), api_name=False, queue=False)
+            button.click(self.jobs.requester(self.status.elem_id), None, None, api_name=False, queue=False)
         # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
         # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
         # .change of the model would race it: it reads the class shown before the row's arrived)
@@ -215,10 +217,6 @@ class SampleTab:
             api_door = gr.Button()
         api_door.click(self.generate, api_form, self.outputs, api_name="generate", **sampling)
         runs = [generating, self.word_edit.wire(sampling)]  # a text model's result, its words changed
-        # each job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started;
-        # after the job's own listener, which then goes out at the click (controls.job_controls)
-        for button in (self.run, self.word_edit.run):
-            button.click(self.jobs.requester(self.status.elem_id), None, None, api_name=False, queue=False)
         # "use these settings" fills the form, and from a word edit's result the word edit's panel
         restored = [*self.form, *self.word_edit.panel, self.status]
         self.use_selected.click(self.word_edit.use_settings, [self.gallery, self.selected], restored, api_name=False)

@@ -32,6 +32,7 @@ PREVIEW_EVERY_S = 1.5  # at least this often a preview while sampling (DDPM-1000
 # closed no generator: gradio 6.31 closes the one of the event id the page sends, and under load that id can be the
 # job before's, so the worker sampled on unseen to the end): it stops at its next step, as if closed
 ORPHAN_S = 10.0
+STOP_GRACE_S = 5.0  # a job stopped on the server (the page's Stop) waits this long for Gradio's cancel to close it
 STOPPING = threading.Event()
 
 
@@ -120,6 +121,13 @@ def stream(job, progress, desc: str, unit: str = "step", stop: threading.Event |
             if x0 is None:
                 break
             yield to_pil(x0), worker.fresh_status()
+        # stopped by the page's Stop (Jobs.halter) before Gradio's cancel has closed this handler: wait for it, which
+        # ends the page's event as a cancel; only if it never comes does the handler end by itself (Stopped)
+        halted = time.monotonic()
+        while not worker.result and worker.stop.is_set() and time.monotonic() - halted < STOP_GRACE_S:
+            worker.pulled = time.monotonic()
+            yield None, None
+            time.sleep(HEARTBEAT_S)
     finally:
         worker.stop.set()
         worker.thread.join()
