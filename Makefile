@@ -40,7 +40,7 @@ lint: venv
 # (pytest-xdist, one torch thread each; a file's tests stay on one worker, sharing its app server): many tests
 # wait on subprocesses, a browser or a server, so 2 workers on 2 cores took the suite from 18 to 10 minutes
 TEST_WORKERS ?= 2
-PYTEST  := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST  := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 test: venv chromium lint
 	HF_HUB_OFFLINE=1 $(PYTEST) tests
 	DENOISER_KERNELS=0 HF_HUB_OFFLINE=1 $(PYTEST) $(NO_KERNEL_TESTS)
