@@ -6,7 +6,7 @@ its events (`tab.wire(app)`), once every tab is built; the tabs and their order 
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import gradio as gr
 
@@ -15,18 +15,7 @@ from denoiser.app.engine import Engine
 from denoiser.app.form import ModelForm
 from denoiser.app.jobs import Jobs
 
-__all__ = ["Page", "Tab"]
-
-
-class Tab(Protocol):
-    """One tab of the page: its components, its handlers and its wiring."""
-
-    def __init__(self, page: Page) -> None: ...
-
-    def build(self) -> None: ...
-
-    def wire(self, app: gr.Blocks) -> None: ...
-
+__all__ = ["Page"]
 
 T = TypeVar("T")
 

@@ -60,11 +60,11 @@ def progress_text(desc: str, done: int, total: int, elapsed: float, unit: str = 
 class _Worker:
     """One job in its own thread: its previews in a queue, its latest progress line, its result or error."""
 
-    def __init__(self, job, progress, desc: str, unit: str = "step") -> None:
+    def __init__(self, job, progress, desc: str, unit: str = "step", stop: threading.Event | None = None) -> None:
         self.job, self.progress, self.desc, self.unit = job, progress, desc, unit
         self.previews: queue.Queue = queue.Queue()  # x0 previews, then None when the job has ended
         self.result: dict = {}
-        self.stop = threading.Event()  # set when nobody listens any more
+        self.stop = stop or threading.Event()  # set when nobody listens any more (or by the page's Stop: Jobs.halter)
         self.started = self.last_preview = time.monotonic()  # DDPM-1000 still shows a fresh x0 every PREVIEW_EVERY_S
         self.pulled = self.started  # when the handler last resumed (stream): a job left for ORPHAN_S stops
         self.status: str | None = None  # the latest "step k / N · about S s left"
@@ -104,8 +104,7 @@ def stream(job, progress, desc: str, unit: str = "step", stop: threading.Event |
     (Gradio's cancel, a closed tab), the worker stops at its next step and is joined first, so the
     queue slot frees only once the work has stopped. `stop`: set by someone else (the page's Stop: Jobs.halter), the
     worker stops the same way."""
-    worker = _Worker(job, progress, desc, unit)
-    worker.stop = stop or worker.stop
+    worker = _Worker(job, progress, desc, unit, stop)
     # this job's own line at once: before its first step the page would show Gradio's estimate, the average time to
     # the first output of earlier jobs of this button, whatever their size (issue 60)
     progress(0, desc=f"{desc}: starting")
