@@ -38,9 +38,10 @@ lint: venv
 # the whole suite, then the model, attention and sampling tests again with the kernels switched off (as on
 # a machine without a compiler); kernel tests skip there, saying why. Files run on TEST_WORKERS processes
 # (pytest-xdist, one torch thread each; a file's tests stay on one worker, sharing its app server): many tests
-# wait on subprocesses, a browser or a server, so 2 workers on 2 cores took the suite from 18 to 10 minutes
+# wait on subprocesses, a browser or a server, so 2 workers on 2 cores took the suite from 18 to 10 minutes; the
+# longest files go first (tests/conftest.py LONGEST_FILES, kept in that order by --no-loadscope-reorder)
 TEST_WORKERS ?= 2
-PYTEST  := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+PYTEST  := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 test: venv chromium lint
 	HF_HUB_OFFLINE=1 $(PYTEST) tests
 	DENOISER_KERNELS=0 HF_HUB_OFFLINE=1 $(PYTEST) $(NO_KERNEL_TESTS)

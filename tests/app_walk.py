@@ -55,6 +55,21 @@ READ_BLOCKS = """() => [...document.querySelectorAll('[data-testid=block-info]')
 BUSY = """() => [...document.querySelectorAll('[data-testid=status-tracker]')].some(t => t.offsetParent &&
     t.querySelector('.progress-text, .meta-text, .meta-text-center, .eta-bar, .progress-level'))"""
 
+# the page when an action failed (Walk.state): the status line, the Sample results, which blocks show a loading overlay
+STATE = """() => ({status: (document.querySelector('#status') || {}).innerText || '',
+    thumbs: document.querySelectorAll('#gallery button.thumbnail-item').length,
+    pending: [...document.querySelectorAll('.block')].filter(b => b.offsetParent && b.querySelector(
+        ':scope > [data-testid=status-tracker].pending, :scope > .wrap.pending')).map(b => b.id || b.className).join(', '),
+    toasts: [...document.querySelectorAll('.toast-body')].map(t => t.innerText.slice(0, 80)).join(' | ')})"""
+
+
+def why_not(err: Exception) -> str:
+    """Playwright's error in a line or a few: its first line and what its call log last waited on (an element not
+    found, not visible, or covered by another)."""
+    lines = [line.strip(" -") for line in str(err).splitlines() if line.strip(" -")]
+    log = [line for line in lines[1:] if line != "Call log:" and not re.fullmatch(r"retrying .*|waiting \d+ms", line)]
+    return lines[0][:300] + ("" if not log else " (" + "; ".join(dict.fromkeys(log[-4:]))[:400] + ")")
+
 
 @dataclass
 class Walk(WalkActions, WalkChecks):
@@ -114,7 +129,7 @@ class Walk(WalkActions, WalkChecks):
             self.steps.append(f"[{tab}] " + action())
         except Exception as err:  # noqa: BLE001 - a control the action needs is missing or stuck: reported with the steps
             self.steps.append(f"[{tab}] {action.__name__} (failed)")
-            self.fail([f"the action could not be done: {str(err).splitlines()[0][:300]}"])
+            self.fail([f"the action could not be done: {why_not(err)}", self.state()])
         if not self.settle():
             self.fail([f"the page did not settle within {SETTLE_S} s (a job still queued or running)"])
         self.check()
@@ -152,6 +167,14 @@ class Walk(WalkActions, WalkChecks):
                 quiet_since = None
             time.sleep(0.1)
         return False
+
+    def state(self) -> str:
+        """What the page and server were doing when an action failed (a click that timed out: a result covered, gone
+        or still loading), in one line."""
+        shown = self.page.evaluate(STATE)
+        return (f"the page then: status {shown['status']!r}, {shown['thumbs']} result(s) shown, loading overlays on "
+                f"{shown['pending'] or 'none'}, toasts {shown['toasts'] or 'none'}; the server "
+                f"{'idle' if self.idle() else 'busy (a job queued or running)'}")
 
     def fail(self, problems: list[str]) -> None:
         shot = self.tmp / f"walk-seed{self.seed}-step{len(self.steps)}.png"

@@ -20,6 +20,20 @@ pytest_plugins = ["tests.app_browser"]  # the app's server and browser fixtures
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs files on 2 workers (pytest-xdist): one core each, not 2 threads each
     torch.set_num_threads(1)
 
+# make test's longest files, longest first (seconds on 2 workers, 2026-12-06): the workers take them first and end
+# together on the short ones, where xdist's own order (most tests first) left one worker alone on the walk for the
+# last 80 s. The order only schedules; a file missing here runs after these
+LONGEST_FILES = ("test_train.py", "test_app_sample.py", "test_app.py", "test_app_photo_tab.py",  # 249, 229, 106, 97
+                 "test_train_distributed.py", "test_app_walk.py", "test_readme.py", "test_app_serve.py",  # 96, 94, 92, 76
+                 "test_app_photo_tab_page.py", "test_install.py", "test_unet_contract.py", "test_app_text.py")  # 56..36
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """The longest files first (LONGEST_FILES; `make test` passes --no-loadscope-reorder to keep this order)."""
+    rank = {name: k for k, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 TINY = dict(
     sample_size=16, base_channels=16, channel_mult=(1, 2), layers_per_block=1, attention_resolutions=(8,),
     mid_attention=True, num_heads=2, norm_num_groups=8,
