@@ -19,7 +19,7 @@ from denoiser.folders.model_dir import WEIGHTS_DIR
 from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
-__all__ = ["CHROMIUM", "BROWSER_ARGS", "browser_page", "screenshots", "free_port", "choose", "no_errors", "weights", "demo",
+__all__ = ["CHROMIUM", "BROWSER_ARGS", "browser_page", "screenshots", "free_port", "choose", "click_result", "no_errors", "weights", "demo",
            "server"]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -63,6 +63,22 @@ def choose(page, elem_id: str, index: int) -> str:
     text = option.inner_text().replace("✓", "").strip()
     option.click()
     return text
+
+
+def click_result(page, gallery: str, index: int) -> None:
+    """Click result `index` in the grid of gallery #gallery, as a person does (its preview opens), then close the
+    preview. Escape closes it once it has the focus; under load the key can come first, and the preview stayed open
+    over the grid, through later results too (CI, the walk's seed 41: a result under it could not be clicked), so
+    its ✕ closes it then."""
+    page.locator(f"#{gallery} .grid-wrap button.thumbnail-item").nth(index).click()
+    preview = page.locator(f"#{gallery} .preview")
+    preview.wait_for(timeout=10_000)
+    page.keyboard.press("Escape")
+    try:
+        preview.wait_for(state="detached", timeout=2_000)
+    except Exception:  # noqa: BLE001 - still open: its Close button
+        preview.get_by_role("button", name="Close").click()
+        preview.wait_for(state="detached", timeout=10_000)
 
 
 def type_number(page, elem_id: str, value, timeout_s: float = 30) -> None:

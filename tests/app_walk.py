@@ -57,7 +57,8 @@ BUSY = """() => [...document.querySelectorAll('[data-testid=status-tracker]')].s
 
 # the page when an action failed (Walk.state): the status line, the Sample results, which blocks show a loading overlay
 STATE = """() => ({status: (document.querySelector('#status') || {}).innerText || '',
-    thumbs: document.querySelectorAll('#gallery button.thumbnail-item').length,
+    thumbs: document.querySelectorAll('#gallery .grid-wrap button.thumbnail-item').length,
+    preview: !!document.querySelector('#gallery .preview'),
     pending: [...document.querySelectorAll('.block')].filter(b => b.offsetParent && b.querySelector(
         ':scope > [data-testid=status-tracker].pending, :scope > .wrap.pending')).map(b => b.id || b.className).join(', '),
     toasts: [...document.querySelectorAll('.toast-body')].map(t => t.innerText.slice(0, 80)).join(' | ')})"""
@@ -172,8 +173,9 @@ class Walk(WalkActions, WalkChecks):
         """What the page and server were doing when an action failed (a click that timed out: a result covered, gone
         or still loading), in one line."""
         shown = self.page.evaluate(STATE)
-        return (f"the page then: status {shown['status']!r}, {shown['thumbs']} result(s) shown, loading overlays on "
-                f"{shown['pending'] or 'none'}, toasts {shown['toasts'] or 'none'}; the server "
+        under = " under an open preview" if shown["preview"] else ""
+        return (f"the page then: status {shown['status']!r}, {shown['thumbs']} result(s) shown{under}, loading "
+                f"overlays on {shown['pending'] or 'none'}, toasts {shown['toasts'] or 'none'}; the server "
                 f"{'idle' if self.idle() else 'busy (a job queued or running)'}")
 
     def fail(self, problems: list[str]) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from tests.app_browser import click_result
 from tests.app_walk_checks import NO_CLASS, PANEL
 
 __all__ = ["TABS", "WATCH_STATUS", "WalkActions"]
@@ -220,26 +221,31 @@ class WalkActions:
         self.touched |= set(ROW_FIELDS)
         return f"click 'try these' row {k + 1}"
 
+    def click_result(self, gallery: str) -> int | None:
+        """Click a result in a gallery's grid, its preview opened and closed again (click_result): the index clicked,
+        None when the gallery is empty."""
+        count = self.page.locator(f"#{gallery} .grid-wrap button.thumbnail-item").count()
+        if not count:
+            return None
+        k = self.rng.randrange(count)
+        click_result(self.page, gallery, k)
+        return k
+
     def select_result(self) -> str:
-        thumbs = self.page.locator("#gallery button.thumbnail-item")
-        if not thumbs.count():
-            return "no result to select"
-        k = self.rng.randrange(thumbs.count())
-        thumbs.nth(k).click()
-        self.page.keyboard.press("Escape")
-        return f"click result {k + 1}"
+        k = self.click_result("gallery")
+        return "no result to select" if k is None else f"click result {k + 1}"
 
     def use_settings(self) -> str:
         self.page.locator("#use-settings").click()
         return "click 'use these settings'"
 
     def use_earlier(self) -> str:
-        thumbs = self.page.locator("#earlier button.thumbnail-item")
-        if not thumbs.count() or not self.page.locator("#use-earlier").is_visible():
+        if not self.page.locator("#use-earlier").is_visible():
             return "no earlier results"
-        self.earlier_pick = self.rng.randrange(thumbs.count())
-        thumbs.nth(self.earlier_pick).click()
-        self.page.keyboard.press("Escape")
+        k = self.click_result("earlier")
+        if k is None:
+            return "no earlier results"
+        self.earlier_pick = k
         self.page.locator("#use-earlier").click()
         return f"click earlier result {self.earlier_pick + 1}, then its 'use these settings'"
 

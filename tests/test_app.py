@@ -15,7 +15,7 @@ from denoiser.app import views
 from denoiser.app.layout import CSS
 from denoiser.fast.precision import choose_precision
 from denoiser.folders.model_dir import WEIGHTS_DIR
-from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, screenshots
+from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, click_result, screenshots
 from tests.app_browser import choose as _choose
 from tests.app_browser import no_errors as _no_errors
 from tests.test_app_serve import _assert_sampling_runs, _cpu_seconds_over, _sampling_threads
@@ -178,8 +178,7 @@ def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
         page.reload()
         page.locator("#earlier img").first.wait_for(timeout=30_000)
         assert page.locator("#earlier img").count() == 8  # the one run's 8 images
-        page.locator("#earlier img").nth(2).click()
-        page.keyboard.press("Escape")
+        click_result(page, "earlier", 2)
         page.locator("#use-earlier").click()
         page.locator("#status").get_by_text("-3of8.png restored: press Generate").wait_for(timeout=10_000)
     assert (shots / "app-attention.png").stat().st_size > 10_000
@@ -274,8 +273,7 @@ def test_browser_progress_says_how_far_and_stop_frees_the_slot(server, tmp_path)
         page.locator("#steps input[type=number]").fill("9")
         page.locator("#steps input[type=number]").press("Enter")
         other = _choose(page, "class", 2) if generated_class not in ("", "(any)") else None  # resets the guidance
-        page.locator("#gallery img").first.click()
-        page.keyboard.press("Escape")
+        click_result(page, "gallery", 0)
         page.locator("#use-settings").click()
         page.wait_for_function("() => document.querySelector('#steps input[type=number]').value === '3'", timeout=10_000)
         page.locator("#status").get_by_text("restored: press Generate").wait_for(timeout=10_000)

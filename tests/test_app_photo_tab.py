@@ -21,7 +21,7 @@ from denoiser.app.page import Page
 from denoiser.app.photo import drop_upload, keep_upload, photo_file
 from denoiser.app.photo_tab import CLEAN_SIGMA, PhotoTab
 from denoiser.image_io import read_settings, save_with_settings
-from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
+from tests.app_browser import CHROMIUM, browser_page, click_result, no_errors, screenshots
 from tests.conftest import app_page
 
 browser = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
@@ -259,8 +259,7 @@ def test_browser_stop_keeps_the_last_results_and_they_carry_their_settings(serve
         no_errors(page)
 
         # the result's settings back into the form
-        page.locator("#edit-result img").first.click()  # "your image": the result's settings are read
-        page.keyboard.press("Escape")
+        click_result(page, "edit-result", 0)  # "your image": the result's settings are read
         page.locator("#edit-use-settings").click()
         page.locator("#edit-status").get_by_text("restored: press Run").wait_for(timeout=10_000)
         page.wait_for_function("() => document.querySelector('#edit-steps input[type=number]').value === '50'", timeout=10_000)

@@ -21,7 +21,7 @@ from denoiser.image_io import read_settings
 from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
-from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots, type_number
+from tests.app_browser import CHROMIUM, browser_page, click_result, no_errors, screenshots, type_number
 from tests.conftest import app_page
 from tests.test_app_text import weights  # noqa: F401 - the tiny text model "words" and a class model
 
@@ -194,8 +194,7 @@ def test_browser_change_the_words_keep_the_picture(server, tmp_path):
                                timeout=30_000)  # filled with the result's prompt
         assert page.locator("#cross-replace input[type=number]").input_value() == str(DEFAULT_CROSS_REPLACE)
         assert page.locator("#self-replace input[type=number]").input_value() == str(DEFAULT_SELF_REPLACE)
-        page.locator("#gallery button.thumbnail-item").nth(1).click()  # the second result is the one edited
-        page.keyboard.press("Escape")
+        click_result(page, "gallery", 1)  # the second result is the one edited
         page.locator("#word-edit-source").get_by_text("result 2 of 2").wait_for(timeout=30_000)
         page.locator("#edit-words textarea").fill("blue apple")
         page.locator("#cross-replace input[type=number]").fill("0.6")
@@ -215,8 +214,7 @@ def test_browser_change_the_words_keep_the_picture(server, tmp_path):
         page.locator("#prompt textarea").fill("cat")
         page.locator("#edit-words textarea").fill("zzz")
         page.locator("#edit-type").get_by_text("refine", exact=True).click()
-        page.locator("#gallery button.thumbnail-item").nth(1).click()
-        page.keyboard.press("Escape")
+        click_result(page, "gallery", 1)
         page.locator("#use-settings").click()
         page.locator("#status").get_by_text("restored").wait_for(timeout=30_000)
         assert page.locator("#prompt textarea").input_value() == "red apple"
