@@ -219,10 +219,10 @@ class AttentionTab:
             return self.engine.views.mean_attention_maps(gen, image, pixel, on_step=on_step)
 
         maps = yield from self.jobs.run(request, self.mean_status, job, progress, "averaging")
-        self.jobs.finished(request, self.mean_status.elem_id)
-        yield {self.maps: maps,
-               self.mean_status: f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} "
-                                 "steps"}
+        yield self.jobs.done(request, self.mean_status, {
+            self.maps: maps,
+            self.mean_status: f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} "
+                              "steps"})
 
     @friendly
     @of_this_generation(3)

@@ -99,8 +99,7 @@ class HeadsTab:
         off and the status line."""
         if gen is None:  # a hint, not an error: no "Error" badge over the chart and the layer list
             gr.Warning(NO_GENERATION)
-            self.jobs.finished(request, self.stats_status.elem_id)
-            yield {self.stats_status: NO_GENERATION}
+            yield self.jobs.done(request, self.stats_status, {self.stats_status: NO_GENERATION})
             return
 
         def job(on_step):
@@ -108,13 +107,13 @@ class HeadsTab:
 
         rows, chart = yield from self.jobs.run(request, self.stats_status, job, progress, "measuring")
         unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
-        self.jobs.finished(request, self.stats_status.elem_id)
         layers = list(dict.fromkeys(r.layer for r in rows))
         kept = [name for name in (chosen or []) if name in layers]  # another model's layers: not offered, not kept
-        yield {self.stats_chart: chart, self.stats_table: _head_rows(rows),
-               self.off_layers: gr.update(choices=layers, value=kept),
-               self.stats_status: f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} "
-                                  f"noise levels{unprompted}"}
+        yield self.jobs.done(request, self.stats_status, {
+            self.stats_chart: chart, self.stats_table: _head_rows(rows),
+            self.off_layers: gr.update(choices=layers, value=kept),
+            self.stats_status: f"done: {len({r.layer for r in rows})} layers at {len({r.timestep for r in rows})} "
+                               f"noise levels{unprompted}"})
 
     def switch_off(self, gen, layers, heads, progress=gr.Progress(), request: gr.Request = None):
         """The Heads tab's switch: the same seed regenerated with the chosen layers or heads at identity attention, a
@@ -122,8 +121,7 @@ class HeadsTab:
         warning and its line, not an error). Yields updates of the picture, its text and the status line."""
         if gen is None:
             gr.Warning(NO_GENERATION)
-            self.jobs.finished(request, self.off_status.elem_id)
-            yield {self.off_status: NO_GENERATION}
+            yield self.jobs.done(request, self.off_status, {self.off_status: NO_GENERATION})
             return
         try:
             head_ids = _parse_heads(heads)
@@ -138,9 +136,9 @@ class HeadsTab:
 
         off = yield from self.jobs.run(request, self.off_status, job, progress, "switching off", self.off_image, enlarge)
         which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
-        self.jobs.finished(request, self.off_status.elem_id)
         change = float((off.images - gen.images).abs().mean())
-        yield {self.off_image: enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
-               self.off_text: f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity "
-                              f"attention (each pixel attends only to itself). Mean pixel change: {change:.4f}",
-               self.off_status: f"done: {which} switched off, {off.num_steps} steps"}
+        yield self.jobs.done(request, self.off_status, {
+            self.off_image: enlarge(to_pil(torch.cat([gen.images, off.images]), nrow=gen.images.shape[0]), target=768),
+            self.off_text: f"Top row: as generated. Bottom row: the same seed with **{which}** switched to identity "
+                           f"attention (each pixel attends only to itself). Mean pixel change: {change:.4f}",
+            self.off_status: f"done: {which} switched off, {off.num_steps} steps"})

@@ -68,7 +68,7 @@ class Jobs:
             unit: str = "step"):
         """`job(on_step)` as this session's job on the status line `status` (`result = yield from jobs.run(...)`):
         in a worker thread (streaming.stream), its progress on the line, its previews shown on `preview`; returns its
-        result. The handler then writes its last line and says so (finished)."""
+        result. The handler then yields its last update through `done`."""
         ended, stop = threading.Event(), threading.Event()
 
         def work(on_step):
@@ -111,6 +111,13 @@ class Jobs:
                 events[1].set()
 
         return halt
+
+    def done(self, request: gr.Request | None, status, update: dict) -> dict:
+        """A job's last update, with its done line on `status` (`yield jobs.done(request, status, {...})`): built
+        first (its files written), then the job noted finished (`finished`), so nothing lies between the two, and a
+        Stop pressed from then on writes nothing over the line."""
+        self.finished(request, status.elem_id)
+        return update
 
     def finished(self, request: gr.Request | None, line: str) -> None:
         """A job of this session writes its last line on `line` (a status line's elem_id: done, or why it did not

@@ -288,11 +288,11 @@ class PhotoTab:
         scaled = (f", a copy scaled from {done.settings['scaled_from'][0]}x{done.settings['scaled_from'][1]} to the photo "
                   "budget") if done.settings.get("scaled_from") else ""
         what = f"{gen.num_steps} step(s)" if gen is not None else f"at {w}x{h}{scaled}"
-        self.jobs.finished(request, self.status.elem_id)
         # the upload's state set again: its time to live starts again
-        yield {self.result: shown, self.text: restored_text(operation, done, float(sigma or 0)), **views,
-               self.preview: gr.update(visible=False), self.upload: upload,
-               self.status: f"done: {operation} with {model}, {what}, {done.settings['precision']}"}  # what ran
+        yield self.jobs.done(request, self.status, {
+            self.result: shown, self.text: restored_text(operation, done, float(sigma or 0)), **views,
+            self.preview: gr.update(visible=False), self.upload: upload,
+            self.status: f"done: {operation} with {model}, {what}, {done.settings['precision']}"})  # what ran
 
     def _whole_photo(self, model, source: str | None, editor, restore) -> Image.Image:
         """The photo for the tiled denoise: decoded once (read_photo, every door's rule), and no larger than the photo

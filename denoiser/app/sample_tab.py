@@ -276,11 +276,11 @@ class SampleTab:
         settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
         of = f" of “{escape(gen.prompt)}”" if gen.prompt else (f" of class {escape(class_name)}" if label is not None else "")
         cut = "".join(f" · **{escape(note)}**" for note in gen.notes)  # a cut prompt, words the model never saw
-        self.jobs.finished(request, self.status.elem_id)
-        yield {self.preview: enlarge(to_pil(gen.images)), self.gallery: result_files(gen.images, settings),
-               **self.page.tab(AttentionTab).show(gen),
-               self.status: f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps, {gen.precision}" + cut
-               + few_steps_note(gen.num_steps)}
+        yield self.jobs.done(request, self.status, {
+            self.preview: enlarge(to_pil(gen.images)), self.gallery: result_files(gen.images, settings),
+            **self.page.tab(AttentionTab).show(gen),
+            self.status: f"done: {gen.images.shape[0]} image(s){of}, {gen.num_steps} steps, {gen.precision}" + cut
+            + few_steps_note(gen.num_steps)})
 
     @staticmethod
     def keep_results(gallery, kept) -> tuple:

@@ -158,11 +158,11 @@ class WordEdit:
                     cross_replace_steps=edit.cross_replace_steps[1], self_replace_steps=edit.self_replace_steps[1])
         what = (f"{edit.edit_type}: the word maps from the source for the first {edit.cross_replace_steps[1]:.0%} of the "
                 f"steps, its layout for the first {edit.self_replace_steps[1]:.0%}; both from the noise of seed {form['seed']}")
-        self.page.jobs.finished(request, status.elem_id)
-        yield {self.sample.preview: enlarge(to_pil(gen.images)), self.sample.gallery: result_files(gen.images, made),
-               **self.page.tab(AttentionTab).show(gen),
-               status: f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, "
-                       f"{gen.num_steps} steps · {what}{note}" + few_steps_note(gen.num_steps)}
+        yield self.page.jobs.done(request, status, {
+            self.sample.preview: enlarge(to_pil(gen.images)), self.sample.gallery: result_files(gen.images, made),
+            **self.page.tab(AttentionTab).show(gen),
+            status: f"done: 2 image(s) of “{escape(made['prompt'])}” → “{escape(made['edit_prompt'])}”, "
+                    f"{gen.num_steps} steps · {what}{note}" + few_steps_note(gen.num_steps)})
 
     def shown(self, gallery, selected, filled_from):
         """The panel for the gallery's selected result: shown for a text model's, with the result it edits in words;
