@@ -19,10 +19,11 @@ from denoiser.folders.model_dir import WEIGHTS_DIR
 from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
-__all__ = ["CHROMIUM", "BROWSER_ARGS", "browser_page", "screenshots", "free_port", "choose", "click_result", "no_errors", "weights", "demo",
-           "server"]
+__all__ = ["CHROMIUM", "BROWSER_ARGS", "RESULTS", "browser_page", "screenshots", "free_port", "choose", "click_result",
+           "no_errors", "weights", "demo", "server"]
 
 CHROMIUM = "/usr/bin/chromium"
+RESULTS = ".grid-wrap button.thumbnail-item"  # a gallery's results in its grid (its open preview repeats them in a strip)
 BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
@@ -70,7 +71,7 @@ def click_result(page, gallery: str, index: int) -> None:
     preview. Escape closes it once it has the focus; under load the key can come first, and the preview stayed open
     over the grid, through later results too (CI, the walk's seed 41: a result under it could not be clicked), so
     its ✕ closes it then."""
-    page.locator(f"#{gallery} .grid-wrap button.thumbnail-item").nth(index).click()
+    page.locator(f"#{gallery} {RESULTS}").nth(index).click()
     preview = page.locator(f"#{gallery} .preview")
     preview.wait_for(timeout=10_000)
     page.keyboard.press("Escape")

@@ -29,6 +29,7 @@ from pathlib import Path
 from PIL import Image
 
 from denoiser.image_io import SETTINGS_KEY
+from tests.app_browser import RESULTS
 from tests.app_walk_actions import WalkActions
 from tests.app_walk_checks import ALLOWED, WalkChecks
 
@@ -56,12 +57,12 @@ BUSY = """() => [...document.querySelectorAll('[data-testid=status-tracker]')].s
     t.querySelector('.progress-text, .meta-text, .meta-text-center, .eta-bar, .progress-level'))"""
 
 # the page when an action failed (Walk.state): the status line, the Sample results, which blocks show a loading overlay
-STATE = """() => ({status: (document.querySelector('#status') || {}).innerText || '',
-    thumbs: document.querySelectorAll('#gallery .grid-wrap button.thumbnail-item').length,
+STATE = f"""() => ({{status: (document.querySelector('#status') || {{}}).innerText || '',
+    thumbs: document.querySelectorAll('#gallery {RESULTS}').length,
     preview: !!document.querySelector('#gallery .preview'),
     pending: [...document.querySelectorAll('.block')].filter(b => b.offsetParent && b.querySelector(
         ':scope > [data-testid=status-tracker].pending, :scope > .wrap.pending')).map(b => b.id || b.className).join(', '),
-    toasts: [...document.querySelectorAll('.toast-body')].map(t => t.innerText.slice(0, 80)).join(' | ')})"""
+    toasts: [...document.querySelectorAll('.toast-body')].map(t => t.innerText.slice(0, 80)).join(' | ')}})"""
 
 
 def why_not(err: Exception) -> str:

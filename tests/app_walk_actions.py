@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from tests.app_browser import click_result
+from tests.app_browser import RESULTS, click_result
 from tests.app_walk_checks import NO_CLASS, PANEL
 
 __all__ = ["TABS", "WATCH_STATUS", "WalkActions"]
@@ -224,7 +224,7 @@ class WalkActions:
     def click_result(self, gallery: str) -> int | None:
         """Click a result in a gallery's grid, its preview opened and closed again (click_result): the index clicked,
         None when the gallery is empty."""
-        count = self.page.locator(f"#{gallery} .grid-wrap button.thumbnail-item").count()
+        count = self.page.locator(f"#{gallery} {RESULTS}").count()
         if not count:
             return None
         k = self.rng.randrange(count)
@@ -240,9 +240,7 @@ class WalkActions:
         return "click 'use these settings'"
 
     def use_earlier(self) -> str:
-        if not self.page.locator("#use-earlier").is_visible():
-            return "no earlier results"
-        k = self.click_result("earlier")
+        k = self.click_result("earlier") if self.page.locator("#use-earlier").is_visible() else None
         if k is None:
             return "no earlier results"
         self.earlier_pick = k
