@@ -123,7 +123,9 @@ def test_still_loads_in_diffusers_own_pipelines(shapes):
     ours = _quiet(DiffusionPipeline.from_pretrained(shapes))
     ours.scheduler = DDIMScheduler.from_config(ours.scheduler.config)
     mine = ours(2, num_inference_steps=3, generator=torch.Generator().manual_seed(4), output_type="np", pag_scale=0).images
-    assert np.array_equal(theirs, mine)  # no class, PAG off (sampling.json sets 0.5): DDIMPipeline's images
+    # no class, PAG off (sampling.json sets 0.5): DDIMPipeline's images, to rounding: ours runs the 3x3 convolutions
+    # by Winograd's algorithm (denoiser.fast.winograd), diffusers' pipeline calls the UNet's own nn.Conv2d
+    np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-5)
 
 
 def test_save_pretrained_round_trip_keeps_class_names(tmp_path):

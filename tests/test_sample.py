@@ -153,7 +153,8 @@ def test_classifier_free_guidance_combines_the_two_predictions():
             cond = unet(x, t, class_labels=labels).sample
             uncond = unet(x, t, class_labels=torch.full((2,), 3)).sample
             x = sched.step(uncond + w * (cond - uncond), t, x).prev_sample
-    torch.testing.assert_close(got, (x / 2 + 0.5).clamp(0, 1), rtol=1e-4, atol=1e-5)
+    # one batched call against two: the convolutions round differently by batch (a few 1e-6 of ε), guidance scales it
+    torch.testing.assert_close(got, (x / 2 + 0.5).clamp(0, 1), rtol=0, atol=1e-4)
     plain = sample(unet, DDIMScheduler(num_train_timesteps=1000), 2, 3, seed=1, class_labels=labels).images
     assert (plain - got).abs().max() > 1e-3  # guidance changes the images
     with pytest.raises(ValueError, match="class label"):

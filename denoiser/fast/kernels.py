@@ -7,6 +7,8 @@ CPU sources (`denoiser/fast/csrc/`), each kept because an interleaved A/B showed
   backward; used by `denoiser.fast.groupnorm`.
 - `attention_small_head.cpp`: scaled dot-product attention for small heads (d = 16, 32) on fp32 CPU
   tensors, forward only; used by `denoiser.fast.attention`.
+- `winograd_conv.cpp`: 3x3 convolutions by Winograd's F(4x4, 3x3) on fp32 channels-last CPU tensors, forward
+  only; used by `denoiser.fast.winograd`.
 
 The build is cached under ~/.cache/denoiser/kernels (or $DENOISER_KERNEL_CACHE) in a folder keyed by
 the torch version, the compiler flags, this CPU's instruction-set flags (it is built -march=native)
@@ -33,7 +35,7 @@ __all__ = ["build_kernels", "load_kernels", "kernel_error", "library_path", "pla
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = [_CSRC / name for name in ("group_norm_nhwc.cpp", "attention_small_head.cpp")]
+_SOURCES = [_CSRC / name for name in ("group_norm_nhwc.cpp", "attention_small_head.cpp", "winograd_conv.cpp")]
 _HEADERS = sorted(_CSRC.glob("*.h"))
 _DISABLE = ("DENOISER_KERNELS", "DENOISER_FAST_GROUPNORM")  # the second: an older name
 _lock = threading.Lock()

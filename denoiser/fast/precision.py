@@ -4,9 +4,10 @@ CPU computes bfloat16 faster.
 A CPU with native bfloat16 instructions (AVX512-BF16, AMX) is not always faster in bfloat16: on a Zen 4 oneDNN's
 bf16 convolutions run about 2.4x its fp32 ones, while on a Sapphire Rapids VM without AMX they run at half the fp32
 rate (vdpbf16ps on one port against two fp32 FMA ports; bench/cpu_roofline.md). So nothing is assumed from the
-flags: `choose_precision()` times the UNet's commonest op, a 3x3 channels-last convolution, in float32 and under bf16 autocast,
-interleaved, and keeps bfloat16 only when it is at least `MIN_SPEEDUP` faster. A CPU whose flags show no native
-bf16 (an AVX2-only CPU emulates it, several times slower) is not measured. The measurement takes tens of
+flags: `choose_precision()` times the UNet's commonest op, a 3x3 channels-last convolution, in float32 (as sampling
+runs it: by Winograd's algorithm where denoiser's kernel is built) and under bf16 autocast, interleaved, and keeps
+bfloat16 only when it is at least `MIN_SPEEDUP` faster. A CPU whose flags show no native bf16 (an AVX2-only CPU
+emulates it, several times slower) is not measured. The measurement takes tens of
 milliseconds, once per process, at the first sampling call.
 
 Every door samples through `denoiser.sampling.loop.sampling_context`, which enters `autocast(module)`; a plan names the
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from denoiser.fast import winograd
 
 __all__ = ["Precision", "choose_precision", "autocast", "asked", "full_precision", "native_bf16", "PRECISION_ENV", "MIN_SPEEDUP"]
 
@@ -74,26 +77,29 @@ def native_bf16() -> bool | None:
     return None
 
 
-def _time_conv(dtype_autocast: bool, x: torch.Tensor, w: torch.Tensor) -> float:
+def _time_conv(dtype_autocast: bool, x: torch.Tensor, conv: nn.Module) -> float:
     start = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype_autocast):
-        torch.nn.functional.conv2d(x, w, padding=1)
+        conv(x)
     return time.perf_counter() - start
 
 
 @torch.inference_mode()
 def measure_bf16_speedup(repeats: int = 5) -> float:
     """fp32 time / bf16-autocast time of a 3x3 convolution the size of the shipped UNets' middle ones (128 channels,
-    16x16, batch 8, channels-last), interleaved after a warm-up, median of `repeats`."""
+    16x16, batch 8, channels-last), interleaved after a warm-up, median of `repeats`. Each side runs as a sampling
+    call would: float32 by Winograd's algorithm where its kernel is built (`denoiser.fast.winograd`), bf16 autocast
+    by torch's convolution."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(8, 128, 16, 16, generator=g).contiguous(memory_format=torch.channels_last)
-    w = torch.randn(128, 128, 3, 3, generator=g).contiguous(memory_format=torch.channels_last)
-    for bf16 in (False, True):  # warm-up: oneDNN builds each kernel on its first call
-        _time_conv(bf16, x, w)
+    conv = nn.Conv2d(128, 128, 3, padding=1, bias=False).to(memory_format=torch.channels_last)
+    winograd.use_winograd(conv)
+    for bf16 in (False, True):  # warm-up: oneDNN builds each kernel on its first call, Winograd transforms the weight
+        _time_conv(bf16, x, conv)
     fp32, bf16 = [], []
     for _ in range(repeats):
-        fp32.append(_time_conv(False, x, w))
-        bf16.append(_time_conv(True, x, w))
+        fp32.append(_time_conv(False, x, conv))
+        bf16.append(_time_conv(True, x, conv))
     return statistics.median(fp32) / statistics.median(bf16)
 
 

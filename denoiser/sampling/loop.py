@@ -29,7 +29,7 @@ from diffusers import (
 from diffusers.utils.torch_utils import randn_tensor
 
 from denoiser.diffusion import Diffusion
-from denoiser.fast import precision
+from denoiser.fast import precision, winograd
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
 from denoiser.pixels import to_unit
 from denoiser.request import BUILT_IN, SCHEDULERS, SPREAD, check_timestep_spacing
@@ -271,9 +271,14 @@ def _denoise_steps(unet, scheduler, x, predict, generator, eta, trajectory_every
 @contextlib.contextmanager
 def sampling_context(unet: torch.nn.Module | None) -> Iterator[None]:
     """What a loop of UNet calls with fixed weights sets up once: the precision this process runs inference in
-    (`denoiser.fast.precision`: bf16 autocast where this CPU measured it faster). Re-running a sampled step (the
-    app's attention view) inside it repeats the sampling pass exactly."""
-    with precision.autocast(unet) if unet is not None else contextlib.nullcontext():
+    (`denoiser.fast.precision`: bf16 autocast where this CPU measured it faster), and its 3x3 convolutions by
+    Winograd's algorithm where they run in float32 on a CPU (`denoiser.fast.winograd`). Re-running a sampled step
+    (the app's attention view) inside it repeats the sampling pass exactly."""
+    if unet is None:
+        yield
+        return
+    winograd.use_winograd(unet)
+    with precision.autocast(unet):
         yield
 
 
