@@ -7,7 +7,9 @@ The CPU's rate: a 2048² matmul in float32 and in bfloat16 (median of 5). Then f
 UNet forward (a sampling call: inference mode, channels-last, the model loaded as every door loads it, a text
 model with its prompt's token states) on each path, the paths alternating call by call after a warm-up, median of
 `--repeats`:
-  - float32:  eager, inside `sampling_context` held to float32 (what runs where bf16 does not pay);
+  - float32:  eager, inside `sampling_context` held to float32 (what runs where bf16 does not pay), its 3x3
+              convolutions by Winograd's algorithm (denoiser.fast.winograd) where the kernels are built;
+  - float32-direct: the same with torch's own convolutions (the path before the Winograd kernel);
   - bfloat16: eager under CPU bf16 autocast, inside `sampling_context` held to bfloat16;
   - compile:  `torch.compile` of the float32 path (`--compile`: minutes of compiling first);
   - openvino-f32 / openvino-bf16: OpenVINO (when `openvino` is importable) from `torch.export`, its CPU plugin with
@@ -32,6 +34,7 @@ from train_throughput import gemm_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from denoiser.fast.precision import asked, choose_precision  # noqa: E402
+from denoiser.fast.winograd import switched  # noqa: E402
 from denoiser.folders.model_dir import load  # noqa: E402
 from denoiser.model.text import encode_prompts  # noqa: E402
 from denoiser.sampling.loop import sampling_context  # noqa: E402
@@ -54,9 +57,9 @@ def model_inputs(model, batch: int) -> dict:
     return inputs
 
 
-def eager_side(unet, inputs: dict, dtype: torch.dtype):
+def eager_side(unet, inputs: dict, dtype: torch.dtype, winograd: bool = True):
     def call():
-        with torch.inference_mode(), asked(unet, dtype), sampling_context(unet):
+        with torch.inference_mode(), asked(unet, dtype), sampling_context(unet), switched(winograd):
             return unet(**inputs).sample
 
     return call
@@ -107,7 +110,8 @@ def openvino_sides(unet, inputs: dict) -> dict:
 
 
 def flops_per_image(unet, inputs: dict, batch: int) -> float:
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+    """A direct convolution's FLOPs (Winograd's algorithm does fewer: its rate is an effective one, as cuDNN's)."""
+    with torch.inference_mode(), switched(False), FlopCounterMode(display=False) as counter:
         unet(**inputs)
     return counter.get_total_flops() / batch
 
@@ -151,6 +155,7 @@ def main() -> None:
             inputs = model_inputs(model, batch)
             flops = flops_per_image(unet, inputs, batch)
             sides = {"float32": eager_side(unet, inputs, torch.float32),
+                     "float32-direct": eager_side(unet, inputs, torch.float32, winograd=False),
                      "bfloat16": eager_side(unet, inputs, torch.bfloat16)}
             if args.compile:
                 sides["compile"] = compiled_side(unet, inputs)

@@ -10,7 +10,8 @@ is reported, relative to the full fast path. Configurations, each adding one pie
     nchw           the modules as a diffusers user runs them: NCHW, torch's GroupNorm and SDPA
     channels-last  channels-last activations, torch's GroupNorm and SDPA
     +groupnorm     denoiser's GroupNorm(+SiLU) kernel (csrc/group_norm_nhwc.cpp)
-    +small-head    denoiser's small-head attention kernel (csrc/attention_small_head.cpp) = the full path
+    +small-head    denoiser's small-head attention kernel (csrc/attention_small_head.cpp)
+    +winograd      3x3 convolutions by Winograd's F(4x4, 3x3) (csrc/winograd_conv.cpp) = the full path
 
 --train A/Bs the GroupNorm kernel in training (forward + backward + AdamW, batch 32, the shipped
 CIFAR-10 architecture, channels-last both ways), fp32 and bf16 autocast: torch's GroupNorm vs the kernel.
@@ -35,11 +36,11 @@ from pathlib import Path
 import torch
 from profiling import cpu_name
 
-from denoiser.fast import attention, malloc
+from denoiser.fast import attention, malloc, winograd
 from denoiser.folders.model_dir import load_model
 from denoiser.model.groupnorm import GroupNorm
 
-NAMES = ["nchw", "channels-last", "+groupnorm", "+small-head"]
+NAMES = ["nchw", "channels-last", "+groupnorm", "+small-head", "+winograd"]
 
 
 @contextlib.contextmanager
@@ -52,8 +53,10 @@ def configuration(unet, name: str):
     small_head = attention.small_head_kernel
     if level < 3:
         attention.small_head_kernel = lambda: False  # fused_attention then calls torch's SDPA
+    winograd.use_winograd(unet)  # as sampling_context does; switched off below: nn.Conv2d's own forward
     try:
-        yield
+        with winograd.switched(level >= 4):
+            yield
     finally:
         attention.small_head_kernel = small_head
         for m in norms:
@@ -88,7 +91,7 @@ def run_pieces(args) -> None:
                 with configuration(unet, name):
                     times[name].append(time_calls(unet, xi, labels, args.calls)[0])
                     outs[name] = unet(xi, 500, class_labels=labels).sample
-    full = statistics.median(times["+small-head"])
+    full = statistics.median(times[names[-1]])
     print(f"{args.model}, batch {args.batch}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"CPU {cpu_name()}; median of {args.rounds} interleaved rounds x {args.calls} calls")
     print(f"{'configuration':15} {'ms/call':>8} {'vs full':>8} {'step gain':>10} {'max |diff| vs nchw':>19}")

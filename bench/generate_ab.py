@@ -1,6 +1,7 @@
 """Does a speed piece pay for a whole Generate? Each against today's eager path, end to end (issues 58 and 59).
 
     PYTHONPATH=/path/to/openvino-wheel-dir ../.venv/bin/python generate_ab.py --openvino --bf16
+    ../.venv/bin/python generate_ab.py --direct-conv
 
 bench/cpu_roofline.py times the UNet call alone; this times what a person waits for: the model's own Generate of
 `--images` images (its folder's sampler, steps and guidance; classes spread, or the prompt "red apple") through
@@ -10,7 +11,9 @@ of `--repeats`:
   - openvino-f32 (`--openvino`): the same run with each UNet call served by OpenVINO's CPU plugin (INFERENCE_PRECISION_HINT f32), a
                   model converted from `torch.export` and compiled per input shape during the warm-up, i.e. the best
                   case for it: no conversion or compile counted, as if prepared when the model was installed;
-  - openvino-bf16 (`--bf16`): the same with OpenVINO's bf16 inference precision.
+  - openvino-bf16 (`--bf16`): the same with OpenVINO's bf16 inference precision;
+  - direct-conv (`--direct-conv`): eager with DENOISER_WINOGRAD=0, i.e. torch's own 3x3 convolutions instead of
+                  denoiser.fast.winograd's (the path before issue 58's Winograd kernel).
 It prints each side's seconds, its speed against eager (above 1: faster) and the largest pixel difference of the images (0..255). The repository keeps a piece only if this shows it pays at least 5 % on a whole Generate (bench/generate_ab.md).
 """
 
@@ -29,6 +32,7 @@ from profiling import cpu_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from denoiser.fast.precision import choose_precision  # noqa: E402
+from denoiser.fast.winograd import switched  # noqa: E402
 from denoiser.folders.model_dir import load  # noqa: E402
 from denoiser.request import SampleRequest  # noqa: E402
 from denoiser.sampling.plan import resolve, run  # noqa: E402
@@ -111,12 +115,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--openvino", action="store_true", help="add OpenVINO's f32 inference (needs openvino)")
     parser.add_argument("--bf16", action="store_true", help="with --openvino: add its bf16 inference precision")
+    parser.add_argument("--direct-conv", action="store_true", help="add eager with torch's own 3x3 convolutions")
     args = parser.parse_args()
     print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}")
-    if not args.openvino:
-        parser.error("nothing to compare eager with: pass --openvino (and --bf16)")
-    hints = ["f32", "bf16"] if args.bf16 else ["f32"]
-    others = [f"openvino-{h}" for h in hints]
+    if not (args.openvino or args.direct_conv):
+        parser.error("nothing to compare eager with: pass --openvino (and --bf16), or --direct-conv")
+    hints = (["f32", "bf16"] if args.bf16 else ["f32"]) if args.openvino else []
+    others = [f"openvino-{h}" for h in hints] + (["direct-conv"] if args.direct_conv else [])
     print("| model | images | eager s | " + " | ".join(f"{side} s | its speed vs eager | max px diff" for side in others)
           + " |")
     print("|---|---|---|" + "---|---|---|" * len(others))
@@ -126,6 +131,8 @@ def main() -> None:
         sides = {"eager": contextlib.nullcontext}
         served = {h: OpenVinoServed(model.unet, h) for h in hints}
         sides.update({f"openvino-{h}": (lambda s=served[h]: s) for h in hints})
+        if args.direct_conv:
+            sides["direct-conv"] = lambda: switched(False)
         times = {side: [] for side in sides}
         results = {}
         for rep in range(args.repeats + 1):  # the first round warms up (and compiles each shape): not counted

@@ -10,10 +10,14 @@ it is compiled:
 - `kernels.py`    builds (at install) and loads denoiser's C++ extension from `csrc/`; `tracing()`
 - `attention.py`  the small-head attention kernel behind `denoiser.model.attention.fused_attention`
 - `groupnorm.py`  the channels-last GroupNorm(+SiLU) kernel behind `denoiser.model.groupnorm.group_norm`
+- `winograd.py`   3x3 convolutions by Winograd's F(4x4, 3x3) for float32 CPU inference: `use_winograd(unet)` swaps
+                  the class of the UNet's `nn.Conv2d`s (every door through `sampling_context`)
 - `malloc.py`     glibc malloc settings for a process that allocates the same large blocks every step
 
-The two kernels sit behind a switch in the module that owns the math (`GroupNorm.fast`, the attention's
-`fused_attn`), which is why those two model files import from here; `denoiser.model.unet` imports nothing from here.
-Without a compiler, or with DENOISER_KERNELS=0, the reference paths run and only speed changes. Convolution weights
-packed once for oneDNN were here too, until a whole Generate measured them 4.5-5 % slower (bench/generate_ab.md).
+The GroupNorm and attention kernels sit behind a switch in the module that owns the math (`GroupNorm.fast`, the
+attention's `fused_attn`), which is why those two model files import from here; `denoiser.model.unet` imports nothing
+from here and keeps torch's `nn.Conv2d`, which the sampling doors swap for Winograd's subclass.
+Without a compiler, or with DENOISER_KERNELS=0, the reference paths run and only speed changes (and rounding: Winograd's
+convolution rounds differently from torch's, within 2e-5 of the output's scale). Convolution weights packed once for
+oneDNN were here too, until a whole Generate measured them 4.5-5 % slower (bench/generate_ab.md).
 """

@@ -24,14 +24,19 @@ version, so only a new tensor there is noticed.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 from denoiser.fast.kernels import load_kernels, plain_tensors, tracing
 
-__all__ = ["Conv2d", "use_winograd", "winograd_kernel", "transform_weight", "eligible", "MIN_CHANNELS", "WINOGRAD_ENV"]
+__all__ = [
+    "Conv2d", "use_winograd", "winograd_kernel", "switched", "transform_weight", "eligible", "MIN_CHANNELS",
+    "WINOGRAD_ENV",
+]
 
 WINOGRAD_ENV = "DENOISER_WINOGRAD"  # 0: direct convolution (torch's) even where the kernel is built
 MIN_CHANNELS = 16
@@ -50,6 +55,20 @@ _G = (
 def winograd_kernel() -> bool:
     """Whether the Winograd kernel runs here: the kernels are built and DENOISER_WINOGRAD is not 0."""
     return os.environ.get(WINOGRAD_ENV, "1") != "0" and load_kernels()
+
+
+@contextlib.contextmanager
+def switched(on: bool) -> Iterator[None]:
+    """Inside, the kernel runs (where built) or torch's convolution runs, for the whole process: benchmarks' A/B."""
+    before = os.environ.get(WINOGRAD_ENV)
+    os.environ[WINOGRAD_ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(WINOGRAD_ENV, None)
+        else:
+            os.environ[WINOGRAD_ENV] = before
 
 
 @torch.no_grad()
