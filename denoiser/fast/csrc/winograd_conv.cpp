@@ -160,9 +160,10 @@ at::Tensor winograd_conv3x3(const at::Tensor& x, const at::Tensor& u, const c10:
   if (out.numel() == 0) return out;
   const Tiles g{N, H, W, (H + kM - 1) / kM, (W + kM - 1) / kM};
   const int64_t P = N * g.tH * g.tW;
-  // T tiles per block: V and M in kBlockBytes, and at least 4 blocks per thread where there are enough tiles
-  const int64_t per_thread = (P + 4 * at::get_num_threads() - 1) / (4 * at::get_num_threads());
-  const int64_t T = std::max<int64_t>(4, std::min({int64_t(64), kBlockBytes / (kA * kA * 4 * (C + K)), per_thread}));
+  // T tiles per block: V and M in kBlockBytes, at most 64 (bmm's rows), a block for each thread where there are
+  // enough tiles, and at least 8 (fewer rows leave bmm in call overhead)
+  const int64_t threads = at::get_num_threads(), per_thread = (P + threads - 1) / threads;
+  const int64_t T = std::max<int64_t>(8, std::min({int64_t(64), kBlockBytes / (kA * kA * 4 * (C + K)), per_thread}));
   const int64_t blocks = (P + T - 1) / T;
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
