@@ -5,8 +5,14 @@
 Writes a 4:3 JPEG like a phone's (detailed, EXIF orientation 1), runs `denoiser denoise --model M --image it` as a
 subprocess (its whole wall time: start-up, model load, decode, the precision check, the tiles, the PNG), checks the
 result's size, then times the bare UNet on as many tiles as the command ran, in the same process-free way a user
-would not: the loaded model, float32, eager, inference mode, batches of 128 tiles at the model's size (the tiles'
-batch), no cutting or blending. Prints both and their ratio, and the CPU.
+would not: the loaded model, float32, eager, inference mode, NCHW, batches of tiles at the model's size, no cutting or
+blending. The bare UNet runs at two batches, the tiles' own (TileOptions.batch_size) and 128, one after the other,
+and the faster counts. Prints both and their ratio, and the CPU.
+
+    .venv/bin/python bench/photo_denoise_time.py --tile-batches 32,128 [--size 1000x750] [--rounds 4]
+
+instead times `denoise_photo` in this process at each tile batch (TileOptions.batch_size), interleaved round by round
+after a warm-up, and prints the median and fastest of each.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import argparse
 import io
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +36,7 @@ from profiling import cpu_name
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from denoiser.folders.model_dir import load  # noqa: E402
+from denoiser.restore.tiles import TileOptions  # noqa: E402
 
 
 def phone_jpeg(width: int, height: int) -> bytes:
@@ -39,28 +47,50 @@ def phone_jpeg(width: int, height: int) -> bytes:
     return buf.getvalue()
 
 
-def bare_unet_seconds(model_dir: Path, tiles: int, batch: int = 128) -> float:
-    model = load(model_dir)
-    unet, size = model.unet, model.unet.config.sample_size
-    x = torch.randn(batch, 3, size, size).contiguous(memory_format=torch.channels_last)
+@torch.inference_mode()
+def bare_unet_seconds(unet, tiles: int, batch: int) -> float:
+    size = unet.config.sample_size
+    x = torch.randn(batch, 3, size, size)  # (B, 3, S, S) NCHW, as a model comes from from_pretrained
     t = torch.full((batch,), 20)
-    with torch.inference_mode():
-        unet(x[:8], t[:8])  # warm-up
-        start = time.perf_counter()
-        done = 0
-        while done < tiles:
-            n = min(batch, tiles - done)
-            unet(x[:n], t[:n])
-            done += n
+    unet(x[:8], t[:8])  # warm-up
+    start = time.perf_counter()
+    done = 0
+    while done < tiles:
+        n = min(batch, tiles - done)
+        unet(x[:n], t[:n])
+        done += n
     return time.perf_counter() - start
+
+
+def tile_batch_ab(model_dir: Path, width: int, height: int, batches: list[int], rounds: int) -> None:
+    from denoiser.restore.tiles import denoise_photo
+
+    model = load(model_dir)
+    photo = torch.from_numpy(np.array(Image.open(io.BytesIO(phone_jpeg(width, height))))).permute(2, 0, 1)  # (3, H, W)
+    times: dict[int, list[float]] = {b: [] for b in batches}
+    for r in range(rounds + 1):  # round 0 warms up
+        for b in batches:
+            start = time.perf_counter()
+            denoise_photo(model.unet, model.scheduler, photo, 0.1, options=TileOptions(batch_size=b))
+            if r:
+                times[b].append(time.perf_counter() - start)
+    print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    for b, ts in times.items():
+        print(f"{width}x{height}, tiles batched {b}: median {statistics.median(ts):.2f} s, fastest {min(ts):.2f} s "
+              f"({', '.join(f'{t:.2f}' for t in ts)})")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="2000x1500")
     p.add_argument("--model", default="cifar10")
+    p.add_argument("--tile-batches", default="", help="e.g. 32,128: time denoise_photo at each tile batch instead")
+    p.add_argument("--rounds", type=int, default=4)
     args = p.parse_args()
     w, h = (int(v) for v in args.size.split("x"))
+    if args.tile_batches:
+        tile_batch_ab(ROOT / "weights" / args.model, w, h, [int(b) for b in args.tile_batches.split(",")], args.rounds)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         photo, out = Path(tmp) / "phone.jpg", Path(tmp) / "out.png"
         photo.write_bytes(phone_jpeg(w, h))
@@ -72,12 +102,16 @@ def main() -> None:
         command_s = time.perf_counter() - start
         size = Image.open(out).size
     tiles = int(re.search(r"\((\d+) tiles\)", done.stdout).group(1))
-    bare_s = bare_unet_seconds(ROOT / "weights" / args.model, tiles)
+    unet = load(ROOT / "weights" / args.model).unet
+    bare = {batch: bare_unet_seconds(unet, tiles, batch) for batch in (TileOptions().batch_size, 128)}
+    bare_batch = min(bare, key=bare.get)
+    bare_s = bare[bare_batch]
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(done.stdout.strip().splitlines()[0])
     print(f"{args.size} JPEG -> {size[0]}x{size[1]} PNG; `denoiser denoise` as a whole command: {command_s:.1f} s; "
-          f"the bare float32 eager UNet on its {tiles:,} tiles: {bare_s:.1f} s; command / bare UNet: "
-          f"{command_s / bare_s:.2f}")
+          f"the bare float32 eager UNet on its {tiles:,} tiles: {bare_s:.1f} s (batch {bare_batch}; "
+          + ", ".join(f"batch {b}: {s:.1f} s" for b, s in bare.items())
+          + f"); command / bare UNet: {command_s / bare_s:.2f}")
 
 
 if __name__ == "__main__":
