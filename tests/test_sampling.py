@@ -18,7 +18,7 @@ from denoiser.cli.main import main
 from denoiser.evaluate.fid import Statistics
 from denoiser.folders.model_dir import LoadedModel, read_defaults
 from denoiser.image_io import to_pil
-from denoiser.request import SCHEDULERS, UNGUIDED, GuidanceRequest, SampleRequest
+from denoiser.request import BUILT_IN, SCHEDULERS, UNGUIDED, GuidanceRequest, SampleRequest
 from denoiser.sampling.loop import SAMPLERS, sample, spread_labels
 from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
@@ -111,7 +111,7 @@ def test_folder_defaults_fill_what_the_request_leaves_unset(folder):
     assert read_defaults(folder, 3).scheduler == "ddim"  # training writes a DDIM scheduler: the measured best sampler
     assert json.loads((folder / "model_index.json").read_text())["scheduler"] == ["diffusers", "DDIMScheduler"]
     plan = resolve(SampleRequest(num_images=2), folder)
-    assert (plan.scheduler_name, plan.steps, plan.batch_size, plan.labels) == ("ddim", 50, 64, None)
+    assert (plan.scheduler_name, plan.steps, plan.batch_size, plan.labels) == ("ddim", 50, BUILT_IN["cpu_batch_size"], None)
     assert plan.scheduler.config.timestep_spacing == "trailing"  # the folder's spacing
     (folder / "sampling.json").write_text(json.dumps({"guidance_scale": 2.5, "num_inference_steps": 7}))
     plan = resolve(SampleRequest(num_images=2, classes="blue"), folder)

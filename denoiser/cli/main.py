@@ -30,7 +30,9 @@ def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: boo
     s = p.add_argument_group("sampling", f"how the {what} are sampled; unset: the model folder's own, else built in")
     if images:
         s.add_argument("--num-images", type=int, default=BUILT_IN["num_images"])
-        s.add_argument("--batch-size", type=int, default=None, help="images per UNet batch (memory only: never the images)")
+        s.add_argument("--batch-size", type=int, default=None,
+                       help=f"images per UNet batch (speed and memory only, never the images; default "
+                            f"{BUILT_IN['cpu_batch_size']} on the CPU, {BUILT_IN['batch_size']} on a GPU)")
     s.add_argument("--seed", type=int, default=0, help="image k is drawn from a generator seeded SEED + k")
     s.add_argument("--class-label", default=None,
                    help="class of a class-conditional model: a name (classes.txt) or index, a comma-separated one per "
