@@ -46,8 +46,8 @@ BUILT_IN = {
     "steps": 50,  # a folder's sampling.json may name its measured best as num_inference_steps
     "num_images": 8,  # images a run draws (the command line, the app, a request; diffusers' pipeline: its batch_size=1)
     # images per UNet batch: memory and speed only, never the images. On a GPU 64; on the CPU 16 (32 rows with
-    # guidance): 64 images ran 1.22x (cifar10) and 1.25x (emoji) faster than at 64, whose feature maps leave the
-    # caches (bench/sample_batch.md)
+    # guidance): 64 images ran 1.19-1.25x faster than at 64 a batch, whose feature maps leave the caches
+    # (bench/sample_batch.md)
     "batch_size": 64,
     "cpu_batch_size": 16,
     # an edit's (SDEdit's) noise level, in the range where Meng et al. (2022) trade keeping the picture against

@@ -45,8 +45,8 @@ class TileOptions:
     tile: int = 0  # tile side in pixels; 0: the model's sample_size
     overlap: int = 4  # pixels two neighbouring tiles share; 0: side by side
     window: str = "cosine"  # blending: "cosine" or "linear" ramps over the overlap, "flat" (plain mean)
-    # tiles per UNet call: 32 ran a photo 1.27x faster than 128 (whose feature maps, 33 MB each, leave the caches)
-    # and as fast as 16-64 (bench/photo_denoise_time.md)
+    # tiles per UNet call: 32 ran a photo 1.21-1.24x faster than 128 (whose feature maps, 33 MB each, leave the
+    # caches) and as fast as 16-48 (bench/photo_denoise_time.md)
     batch_size: int = 32
 
 
