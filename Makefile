@@ -57,7 +57,7 @@ demo: venv
 	@echo "              pipeline), $(RUN)/cifar10-samples.png (the shipped CIFAR-10 model, two of each class) and"
 	@echo "              $(RUN)/cifar10-attention.png (where its pixel 16,16 attends, layer by layer)"
 
-# a long seeded click-walk over the app (tests/test_app_walk.py; `make test` walks seed 41 for up to 40 actions or 45 s): each seed
+# a long seeded click-walk over the app (tests/test_app_walk.py; `make test` walks seed 41 for up to 40 actions or 40 s): each seed
 # walks up to WALK_STEPS actions or WALK_SECONDS seconds; every failure is kept (the page reloaded after each) and
 # listed at the end with its seed and steps, to replay with DENOISER_WALK_SEED=N DENOISER_WALK_STEPS=M;
 # WALK_MODELS=cifar10,emoji puts the shipped models on the page too (cifar10 its default; a job may then take

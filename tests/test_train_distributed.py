@@ -74,7 +74,7 @@ def test_sigkill_at_any_moment_then_resume_completes(tmp_path):
     env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
     killed = []
     # Kill once a given step is logged, after a jitter: lands mid-step and mid-checkpoint-write.
-    for target, jitter in ((3, 0.0), (9, 0.013), (15, 0.031), (21, 0.057), (27, 0.09)):
+    for target, jitter in ((3, 0.0), (11, 0.021), (19, 0.043), (27, 0.09)):
         resume = ["--resume", "latest"] if list((run / "checkpoints").glob("checkpoint-*")) else []
         proc = subprocess.Popen(cmd + resume, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.time() + 120
@@ -86,7 +86,7 @@ def test_sigkill_at_any_moment_then_resume_completes(tmp_path):
             killed.append(_lines(run / "loss.csv"))
         _, err = proc.communicate()
         assert b"Traceback" not in err, err.decode()[-2000:]
-    assert len(killed) >= 4, killed
+    assert len(killed) >= 3, killed
     res = cli("train", "--config", str(cfg), "--output-dir", str(run), "--resume", "latest")
     assert (run / "model" / "model_index.json").is_file()
     state = json.loads((run / "checkpoints" / "checkpoint-00000040" / "state.json").read_text())
