@@ -204,13 +204,17 @@ def _add_attention_stats_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_evaluate_args(p: argparse.ArgumentParser) -> None:
+    from denoiser.request import BUILT_IN
+
     p.add_argument("--model", required=True)
     p.add_argument("--data", default=None, help="image folder (ImageFolder layout); default: the model's synthetic set")
     p.add_argument("--num-images", type=int, default=64, help="images evaluated (cost: T passes per image)")
     p.add_argument("--num-timesteps", type=int, default=None, help="evaluate a strided subset of timesteps (estimate)")
     p.add_argument("--val-size", type=int, default=None, help="use the validation split of this size (seeded) from --data")
     p.add_argument("--val-seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=None, help="images per batch (default 64)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"images per batch (default 64; --fid's samples: as `denoiser sample`, "
+                        f"{BUILT_IN['cpu_batch_size']} on the CPU)")
     p.add_argument("--fid", action="store_true",
                    help="FID of --num-samples generated images against --reference instead: the images `denoiser sample` "
                         "gives with the same flags (classes spread evenly unless --class-label says otherwise)")
