@@ -21,22 +21,22 @@ import argparse
 import io
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
-from profiling import cpu_name
+from profiling import cpu_name, interleaved, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from denoiser.folders.model_dir import load  # noqa: E402
-from denoiser.restore.tiles import TileOptions  # noqa: E402
+from denoiser.restore.tiles import TileOptions, denoise_photo  # noqa: E402
 
 
 def phone_jpeg(width: int, height: int) -> bytes:
@@ -63,21 +63,13 @@ def bare_unet_seconds(unet, tiles: int, batch: int) -> float:
 
 
 def tile_batch_ab(model_dir: Path, width: int, height: int, batches: list[int], rounds: int) -> None:
-    from denoiser.restore.tiles import denoise_photo
-
     model = load(model_dir)
     photo = torch.from_numpy(np.array(Image.open(io.BytesIO(phone_jpeg(width, height))))).permute(2, 0, 1)  # (3, H, W)
-    times: dict[int, list[float]] = {b: [] for b in batches}
-    for r in range(rounds + 1):  # round 0 warms up
-        for b in batches:
-            start = time.perf_counter()
-            denoise_photo(model.unet, model.scheduler, photo, 0.1, options=TileOptions(batch_size=b))
-            if r:
-                times[b].append(time.perf_counter() - start)
+    times = interleaved({b: partial(denoise_photo, model.unet, model.scheduler, photo, 0.1,
+                                     options=TileOptions(batch_size=b)) for b in batches}, rounds)
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     for b, ts in times.items():
-        print(f"{width}x{height}, tiles batched {b}: median {statistics.median(ts):.2f} s, fastest {min(ts):.2f} s "
-              f"({', '.join(f'{t:.2f}' for t in ts)})")
+        print(f"{width}x{height}, tiles batched {b}: {spread(ts)}")
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""Shared by the throughput benchmarks: the CPU's name and instruction sets for every header, and how
-long the convolutions alone take in one profiled call.
+"""Shared by the throughput benchmarks: the CPU's name and instruction sets for every header, sides timed interleaved
+round by round, and how long the convolutions alone take in one profiled call.
 
 The convolutions already run near this CPU's GEMM rate, so (competitor's time) / (our convolution
 time) is the ratio we would reach if everything else took no time: the ceiling for any target.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,3 +38,22 @@ def cpu_name() -> str:
         isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
         return f"{name or platform.processor()} ({', '.join(isa) or 'no AVX2'})"
     return platform.processor() or platform.machine()
+
+
+def interleaved(sides: dict, rounds: int) -> dict[object, list[float]]:
+    """Seconds of each side (a callable) over `rounds` rounds, each round running every side once in turn, after a
+    warm-up round that is not counted."""
+    seconds: dict[object, list[float]] = {key: [] for key in sides}
+    for r in range(rounds + 1):  # round 0 warms up
+        for key, fn in sides.items():
+            start = time.perf_counter()
+            fn()
+            if r:
+                seconds[key].append(time.perf_counter() - start)
+    return seconds
+
+
+def spread(seconds: list[float]) -> str:
+    """"median 12.43 s, fastest 10.98 s (10.98, 12.69, 12.63, 12.23)"."""
+    return (f"median {statistics.median(seconds):.2f} s, fastest {min(seconds):.2f} s "
+            f"({', '.join(f'{t:.2f}' for t in seconds)})")

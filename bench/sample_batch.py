@@ -11,14 +11,13 @@ of its images from the first batch's (0..255: the batch size must never change t
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from profiling import cpu_name
+from profiling import cpu_name, interleaved, spread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from denoiser.folders.model_dir import load  # noqa: E402
@@ -40,25 +39,19 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     text = bool(model.unet.config.cross_attention_dim)
 
-    def images(batch: int) -> np.ndarray:
+    pixels: dict[int, np.ndarray] = {}  # each batch's latest images, (N, H, W, 3) uint8
+
+    def images(batch: int) -> None:
         condition = dict(prompts="red apple") if text else dict(classes="spread")
         request = SampleRequest(num_images=args.images, seed=0, batch_size=batch, steps=args.steps, **condition)
-        return np.stack([np.asarray(image) for image in run(resolve(request, model)).images])  # (N, H, W, 3) uint8
+        pixels[batch] = np.stack([np.asarray(image) for image in run(resolve(request, model)).images])
 
-    seconds: dict[int, list[float]] = {b: [] for b in batches}
-    pixels: dict[int, np.ndarray] = {}
-    for r in range(args.rounds + 1):  # round 0 warms up
-        for b in batches:
-            start = time.perf_counter()
-            pixels[b] = images(b)
-            if r:
-                seconds[b].append(time.perf_counter() - start)
+    seconds = interleaved({b: partial(images, b) for b in batches}, args.rounds)
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     first = pixels[batches[0]].astype(int)
     for b, ts in seconds.items():
         diff = int(np.abs(pixels[b].astype(int) - first).max())
-        print(f"{args.model}, {args.images} images, {args.steps} steps, batch {b}: median {statistics.median(ts):.2f} s, "
-              f"fastest {min(ts):.2f} s ({', '.join(f'{t:.2f}' for t in ts)}); max pixel difference {diff}")
+        print(f"{args.model}, {args.images} images, {args.steps} steps, batch {b}: {spread(ts)}; max pixel difference {diff}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from tests.app_browser import CHROMIUM, browser_page, screenshots
 
 SEEDS = [int(s) for s in os.environ.get("DENOISER_WALK_SEED", "41").split(",") if s.strip()]
 MAX_STEPS = int(os.environ.get("DENOISER_WALK_STEPS", "40"))  # actions per seed
-MAX_SECONDS = float(os.environ.get("DENOISER_WALK_SECONDS", "40"))  # per seed: `make test` (under 15 min) stays short
+MAX_SECONDS = float(os.environ.get("DENOISER_WALK_SECONDS", "40"))  # per seed: `make test` stays short
 # a long walk's report: after a failure, note it, reload the page and walk on (the test fails at the end, naming each)
 KEEP_GOING = os.environ.get("DENOISER_WALK_KEEP_GOING", "") not in ("", "0")
 # shipped model folders (weights/) the page offers besides the tiny ones: cifar10 is then the page's default model

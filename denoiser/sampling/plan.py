@@ -177,9 +177,8 @@ def resolve(
     guidance = _guidance(request, defaults, folder, unet, sched.config, labels is not None or any(prompts), load)
     steps = request.steps if request.steps is not None else defaults.steps
     batch_size = request.batch_size
-    if batch_size is None:
-        on_cpu = next(unet.parameters()).device.type == "cpu"
-        batch_size = BUILT_IN["cpu_batch_size" if on_cpu else "batch_size"]
+    if batch_size is None:  # the CPU's own: its caches (BUILT_IN)
+        batch_size = BUILT_IN["cpu_batch_size" if unet.device.type == "cpu" else "batch_size"]
     if request.edit is not None:
         _check_edit(request, prompts, text, guidance)
         batch_size = request.num_images  # the source and its edits attend together: one batch
