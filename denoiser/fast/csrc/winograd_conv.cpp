@@ -59,16 +59,18 @@ inline void input_tile(const float* const src[kA][kA], int64_t c, float* out, in
       t[5][j][l] = 4 * d1 - 5 * d3 + d5;
     }
   for (int i = 0; i < kA; ++i) {  // (Bᵀ d) B, row by row
-    float* o = out + (i * kA) * stride + c;
+    float y[kA][NL];  // computed whole, then stored: six strided stores in one loop kept gcc from vectorizing it
     for (int l = 0; l < NL; ++l) {
       const float r0 = t[i][0][l], r1 = t[i][1][l], r2 = t[i][2][l], r3 = t[i][3][l], r4 = t[i][4][l], r5 = t[i][5][l];
-      o[0 * stride + l] = 4 * r0 - 5 * r2 + r4;
-      o[1 * stride + l] = -4 * (r1 + r2) + r3 + r4;
-      o[2 * stride + l] = 4 * (r1 - r2) - r3 + r4;
-      o[3 * stride + l] = -2 * (r1 - r3) - r2 + r4;
-      o[4 * stride + l] = 2 * (r1 - r3) - r2 + r4;
-      o[5 * stride + l] = 4 * r1 - 5 * r3 + r5;
+      y[0][l] = 4 * r0 - 5 * r2 + r4;
+      y[1][l] = -4 * (r1 + r2) + r3 + r4;
+      y[2][l] = 4 * (r1 - r2) - r3 + r4;
+      y[3][l] = -2 * (r1 - r3) - r2 + r4;
+      y[4][l] = 2 * (r1 - r3) - r2 + r4;
+      y[5][l] = 4 * r1 - 5 * r3 + r5;
     }
+    for (int j = 0; j < kA; ++j)
+      for (int l = 0; l < NL; ++l) out[(i * kA + j) * stride + c + l] = y[j][l];
   }
 }
 
