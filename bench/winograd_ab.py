@@ -4,8 +4,9 @@
 
 Builds `denoiser/fast/csrc/winograd_conv.cpp` as it was at --before (its op renamed into a namespace of its own, with
 the flags of `denoiser build-kernels`), then times the shipped UNets' calls (inside `sampling_context`, as sampling
-runs them) with each version of the op, alternating round by round after a warm-up: median seconds per call, the
-speed-up, and the largest difference between the two outputs. A change to the kernel is kept only if this pays.
+runs them, on `cpu_roofline.model_inputs`) with each version of the op, alternating round by round after a warm-up
+round (`profiling.interleaved`): median seconds per call, the speed-up, and the largest difference between the two
+outputs. A change to the kernel is kept only if this pays.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
-from profiling import cpu_name
+from cpu_roofline import model_inputs
+from profiling import cpu_name, interleaved
 from torch.utils.cpp_extension import load as build_extension
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,15 +45,12 @@ def build_before(rev: str, folder: Path):
     return torch.ops.winograd_before.winograd_conv3x3
 
 
-def unet_inputs(unet, rows: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    size = unet.config.sample_size
-    x = torch.randn(rows, 3, size, size).contiguous(memory_format=torch.channels_last)  # (B, 3, S, S)
-    kwargs = {}
-    if unet.config.get("num_class_embeds"):
-        kwargs["class_labels"] = torch.zeros(rows, dtype=torch.long)
-    if unet.config.get("cross_attention_dim"):
-        kwargs["encoder_hidden_states"] = torch.randn(rows, 8, unet.config["cross_attention_dim"])  # (B, words, D)
-    return x, torch.full((rows,), 500), kwargs
+def run_calls(chosen: dict, op, unet, inputs: dict, calls: int, outputs: dict, side: str) -> None:
+    """`calls` UNet calls with `op` as the Winograd op, as sampling runs them; the last output kept as outputs[side]."""
+    chosen["op"] = op
+    with sampling_context(unet), torch.inference_mode():
+        for _ in range(calls):
+            outputs[side] = unet(**inputs).sample
 
 
 def main() -> None:
@@ -77,23 +76,14 @@ def main() -> None:
     winograd.Conv2d.forward = forward
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}; before = {args.before}")
     for name in args.models:
-        unet = load(ROOT / "weights" / name).unet
+        model = load(ROOT / "weights" / name)
+        unet = model.unet
         for rows in args.rows:
-            x, t, kwargs = unet_inputs(unet, rows)
-            seconds: dict[str, list[float]] = {side: [] for side in ops}
-            with sampling_context(unet), torch.inference_mode():
-                outputs = {}
-                for side, op in ops.items():
-                    chosen["op"] = op
-                    outputs[side] = unet(x, t, **kwargs).sample  # also the warm-up
-                for r in range(args.rounds):
-                    for side in (("before", "now") if r % 2 == 0 else ("now", "before")):
-                        chosen["op"] = ops[side]
-                        start = time.perf_counter()
-                        for _ in range(args.calls):
-                            unet(x, t, **kwargs)
-                        seconds[side].append((time.perf_counter() - start) / args.calls)
-            before, now = statistics.median(seconds["before"]), statistics.median(seconds["now"])
+            inputs = model_inputs(model, rows)
+            outputs = {}
+            sides = {side: partial(run_calls, chosen, op, unet, inputs, args.calls, outputs, side) for side, op in ops.items()}
+            seconds = interleaved(sides, args.rounds)
+            before, now = (statistics.median(seconds[side]) / args.calls for side in ("before", "now"))
             diff = (outputs["before"] - outputs["now"]).abs().max().item()
             print(f"{name}, {rows} rows: before {before * 1e3:.1f} ms, now {now * 1e3:.1f} ms a call: "
                   f"{before / now:.3f}x; max |Δ output| {diff:.1e}")
