@@ -19,7 +19,7 @@ from denoiser.folders.model_dir import WEIGHTS_DIR
 from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
-__all__ = ["CHROMIUM", "BROWSER_ARGS", "RESULTS", "browser_page", "screenshots", "free_port", "choose", "click_result",
+__all__ = ["CHROMIUM", "BROWSER_ARGS", "RESULTS", "browser_page", "open_app", "screenshots", "free_port", "choose", "click_result",
            "no_errors", "weights", "demo", "server"]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -35,6 +35,15 @@ def screenshots(tmp_path: Path) -> Path:
     return shots
 
 
+def open_app(page, server: str) -> None:
+    """Go to the app and wait until it has settled: the load event has set the form to the default model's best (a
+    class picked), as a visitor sees it. On a busy server it comes late, and would overwrite a change made before it
+    (a model picked before it came was set back, and a text model's prompt hidden again)."""
+    page.goto(server)
+    page.wait_for_function("() => { const c = document.querySelector('#class input'); "
+                           "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
+
+
 @contextlib.contextmanager
 def browser_page(server: str, height: int = 900, init_script: str = "", width: int = 1280):
     """A headless Chromium page on the app, 1280 wide unless told (a phone's: 390; `init_script`: run in the page
@@ -47,11 +56,7 @@ def browser_page(server: str, height: int = 900, init_script: str = "", width: i
             page = browser.new_page(viewport={"width": width, "height": height})
             if init_script:
                 page.add_init_script(init_script)
-            page.goto(server)
-            # settled: the load event has set the form to the default model's best (a class picked), as a visitor
-            # sees it; on a busy server it comes late, and would overwrite a change made before it
-            page.wait_for_function("() => { const c = document.querySelector('#class input'); "
-                                   "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
+            open_app(page, server)
             yield page
         finally:
             browser.close()

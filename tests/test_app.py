@@ -15,7 +15,7 @@ from denoiser.app import views
 from denoiser.app.layout import CSS
 from denoiser.fast.precision import choose_precision
 from denoiser.folders.model_dir import WEIGHTS_DIR
-from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, click_result, screenshots
+from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, click_result, open_app, screenshots
 from tests.app_browser import choose as _choose
 from tests.app_browser import no_errors as _no_errors
 from tests.test_app_serve import _assert_sampling_runs, _cpu_seconds_over, _sampling_threads
@@ -302,22 +302,13 @@ def _together_on_screen(page, selectors: list[str]) -> None:
 def test_browser_on_a_phone_run_controls_and_preview_stay_together(server, tmp_path):
     """Issue 35 item 11 at 390x844: Generate, Stop and the preview on the first screen; the Photo tab's Run with its
     results."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 390, "height": 844})
-            page.goto(server)
-            page.locator("#generate").wait_for(timeout=30_000)
-            _together_on_screen(page, ["#generate", "#stop", "#preview"])
-            page.screenshot(path=str(screenshots(tmp_path) / "app-phone-sample.png"))
-            page.get_by_role("tab", name="Photo").click()
-            page.locator("#edit-run").scroll_into_view_if_needed()
-            run, results = page.locator("#edit-run").bounding_box(), page.locator("#edit-result").bounding_box()
-            assert 0 < results["y"] - run["y"] < 200, f"the results are far from Run: {run}, {results}"
-        finally:
-            browser.close()
+    with browser_page(server, height=844, width=390) as page:
+        _together_on_screen(page, ["#generate", "#stop", "#preview"])
+        page.screenshot(path=str(screenshots(tmp_path) / "app-phone-sample.png"))
+        page.get_by_role("tab", name="Photo").click()
+        page.locator("#edit-run").scroll_into_view_if_needed()
+        run, results = page.locator("#edit-run").bounding_box(), page.locator("#edit-result").bounding_box()
+        assert 0 < results["y"] - run["y"] < 200, f"the results are far from Run: {run}, {results}"
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
@@ -329,7 +320,7 @@ def test_browser_a_second_visitor_sees_the_queue_position(server):
         try:
             first, second = (browser.new_page(viewport={"width": 1280, "height": 800}) for _ in range(2))
             for page in (first, second):
-                page.goto(server)
+                open_app(page, server)
                 page.locator("#steps input[type=number]").fill("400")
                 page.locator("#steps input[type=number]").press("Enter")
             first.locator("#generate").click()

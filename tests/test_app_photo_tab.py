@@ -21,7 +21,7 @@ from denoiser.app.page import Page
 from denoiser.app.photo import drop_upload, keep_upload, photo_file
 from denoiser.app.photo_tab import CLEAN_SIGMA, PhotoTab
 from denoiser.image_io import read_settings, save_with_settings
-from tests.app_browser import CHROMIUM, browser_page, click_result, no_errors, screenshots
+from tests.app_browser import CHROMIUM, browser_page, click_result, no_errors, open_app, screenshots
 from tests.conftest import app_page
 
 browser = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
@@ -350,7 +350,7 @@ def test_browser_the_edit_tab_on_a_phone(server, tmp_path):
         try:
             for name, viewport in (("phone", {"width": 390, "height": 844}), ("wide", {"width": 1280, "height": 900})):
                 page = chromium.new_page(viewport=viewport)
-                page.goto(server)
+                open_app(page, server)
                 _edit_tab(page)
                 _upload(page, photo)
                 page.locator("#edit-run").click()

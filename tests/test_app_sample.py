@@ -181,29 +181,17 @@ def test_browser_on_a_phone_the_class_sits_under_generate_and_the_rows_fit(serve
     """Issue 41 item 14: at 390x844 the model and class sat ~2,000 px down, below the results; Generate, its status
     and the live preview stay on the first screen (issue 35 item 11). Issue 51 item 12: the class (a text model's
     prompt, tests/test_app_text.py) right under Generate's status, and the "try these" table within the width."""
-    from playwright.sync_api import sync_playwright
-
-    from tests.app_browser import BROWSER_ARGS
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 390, "height": 844})
-            page.goto(server)
-            page.wait_for_function("() => { const c = document.querySelector('#class input'); "
-                                   "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
-            type_number(page, "steps", 2)
-            page.locator("#generate").click()
-            page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
-            top = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#generate", "#status", "#preview", "#class",
-                                                                          "#gallery")}
-            page.screenshot(path=str(screenshots(tmp_path) / "app-phone-order.png"), full_page=True)
-            assert top["#generate"] < top["#status"] < top["#class"] < top["#preview"] < top["#gallery"], top
-            assert top["#class"] - top["#status"] < 150 and top["#preview"] < 844, top  # the preview on the first screen
-            table = page.locator("#try-these table").bounding_box()
-            assert table["x"] >= 0 and table["x"] + table["width"] <= 390 - 16, table  # its right edge shown
-        finally:
-            browser.close()
+    with browser_page(server, height=844, width=390) as page:
+        type_number(page, "steps", 2)
+        page.locator("#generate").click()
+        page.locator("#status").get_by_text("done:").wait_for(timeout=60_000)
+        top = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#generate", "#status", "#preview", "#class",
+                                                                      "#gallery")}
+        page.screenshot(path=str(screenshots(tmp_path) / "app-phone-order.png"), full_page=True)
+        assert top["#generate"] < top["#status"] < top["#class"] < top["#preview"] < top["#gallery"], top
+        assert top["#class"] - top["#status"] < 150 and top["#preview"] < 844, top  # the preview on the first screen
+        table = page.locator("#try-these table").bounding_box()
+        assert table["x"] >= 0 and table["x"] + table["width"] <= 390 - 16, table  # its right edge shown
 
 
 def test_browser_an_out_of_range_number_is_refused_in_words_and_nothing_runs(server, capfd):

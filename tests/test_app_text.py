@@ -334,32 +334,26 @@ def test_examples_are_the_model_folders_prompts(weights, tmp_path, monkeypatch):
 def test_browser_on_a_phone_the_prompt_sits_under_generate_and_the_tables_fit(server, tmp_path):
     """Issue 51 item 12 for a text model: at 390x844 its prompt and example prompts come right under Generate and its
     status (as a class model's class does: tests/test_app_sample.py), and the tables fit the width."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    from tests.app_browser import BROWSER_ARGS, screenshots
+    from tests.app_browser import screenshots
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 390, "height": 844})
-            page.goto(server)
-            page.locator("#model input").click()
-            page.locator("#model").get_by_role("option", name="words").click()
-            page.locator("#prompt textarea").wait_for(state="visible", timeout=30_000)
-            page.locator("#class").wait_for(state="hidden", timeout=30_000)
-            top = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#generate", "#status", "#prompt",
-                                                                          "#prompt-examples", "#preview", "#model")}
-            page.screenshot(path=str(screenshots(tmp_path) / "app-phone-prompt.png"), full_page=True)
-            assert top["#generate"] < top["#status"] < top["#prompt"] < top["#prompt-examples"] < top["#preview"], top
-            assert top["#prompt"] - top["#status"] < 150 and top["#preview"] < top["#model"], top
-            # the model's own example prompts, and a click on one types it (not the app's prompt at that place)
-            page.locator("#prompt-examples").get_by_text(WORDS_EXAMPLES[1], exact=True).click()
-            expect(page.locator("#prompt textarea")).to_have_value(WORDS_EXAMPLES[1], timeout=10_000)
-            for table in ("#prompt-examples", "#try-these table"):
-                box = page.locator(table).bounding_box()
-                assert box["x"] >= 0 and box["x"] + box["width"] <= 390 - 16, (table, box)
-        finally:
-            browser.close()
+    with browser_page(server, height=844, width=390) as page:
+        page.locator("#model input").click()
+        page.locator("#model").get_by_role("option", name="words").click()
+        page.locator("#prompt textarea").wait_for(state="visible", timeout=30_000)
+        page.locator("#class").wait_for(state="hidden", timeout=30_000)
+        top = {sel: page.locator(sel).bounding_box()["y"] for sel in ("#generate", "#status", "#prompt",
+                                                                      "#prompt-examples", "#preview", "#model")}
+        page.screenshot(path=str(screenshots(tmp_path) / "app-phone-prompt.png"), full_page=True)
+        assert top["#generate"] < top["#status"] < top["#prompt"] < top["#prompt-examples"] < top["#preview"], top
+        assert top["#prompt"] - top["#status"] < 150 and top["#preview"] < top["#model"], top
+        # the model's own example prompts, and a click on one types it (not the app's prompt at that place)
+        page.locator("#prompt-examples").get_by_text(WORDS_EXAMPLES[1], exact=True).click()
+        expect(page.locator("#prompt textarea")).to_have_value(WORDS_EXAMPLES[1], timeout=10_000)
+        for table in ("#prompt-examples", "#try-these table"):
+            box = page.locator(table).bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 390 - 16, (table, box)
 
 
 def test_words_the_model_never_saw_are_said_on_the_status_line_and_the_word_list(weights, tmp_path, monkeypatch, caplog):

@@ -201,8 +201,8 @@ class PhotoTab:
         self.run.click(None, js=retry_js(self.run.elem_id), api_name=False, queue=False)
         self.run.click(self.jobs.requester(self.status.elem_id), None, None, api_name=False, queue=False)
         scope_inputs = [self.model, self.operation, self.add_noise, self.upload]
-        app.load(form.class_choices, [self.model, self.class_name], self.class_name, api_name=False)
-        app.load(self.sizes, self.model, self.sizes_note, api_name=False)
+        app.load(form.class_choices, [self.model, self.class_name], self.class_name, api_name=False, queue=False)
+        app.load(self.sizes, self.model, self.sizes_note, api_name=False, queue=False)
         self.model.change(form.class_choices, [self.model, self.class_name], self.class_name, api_name=False)
         self.model.change(self.sizes, self.model, self.sizes_note, api_name=False, show_progress="hidden")
         # a person's choice of model or class sets the guidance to the model's; "use these settings" keeps the result's

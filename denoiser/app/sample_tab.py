@@ -190,10 +190,12 @@ class SampleTab:
         # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
         # .change of the model would race it: it reads the class shown before the row's arrived)
         model_form = [self.class_name, self.guidance, self.scheduler, self.steps, self.pag, self.guide_w]
-        app.load(form.model_form, [self.model, self.class_name], model_form, api_name=False)
+        # (unqueued, as the model's own .change: a queued load came seconds late on a busy server and set back a model
+        # picked before it)
+        app.load(form.model_form, [self.model, self.class_name], model_form, api_name=False, queue=False)
         # a text model's prompt in place of the class: shown with its model, however the model was set
         text_controls = [self.prompt, self.negative_prompt, self.prompt_examples_box, self.prompt_examples.dataset]
-        app.load(form.text_controls, self.model, text_controls, api_name=False)
+        app.load(form.text_controls, self.model, text_controls, api_name=False, queue=False)
         self.model.change(form.text_controls, self.model, text_controls, api_name=False, queue=False,
                           show_progress="hidden")
         # Gradio's Examples (6.31) set each input's props as built with the value clicked: the prompt box, built
