@@ -278,6 +278,36 @@ def test_classifier_free_guidance_with_prompts_equals_separate_calls_in_float64(
     torch.testing.assert_close(guided, u + w * (c - u), rtol=1e-10, atol=1e-10)
 
 
+def test_prompts_over_rows_per_call_run_as_calls_of_whole_images_but_an_edits_stay_one(text_model, monkeypatch):
+    """main_pass's calls of whole images (tests/test_guidance.py) take each image's own prompt, negative prompt and
+    word weights; a prompt-to-prompt edit's images read image 0's maps, so they stay one call."""
+    from denoiser.sampling import guidance
+    from denoiser.sampling.prompt_to_prompt import PromptEdit
+
+    unet, tok, enc = text_model
+    unet, enc = copy.deepcopy(unet).double(), copy.deepcopy(enc).double()
+    prompts, negative = ["(red:1.6) apple on a wooden table", "cat", "", "hot (tea:0.5)"], ["blurry", "", "a dog", ""]
+    cond = TextCondition.encode(tok, enc, prompts, negative)
+    x, t, g = torch.randn(4, 3, 16, 16, dtype=torch.float64), torch.tensor(700), Guidance(scale=3.0)
+    rows: list[int] = []
+    hook = unet.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
+    with torch.no_grad():
+        whole = g.main_pass(unet, x, t, None, cond)
+        monkeypatch.setattr(guidance, "ROWS_PER_CALL", 2)  # 1 image, its 2 rows, a call
+        split = g.main_pass(unet, x, t, None, cond)
+        assert rows == [8, 2, 2, 2, 2]
+        for a, b in zip(split, whole, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+        assert (whole[0] - whole[1]).abs().max() > 1e-3  # the prompts and the negative prompts differ
+        rows.clear()
+        edited = TextCondition.encode(tok, enc, ["a red apple", "a blue apple"], edit=PromptEdit("replace", 0.8, 0.4))
+        g.main_pass(unet, x[:2], t, None, edited.at_timesteps([700]))
+        assert rows == [4]
+    hook.remove()
+    with pytest.raises(ValueError, match="one batch"):
+        edited.images(0, 1)
+
+
 def test_the_seed_rule_holds_for_prompts_whatever_the_batch(text_model):
     unet, tok, enc = text_model
     base = dict(seed=3, steps=3, guidance=GuidanceRequest(guidance_scale=2.0), negative_prompts="blurry")

@@ -13,7 +13,8 @@
 
 w = 1, s = 0 and a = 1 switch each term off and cost nothing. ε-, v- and x₀-predictions are affine in
 each other for a fixed x_t, so combining outputs equals combining denoised images D (Karras' form).
-The main model's passes (class, no class, perturbed) run as one batch; the guide runs its own call.
+The main model's passes (class, no class, perturbed) run as one batch (on a CPU, in calls of at most
+ROWS_PER_CALL rows, each on whole images); the guide runs its own call.
 
 A guidance interval [t_lo, t_hi] (Kynkäänniemi et al. 2024, "Applying Guidance in a Limited Interval Improves
 Sample and Distribution Quality") applies the terms only at timesteps inside it; the other steps take the plain
@@ -33,12 +34,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from denoiser.model.attention import attention_layer_names
+from denoiser.model.attention import CAPTURES, attention_layer_names
 from denoiser.model.attention_blocks import edit_attention, identity_attention
 from denoiser.model.attention_edit import AttentionEdit
 from denoiser.sampling.prompt_to_prompt import EditPlan, PromptEdit
 
-__all__ = ["Guidance", "TextCondition", "default_pag_layers", "check_guide"]
+__all__ = ["Guidance", "TextCondition", "default_pag_layers", "check_guide", "ROWS_PER_CALL"]
+
+# Most rows in one UNet call on a CPU: 128 rows (64 images with guidance) ran 1.2-1.3x slower per row than calls of 32,
+# whose first-level feature maps (rows x 64 channels x 32x32 floats) are 8 MB, not 33 MB (bench/sample_batch.md)
+ROWS_PER_CALL = 32
 
 
 @dataclass
@@ -106,6 +111,17 @@ class TextCondition:
         if self_edit is None and cross_edit is None:
             return contextlib.nullcontext()
         return edit_attention(model, self_edit, cross_edit)
+
+    def images(self, start: int, stop: int) -> TextCondition:
+        """The condition of images start..stop-1 (without a prompt-to-prompt edit: its images depend on image 0)."""
+        if self.edit is not None:
+            raise ValueError("a prompt-to-prompt edit's images attend together: keep them in one batch")
+
+        def rows(x):
+            return None if x is None else x[start:stop]
+
+        return TextCondition(rows(self.states), rows(self.mask), rows(self.negative_states), rows(self.negative_mask),
+                             rows(self.scale), rows(self.negative_scale))
 
     def at_timesteps(self, timesteps: Sequence) -> TextCondition:
         """This condition with its edit counting steps on the sampler's `timesteps` (a no-op without an edit)."""
@@ -246,8 +262,26 @@ class Guidance:
     def main_pass(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None,
                   text: TextCondition | None = None, applies: bool | None = None) -> list[torch.Tensor]:
         """The main model's outputs [ε_c, (ε_u), (ε_p)]: the rows each term needs, batched into one UNet call; [ε_c]
-        alone outside the interval. applies: `applies_at(t)`, when the caller has it already (None: asked here)."""
-        if not (self.applies_at(t) if applies is None else applies):
+        alone outside the interval. applies: `applies_at(t)`, when the caller has it already (None: asked here).
+
+        On a CPU a batch of more than ROWS_PER_CALL rows runs as several such calls, each on whole images: the same
+        rows, each computed alone, so the same outputs, with feature maps that stay in the caches. The whole batch
+        stays one call where it must: while attention is captured (the records are the call's), and under a
+        prompt-to-prompt edit (its images read image 0's maps)."""
+        applies = self.applies_at(t) if applies is None else applies
+        per_call = max(1, ROWS_PER_CALL // (self.main_passes if applies else 1))  # images per call
+        B = x.shape[0]
+        if B <= per_call or x.device.type != "cpu" or CAPTURES.active() or (text is not None and text.edit is not None):
+            return self._one_call(unet, x, t, labels, text, applies)
+        calls = [self._one_call(unet, x[i : i + per_call], t, None if labels is None else labels[i : i + per_call],
+                                None if text is None else text.images(i, i + per_call), applies)
+                 for i in range(0, B, per_call)]
+        return [torch.cat(term) for term in zip(*calls)]  # each term (B, C, H, W), the images in order
+
+    def _one_call(self, unet: nn.Module, x: torch.Tensor, t, labels: torch.Tensor | None, text: TextCondition | None,
+                  applies: bool) -> list[torch.Tensor]:
+        """main_pass's terms for images x, in one UNet call."""
+        if not applies:
             return [_call(unet, x, t, labels, text, "c")]
         B = x.shape[0]
         n = self.main_passes
