@@ -175,7 +175,8 @@ def sample(
     callback(i, t, x_t, x0_pred) runs after every step (tensors in [-1, 1]); `trajectory_every=k`
     keeps x_t and x₀ every k steps; `capture_steps` lists step indices whose attention is recorded.
     guidance: classifier-free, perturbed-attention and autoguidance (denoiser.sampling.guidance); the main
-    model's passes run as one batch per step (its captured attention: the images' own rows first).
+    model's passes run as one batch per step (its captured attention: the images' own rows first; on a CPU, more than
+    ROWS_PER_CALL rows as several calls of whole images, Guidance.main_pass).
 
     Starting elsewhere than pure noise (what denoising, editing and inpainting need, denoiser.restore.chains):
     `timesteps` is a descending list the chain visits instead of `num_inference_steps` evenly spaced
