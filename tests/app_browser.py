@@ -19,7 +19,7 @@ from denoiser.folders.model_dir import WEIGHTS_DIR
 from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
-__all__ = ["CHROMIUM", "BROWSER_ARGS", "RESULTS", "browser_page", "open_app", "screenshots", "free_port", "choose", "click_result",
+__all__ = ["CHROMIUM", "BROWSER_ARGS", "RESULTS", "browser_page", "open_app", "settled", "screenshots", "free_port", "choose", "click_result",
            "no_errors", "weights", "demo", "server"]
 
 CHROMIUM = "/usr/bin/chromium"
@@ -36,10 +36,15 @@ def screenshots(tmp_path: Path) -> Path:
 
 
 def open_app(page, server: str) -> None:
-    """Go to the app and wait until it has settled: the load event has set the form to the default model's best (a
-    class picked), as a visitor sees it. On a busy server it comes late, and would overwrite a change made before it
-    (a model picked before it came was set back, and a text model's prompt hidden again)."""
+    """Go to the app and wait until it has settled (`settled`)."""
     page.goto(server)
+    settled(page)
+
+
+def settled(page) -> None:
+    """Wait until a page just opened or reloaded has settled: the load event has set the form to the default model's
+    best (a class picked), as a visitor sees it. On a busy server it comes late, and would overwrite a change made
+    before it (a model picked before it came was set back, and a text model's prompt hidden again)."""
     page.wait_for_function("() => { const c = document.querySelector('#class input'); "
                            "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
 

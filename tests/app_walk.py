@@ -29,7 +29,7 @@ from pathlib import Path
 from PIL import Image
 
 from denoiser.image_io import SETTINGS_KEY
-from tests.app_browser import RESULTS
+from tests.app_browser import RESULTS, settled
 from tests.app_walk_actions import WalkActions
 from tests.app_walk_checks import ALLOWED, WalkChecks
 
@@ -139,8 +139,7 @@ class Walk(WalkActions, WalkChecks):
     def restart(self) -> None:
         """After a failure (keep_going): the page reloaded, a fresh session whose state the walk knows again."""
         self.page.reload()
-        self.page.wait_for_function("() => { const c = document.querySelector('#class input'); "
-                                    "return c && c.value && c.value !== '(any)'; }", timeout=60_000)
+        settled(self.page)
         self.steps.append("(reload the page: a fresh session)")
         self.segment = len(self.steps)
         # (the runs seen stay: the browser keeps its earlier results over a reload)

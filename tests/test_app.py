@@ -15,7 +15,7 @@ from denoiser.app import views
 from denoiser.app.layout import CSS
 from denoiser.fast.precision import choose_precision
 from denoiser.folders.model_dir import WEIGHTS_DIR
-from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, click_result, open_app, screenshots
+from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, click_result, open_app, screenshots, settled
 from tests.app_browser import choose as _choose
 from tests.app_browser import no_errors as _no_errors
 from tests.test_app_serve import _assert_sampling_runs, _cpu_seconds_over, _sampling_threads
@@ -176,6 +176,7 @@ def test_browser_generate_click_and_see_heatmaps(server, tmp_path):
         # issue 35 item 14: the session's results outlive a reload (kept in the browser, as far as Gradio allows),
         # and "use these settings" reads them back
         page.reload()
+        settled(page)  # the load event first: it would overwrite the settings read back before it
         page.locator("#earlier img").first.wait_for(timeout=30_000)
         assert page.locator("#earlier img").count() == 8  # the one run's 8 images
         click_result(page, "earlier", 2)
