@@ -265,7 +265,8 @@ class Guidance:
         alone outside the interval. applies: `applies_at(t)`, when the caller has it already (None: asked here).
 
         On a CPU a batch of more than ROWS_PER_CALL rows runs as several such calls, each on whole images: the same
-        rows, each computed alone, so the same outputs, with feature maps that stay in the caches. The whole batch
+        function of each image (the images came out the same to the pixel, bench/sample_batch.md), with feature maps
+        that stay in the caches. The whole batch
         stays one call where it must: while attention is captured (the records are the call's), and under a
         prompt-to-prompt edit (its images read image 0's maps)."""
         applies = self.applies_at(t) if applies is None else applies
