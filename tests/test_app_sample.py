@@ -252,6 +252,11 @@ def slow_steps(monkeypatch):
 
 
 UNET_S = 0.4
+# what the page's scripts (denoiser.app.controls) know of the jobs, relative to now (ms): for a failure's message
+PAGE_JOB_STATE = """() => { const now = Date.now(), ago = t => t ? now - t : null;
+    return {stopped_ms_ago: ago(window.denoiserStoppedAt), stop_done_ms_ago: ago(window.denoiserStopDone),
+            ran_ms_ago: Object.fromEntries(Object.entries(window.denoiserRan || {}).map(([b, t]) => [b, ago(t)])),
+            retrying: !!window.denoiserRetry, cancels_in_flight: window.denoiserCancels}; }"""
 # after Stop, the next Generate at these gaps (seconds): the old page dropped one pressed within ~0.5 s of Stop
 STOP_GAPS = (0.05, 0.2, 0.1, 0.3, 0.0)
 
@@ -283,7 +288,7 @@ def test_browser_generate_right_after_stop_runs(server, slow_steps, reset):
             if len(runs) < k + 1:
                 seen = page.evaluate("() => window.statusSeen || []")
                 pytest.fail(f"try {k} (Generate {STOP_GAPS[k - 1]} s after Stop): nothing ran; the status line showed "
-                            f"{seen[-3:]}")
+                            f"{seen[-3:]}; the page's job state: {page.evaluate(PAGE_JOB_STATE)}")
             page.locator("#status").get_by_text("denoising: step").wait_for(timeout=30_000)
             page.wait_for_timeout(1500)
             page.locator("#stop").click()
