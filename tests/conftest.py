@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -60,6 +61,17 @@ def generators(seed: int, n: int) -> list[torch.Generator]:
 def seeded_noise(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """(B, ...) starting noise as the seed rule draws it: image k from generators(seed, B)[k]."""
     return torch.cat([torch.randn((1, *shape[1:]), generator=g) for g in generators(seed, shape[0])])
+
+
+@contextlib.contextmanager
+def unet_calls(unet: torch.nn.Module):
+    """A list that fills with the rows of each call of `unet` while the context is open."""
+    rows: list[int] = []
+    hook = unet.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
+    try:
+        yield rows
+    finally:
+        hook.remove()
 
 
 def random_text_model(folder: Path, width: int = 12) -> Path:

@@ -22,7 +22,7 @@ from denoiser.model.text import HashTextEncoder
 from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
-from tests.app_browser import CHROMIUM, browser_page, no_errors
+from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
 from tests.conftest import TINY, app_page
 from tests.test_text import TEXT, D, _tokenizer, _wake_cross
 
@@ -335,8 +335,6 @@ def test_browser_on_a_phone_the_prompt_sits_under_generate_and_the_tables_fit(se
     """Issue 51 item 12 for a text model: at 390x844 its prompt and example prompts come right under Generate and its
     status (as a class model's class does: tests/test_app_sample.py), and the tables fit the width."""
     from playwright.sync_api import expect
-
-    from tests.app_browser import screenshots
 
     with browser_page(server, height=844, width=390) as page:
         page.locator("#model input").click()

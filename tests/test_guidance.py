@@ -13,7 +13,7 @@ from denoiser.model.attention import attention_layer_names
 from denoiser.model.attention_blocks import SpatialSelfAttention, identity_attention, to_tokens
 from denoiser.sampling.guidance import Guidance, check_guide
 from denoiser.sampling.loop import sample, sampling_context
-from tests.conftest import TINY, seeded_noise
+from tests.conftest import TINY, seeded_noise, unet_calls
 
 
 def test_identity_attention_output_is_the_value_path_by_hand():
@@ -122,12 +122,6 @@ def test_guidance_formulas_match_a_hand_written_loop(class_unet, guide_unet, w, 
     assert (plain - got).abs().max() > 1e-3
 
 
-def _calls(unet) -> tuple[list[int], object]:
-    """(the rows of each UNet call, the hook's handle)."""
-    rows: list[int] = []
-    return rows, unet.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
-
-
 def test_a_batch_over_rows_per_call_runs_as_calls_of_whole_images_with_the_same_images(class_unet, monkeypatch):
     """On a CPU, many images with guidance (64 with CFG: 128 rows) ran 1.2-1.3x slower per row than calls of 32 rows
     (bench/sample_batch.md): main_pass splits them into calls of whole images, each with all its terms' rows."""
@@ -141,21 +135,20 @@ def test_a_batch_over_rows_per_call_runs_as_calls_of_whole_images_with_the_same_
     def images() -> torch.Tensor:
         return sample(unet, DDIMScheduler(num_train_timesteps=1000), 5, 4, seed=1, class_labels=labels, guidance=g).images
 
-    rows, hook = _calls(unet)
-    whole = images()
-    assert rows == [5] * 2 + [15] * 2  # 2 steps outside the interval (ε_c alone), 2 inside: 3 terms x 5 images
-    rows.clear()
-    monkeypatch.setattr(guidance, "ROWS_PER_CALL", 6)
-    split = images()
-    assert rows == [5] * 2 + [6, 6, 3] * 2  # outside: 5 rows fit; inside: 2 images (6 rows) a call
-    torch.testing.assert_close(split, whole, rtol=0, atol=1e-12)
-    assert (split - sample(unet, DDIMScheduler(num_train_timesteps=1000), 5, 4, seed=1, class_labels=labels).images
-            ).abs().max() > 1e-3  # the guidance acted
-    rows.clear()
-    with torch.no_grad(), capture_attention(unet) as records:  # captured: one call, the records the batch's
-        g.main_pass(unet, torch.randn(5, 3, 16, 16, dtype=torch.float64), torch.tensor(250), labels)
-    assert rows == [15] and {r.q.shape[0] for r in records} == {15}
-    hook.remove()
+    with unet_calls(unet) as rows:
+        whole = images()
+        assert rows == [5] * 2 + [15] * 2  # 2 steps outside the interval (ε_c alone), 2 inside: 3 terms x 5 images
+        rows.clear()
+        monkeypatch.setattr(guidance, "ROWS_PER_CALL", 6)
+        split = images()
+        assert rows == [5] * 2 + [6, 6, 3] * 2  # outside: 5 rows fit; inside: 2 images (6 rows) a call
+        torch.testing.assert_close(split, whole, rtol=0, atol=1e-12)
+        assert (split - sample(unet, DDIMScheduler(num_train_timesteps=1000), 5, 4, seed=1, class_labels=labels).images
+                ).abs().max() > 1e-3  # the guidance acted
+        rows.clear()
+        with torch.no_grad(), capture_attention(unet) as records:  # captured: one call, the records the batch's
+            g.main_pass(unet, torch.randn(5, 3, 16, 16, dtype=torch.float64), torch.tensor(250), labels)
+        assert rows == [15] and {r.q.shape[0] for r in records} == {15}
 
 
 def test_guidance_interval_guides_only_the_steps_inside_it(class_unet, guide_unet):

@@ -25,7 +25,7 @@ from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sampling.plan import resolve, run
 from denoiser.train.config import RunConfig, apply_overrides, config_from_dict
 from denoiser.train.init_from import init_text_encoder, load_init_weights, load_into
-from tests.conftest import ROOT, TINY, TRAIN_CONFIG, generators
+from tests.conftest import ROOT, TINY, TRAIN_CONFIG, generators, unet_calls
 from tests.test_data_captions import emoji_folder
 
 D = 16  # token width = the UNet's cross_attention_dim
@@ -289,9 +289,7 @@ def test_prompts_over_rows_per_call_run_as_calls_of_whole_images_but_an_edits_st
     prompts, negative = ["(red:1.6) apple on a wooden table", "cat", "", "hot (tea:0.5)"], ["blurry", "", "a dog", ""]
     cond = TextCondition.encode(tok, enc, prompts, negative)
     x, t, g = torch.randn(4, 3, 16, 16, dtype=torch.float64), torch.tensor(700), Guidance(scale=3.0)
-    rows: list[int] = []
-    hook = unet.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]))
-    with torch.no_grad():
+    with torch.no_grad(), unet_calls(unet) as rows:
         whole = g.main_pass(unet, x, t, None, cond)
         monkeypatch.setattr(guidance, "ROWS_PER_CALL", 2)  # 1 image, its 2 rows, a call
         split = g.main_pass(unet, x, t, None, cond)
@@ -303,7 +301,6 @@ def test_prompts_over_rows_per_call_run_as_calls_of_whole_images_but_an_edits_st
         edited = TextCondition.encode(tok, enc, ["a red apple", "a blue apple"], edit=PromptEdit("replace", 0.8, 0.4))
         g.main_pass(unet, x[:2], t, None, edited.at_timesteps([700]))
         assert rows == [4]
-    hook.remove()
     with pytest.raises(ValueError, match="one batch"):
         edited.images(0, 1)
 
