@@ -10,7 +10,9 @@ model with its prompt's token states) on each path, the paths alternating call b
   - float32:  eager, inside `sampling_context` held to float32 (what runs where bf16 does not pay), its 3x3
               convolutions by Winograd's algorithm (denoiser.fast.winograd) where the kernels are built;
   - float32-direct: the same with torch's own convolutions (the path before the Winograd kernel);
-  - bfloat16: eager under CPU bf16 autocast, inside `sampling_context` held to bfloat16;
+  - bfloat16: eager under CPU bf16 autocast, inside `sampling_context` held to bfloat16 (left out, with the bf16
+              GEMM rate, where the CPU has no native bfloat16 and autocast emulates it: 0.16x float32 on a Zen 3;
+              `--bf16` keeps it);
   - compile:  `torch.compile` of the float32 path (`--compile`: minutes of compiling first);
   - openvino-f32 / openvino-bf16: OpenVINO (when `openvino` is importable) from `torch.export`, its CPU plugin with
     INFERENCE_PRECISION_HINT f32 / bf16, 2 threads, static shapes.
@@ -33,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from train_throughput import gemm_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from denoiser.fast.precision import asked, choose_precision  # noqa: E402
+from denoiser.fast.precision import asked, choose_precision, native_bf16  # noqa: E402
 from denoiser.fast.winograd import switched  # noqa: E402
 from denoiser.folders.model_dir import load  # noqa: E402
 from denoiser.model.text import encode_prompts  # noqa: E402
@@ -138,13 +140,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--compile", action="store_true", help="add torch.compile's float32 path (slow to start)")
     parser.add_argument("--no-openvino", action="store_true", help="leave OpenVINO out even where it is installed")
+    parser.add_argument("--bf16", action="store_true", help="time bfloat16 even where the CPU emulates it")
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    rates = {"float32": gemm_rate(torch.float32), "bfloat16": gemm_rate(torch.bfloat16)}
+    bf16 = args.bf16 or native_bf16() is not False
+    rates = {"float32": gemm_rate(torch.float32), "bfloat16": gemm_rate(torch.bfloat16) if bf16 else 0.0}
     roof = max(rates.values())
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    print(f"GEMM 2048²: float32 {rates['float32'] / 1e12:.3f} TFLOP/s, bfloat16 {rates['bfloat16'] / 1e12:.3f} TFLOP/s")
+    print(f"GEMM 2048²: float32 {rates['float32'] / 1e12:.3f} TFLOP/s, "
+          + (f"bfloat16 {rates['bfloat16'] / 1e12:.3f} TFLOP/s" if bf16 else "bfloat16 not timed (no native bf16 here)"))
     print(f"precision every door picks here: {choose_precision().describe()}\n")
     print("| model | batch | path | ms / call | img/s | vs float32 | TFLOP/s | share of the best GEMM rate | max abs Δε |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -155,8 +160,9 @@ def main() -> None:
             inputs = model_inputs(model, batch)
             flops = flops_per_image(unet, inputs, batch)
             sides = {"float32": eager_side(unet, inputs, torch.float32),
-                     "float32-direct": eager_side(unet, inputs, torch.float32, winograd=False),
-                     "bfloat16": eager_side(unet, inputs, torch.bfloat16)}
+                     "float32-direct": eager_side(unet, inputs, torch.float32, winograd=False)}
+            if bf16:
+                sides["bfloat16"] = eager_side(unet, inputs, torch.bfloat16)
             if args.compile:
                 sides["compile"] = compiled_side(unet, inputs)
             if not args.no_openvino:
