@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 
 import torch
-from profiling import cpu_name
+from profiling import bf16_timed, cpu_name
 from torch.utils.flop_counter import FlopCounterMode
 from train_throughput import gemm_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from denoiser.fast.precision import asked, choose_precision, native_bf16  # noqa: E402
+from denoiser.fast.precision import asked, choose_precision  # noqa: E402
 from denoiser.fast.winograd import switched  # noqa: E402
 from denoiser.folders.model_dir import load  # noqa: E402
 from denoiser.model.text import encode_prompts  # noqa: E402
@@ -144,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    bf16 = args.bf16 or native_bf16() is not False
+    bf16 = bf16_timed(args.bf16)
     rates = {"float32": gemm_rate(torch.float32), "bfloat16": gemm_rate(torch.bfloat16) if bf16 else 0.0}
     roof = max(rates.values())
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")

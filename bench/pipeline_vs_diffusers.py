@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 from diffusers import DDIMPipeline, DDIMScheduler, DiffusionPipeline
-from profiling import cpu_name
+from profiling import bf16_timed, cpu_name
 from sample_throughput import unet2d_like
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import denoiser  # noqa: E402,F401  (registers DenoiserPipeline with diffusers)
-from denoiser.fast.precision import choose_precision, native_bf16  # noqa: E402
+from denoiser.fast.precision import choose_precision  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parent.parent / "weights" / "cifar10"
 
@@ -61,7 +61,7 @@ def main() -> None:
 
     sides = {"denoiser": run_ours, "diffusers fp32": lambda: run_theirs(False), "diffusers bf16": lambda: run_theirs(True)}
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    if native_bf16() is False and not args.bf16:
+    if not bf16_timed(args.bf16):
         del sides["diffusers bf16"]
         print("diffusers bf16: left out, this CPU has no native bfloat16 (autocast would emulate it; --bf16 runs it)")
     print(f"denoiser's precision here: {choose_precision(ours.unet).describe()}")

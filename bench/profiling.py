@@ -1,5 +1,5 @@
 """Shared by the throughput benchmarks: the CPU's name and instruction sets for every header, sides timed interleaved
-round by round, and how long the convolutions alone take in one profiled call.
+round by round, whether to time bfloat16 here, and how long the convolutions alone take in one profiled call.
 
 The convolutions already run near this CPU's GEMM rate, so (competitor's time) / (our convolution
 time) is the ratio we would reach if everything else took no time: the ceiling for any target.
@@ -38,6 +38,15 @@ def cpu_name() -> str:
         isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
         return f"{name or platform.processor()} ({', '.join(isa) or 'no AVX2'})"
     return platform.processor() or platform.machine()
+
+
+def bf16_timed(forced: bool) -> bool:
+    """Whether a benchmark times a bfloat16 side: the CPU does bf16 natively (or cannot tell), or `--bf16` forced it.
+    Elsewhere autocast emulates bf16 (0.16x float32 on an AVX2-only Zen 3, where one such side ran over 20 minutes)
+    and issue 58 sets no bf16 bar."""
+    from denoiser.fast.precision import native_bf16  # the caller has put the repository on sys.path
+
+    return forced or native_bf16() is not False
 
 
 def interleaved(sides: dict, rounds: int) -> dict[object, list[float]]:

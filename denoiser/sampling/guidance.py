@@ -266,9 +266,8 @@ class Guidance:
 
         On a CPU a batch of more than ROWS_PER_CALL rows runs as several such calls, each on whole images: the same
         function of each image (the images came out the same to the pixel, bench/sample_batch.md), with feature maps
-        that stay in the caches. The whole batch
-        stays one call where it must: while attention is captured (the records are the call's), and under a
-        prompt-to-prompt edit (its images read image 0's maps)."""
+        that stay in the caches. The whole batch stays one call where it must: while attention is captured (the
+        records are the call's), and under a prompt-to-prompt edit (its images read image 0's maps)."""
         applies = self.applies_at(t) if applies is None else applies
         per_call = max(1, ROWS_PER_CALL // (self.main_passes if applies else 1))  # images per call
         B = x.shape[0]
