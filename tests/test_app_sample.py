@@ -308,7 +308,11 @@ def test_browser_generate_right_after_stop_runs(server, slow_steps, reset):
             page.locator("#stop").click()
             page.wait_for_timeout(5000)
             assert len(runs) == len(STOP_GAPS) + 1, "a Generate stopped before it went out ran anyway"
-        page.locator("#status").get_by_text("stopped at step").wait_for(timeout=30_000)
+        try:
+            page.locator("#status").get_by_text("stopped at step").wait_for(timeout=30_000)
+        except Exception:  # once in CI-like load (stop 67's fresh clone); the line and job state say which Stop wrote it
+            pytest.fail(f"no 'stopped at step' line: the status line reads {page.locator('#status').inner_text()!r}; "
+                        f"the page's job state: {page.evaluate(PAGE_JOB_STATE)}")
 
 
 def test_browser_a_new_run_closes_the_messages_of_earlier_requests(server):
