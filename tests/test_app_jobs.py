@@ -58,6 +58,25 @@ def test_a_job_stopped_while_it_waits_in_the_queue_says_it_never_started():
     assert jobs.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")
 
 
+def test_stops_line_counts_from_the_click_not_from_its_queued_handler():
+    """A fresh clone's make test (stop 67): Generate pressed 0.3 s before a second Stop, and the page's last line read
+    "cancelled before it started", not "stopped at step". Stop's queued handler had started late on the busy
+    machine, and its times counted from there, so the Generate looked as if it had waited QUEUED_S in the queue.
+    They count from the click now (Jobs.halter notes it)."""
+    import time
+    from types import SimpleNamespace
+
+    running = "stopped at step 3 / 50: the preview is that step's predicted clean image (x₀)"
+    for gap, cancelled in ((0.0, False), (0.8, True)):  # the request this long before Stop's click
+        jobs, session = Jobs(), SimpleNamespace(session_hash=f"late-{gap}")
+        jobs.requester("status")(session)
+        time.sleep(gap)
+        jobs.halter("status")(session)  # Stop clicked
+        time.sleep(0.8)  # its queued handler starts this late (QUEUED_S is 0.5)
+        line = jobs.stopped(running, session, "status")
+        assert line.startswith("**cancelled before it started**") == cancelled, (gap, line)
+
+
 def test_a_job_left_by_its_cancel_stops_and_stop_says_so(monkeypatch):
     """Under load the page's Stop cancelled Gradio's task but sent the event id of the job before, so Gradio closed no
     generator (gradio 6.31 closes the one of that id): the worker sampled on unseen to the end, and Stop's line waited

@@ -41,6 +41,7 @@ class Jobs:
         # its handler ends: a handler left by a cancel that closed no generator; set to stop its work: halter)
         self._running: dict[tuple[str, str], tuple[threading.Event, threading.Event]] = {}
         self._requested: dict[tuple[str, str], float] = {}  # (session, status line) -> when a job not started was asked
+        self._stop_pressed: dict[tuple[str, str], float] = {}  # (session, status line) -> when Stop was last clicked
         self._lock = threading.Lock()
 
     def requester(self, line: str):
@@ -103,10 +104,17 @@ class Jobs:
         """A Stop button's unqueued listener: the job of this session running on the status line `line` stops its work
         at its next step, whatever Gradio's cancel does (under load the page's cancel can name the job before: it
         then cancels Gradio's task but closes no generator, and the work went on unseen). Unqueued, it acts at the
-        click, before a job pressed after the Stop can start."""
+        click, before a job pressed after the Stop can start. It notes when Stop was clicked, for Stop's line (stopped)."""
 
         def halt(request: gr.Request) -> None:
-            events = self._running.get((getattr(request, "session_hash", None) or "", line))
+            key = (getattr(request, "session_hash", None) or "", line)
+            if key[0]:
+                with self._lock:
+                    self._stop_pressed.pop(key, None)
+                    self._stop_pressed[key] = time.monotonic()
+                    while len(self._stop_pressed) > MARKS_KEPT:
+                        self._stop_pressed.pop(next(iter(self._stop_pressed)))
+            events = self._running.get(key)
             if events is not None:
                 events[1].set()
 
@@ -142,10 +150,16 @@ class Jobs:
     def stopped(self, status: str | None, request: gr.Request | None = None, line: str = "status"):
         """The status line `line` after Stop, written once the cancel has reached the page; untouched when a job of
         this session has ended on it since Stop was pressed (Generate pressed right after Stop, a short run: its line
-        is the new run's). A job still running then writes its progress over this line at its next step."""
-        pressed = time.monotonic()
-        time.sleep(STOP_SETTLE_S)  # the cancel reaches the page first: this line comes after its state
+        is the new run's). A job still running then writes its progress over this line at its next step.
+
+        Times count from Stop's click (halter notes it), not from this handler's start: under load the queue starts
+        it seconds later, and a Generate pressed 0.3 s before a second Stop then looked as if it had waited in the
+        queue for long ("cancelled before it started" written over "stopped at step")."""
         session = getattr(request, "session_hash", None)
+        now = time.monotonic()
+        clicked = self._stop_pressed.get((session or "", line), 0.0)
+        pressed = clicked if now - clicked < STOP_WAIT_S else now  # no click noted (an API call): from now
+        time.sleep(STOP_SETTLE_S)  # the cancel reaches the page first: this line comes after its state
         while self._is_running((session or "", line)) and time.monotonic() - pressed < STOP_WAIT_S:
             time.sleep(0.05)  # the stopped job ends after its UNet call: the page presses a waiting Generate after this
         if session and self._finished.get((session, line), 0.0) > pressed:
