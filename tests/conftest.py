@@ -162,10 +162,16 @@ def write_config(path: Path, **sections) -> Path:
 
 
 def cli(*args: str, launcher: list[str] | None = None, env: dict | None = None, check: bool = True, timeout: int = 300):
-    """Run `denoiser ...` in a subprocess (optionally under a launcher), returning the CompletedProcess."""
+    """Run `denoiser ...` in a process of its own (optionally under a launcher), returning the CompletedProcess: a fork
+    of a process that has imported torch and the rest (tests/forked_cli.py: 5 s less a command), or a new interpreter
+    under a launcher or with an environment of its own."""
+    from tests import forked_cli
+
     cmd = (launcher or [sys.executable, "-m", "denoiser.cli.main"]) + list(args)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    res = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    res = None if launcher else forked_cli.run(list(args), str(ROOT), full_env, timeout)
+    if res is None:
+        res = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
     if check and res.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res
