@@ -24,9 +24,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs files on 2 workers
 # make test's longest files, longest first (seconds on 2 workers, AVX2 Zen 3, 2026-12-07): the workers take them
 # first and end together on the short ones, where xdist's own order (most tests first) left one worker alone on the
 # walk for the last 80 s. The order only schedules; a file missing here runs after these
-LONGEST_FILES = ("test_train.py", "test_app_sample.py", "test_app_photo_tab.py", "test_train_distributed.py",  # 260..125 s
-                 "test_app.py", "test_app_serve.py", "test_install.py", "test_app_photo_tab_page.py",  # 100..59 s
-                 "test_app_walk.py", "test_app_text.py", "test_app_word_edit.py", "test_app_attention_tab.py")  # 58..36 s
+LONGEST_FILES = ("test_app_sample.py", "test_app_photo_tab.py", "test_train_distributed.py", "test_app.py",  # 206..89 s
+                 "test_app_serve.py", "test_train.py", "test_app_walk.py", "test_app_photo_tab_page.py",  # 78..58 s
+                 "test_app_text.py", "test_install.py", "test_app_word_edit.py", "test_app_attention_tab.py")  # 49..33 s
 
 
 def pytest_collection_modifyitems(items: list) -> None:
