@@ -20,7 +20,7 @@ import tempfile
 from multiprocessing import forkserver
 
 # what `denoiser train` imports before its work (the fork server imports them once)
-PRELOAD = ["torch", "torchvision", "diffusers", "accelerate", "denoiser.cli.main", "denoiser.train.command"]
+PRELOAD = ["torch", "torchvision", "diffusers", "accelerate", "denoiser.cli.main", "denoiser.train.loop"]
 
 RUNTIME_ONLY = {"PYTEST_CURRENT_TEST"}  # set by pytest for each test, read by nobody at import
 _server_env: dict[str, str] | None = None

@@ -164,3 +164,17 @@ def test_python_dash_m_denoiser_cli_runs_the_command_line():
     out = subprocess.run([sys.executable, "-m", "denoiser.cli", "--help"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "build-kernels" in out.stdout and "sample" in out.stdout
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"]])
+def test_help_loads_no_torch(argv):
+    """`denoiser train --help` took 5.5 s: the train flags' module imported accelerate and the config's torchvision at
+    its top, though its comment said the flags load no torch. They are imported when a run starts now."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom denoiser.cli.main import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'accelerate', 'diffusers', 'torchvision') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
+    assert "--config" in out.stdout or "train" in out.stdout

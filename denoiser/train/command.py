@@ -10,10 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from accelerate import PartialState
-
 from denoiser.fast import malloc
-from denoiser.train.config import load_config
 
 __all__ = ["add_train_arguments", "cmd_train", "main"]
 
@@ -34,10 +31,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     """`denoiser train`: the config with its overrides, the run, then where its outputs are (main process)."""
+    # imported here: `denoiser --help` and the flags load no torch (the config's modules import accelerate and
+    # torchvision, ~5 s)
+    from accelerate import PartialState
+
+    from denoiser.train.config import load_config
+    from denoiser.train.loop import train
+
     overrides = list(args.overrides) + ([f"train.max_steps={args.max_steps}"] if args.max_steps else [])
     cfg = load_config(args.config, overrides)
     out = args.output_dir or str(Path("runs") / Path(args.config).stem)
-    from denoiser.train.loop import train  # imported here: `denoiser --help` and the flags load no torch
 
     model_dir = train(cfg, out, resume=args.resume, overwrite=args.overwrite, init_from=args.init_from)
     if PartialState().is_main_process:
