@@ -15,7 +15,16 @@ from denoiser.app import views
 from denoiser.app.layout import CSS
 from denoiser.fast.precision import choose_precision
 from denoiser.folders.model_dir import WEIGHTS_DIR
-from tests.app_browser import BROWSER_ARGS, CHROMIUM, browser_page, click_result, open_app, screenshots, settled
+from tests.app_browser import (
+    BROWSER_ARGS,
+    CHROMIUM,
+    browser_page,
+    click_result,
+    open_app,
+    screenshots,
+    settled,
+    wait_for_status,
+)
 from tests.app_browser import choose as _choose
 from tests.app_browser import no_errors as _no_errors
 from tests.test_app_serve import _assert_sampling_runs, _cpu_seconds_over, _sampling_threads
@@ -360,14 +369,8 @@ def test_browser_examples_fill_the_settings_and_a_picture(server, demo, weights,
         page.locator("#steps input[type=number]").fill("3")
         page.locator("#steps input[type=number]").press("Enter")
         page.locator("#generate").click()  # the issue's failing step: Generate after the switch
-        try:
-            page.locator("#status").get_by_text(re.compile(r"done: 8 image\(s\) of class .+, 3 steps")).wait_for(
-                timeout=60_000)
-        except Exception:  # once in a fresh clone's make test here (stop 68): say what the page showed
-            pytest.fail(f"Generate after the row's run: no 'done: ... 3 steps' line in 60 s; the status line reads "
-                        f"{page.locator('#status').inner_text()!r}, steps reads "
-                        f"{page.locator('#steps input[type=number]').input_value()!r}, the page's job marks "
-                        f"{page.evaluate('() => [window.denoiserRan, window.denoiserStoppedAt, window.denoiserCancels]')}")
+        # timed out once in a fresh clone's make test here (stop 68): its failure says what the page showed
+        wait_for_status(page, re.compile(r"done: 8 image\(s\) of class .+, 3 steps"), 60_000)
         _no_errors(page)
         # issue 35 item 4: Gradio's cache sweep (delete_cache) removes every file it made; the examples stay
         # (the run's keep_results may still be adding files: denoiser.app.cache_sweep keeps that from failing it)

@@ -13,7 +13,15 @@ import httpx
 import pytest
 
 from denoiser.image_io import read_settings
-from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots, type_number
+from tests.app_browser import (
+    CHROMIUM,
+    PAGE_JOB_STATE,
+    browser_page,
+    no_errors,
+    screenshots,
+    type_number,
+    wait_for_status,
+)
 from tests.app_walk_actions import OUT_OF_RANGE  # (elem_id, text, the control in the message, the field)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
@@ -252,11 +260,6 @@ def slow_steps(monkeypatch):
 
 
 UNET_S = 0.4
-# what the page's scripts (denoiser.app.controls) know of the jobs, relative to now (ms): for a failure's message
-PAGE_JOB_STATE = """() => { const now = Date.now(), ago = t => t ? now - t : null;
-    return {stopped_ms_ago: ago(window.denoiserStoppedAt), stop_done_ms_ago: ago(window.denoiserStopDone),
-            ran_ms_ago: Object.fromEntries(Object.entries(window.denoiserRan || {}).map(([b, t]) => [b, ago(t)])),
-            retrying: !!window.denoiserRetry, cancels_in_flight: window.denoiserCancels}; }"""
 # after Stop, the next Generate at these gaps (seconds): the old page dropped one pressed within ~0.5 s of Stop
 STOP_GAPS = (0.05, 0.2, 0.1, 0.3, 0.0)
 
@@ -308,11 +311,8 @@ def test_browser_generate_right_after_stop_runs(server, slow_steps, reset):
             page.locator("#stop").click()
             page.wait_for_timeout(5000)
             assert len(runs) == len(STOP_GAPS) + 1, "a Generate stopped before it went out ran anyway"
-        try:
-            page.locator("#status").get_by_text("stopped at step").wait_for(timeout=30_000)
-        except Exception:  # once in CI-like load (stop 67's fresh clone); the line and job state say which Stop wrote it
-            pytest.fail(f"no 'stopped at step' line: the status line reads {page.locator('#status').inner_text()!r}; "
-                        f"the page's job state: {page.evaluate(PAGE_JOB_STATE)}")
+        # once in CI-like load (stop 67's fresh clone); the line and job state say which Stop wrote it
+        wait_for_status(page, "stopped at step", 30_000)
 
 
 def test_browser_a_new_run_closes_the_messages_of_earlier_requests(server):

@@ -109,11 +109,7 @@ class Jobs:
         def halt(request: gr.Request) -> None:
             key = (getattr(request, "session_hash", None) or "", line)
             if key[0]:
-                with self._lock:
-                    self._stop_pressed.pop(key, None)
-                    self._stop_pressed[key] = time.monotonic()
-                    while len(self._stop_pressed) > MARKS_KEPT:
-                        self._stop_pressed.pop(next(iter(self._stop_pressed)))
+                self._mark(self._stop_pressed, key)
             events = self._running.get(key)
             if events is not None:
                 events[1].set()
@@ -133,11 +129,15 @@ class Jobs:
         if request is None or not getattr(request, "session_hash", None):
             return
         self._requested.pop((request.session_hash, line), None)
+        self._mark(self._finished, (request.session_hash, line))
+
+    def _mark(self, marks: dict[tuple[str, str], float], key: tuple[str, str]) -> None:
+        """`marks[key]` = now, as the newest entry; the oldest dropped past MARKS_KEPT."""
         with self._lock:
-            self._finished.pop((request.session_hash, line), None)
-            self._finished[(request.session_hash, line)] = time.monotonic()
-            while len(self._finished) > MARKS_KEPT:
-                self._finished.pop(next(iter(self._finished)))
+            marks.pop(key, None)
+            marks[key] = time.monotonic()
+            while len(marks) > MARKS_KEPT:
+                marks.pop(next(iter(marks)))
 
     def stopper(self, line: str):
         """Stop's handler for the status line `line` (stopped)."""
