@@ -42,6 +42,9 @@ ADDED_NOISE_SEED = 12_345  # the seed offset of the noise a restore adds first (
 
 # what a request gets when neither it nor the model folder says otherwise
 BUILT_IN = {
+    # the model a door starts at (`denoiser sample` without --model, the app's first choice), found by name in
+    # $DENOISER_WEIGHTS or a clone's weights/: the best shipped model that needs no prompt
+    "model": "cifar10",
     "scheduler": "ddim",  # a folder's scheduler/ names its own (trailing timesteps for ours: cifar10 DDIM, emoji UniPC)
     "steps": 50,  # a folder's sampling.json may name its measured best as num_inference_steps
     "num_images": 8,  # images a run draws (the command line, the app, a request; diffusers' pipeline: its batch_size=1)
@@ -57,6 +60,9 @@ BUILT_IN = {
     # the images `denoiser attention-stats` generates to measure the heads: a fixed recipe, unguided
     "statistics_scheduler": "ddim",
     "statistics_steps": 25,
+    # the noise levels t the heads are measured at (`denoiser attention-stats`, the app's Heads tab): from pure noise
+    # (999) to nearly clean (30)
+    "statistics_timesteps": (999, 800, 600, 400, 250, 100, 30),
 }
 
 
@@ -92,6 +98,7 @@ class SampleRequest:
     eta: float = 0.0  # DDIM's stochasticity (0: deterministic); DDIM only
     guidance: GuidanceRequest = field(default_factory=GuidanceRequest)
     edit: PromptEdit | None = None  # prompt-to-prompt: image 0's prompt the source, images 1.. its edits (one batch)
+    precision: str | None = None  # "float32" or "bfloat16"; None or "auto": this machine's (denoiser.fast.precision)
 
 
 def sampler_name(scheduler_class: str) -> str:
@@ -124,6 +131,7 @@ class RestoreRequest:
     prompts: str | None = None  # a text model's prompt for edit and inpaint (a denoise keeps what the picture shows)
     negative_prompts: str | None = None  # what guidance steers away from; None: ""
     guidance: GuidanceRequest = field(default_factory=GuidanceRequest)
+    precision: str | None = None  # "float32" or "bfloat16"; None or "auto": this machine's (denoiser.fast.precision)
 
     @property
     def tiled(self) -> bool:

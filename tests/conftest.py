@@ -11,6 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # training-data stores (denoiser/data/store.py) of this session's tmp folders: never in the user's cache
 os.environ["DENOISER_CACHE"] = tempfile.mkdtemp(prefix="denoiser-test-cache-")
+# every test runs in float32 unless it asks otherwise: a suite's result must not depend on which precision this machine
+# decided (denoiser.fast.precision: bf16 autocast on some CPUs); tests/test_precision.py drives the decision itself
+os.environ["DENOISER_PRECISION"] = "float32"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

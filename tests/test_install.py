@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from denoiser.cli.main import DEFAULT_MODEL
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
@@ -39,6 +40,7 @@ def installed(tmp_path_factory):
                    capture_output=True, timeout=300)
     models = tmp / "models"
     shutil.copytree(SHAPES, models / "synthetic-shapes")
+    shutil.copytree(ROOT / "weights" / DEFAULT_MODEL, models / DEFAULT_MODEL)  # what `denoiser sample` finds by name
     work = tmp / "elsewhere"
     work.mkdir()
     return wheel, target, work, models
@@ -93,7 +95,7 @@ def test_sample_by_folder_and_by_name_and_the_error_says_where_it_looked(install
                         env={"DENOISER_WEIGHTS": str(models)})  # the default model, found by name
     assert res.returncode == 0, res.stderr
     res = run_installed(installed, "sample", "--out", "c.png", "--num-images", "1", "--steps", "1")
-    assert res.returncode == 2 and "unknown model 'synthetic-shapes'" in res.stderr and "DENOISER_WEIGHTS" in res.stderr
+    assert res.returncode == 2 and f"unknown model '{DEFAULT_MODEL}'" in res.stderr and "DENOISER_WEIGHTS" in res.stderr
     assert "Traceback" not in res.stderr and not (work / "c.png").exists()
 
 

@@ -1,8 +1,11 @@
-"""The inference precision (denoiser.fast.precision): chosen by measurement, named where it ran, float32 when asked
-for, and attention maps captured exactly in float32 whatever the sampling runs in. Nothing here depends on which
-precision this CPU picks: the choice is driven through the environment, the measurement and `asked`."""
+"""The inference precision (denoiser.fast.precision): decided once per machine by measurement and kept in a file, named
+where it ran, what a request asks for when it asks, and attention maps captured exactly in float32 whatever the
+sampling runs in. Nothing here depends on which precision this machine decided: the decision is driven through a
+decision folder of the test's own, the measurement, the environment and `asked`."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -18,41 +21,103 @@ from denoiser.sampling.plan import resolve, run
 
 
 @pytest.fixture
-def fresh_choice(monkeypatch):
-    """The process's choice made again under the test's environment, and forgotten after it."""
-    precision._cpu_choice.cache_clear()
+def fresh_choice(monkeypatch, tmp_path):
+    """The machine's decision made again in a decision folder of the test's own (tmp_path), under the test's
+    environment (auto unless it says otherwise), and forgotten after it."""
+    monkeypatch.setenv("DENOISER_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.delenv(precision.PRECISION_ENV, raising=False)
+    precision._MACHINE.clear()
     yield monkeypatch
-    precision._cpu_choice.cache_clear()
+    precision._MACHINE.clear()
 
 
-@pytest.mark.parametrize("speedup, dtype", [(2.0, torch.bfloat16), (1.05, torch.float32), (0.5, torch.float32)])
-def test_bf16_is_chosen_only_where_it_measures_faster(fresh_choice, speedup, dtype):
-    fresh_choice.delenv(precision.PRECISION_ENV, raising=False)
+def _table(choice: str, ratios=(1.5, 1.4, 1.6)) -> dict:
+    return {"choice": choice, "speedup": sorted(ratios)[len(ratios) // 2], "spread": [min(ratios), max(ratios)]}
+
+
+@pytest.mark.parametrize("ratios, choice", [
+    ([2.0, 1.9, 2.1], "bfloat16"),
+    ([1.2, 1.16, 1.3, 1.18, 1.25], "bfloat16"),
+    ([1.05, 1.1, 1.12], "float32"),  # faster, but not by the margin
+    ([0.42, 1.91, 0.94, 0.59, 1.2], "float32"),  # the spread one command measured on a Zen 4 in four runs
+    ([1.9, 1.8, 0.95, 1.7, 1.6], "float32"),  # one round measured bf16 slower: the machine is not steady enough
+])
+def test_the_rule_keeps_bf16_only_with_a_margin_in_every_round(ratios, choice):
+    assert precision.rule(ratios) == choice
+
+
+def test_the_machine_decides_once_and_every_later_process_reads_it(fresh_choice, tiny_unet):
+    """The first choice measures and writes the decision file; a later one (a new process: nothing remembered) reads it
+    and measures nothing, so a loaded machine cannot flip it."""
     fresh_choice.setattr(precision, "native_bf16", lambda: True)
-    fresh_choice.setattr(precision, "measure_bf16_speedup", lambda: speedup)
-    chosen = choose_precision()
-    assert chosen.dtype == dtype and chosen.autocast == (dtype == torch.bfloat16)
-    assert f"{speedup:.2f}x" in chosen.why
+    fresh_choice.setattr(precision, "measure", lambda unet: _table("bfloat16"))
+    first = precision.choose_precision(tiny_unet)
+    assert first.autocast and first.name == "bfloat16" and "1.50x" in first.why
+    path = precision.decision_path()
+    assert path.parent == precision.kernels.library_path().parent.parent and json.loads(path.read_text())["choice"] == "bfloat16"
+    precision._MACHINE.clear()  # as a new process
+    fresh_choice.setattr(precision, "measure", lambda unet: pytest.fail("measured again"))
+    assert precision.choose_precision(tiny_unet) == first
+    path.write_text("{not json")  # a damaged file is measured again, not trusted
+    precision._MACHINE.clear()
+    fresh_choice.setattr(precision, "measure", lambda unet: _table("float32", (1.0, 1.05, 1.1)))
+    assert precision.choose_precision(tiny_unet).name == "float32"
 
 
-def test_a_cpu_without_native_bf16_is_not_measured(fresh_choice):
-    fresh_choice.delenv(precision.PRECISION_ENV, raising=False)
+def test_the_decision_is_keyed_by_what_it_depends_on(fresh_choice, monkeypatch):
+    """Another torch or another kernel build is another machine: its own decision file."""
+    key = precision.machine_key()
+    monkeypatch.setattr(precision.torch, "__version__", "0.0.1")
+    assert precision.machine_key() != key
+
+
+def test_a_cpu_without_native_bf16_is_not_measured(fresh_choice, tiny_unet):
     fresh_choice.setattr(precision, "native_bf16", lambda: False)
-    fresh_choice.setattr(precision, "measure_bf16_speedup", lambda: pytest.fail("measured an emulated bf16"))
-    assert choose_precision() == Precision(torch.float32, "this CPU has no native bfloat16")
+    fresh_choice.setattr(precision, "measure", lambda unet: pytest.fail("measured an emulated bf16"))
+    assert choose_precision(tiny_unet) == Precision(torch.float32, "this CPU has no native bfloat16")
+    assert not precision.decision_path().exists()
 
 
-def test_the_environment_sets_it_and_a_typo_is_refused(fresh_choice):
-    fresh_choice.setenv(precision.PRECISION_ENV, "bf16")
-    assert choose_precision().autocast
-    precision._cpu_choice.cache_clear()
+def test_a_request_wins_then_the_environment_then_the_machine(fresh_choice, tiny_unet):
+    fresh_choice.setattr(precision, "native_bf16", lambda: True)
+    fresh_choice.setattr(precision, "measure", lambda unet: _table("bfloat16"))
+    assert choose_precision(tiny_unet).name == "bfloat16"  # the machine's
+    assert choose_precision(tiny_unet, "float32").name == "float32"  # --precision float32
+    fresh_choice.setenv(precision.PRECISION_ENV, "fp32")
+    assert choose_precision(tiny_unet).name == "float32"
+    assert choose_precision(tiny_unet, "bf16").autocast  # the request over the environment
+    assert choose_precision(tiny_unet, "auto").name == "float32"  # auto: not asked, so the environment's
+
+
+def test_a_typo_is_refused_naming_the_choices(fresh_choice):
+    with pytest.raises(ValueError, match="precision must be auto, float32 or bfloat16, got 'half'"):
+        choose_precision(None, "half")
     fresh_choice.setenv(precision.PRECISION_ENV, "half")
     with pytest.raises(ValueError, match="DENOISER_PRECISION must be auto, float32 or bfloat16, got 'half'"):
         choose_precision()
 
 
-def test_the_measurement_is_a_positive_ratio():
-    assert precision.measure_bf16_speedup(repeats=1) > 0
+def test_the_measurement_times_whole_calls_in_both_precisions(tiny_unet):
+    table = precision.measure(tiny_unet, rounds=2, rows=(2, 4))
+    assert table["rows"] == [2, 4] and len(table["ratios"]) == 2 and all(r > 0 for r in table["ratios"])
+    assert table["choice"] == precision.rule(table["ratios"]) and table["model"]["sample_size"] == 16
+
+
+def test_a_plan_holds_its_precision_for_its_whole_run(tmp_path, tiny_unet):
+    """The plan's precision is what runs, whatever the environment says while it runs: resolved once, held by run."""
+    from denoiser.sampling.pipeline import save_pipeline
+
+    folder = save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "model")
+    model = load(folder)
+    asked_bf16 = resolve(SampleRequest(num_images=2, steps=3, precision="bfloat16"), model)
+    f32 = resolve(SampleRequest(num_images=2, steps=3, precision="float32"), model)
+    assert asked_bf16.describe().endswith("bfloat16 (bfloat16 was asked for)")
+    with precision.running(f32.precision):  # an outer hold does not leak into another plan's run
+        bf16_images = run(asked_bf16).images
+    f32_images = run(f32).images
+    with asked(model.unet, torch.float32):
+        plain = run(resolve(SampleRequest(num_images=2, steps=3), model)).images
+    assert torch.equal(f32_images, plain) and not torch.equal(bf16_images, plain)
 
 
 def test_a_model_in_another_dtype_runs_in_it_and_a_precision_asked_for_wins(tiny_unet):
@@ -97,7 +162,7 @@ def test_attention_is_captured_in_float32_under_bf16(tiny_unet):
         assert torch.equal(a.weights((2, 3)), b.weights((2, 3)))
 
 
-def test_a_plan_names_its_precision_and_torch_dtype_float32_is_kept(tmp_path, tiny_unet, fresh_choice):
+def test_a_plan_names_its_precision_and_torch_dtype_float32_is_kept(tmp_path, tiny_unet, monkeypatch):
     """The plan says what runs; diffusers' `torch_dtype=torch.float32` keeps a pipeline in float32 even where bf16
     would be chosen, as in diffusers."""
     from diffusers import DiffusionPipeline
@@ -105,7 +170,7 @@ def test_a_plan_names_its_precision_and_torch_dtype_float32_is_kept(tmp_path, ti
     import denoiser  # noqa: F401  (registers the pipeline with diffusers)
     from denoiser.sampling.pipeline import save_pipeline
 
-    fresh_choice.setenv(precision.PRECISION_ENV, "bfloat16")
+    monkeypatch.setenv(precision.PRECISION_ENV, "bfloat16")
     folder = save_pipeline(tiny_unet, DDPMScheduler(), tmp_path / "model")
     plan = resolve(SampleRequest(num_images=1, steps=2), folder)
     assert plan.precision.autocast and plan.describe().endswith(f"bfloat16 ({precision.PRECISION_ENV}=bfloat16)")

@@ -179,3 +179,34 @@ def test_no_room_imports_one_after_it_in_the_flow():
                     and id(node) not in typing_only and room(node.module) not in allowed:
                 wrong.append(f"{name} imports {node.module}")
     assert not wrong, "imports against the flow:\n" + "\n".join(sorted(wrong))
+
+
+def test_readme_names_the_rooms_in_import_order_and_lists_each_module_in_its_room():
+    """Issue 70 item 4: the README gave the rooms as data → model → train → folders → ..., though ROOMS (the order the
+    imports keep) has train after evaluate, and listed sampling/pipeline.py, sampling/registry.py and
+    model/diffusers_warnings.py under folders. Its chain of rooms is ROOMS, its table's rows come in that order, and
+    each row lists only its room's files (the shared row: the top level's)."""
+    table = _package_table((ROOT / "README.md").read_text())
+    chain = re.search(r"`\w+/`(?:\s*→\s*`\w+/`)+", table)
+    assert chain, "the README's package section gives its rooms as `a/` → `b/` → ..."
+    assert tuple(re.findall(r"`(\w+)/`", chain.group(0))) == ROOMS, f"the README's room order: {chain.group(0)}"
+    rows = re.findall(r"^\| ([\w ()]+?) \| (.*) \|$", table, re.M)
+    rooms = [name.split()[0] for name, _ in rows if name != "room"]
+    assert rooms == ["shared", *ROOMS], f"the table's rows, in order: {rooms}"
+    misplaced = [f"{path} (in the {room} row)" for room, paths in
+                 ((name.split()[0], re.findall(r"`(denoiser/[^`\s]*)`", cells)) for name, cells in rows)
+                 for path in paths
+                 if not (re.fullmatch(r"denoiser/[\w.]+", path) if room == "shared" else path.startswith(f"denoiser/{room}/"))]
+    assert not misplaced, f"files listed in another room's row: {misplaced}"
+
+
+def test_bench_readme_names_every_bench_script():
+    """Issue 70 item 4: bench/README.md said it listed every benchmark script and missed 8. Every script in bench/ and
+    its folders (a file run as __main__; a helper module that scripts import needs no row) is named there, by its path
+    under bench/ in backticks."""
+    text = (ROOT / "bench" / "README.md").read_text()
+    scripts = [p for p in [*(ROOT / "bench").glob("*.py"), *(ROOT / "bench").glob("*/*.py")]
+               if re.search(r"""^if __name__ == ["']__main__["']""", p.read_text(), re.M)]
+    assert len(scripts) >= 40, f"found only {len(scripts)} scripts in bench/"
+    missing = sorted(rel for p in scripts if f"`{(rel := p.relative_to(ROOT / 'bench').as_posix())}`" not in text)
+    assert not missing, f"bench scripts bench/README.md does not name: {missing}"

@@ -54,6 +54,34 @@ def test_every_door_takes_its_defaults_from_the_one_table():
         assert default(command(name), "--steps") is None
 
 
+def test_the_cli_and_the_app_start_from_one_model_and_measure_heads_at_one_set_of_noise_levels():
+    """Issue 70 item 4: `denoiser sample` without --model drew synthetic-shapes while the app opened on cifar10, and
+    `denoiser attention-stats` measured the heads at t = 999..30 while the app's Heads tab used 800, 400, 100, 20. Both
+    doors now read BUILT_IN: the same model (a shipped one that needs no prompt) and the same noise levels."""
+    import argparse
+    import inspect
+
+    from denoiser.app.attention_views import AttentionViews
+    from denoiser.app.page import Page
+    from denoiser.cli.main import DEFAULT_MODEL, build_parser
+    from denoiser.evaluate.attention_stats import attention_stats
+    from denoiser.folders.model_dir import WEIGHTS_DIR
+    from denoiser.request import BUILT_IN
+
+    assert DEFAULT_MODEL is BUILT_IN["model"]
+    page = Page.__new__(Page)  # default_model reads only the engine's model list
+    for served in (["emoji", "synthetic-shapes", BUILT_IN["model"]], [BUILT_IN["model"]]):
+        page.engine = type("Models", (), {"models": lambda self, served=served: served})()
+        assert page.default_model == DEFAULT_MODEL
+    shipped = WEIGHTS_DIR / DEFAULT_MODEL
+    assert (shipped / "unet").is_dir() and not (shipped / "text_encoder").exists(), "a shipped model that needs no prompt"
+
+    timesteps = BUILT_IN["statistics_timesteps"]
+    stats = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["attention-stats"]
+    assert next(a.default for a in stats._actions if "--timesteps" in a.option_strings) == ",".join(map(str, timesteps))
+    assert inspect.signature(AttentionViews.head_table).parameters["timesteps"].default is timesteps  # the Heads tab
+    assert inspect.signature(attention_stats).parameters["timesteps"].default is timesteps
+
 def test_the_sampler_table_names_the_classes_the_loop_builds():
     """The sampler names and their diffusers classes are one table (denoiser.request.SCHEDULER_CLASSES, no torch):
     the loop builds each name's class, and a folder's scheduler class reads back as its name."""

@@ -67,7 +67,7 @@ class AttentionTab:
                         self.py = gr.Number(value=0, precision=None, label="pixel y")
                         self.px = gr.Number(value=0, precision=None, label="pixel x")
                         self.show_btn = gr.Button("show", size="sm")
-                    # a text model's generation: its prompt's words (views.generation_views shows them)
+                    # a text model's generation: its prompt's words (`AttentionTab.show` lists them)
                     self.words = gr.Radio([], label=words_label((), ()), elem_id="words", visible=False,
                                           info="click a word: its map in each cross-attention layer; click a pixel: its "
                                                "weights over the words (both on the right, at the chosen step)")

@@ -26,6 +26,7 @@ from denoiser.model.attention import MultiHeadSelfAttention, attention_layer_nam
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
 from denoiser.pixels import unit_to_model
+from denoiser.request import BUILT_IN
 from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.sampling.loop import sampling_context
 
@@ -204,7 +205,7 @@ class AttentionViews:
                 on_step(step, gen.num_steps, gen.images[image : image + 1])
         return maps_panel(gen.images[image], list(sums.items()), (y, x))
 
-    def head_table(self, gen: Generation, image: int, timesteps=(800, 400, 100, 20),
+    def head_table(self, gen: Generation, image: int, timesteps=BUILT_IN["statistics_timesteps"],
                    on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> tuple[list[LayerStats], Image.Image]:
         """`attention_stats` of one generated image (its class, heads included) and the charts. Its UNet calls (per
         noise level: one plain, then one per layer and per head switched off) are refused over the work budget

@@ -1,6 +1,6 @@
 """The web app's engine, without the web: models by name, generation with previews, your images restored,
 then any pixel's attention, the heads' statistics and layers switched off. Returns tensors, images and
-plain data; the words and Markdown a page shows are the handlers' (denoiser/app/handlers.py).
+plain data; the words and Markdown a page shows are the tab modules' (denoiser/app/*_tab.py).
 The attention views and the Generation they read are in denoiser/app/attention_views.py (`Engine.views`).
 
 Sampling runs the fused attention path and keeps only the model inputs x_t of every step (a few MB).

@@ -23,13 +23,13 @@ __all__ = ["ModelForm", "PROMPTS", "NO_CLASS", "MODELS_OWN", "SETTINGS_FORM", "F
 PROMPTS = ("red apple", "grinning face", "red heart", "pizza", "rocket", "cat", "sun", "ghost")
 NO_CLASS = "(any)"
 MODELS_OWN = "(the model's)"  # an advanced setting left to the model folder (its scheduler config, sampling.json)
-# the Sample tab's form as a result's PNG carries it (layout._wire orders the form's controls the same way), and the
-# values of settings a result written before them lacks
+# the Sample tab's form as a result's PNG carries it (`SampleTab.form` orders the form's controls the same way), and
+# the values of settings a result written before them lacks
 SETTINGS_FORM = {"model": None, "scheduler": None, "steps": None, "seed": None, "num_images": None, "class": None,
                  "guidance_scale": None, "pag_scale": None, "guide_scale": None, "timestep_spacing": MODELS_OWN,
                  "eta": 0.0, "guidance_interval": "", "pag_layers": "", "prompt": "", "negative_prompt": ""}
-# the Sample form's advanced settings and its negative prompt (SETTINGS_FORM's names: layout finds their controls by
-# them): what a "try these" row resets (filled_form)
+# the Sample form's advanced settings and its negative prompt (SETTINGS_FORM's names: `SampleTab.wire` finds their
+# controls by them): what a "try these" row resets (filled_form)
 ADVANCED = ("timestep_spacing", "eta", "guidance_interval", "pag_layers", "negative_prompt")
 FEW_STEPS = 10  # sampling with fewer steps than this leaves visible noise (DDIM on the shipped models)
 

@@ -1,7 +1,8 @@
-"""The Heads tab: what each attention layer and head does for the chosen image, at four noise levels (the charts and
-table of `denoiser attention-stats`), and a switch that regenerates the same seed with the chosen layers or heads at
-identity attention. One module: its components (`HeadsTab.build`), its handlers and its wiring (`HeadsTab.wire`).
-The image is the Attention tab's image slider's, of the session's generation (the page's shared state).
+"""The Heads tab: what each attention layer and head does for the chosen image, at the noise levels of `denoiser
+attention-stats` (its charts and table; BUILT_IN's statistics_timesteps), and a switch that regenerates the same seed
+with the chosen layers or heads at identity attention. One module: its components (`HeadsTab.build`), its handlers
+and its wiring (`HeadsTab.wire`). The image is the Attention tab's image slider's, of the session's generation (the
+page's shared state).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from denoiser.app.controls import job_controls, run_controls
 from denoiser.app.page import Page
 from denoiser.app.views import NO_GENERATION, enlarge
 from denoiser.image_io import to_pil
+from denoiser.request import BUILT_IN
 
 __all__ = ["HeadsTab", "HEAD_COLUMNS"]
 
@@ -54,10 +56,11 @@ class HeadsTab:
 
     def build(self) -> None:
         with gr.Tab("Heads", elem_id="heads-tab"):
+            noise_levels = ", ".join(map(str, BUILT_IN["statistics_timesteps"]))  # `denoiser attention-stats`' too
             gr.Markdown("What each attention layer and head does for the chosen image (Attention tab's image slider), "
-                        "at four noise levels: how far it looks (mean distance in image pixels), how spread its weights "
-                        "are (entropy / log N: 1 = uniform), how much a pixel keeps of itself, and how much the U-Net's "
-                        "output changes when the layer or head is switched to identity attention.")
+                        f"at the noise levels t = {noise_levels}: how far it looks (mean distance in image pixels), how "
+                        "spread its weights are (entropy / log N: 1 = uniform), how much a pixel keeps of itself, and how "
+                        "much the U-Net's output changes when the layer or head is switched to identity attention.")
             with gr.Row():
                 with gr.Column(scale=1):
                     self.stats_run, self.stats_stop, self.stats_status = run_controls(

@@ -14,6 +14,7 @@ from denoiser.app.controls import SESSION_TTL_S
 from denoiser.app.engine import Engine
 from denoiser.app.form import ModelForm
 from denoiser.app.jobs import Jobs
+from denoiser.request import BUILT_IN
 
 __all__ = ["Page"]
 
@@ -39,9 +40,10 @@ class Page:
 
     @property
     def default_model(self) -> str | None:
-        """The model every tab starts at: cifar10 where it is served (a test server's synthetic-shapes), else the first."""
+        """The model every tab starts at: BUILT_IN's (`denoiser sample`'s without --model) where it is served, else the
+        small synthetic-shapes (a test server's), else the first."""
         models = self.models
-        preferred = [m for m in ("cifar10", "synthetic-shapes") if m in models]
+        preferred = [m for m in (BUILT_IN["model"], "synthetic-shapes") if m in models]
         return preferred[0] if preferred else (models[0] if models else None)
 
     def states(self) -> None:

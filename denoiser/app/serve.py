@@ -78,7 +78,12 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--photo-seconds", type=float, default=None, metavar="S",
                    help=f"seconds a photo's denoise may take at this machine's measured speed (default: "
                         f"$DENOISER_PHOTO_SECONDS, else {PHOTO_SECONDS:g}); a larger photo is denoised as a scaled copy")
+    p.add_argument("--precision", default=None, choices=["auto", "float32", "bfloat16"],
+                   help="what every UNet call runs in (default: $DENOISER_PRECISION, else auto: this machine's, decided "
+                        "once by measurement); each result's PNG settings name it")
     args = p.parse_args(argv)
+    if args.precision is not None:
+        os.environ["DENOISER_PRECISION"] = args.precision  # what denoiser.fast.precision reads, for every job
     for flag, value, env, unit in (("--max-work", args.max_work, "DENOISER_WORK_BUDGET", "work units"),
                                    ("--photo-seconds", args.photo_seconds, "DENOISER_PHOTO_SECONDS", "seconds")):
         if value is not None:

@@ -1,5 +1,7 @@
-"""`python -m denoiser.cli`: the command line."""
+"""`python -m denoiser.cli`: the command line, its exit status kept."""
+
+import sys
 
 from denoiser.cli.main import main
 
-main()
+sys.exit(main())

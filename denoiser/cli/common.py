@@ -31,7 +31,7 @@ def sampling_request(args, **fields):
         classes=parse_classes(args.class_label), scheduler=getattr(args, "scheduler", None), steps=getattr(args, "steps", None),
         prompts=getattr(args, "prompt", None), negative_prompts=getattr(args, "negative_prompt", None),
         timestep_spacing=getattr(args, "timestep_spacing", None), eta=getattr(args, "eta", 0.0),
-        guidance=guidance_request(args),
+        guidance=guidance_request(args), precision=getattr(args, "precision", None),
     )
     return SampleRequest(**{**asked, **fields})
 

@@ -35,7 +35,7 @@ def cmd_attention_stats(args) -> None:
     # the generated images: a fixed recipe (BUILT_IN's statistics sampler, no guidance), the classes asked for
     request = SampleRequest(num_images=args.num_images, classes=parse_classes(args.class_label) if n_cls else None,
                             seed=args.seed, scheduler=BUILT_IN["statistics_scheduler"], steps=BUILT_IN["statistics_steps"],
-                            guidance=UNGUIDED)
+                            guidance=UNGUIDED, precision=args.precision)
     plan = resolve(request, model)
     labels = plan.labels
     if args.images:

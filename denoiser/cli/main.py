@@ -8,10 +8,12 @@ import argparse
 import logging
 import sys
 
+from denoiser.request import BUILT_IN
+
 __all__ = ["main", "build_parser"]
 
 
-DEFAULT_MODEL = "synthetic-shapes"  # found by name: $DENOISER_WEIGHTS, then a clone's weights/
+DEFAULT_MODEL = BUILT_IN["model"]  # found by name: $DENOISER_WEIGHTS, then a clone's weights/
 
 
 def _pixel(text: str) -> tuple[int, int]:
@@ -45,7 +47,16 @@ def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: boo
     s.add_argument("--timestep-spacing", default=None, choices=list(TIMESTEP_SPACINGS),
                    help="which timesteps the sampler visits; default: the folder's (trailing suits few-step DDIM)")
     s.add_argument("--eta", type=float, default=0.0, help="DDIM's stochasticity (0 = deterministic)")
+    _add_precision(s)
     _add_guidance(p, what)
+
+
+def _add_precision(p: argparse.ArgumentParser) -> None:
+    """--precision (denoiser.fast.precision): what the UNet calls run in; auto is this machine's decision, kept in a file."""
+    p.add_argument("--precision", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="what the UNet runs in: auto (default: this machine's, decided once by measurement, as "
+                        "`denoiser build-kernels` prints it), float32, or bfloat16 (CPU autocast); the same flags give "
+                        "the same pixels on the same machine")
 
 
 def _add_guidance(p: argparse.ArgumentParser, what: str) -> None:
@@ -167,6 +178,7 @@ def _add_restore_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help=f"reverse-chain steps (default {BUILT_IN['steps']})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--class-label", default=None, help="class index or name")
+    _add_precision(p)
     _add_guidance(p, "restored images")
     p.add_argument("--add-noise", type=float, default=None, metavar="SIGMA",
                    help="add Gaussian noise of this std ([0, 1] pixel scale) first, to see the round trip (PSNR printed)")
@@ -196,9 +208,10 @@ def _add_attention_stats_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-images", type=int, default=BUILT_IN["num_images"],
                    help=f"images in the batch (generated: {BUILT_IN['statistics_scheduler']}-{BUILT_IN['statistics_steps']} "
                         "from --seed, unguided)")
-    p.add_argument("--timesteps", default=",".join(map(str, (999, 800, 600, 400, 250, 100, 30))),
+    p.add_argument("--timesteps", default=",".join(map(str, BUILT_IN["statistics_timesteps"])),
                    help="comma-separated noise levels t")
     p.add_argument("--no-heads", action="store_true", help="layers only (one ablation call per layer, not per head)")
+    _add_precision(p)
     p.add_argument("--class-label", default="spread", help="class (index or name) of the generated images (default: spread evenly)")
     p.add_argument("--seed", type=int, default=0)
 
@@ -252,13 +265,36 @@ def cmd_prepare_data(args) -> None:
         print(f"skipped {info.skipped} of {info.num_items} files: see {info.skipped_file}")
 
 
+# the architecture the machine's precision is measured on at install: the shipped models' (weights/*/unet/config.json)
+PRECISION_REFERENCE = dict(sample_size=32, base_channels=64, channel_mult=(1, 2, 2), layers_per_block=2,
+                           attention_resolutions=(16, 8), mid_attention=True, num_heads=4, norm_num_groups=32,
+                           num_class_embeds=10)
+
+
 def cmd_build_kernels(args) -> None:
+    """The kernels for this torch and CPU, then this machine's inference precision (denoiser.fast.precision), decided
+    once with them, so that no first call pays for either."""
+    import torch
+
     from denoiser.fast.kernels import build_kernels
+    from denoiser.fast.precision import choose_precision, decision_path
+    from denoiser.model.unet import UNet
 
     try:
         print(f"denoiser kernels: {build_kernels(verbose=args.verbose)}")
     except RuntimeError as err:  # no compiler: say so; everything still runs on the reference paths
-        raise ValueError(str(err)) from err
+        failed = err
+    else:
+        failed = None
+
+    def reference() -> UNet:
+        torch.manual_seed(0)
+        return UNet(**PRECISION_REFERENCE).eval().to(memory_format=torch.channels_last)
+
+    chosen = choose_precision(reference=reference)
+    print(f"denoiser precision: {chosen.describe()}" + (f"; kept in {decision_path()}" if decision_path().exists() else ""))
+    if failed is not None:
+        raise ValueError(str(failed)) from failed
 
 
 def cmd_train(args) -> None:

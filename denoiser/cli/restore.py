@@ -17,6 +17,7 @@ def restore_request(args):
         strength=getattr(args, "strength", None), add_noise=args.add_noise, steps=args.steps, seed=args.seed,
         classes=parse_classes(args.class_label), prompts=getattr(args, "prompt", None) or None,
         negative_prompts=getattr(args, "negative_prompt", None) or None, guidance=guidance_request(args),
+        precision=args.precision,
     )
 
 

@@ -1,4 +1,4 @@
-"""`denoiser sample` and `denoiser attention`: a sampling request from the flags (`denoiser.cli.main.sampling_request`),
+"""`denoiser sample` and `denoiser attention`: a sampling request from the flags (`denoiser.cli.common.sampling_request`),
 run by denoiser.sampling.plan; `sample --edit-to` adds prompt-to-prompt's edits, `attention` draws a pixel's or a word's
 maps."""
 

@@ -30,10 +30,9 @@ from denoiser.diffusion import Diffusion
 from denoiser.model.attention import attention_scores
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
+from denoiser.request import BUILT_IN
 
-__all__ = ["LayerStats", "attention_stats", "head_statistics", "write_csv", "stats_chart", "axis_range", "DEFAULT_TIMESTEPS"]
-
-DEFAULT_TIMESTEPS = (999, 800, 600, 400, 250, 100, 30)
+__all__ = ["LayerStats", "attention_stats", "head_statistics", "write_csv", "stats_chart", "axis_range"]
 
 
 @dataclass
@@ -81,7 +80,7 @@ def attention_stats(
     scheduler,
     images: torch.Tensor,
     class_labels: torch.Tensor | None = None,
-    timesteps: Sequence[int] = DEFAULT_TIMESTEPS,
+    timesteps: Sequence[int] = BUILT_IN["statistics_timesteps"],
     heads: bool = True,
     seed: int = 0,
     query_block: int = 256,

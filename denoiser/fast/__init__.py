@@ -1,12 +1,14 @@
-"""The optional speed layer: everything here makes the model faster and nothing here changes what it computes.
+"""The optional speed layer: everything here makes the model faster. The kernels compute the model's function up to
+float32 rounding (Winograd's convolution rounds differently from torch's, within 2e-5 of the output's scale); bf16
+autocast, where the precision choice takes it, moves the predicted noise by up to about 0.02 (docs/speed.md).
 
 The model files (`denoiser.model.attention`, `denoiser.model.attention_blocks`, `denoiser.model.groupnorm`, `denoiser.model.unet`) are written once, readably, with
 torch's own modules and ops; each piece below is a switch or a wrapper around them, kept because an interleaved
 A/B showed it pays on a CPU (`bench/fast_path_ab.py`, bench/NOTES.md), and tested against the reference where
 it is compiled:
 
-- `precision.py`  the precision inference runs in: float32, or bf16 autocast where this CPU's bf16 convolution
-                  measures at least 1.1x faster (timed once per process; every door through `sampling_context`)
+- `precision.py`  the precision inference runs in, decided once per machine: float32, or bf16 autocast where this
+                  CPU's bf16 convolution measures at least 1.1x faster (every door through `sampling_context`)
 - `kernels.py`    builds (at install) and loads denoiser's C++ extension from `csrc/`; `tracing()`
 - `attention.py`  the small-head attention kernel behind `denoiser.model.attention.fused_attention`
 - `groupnorm.py`  the channels-last GroupNorm(+SiLU) kernel behind `denoiser.model.groupnorm.group_norm`
@@ -14,10 +16,10 @@ it is compiled:
                   the class of the UNet's `nn.Conv2d`s (every door through `sampling_context`)
 - `malloc.py`     glibc malloc settings for a process that allocates the same large blocks every step
 
-The GroupNorm and attention kernels sit behind a switch in the module that owns the math (`GroupNorm.fast`, the
-attention's `fused_attn`), which is why those two model files import from here; `denoiser.model.unet` imports nothing
-from here and keeps torch's `nn.Conv2d`, which the sampling doors swap for Winograd's subclass.
-Without a compiler, or with DENOISER_KERNELS=0, the reference paths run and only speed changes (and rounding: Winograd's
-convolution rounds differently from torch's, within 2e-5 of the output's scale). Convolution weights packed once for
-oneDNN were here too, until a whole Generate measured them 4.5-5 % slower (bench/generate_ab.md).
+The GroupNorm and attention kernels sit behind a switch in the module that owns the math (`GroupNorm.fast`,
+`MultiHeadAttention.fused_attn`), which is why those two model files import from here; `denoiser.model.unet` imports
+nothing from here and keeps torch's `nn.Conv2d`, which the sampling doors swap for Winograd's subclass.
+Without a compiler, or with DENOISER_KERNELS=0, the reference paths run and only speed and that rounding change.
+Convolution weights packed once for oneDNN were here too, until a whole Generate measured them 4.5-5 % slower
+(bench/generate_ab.md).
 """

@@ -1,46 +1,68 @@
-"""The precision inference runs in, chosen once per process by measurement: float32, or bfloat16 autocast where this
-CPU computes bfloat16 faster.
+"""The precision inference runs in on a CPU: float32, or bfloat16 autocast where this machine computes it faster.
+A property of the machine, decided once, kept in a file, and carried by each plan to its run.
 
-A CPU with native bfloat16 instructions (AVX512-BF16, AMX) is not always faster in bfloat16: on a Zen 4 oneDNN's
-bf16 convolutions run about 2.4x its fp32 ones, while on a Sapphire Rapids VM without AMX they run at half the fp32
-rate (vdpbf16ps on one port against two fp32 FMA ports; bench/cpu_roofline.md). So nothing is assumed from the
-flags: `choose_precision()` times the UNet's commonest op, a 3x3 channels-last convolution, in float32 (as sampling
-runs it: by Winograd's algorithm where denoiser's kernel is built) and under bf16 autocast, interleaved, and keeps
-bfloat16 only when it is at least `MIN_SPEEDUP` faster. A CPU whose flags show no native bf16 (an AVX2-only CPU
-emulates it, several times slower) is not measured. The measurement takes tens of
-milliseconds, once per process, at the first sampling call.
+Why it is measured: a CPU with native bfloat16 instructions (AVX512-BF16, AMX) is not always faster in bfloat16. On a
+Zen 4 oneDNN's bf16 convolutions ran about 2.4x its fp32 ones, while on a Sapphire Rapids VM without AMX they ran at
+half the fp32 rate (bench/cpu_roofline.md), and denoiser's float32 3x3 convolutions run by Winograd's algorithm, which
+bf16 autocast does not use. A CPU whose flags show no native bf16 (an AVX2-only CPU emulates it, several times
+slower) keeps float32 unmeasured.
 
-Every door samples through `denoiser.sampling.loop.sampling_context`, which enters `autocast(module)`; a plan names the
-precision that ran (`denoiser.sampling.plan.Plan.describe`, the CLI's line, the app's status and PNG settings).
-A model's `dtype_asked` holds it to a precision: diffusers' `from_pretrained(..., torch_dtype=torch.float32)` sets it,
-and `asked(unet, dtype)` for a block (benchmarks and tests); DENOISER_PRECISION=float32|bfloat16 sets it for the
-process. Attention maps are captured in float32
-(`full_precision()`): the exact weights of the float32 model at that step's input, whatever the sampling ran in.
+Why once per machine: a choice re-timed in every process flips with the machine's load (one command on a Zen 4
+measured bf16 at 0.42x, 1.91x, 0.94x and 0.59x float32 in four runs), and bf16 moves the pixels (up to 7/255), so the
+same command gave another picture. The decision is keyed by what it depends on (`machine_key`: the CPU's model and
+flags, the torch version, the kernel build) and written to `precision-<key>.json` beside the kernels
+(`decision_path`): every later process reads it. It is measured once (`measure`): whole UNet calls at the rows a
+Generate runs (16 and 32), float32 and bf16 autocast interleaved, `ROUNDS` rounds after a warm-up; bf16 is kept only
+when its median speed-up is at least `MIN_SPEEDUP` and no round measured it slower (`rule`). `denoiser build-kernels`
+decides it at install (on the shipped models' architecture), so no first call pays; without it, the first inference
+in a machine measures its model once (~10 s) and writes the file.
+
+What runs (`choose_precision`), first match wins: a request's precision (`--precision`, the app's control, a saved
+PNG's settings); a model's `dtype_asked` (diffusers' `from_pretrained(..., torch_dtype=torch.float32)`, or `asked`
+for a block); a model in another dtype or on another device, as it is; DENOISER_PRECISION for the process; the
+machine's decision. A plan chooses once (`denoiser.sampling.plan.resolve`) and its run holds that choice
+(`running`), which `autocast` reads. Attention maps are captured in float32 (`full_precision`): the exact weights of
+the float32 model at that step's input, whatever the sampling ran in.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import contextvars
+import hashlib
+import json
+import logging
 import os
+import platform
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from denoiser.fast import winograd
+from denoiser.atomic import atomic_path
+from denoiser.fast import kernels, winograd
 
-__all__ = ["Precision", "choose_precision", "autocast", "asked", "full_precision", "native_bf16", "PRECISION_ENV", "MIN_SPEEDUP"]
+__all__ = ["Precision", "CHOICES", "PRECISION_ENV", "MIN_SPEEDUP", "ROUNDS", "ROWS", "parse_choice", "choose_precision",
+           "machine_precision", "machine_key", "decision_path", "measure", "rule", "running", "autocast", "asked",
+           "full_precision", "native_bf16"]
 
-PRECISION_ENV = "DENOISER_PRECISION"  # "auto" (default: measured), "float32" or "bfloat16"
-MIN_SPEEDUP = 1.10  # bf16 must beat fp32 by this much: it costs accuracy (max |Δε| ~0.02 on the shipped models)
-_NAMES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+log = logging.getLogger(__name__)
+
+PRECISION_ENV = "DENOISER_PRECISION"  # "auto" (default: the machine's decision), "float32" or "bfloat16"
+CHOICES = ("auto", "float32", "bfloat16")  # what a request, the CLI's --precision and the app offer
+MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this much (median): it costs accuracy (max |Δε| ~0.02 on the shipped models)
+ROUNDS = 7  # measured rounds, each every row count in both precisions, after one warm-up round
+ROWS = (16, 32)  # rows per UNet call: a Generate of 8 images with guidance, and the CPU's largest call (32 rows)
+_NAMES = {"auto": "auto", "": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _LOCK = threading.Lock()
+_MACHINE: dict[str, Precision] = {}  # this process's reading of the machine's decision, by decision file
+_RUNNING: contextvars.ContextVar[Precision | None] = contextvars.ContextVar("denoiser_precision", default=None)
 
 
 @dataclass(frozen=True)
@@ -63,66 +85,132 @@ def _name(dtype: torch.dtype) -> str:
     return "bfloat16" if dtype == torch.bfloat16 else "float32"
 
 
+def parse_choice(text: str | None, what: str = "precision") -> str:
+    """"auto", "float32" or "bfloat16" from what a person typed (None: auto; fp32/bf16 accepted)."""
+    key = "auto" if text is None else str(text).strip().lower()
+    if key not in _NAMES:
+        raise ValueError(f"{what} must be auto, float32 or bfloat16, got {text!r}")
+    return _NAMES[key]
+
+
 def native_bf16() -> bool | None:
     """Whether the CPU's flags list native bfloat16 dot products (avx512_bf16, amx_bf16; Arm's bf16); None where the
     flags cannot be read (not Linux)."""
+    flags = _cpu_field(("flags", "Features"))
+    return None if flags is None else bool(set(flags.split()) & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def _cpu_field(names: tuple[str, ...]) -> str | None:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags = set(line.split(":", 1)[1].split())
-            return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-    return None
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(names)), None)
 
 
-def _time_conv(dtype_autocast: bool, x: torch.Tensor, conv: nn.Module) -> float:
-    start = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype_autocast):
-        conv(x)
-    return time.perf_counter() - start
+def machine_key() -> str:
+    """What the decision depends on: the CPU's model and instruction flags, torch's version, and the kernel build that
+    runs (its path names torch, compiler flags, CPU and sources; or why none runs)."""
+    build = kernels.library_path().name if kernels.load_kernels() else f"no kernels: {kernels.kernel_error()}"
+    h = hashlib.sha1()
+    for part in (_cpu_field(("model name",)) or platform.processor(), _cpu_field(("flags", "Features")) or "",
+                 torch.__version__, build):
+        h.update(str(part).encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def decision_path() -> Path:
+    """This machine's decision file, beside the kernel builds (~/.cache/denoiser/kernels, or $DENOISER_KERNEL_CACHE)."""
+    return kernels.library_path().parent.parent / f"precision-{machine_key()}.json"
+
+
+def rule(ratios: list[float]) -> str:
+    """The decision from the rounds' fp32/bf16 time ratios: bfloat16 when the median is at least MIN_SPEEDUP and no
+    round measured bf16 slower; float32 otherwise."""
+    return "bfloat16" if statistics.median(ratios) >= MIN_SPEEDUP and min(ratios) >= 1.0 else "float32"
 
 
 @torch.inference_mode()
-def measure_bf16_speedup(repeats: int = 5) -> float:
-    """fp32 time / bf16-autocast time of a 3x3 convolution the size of the shipped UNets' middle ones (128 channels,
-    16x16, batch 8, channels-last), interleaved after a warm-up, median of `repeats`. Each side runs as a sampling
-    call would: float32 by Winograd's algorithm where its kernel is built (`denoiser.fast.winograd`), bf16 autocast
-    by torch's convolution."""
+def measure(unet: nn.Module, rounds: int = ROUNDS, rows: tuple[int, ...] = ROWS) -> dict:
+    """The machine's table: `unet`'s whole calls at `rows` rows, float32 (its 3x3 convolutions by Winograd's algorithm
+    where the kernel is built, as sampling runs them) against bf16 autocast, interleaved, `rounds` rounds after a
+    warm-up. Returns the times, each round's ratio and the decision (`rule`)."""
+    config = unet.config
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(8, 128, 16, 16, generator=g).contiguous(memory_format=torch.channels_last)
-    conv = nn.Conv2d(128, 128, 3, padding=1, bias=False).to(memory_format=torch.channels_last)
-    winograd.use_winograd(conv)
-    for bf16 in (False, True):  # warm-up: oneDNN builds each kernel on its first call, Winograd transforms the weight
-        _time_conv(bf16, x, conv)
-    fp32, bf16 = [], []
-    for _ in range(repeats):
-        fp32.append(_time_conv(False, x, conv))
-        bf16.append(_time_conv(True, x, conv))
-    return statistics.median(fp32) / statistics.median(bf16)
+    size = (config.in_channels, config.sample_size, config.sample_size)
+    inputs = {}
+    for n in rows:
+        kwargs = {"class_labels": torch.zeros(n, dtype=torch.long)} if config.num_class_embeds else {}
+        if getattr(config, "cross_attention_dim", None):
+            kwargs["encoder_hidden_states"] = torch.randn(n, 8, config.cross_attention_dim, generator=g)
+        x = torch.randn(n, *size, generator=g).contiguous(memory_format=torch.channels_last)
+        inputs[n] = (x, torch.full((n,), 500), kwargs)
+    winograd.use_winograd(unet)
+
+    def call(n: int, bf16: bool) -> float:
+        x, t, kwargs = inputs[n]
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            unet(x, t, **kwargs)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {"float32": [], "bfloat16": []}
+    for k in range(rounds + 1):  # round 0 warms up: oneDNN builds its kernels, Winograd transforms the weights
+        fp32 = sum(call(n, False) for n in rows)
+        bf16 = sum(call(n, True) for n in rows)
+        if k:
+            times["float32"].append(fp32)
+            times["bfloat16"].append(bf16)
+    ratios = [a / b for a, b in zip(times["float32"], times["bfloat16"])]
+    return {"choice": rule(ratios), "speedup": round(statistics.median(ratios), 3),
+            "spread": [round(min(ratios), 3), round(max(ratios), 3)], "ratios": [round(r, 3) for r in ratios],
+            "seconds": {k: [round(s, 4) for s in v] for k, v in times.items()}, "rows": list(rows),
+            "rule": f"bfloat16 when the median ratio >= {MIN_SPEEDUP} and every round >= 1.0",
+            "model": {k: v for k, v in dict(config).items() if not k.startswith("_")}}
 
 
-@functools.cache
-def _cpu_choice() -> Precision:
-    """The CPU's precision, decided once per process (env, then flags, then measurement)."""
-    asked = os.environ.get(PRECISION_ENV, "auto").strip().lower()
-    if asked in _NAMES:
-        return Precision(_NAMES[asked], f"{PRECISION_ENV}={asked}", autocast=_NAMES[asked] == torch.bfloat16)
-    if asked not in ("", "auto"):
-        raise ValueError(f"{PRECISION_ENV} must be auto, float32 or bfloat16, got {asked!r}")
+def machine_precision(reference: Callable[[], nn.Module] | None = None) -> Precision:
+    """The machine's decision: read from its file, else measured once on `reference()` (a float32 CPU UNet) and
+    written. A CPU without native bf16 keeps float32 unmeasured; without a file and a reference, float32 for now."""
     if native_bf16() is False:
         return Precision(torch.float32, "this CPU has no native bfloat16")
-    speedup = measure_bf16_speedup()
-    if speedup >= MIN_SPEEDUP:
-        return Precision(torch.bfloat16, f"measured {speedup:.2f}x float32 on this CPU", autocast=True)
-    return Precision(torch.float32, f"bfloat16 measured {speedup:.2f}x float32 on this CPU")
+    path = decision_path()
+    with _LOCK:  # one measurement, even when the app's threads sample at once
+        if str(path) in _MACHINE:
+            return _MACHINE[str(path)]
+        table = _read(path)
+        if table is None:
+            if reference is None:
+                return Precision(torch.float32, "this machine's precision is not decided yet")
+            log.warning("denoiser: deciding this machine's inference precision once (whole UNet calls in float32 and "
+                        "bfloat16, ~10 s; `denoiser build-kernels` does it at install): %s", path)
+            table = {**measure(reference()), "cpu": _cpu_field(("model name",)), "torch": torch.__version__}
+            with atomic_path(path) as tmp:
+                tmp.write_text(json.dumps(table, indent=1) + "\n")
+        choice = table["choice"]
+        why = (f"this machine's: bfloat16 measured {table['speedup']:.2f}x float32 "
+               f"({table['spread'][0]:.2f}-{table['spread'][1]:.2f}x)")
+        _MACHINE[str(path)] = Precision(_DTYPES[choice], why, autocast=choice == "bfloat16")
+        return _MACHINE[str(path)]
 
 
-def choose_precision(module: nn.Module | None = None) -> Precision:
-    """The precision `module`'s inference runs in here: the one asked for (its `dtype_asked`: diffusers'
-    torch_dtype, or `asked`), the model's own for anything but float32 weights on the CPU (other devices and dtypes
-    run as given); else this process's CPU choice."""
+def _read(path: Path) -> dict | None:
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(table, dict) and table.get("choice") in _DTYPES and {"speedup", "spread"} <= set(table)
+    return table if ok else None
+
+
+def choose_precision(module: nn.Module | None = None, request: str | None = None,
+                     reference: Callable[[], nn.Module] | None = None) -> Precision:
+    """The precision `module`'s inference runs in here (the module docstring's order): `request` ("auto" or None:
+    not asked), the module's `dtype_asked` or own dtype and device, DENOISER_PRECISION, then the machine's decision
+    (measured on `reference()`, default: the module itself, if no file holds it)."""
+    asked_for = parse_choice(request)
+    if asked_for != "auto":
+        return Precision(_DTYPES[asked_for], f"{asked_for} was asked for", autocast=asked_for == "bfloat16")
     if module is not None:
         wanted = getattr(module, "dtype_asked", None)
         if wanted in (torch.float32, torch.bfloat16):  # from_pretrained(torch_dtype=torch.float32), or `asked`
@@ -130,13 +218,29 @@ def choose_precision(module: nn.Module | None = None) -> Precision:
         param = next(module.parameters(), None)
         if param is not None and (param.device.type != "cpu" or param.dtype != torch.float32):
             return Precision(param.dtype, f"the model's own, on {param.device.type}")
-    with _LOCK:  # one measurement, even when the app's threads sample at once
-        return _cpu_choice()
+    env = parse_choice(os.environ.get(PRECISION_ENV), PRECISION_ENV)
+    if env != "auto":
+        return Precision(_DTYPES[env], f"{PRECISION_ENV}={env}", autocast=env == "bfloat16")
+    if reference is None and module is not None:
+        reference = lambda: module  # noqa: E731  (the first model a machine runs decides, when nothing did at install)
+    return machine_precision(reference)
+
+
+@contextlib.contextmanager
+def running(precision: Precision) -> Iterator[None]:
+    """Inside (this thread, this call), UNet calls run in `precision`: what a plan chose, held for its whole run."""
+    token = _RUNNING.set(precision)
+    try:
+        yield
+    finally:
+        _RUNNING.reset(token)
 
 
 def autocast(module: nn.Module | None) -> contextlib.AbstractContextManager[None]:
-    """The block's UNet calls in `choose_precision(module)`'s precision: bf16 CPU autocast, or as they are."""
-    if choose_precision(module).autocast:
+    """The block's UNet calls in the running plan's precision (`running`), else `choose_precision(module)`'s: bf16
+    CPU autocast, or as they are."""
+    chosen = _RUNNING.get() or choose_precision(module)
+    if chosen.autocast:
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

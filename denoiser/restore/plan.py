@@ -27,6 +27,7 @@ from PIL import Image
 from torchvision.transforms.functional import pil_to_tensor
 
 from denoiser.diffusion import Diffusion
+from denoiser.fast.precision import running
 from denoiser.folders.model_dir import LoadedModel, load
 from denoiser.image_io import flatten_to_rgb, mask_to_model, open_image, uint8_to_pil
 from denoiser.pixels import to_uint8, to_unit
@@ -175,7 +176,7 @@ def resolve_restore(
         raise ValueError("this is a text model: without a prompt it runs unconditioned, where classifier-free guidance "
                          "has nothing to steer by: give a prompt (edit, inpaint) or set guidance to 1")
     sampling = resolve(SampleRequest(num_images=1, classes=r.classes, prompts=r.prompts, negative_prompts=r.negative_prompts,
-                                     seed=r.seed, guidance=r.guidance), model, load=load)
+                                     seed=r.seed, guidance=r.guidance, precision=r.precision), model, load=load)
     source_size = tuple(image.info.get("source_size", image.size))  # a file's own size (decoded smaller, or not)
     check_size(*image.size)
     picture = flatten_to_rgb(image)
@@ -197,7 +198,14 @@ def run_restore(
 
     callback(i, t, x_t, x0): a chain's every step (denoiser.sampling.loop.sample). progress(done, total), should_stop() and
     out (a (3, H, W) uint8 buffer the rows are written into as they finish): the tiles' (denoiser.restore.tiles).
+    Every UNet call runs in the plan's precision, chosen once when it was resolved.
     """
+    with running(plan.sampling.precision):
+        return _run(plan, callback, progress, should_stop, out)
+
+
+def _run(plan: RestorePlan, callback, progress, should_stop, out) -> RestoreResult:
+    """`run_restore` in the plan's precision."""
     r, unet, scheduler = plan.request, plan.model.unet, plan.model.scheduler
     label = None if plan.sampling.labels is None else int(plan.sampling.labels[0])
     if plan.tiled:

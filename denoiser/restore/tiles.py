@@ -82,7 +82,7 @@ def denoise_photo(
     (the model's training scheduler).
 
     add_noise: add Gaussian noise of this σ ([0, 1] pixel scale) first, seeded by `seed` as every restore's added
-    noise is (`denoiser.restore.chains.add_noise`), and quantised to uint8 as a camera writes it (the round trip, scored by `DenoisedPhoto.psnr`); sigma is then still the σ to
+    noise is (`denoiser.restore.chains.with_noise`), and quantised to uint8 as a camera writes it (the round trip, scored by `DenoisedPhoto.psnr`); sigma is then still the σ to
     remove (None: estimated, `photo_sigma`, and returned in `DenoisedPhoto.sigma`). The other arguments as for
     `denoise_tiles`.
     """

@@ -271,8 +271,8 @@ def _denoise_steps(unet, scheduler, x, predict, generator, eta, trajectory_every
 
 @contextlib.contextmanager
 def sampling_context(unet: torch.nn.Module | None) -> Iterator[None]:
-    """What a loop of UNet calls with fixed weights sets up once: the precision this process runs inference in
-    (`denoiser.fast.precision`: bf16 autocast where this CPU measured it faster), and its 3x3 convolutions by
+    """What a loop of UNet calls with fixed weights sets up once: the precision they run in (`denoiser.fast.precision`:
+    the running plan's, else chosen for `unet`: bf16 autocast where this machine measured it faster), and its 3x3 convolutions by
     Winograd's algorithm where they run in float32 on a CPU (`denoiser.fast.winograd`). Re-running a sampled step
     (the app's attention view) inside it repeats the sampling pass exactly."""
     if unet is None:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from denoiser.fast.precision import Precision, choose_precision
+from denoiser.fast.precision import Precision, choose_precision, running
 from denoiser.folders.model_dir import (
     SAMPLING_FILE,
     LoadedModel,
@@ -69,7 +69,7 @@ class Plan:
     negative_prompts: tuple[str, ...] = ()  # per image, the classifier-free guidance's unconditional prompt
     text: TextModel | None = None  # a text model's tokenizer and encoder
     edit: PromptEdit | None = None  # prompt-to-prompt over the images (image 0 the source): one batch, image 0's noise
-    precision: Precision | None = None  # what the UNet runs in (denoiser.fast.precision; None: chosen when run)
+    precision: Precision = Precision(torch.float32, "float32")  # what the UNet runs in: chosen once by resolve, held by run
     _encoded: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # text_condition's, by images
 
     @property
@@ -148,7 +148,7 @@ class Plan:
         spacing = self.scheduler.config.get("timestep_spacing", "leading")
         what = f"{self.scheduler_name}-{self.steps}, {self.guidance.describe()}, {spacing} timesteps, seed {self.seed}"
         what = what if self.edit is None else f"{what}, {self.edit.describe()}"
-        return what if self.precision is None else f"{what}, {self.precision.describe()}"
+        return f"{what}, {self.precision.describe()}"
 
 
 def resolve(
@@ -188,7 +188,7 @@ def resolve(
     if not isinstance(steps, int) or not 1 <= steps <= sched.config.num_train_timesteps:
         raise ValueError(f"steps must be a whole number in 1..{sched.config.num_train_timesteps}, got {steps!r}")
     plan = Plan(unet, sched, steps, float(request.eta), guidance, labels, int(request.seed), request.num_images,
-                batch_size, defaults.classes, prompts, negative, text, request.edit, choose_precision(unet))
+                batch_size, defaults.classes, prompts, negative, text, request.edit, choose_precision(unet, request.precision))
     # what each guidance term needs (a class or a prompt for classifier-free guidance, PAG's layers), before any work:
     # the loop checks each batch the same way, a step too late for a page that said the job had started
     guidance.check(unet, labels is not None, text is not None)  # no prompt encoded: the budget note resolves per keystroke
@@ -263,6 +263,14 @@ def run(
             first = generator[0] if isinstance(generator, list) else generator
             generator = [_copy_generator(first) for _ in range(plan.num_images)]
     batch_size = len(indices) if isinstance(generator, torch.Generator) else plan.batch_size
+    with running(plan.precision):  # chosen once, in resolve: every batch, and the guide model, run in it
+        return _run_batches(plan, indices, batch_size, generator, callback, after_step, capture_steps, trajectory_every,
+                            progress)
+
+
+def _run_batches(plan: Plan, indices: list[int], batch_size: int, generator, callback, after_step, capture_steps,
+                 trajectory_every: int, progress: bool) -> SampleResult:
+    """`run`'s batches, in the plan's precision."""
     result = SampleResult(images=torch.empty(0))
     chunks = []
     bar = tqdm(total=len(indices), desc="sampling", unit="img", disable=not progress, dynamic_ncols=True)

@@ -1,5 +1,7 @@
-"""`python -m denoiser.train` and `accelerate launch -m denoiser.train`: the training command."""
+"""`python -m denoiser.train` and `accelerate launch -m denoiser.train`: the training command, its exit status kept."""
 
-from denoiser.train.command.command import main
+import sys
 
-main()
+from denoiser.train.command import main
+
+sys.exit(main())

@@ -12,6 +12,12 @@
 // transforms M back into the output rows, + bias. Transforming the whole image first and multiplying after
 // sends 2.25x the input through memory twice, which made it slower than oneDNN on 32x32 feature maps.
 //
+// Batch-invariant: a block never holds tiles of two images, and every image is cut into the same blocks of T
+// rows (the last one padded with zero rows), so an image's pixels come out of the same bmm calls on the same
+// numbers whatever the batch. Blocks that straddled images, or a T that followed the batch's size, gave bmm
+// calls of other row counts, whose rows MKL rounds differently: the same image then moved by a float32 ulp
+// with the batch size, and now and then a PNG pixel by 1/255.
+//
 // Same function as torch.nn.functional.conv2d(x, w, b, padding=1), rounding differs: the transforms' constants
 // (up to 8) make its float32 error about 8x direct convolution's (tests/test_winograd.py bounds it against
 // float64). The channel loops are written in groups of 16 so the compiler vectorizes them on any x86 or Arm.
@@ -108,9 +114,12 @@ inline void output_tile(const float* m_in, int64_t k, int64_t stride, const floa
   }
 }
 
-// Tiles [p0, p0 + T) of x (N, H, W, C) -> V (36, T, C). Outside the image the patch reads `zeros` (padding 1).
-void input_block(const Tiles& g, const float* x, int64_t C, const float* zeros, int64_t p0, int64_t T, float* V) {
-  for (int64_t q = 0; q < T; ++q) {
+// Tiles [p0, p0 + Tb) of x (N, H, W, C) -> V (36, T, C), rows Tb..T-1 zero. Outside the image the patch reads
+// `zeros` (padding 1).
+void input_block(const Tiles& g, const float* x, int64_t C, const float* zeros, int64_t p0, int64_t Tb, int64_t T,
+                 float* V) {
+  for (int64_t a = 0; a < kA * kA; ++a) std::fill(V + (a * T + Tb) * C, V + (a + 1) * T * C, 0.0f);
+  for (int64_t q = 0; q < Tb; ++q) {
     int64_t n, th, tw;
     g.locate(p0 + q, n, th, tw);
     const float* src[kA][kA];
@@ -125,9 +134,10 @@ void input_block(const Tiles& g, const float* x, int64_t C, const float* zeros, 
   }
 }
 
-// M (36, T, K) of tiles [p0, p0 + T) -> their output pixels in out (N, H, W, K), + bias.
-void output_block(const Tiles& g, const float* M, const float* bias, int64_t K, int64_t p0, int64_t T, float* out) {
-  for (int64_t q = 0; q < T; ++q) {
+// M (36, T, K) of tiles [p0, p0 + Tb) -> their output pixels in out (N, H, W, K), + bias.
+void output_block(const Tiles& g, const float* M, const float* bias, int64_t K, int64_t p0, int64_t Tb, int64_t T,
+                  float* out) {
+  for (int64_t q = 0; q < Tb; ++q) {
     int64_t n, th, tw;
     g.locate(p0 + q, n, th, tw);
     const int rows = int(std::min<int64_t>(kM, g.H - th * kM)), cols = int(std::min<int64_t>(kM, g.W - tw * kM));
@@ -161,24 +171,26 @@ at::Tensor winograd_conv3x3(const at::Tensor& x, const at::Tensor& u, const c10:
   at::Tensor out = at::empty({N, K, H, W}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (out.numel() == 0) return out;
   const Tiles g{N, H, W, (H + kM - 1) / kM, (W + kM - 1) / kM};
-  const int64_t P = N * g.tH * g.tW;
-  // T tiles per block: V and M in kBlockBytes, at most 64 (bmm's rows), a block for each thread where there are
-  // enough tiles, and at least 8 (fewer rows leave bmm in call overhead)
-  const int64_t threads = at::get_num_threads(), per_thread = (P + threads - 1) / threads;
-  const int64_t T = std::max<int64_t>(8, std::min({int64_t(64), kBlockBytes / (kA * kA * 4 * (C + K)), per_thread}));
-  const int64_t blocks = (P + T - 1) / T;
+  const int64_t per_image = g.tH * g.tW;
+  // T tiles per block, within one image (see the top): at most 64 (bmm's rows) and V and M in kBlockBytes (at
+  // least 8 rows there: fewer leave bmm in call overhead), then evened out over the image's blocks
+  const int64_t cap = std::max<int64_t>(8, std::min<int64_t>(64, kBlockBytes / (kA * kA * 4 * (C + K))));
+  const int64_t per_image_blocks = (per_image + cap - 1) / cap;
+  const int64_t T = (per_image + per_image_blocks - 1) / per_image_blocks;
+  const int64_t blocks = N * per_image_blocks;
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const std::vector<float> zeros(C, 0.0f);
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> vbuf(kA * kA * T * C), mbuf(kA * kA * T * K);
     for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t p0 = blk * T, Tb = std::min(T, P - p0);
-      input_block(g, xp, C, zeros.data(), p0, Tb, vbuf.data());
-      const at::Tensor V = at::from_blob(vbuf.data(), {kA * kA, Tb, C}, x.options());  // (36, Tb, C)
-      at::Tensor M = at::from_blob(mbuf.data(), {kA * kA, Tb, K}, x.options());        // (36, Tb, K)
+      const int64_t n = blk / per_image_blocks, first = (blk % per_image_blocks) * T;  // image n's tiles [first, ...)
+      const int64_t p0 = n * per_image + first, Tb = std::min(T, per_image - first);
+      input_block(g, xp, C, zeros.data(), p0, Tb, T, vbuf.data());
+      const at::Tensor V = at::from_blob(vbuf.data(), {kA * kA, T, C}, x.options());  // (36, T, C)
+      at::Tensor M = at::from_blob(mbuf.data(), {kA * kA, T, K}, x.options());        // (36, T, K)
       at::bmm_out(M, V, u);  // inside a parallel region: one thread per block
-      output_block(g, mbuf.data(), b, K, p0, Tb, op);
+      output_block(g, mbuf.data(), b, K, p0, Tb, T, op);
     }
   });
   return out;
