@@ -27,7 +27,7 @@ def _launcher(processes: int) -> list[str]:
     # `accelerate launch --cpu --num_processes 2` starts ONE process; --multi_gpu with ACCELERATE_USE_CPU starts two.
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(_free_port()), "-m", "denoiser.train.command"]
+            "--main_process_port", str(_free_port()), "-m", "denoiser.train"]
 
 
 def _final(run):
@@ -117,7 +117,7 @@ def test_sigterm_saves_a_checkpoint_and_exits(tmp_path):
 def test_cpu_launch_with_more_processes_than_started_warns(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", train={"max_steps": 1, "checkpoint_every": 1})
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "denoiser.train.command"]
+                "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "denoiser.train"]
     res = cli("--config", str(cfg), "--output-dir", str(tmp_path / "run"), launcher=launcher)
     assert "accelerate launch asked for 2 processes but 1 started" in res.stderr
     assert "ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2" in res.stderr
@@ -150,7 +150,7 @@ def test_two_machines_match_one_process(tmp_path):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
                "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
                "--num_processes", "2", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "-m", "denoiser.train.command", "--config", str(cfg), "--output-dir", str(two)]
+               "-m", "denoiser.train", "--config", str(cfg), "--output-dir", str(two)]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e[-3000:] for _, e in outs]
