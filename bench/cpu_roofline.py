@@ -10,6 +10,8 @@ model with its prompt's token states) on each path, the paths alternating call b
   - float32:  eager, inside `sampling_context` held to float32 (what runs where bf16 does not pay), its 3x3
               convolutions by Winograd's algorithm (denoiser.fast.winograd) where the kernels are built;
   - float32-direct: the same with torch's own convolutions (the path before the Winograd kernel);
+  - mixed:    the per-op mix (denoiser.fast.mixed): Winograd's products, the linear layers and 1x1 convolutions in
+              bf16, the rest float32 (left out with bfloat16, below);
   - bfloat16: eager under CPU bf16 autocast, inside `sampling_context` held to bfloat16 (left out, with the bf16
               GEMM rate, where the CPU has no native bfloat16 and autocast emulates it: 0.16x float32 on a Zen 3;
               `--bf16` keeps it);
@@ -35,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from train_throughput import gemm_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from denoiser.fast.precision import asked, choose_precision  # noqa: E402
+from denoiser.fast.precision import asked, choose_precision, running  # noqa: E402
 from denoiser.fast.winograd import switched  # noqa: E402
 from denoiser.folders.model_dir import load  # noqa: E402
 from denoiser.model.text import encode_prompts  # noqa: E402
@@ -59,9 +61,12 @@ def model_inputs(model, batch: int) -> dict:
     return inputs
 
 
-def eager_side(unet, inputs: dict, dtype: torch.dtype, winograd: bool = True):
+def eager_side(unet, inputs: dict, choice: str, winograd: bool = True):
+    """Calls in `choice` (denoiser.fast.precision's float32, mixed or bfloat16), as a plan's run holds it."""
+    chosen = choose_precision(unet, choice)
+
     def call():
-        with torch.inference_mode(), asked(unet, dtype), sampling_context(unet), switched(winograd):
+        with torch.inference_mode(), running(chosen), sampling_context(unet), switched(winograd):
             return unet(**inputs).sample
 
     return call
@@ -159,10 +164,11 @@ def main() -> None:
         for batch in args.batches:
             inputs = model_inputs(model, batch)
             flops = flops_per_image(unet, inputs, batch)
-            sides = {"float32": eager_side(unet, inputs, torch.float32),
-                     "float32-direct": eager_side(unet, inputs, torch.float32, winograd=False)}
+            sides = {"float32": eager_side(unet, inputs, "float32"),
+                     "float32-direct": eager_side(unet, inputs, "float32", winograd=False)}
             if bf16:
-                sides["bfloat16"] = eager_side(unet, inputs, torch.bfloat16)
+                sides["mixed"] = eager_side(unet, inputs, "mixed")
+                sides["bfloat16"] = eager_side(unet, inputs, "bfloat16")
             if args.compile:
                 sides["compile"] = compiled_side(unet, inputs)
             if not args.no_openvino:

@@ -71,7 +71,7 @@ def main() -> None:
     def forward(conv, x):  # winograd.Conv2d.forward with the op of the side being timed
         if not conv._applies(x):
             return torch.nn.Conv2d.forward(conv, x)
-        return chosen["op"](x, conv._u(), conv.bias)
+        return chosen["op"](x, conv._u(torch.float32), conv.bias)
 
     winograd.Conv2d.forward = forward
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}; before = {args.before}")

@@ -25,6 +25,7 @@ version, so only a new tensor there is noticed.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator
 
@@ -35,11 +36,13 @@ from denoiser.fast.kernels import load_kernels, plain_tensors, tracing
 
 __all__ = [
     "Conv2d", "use_winograd", "winograd_kernel", "switched", "transform_weight", "eligible", "MIN_CHANNELS",
-    "WINOGRAD_ENV",
+    "WINOGRAD_ENV", "bf16_products",
 ]
 
 WINOGRAD_ENV = "DENOISER_WINOGRAD"  # 0: direct convolution (torch's) even where the kernel is built
 MIN_CHANNELS = 16
+# inside `bf16_products(True)` (this thread, this call) the 36 products run in bfloat16: the per-op mix (mixed.py)
+_BF16: contextvars.ContextVar[bool] = contextvars.ContextVar("winograd_bf16_products", default=False)
 
 # G of F(4x4, 3x3) with interpolation points 0, ±1, ±2 and ∞ (the kernel's Bᵀ and Aᵀ use the same points).
 _G = (
@@ -79,6 +82,17 @@ def transform_weight(weight: torch.Tensor) -> torch.Tensor:
     return u.reshape(36, weight.shape[1], weight.shape[0]).float().contiguous()  # (36, C, K)
 
 
+@contextlib.contextmanager
+def bf16_products(on: bool = True) -> Iterator[None]:
+    """Inside, the kernel's 36 products run as a bfloat16 bmm (the weight transformed once more, to bf16; V and M in
+    bf16), the transforms, bias and output in float32 (`denoiser.fast.mixed`); `bf16_products(False)`: float32."""
+    token = _BF16.set(on)
+    try:
+        yield
+    finally:
+        _BF16.reset(token)
+
+
 def eligible(conv: nn.Module) -> bool:
     """A plain 3x3, stride 1, padding 1 convolution with at least MIN_CHANNELS in and out."""
     return (
@@ -97,21 +111,24 @@ class Conv2d(nn.Conv2d):
     """nn.Conv2d whose float32 channels-last CPU inference runs Winograd's F(4x4, 3x3) (see the module docstring)."""
 
     # a class default: a module swapped in from nn.Conv2d never runs __init__
-    _transformed: tuple[tuple, torch.Tensor] | None = None  # (what the weight was, U), made on first use
+    _transformed: tuple[tuple, dict[torch.dtype, torch.Tensor]] | None = None  # (what the weight was, U by dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self._applies(x):
             return super().forward(x)
-        return torch.ops.denoiser.winograd_conv3x3(x, self._u(), self.bias)
+        return torch.ops.denoiser.winograd_conv3x3(x, self._u(torch.bfloat16 if _BF16.get() else torch.float32), self.bias)
 
-    def _u(self) -> torch.Tensor:
+    def _u(self, dtype: torch.dtype) -> torch.Tensor:
+        """U in `dtype` (float32, or bfloat16 for the mix's products), transformed once per version of the weight."""
         w = self.weight
         version = None if w.is_inference() else w._version  # inference tensors keep no version: their address only
         key = (w.data_ptr(), version, w.dtype, tuple(w.shape))
         kept = self._transformed
         if kept is None or kept[0] != key:  # two threads may both transform a new weight: the same result
-            kept = self._transformed = (key, transform_weight(w))
-        return kept[1]
+            kept = self._transformed = (key, {torch.float32: transform_weight(w)})
+        if dtype not in kept[1]:
+            kept[1][dtype] = kept[1][torch.float32].to(dtype)
+        return kept[1][dtype]
 
     def _applies(self, x: torch.Tensor) -> bool:
         return (
