@@ -1,14 +1,17 @@
 """The optional speed layer: everything here makes the model faster. The kernels compute the model's function up to
 float32 rounding (Winograd's convolution rounds differently from torch's, within 2e-5 of the output's scale); bf16
-autocast, where the precision choice takes it, moves the predicted noise by up to about 0.02 (docs/speed.md).
+autocast or the bf16 mix, where the machine's precision decision takes one, moves the predicted noise by up to about
+0.02-0.06 (docs/speed.md, bench/precision_mix.md).
 
 The model files (`denoiser.model.attention`, `denoiser.model.attention_blocks`, `denoiser.model.groupnorm`, `denoiser.model.unet`) are written once, readably, with
 torch's own modules and ops; each piece below is a switch or a wrapper around them, kept because an interleaved
 A/B showed it pays on a CPU (`bench/fast_path_ab.py`, bench/NOTES.md), and tested against the reference where
 it is compiled:
 
-- `precision.py`  the precision inference runs in, decided once per machine: float32, or bf16 autocast where this
-                  CPU's bf16 convolution measures at least 1.1x faster (every door through `sampling_context`)
+- `precision.py`  the precision inference runs in, decided once per machine by whole UNet calls: float32, the bf16
+                  mix or bf16 autocast, a bf16 path only at 1.15x or more (every door through `sampling_context`)
+- `mixed.py`      the per-op bf16 mix (the products in bf16, the rest float32), and the batch-invariant rows every
+                  door's linear layers and RGB convolutions compute
 - `kernels.py`    builds (at install) and loads denoiser's C++ extension from `csrc/`; `tracing()`
 - `attention.py`  the small-head attention kernel behind `denoiser.model.attention.fused_attention`
 - `groupnorm.py`  the channels-last GroupNorm(+SiLU) kernel behind `denoiser.model.groupnorm.group_norm`
