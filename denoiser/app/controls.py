@@ -32,6 +32,9 @@ STOP_DONE_JS = "() => { window.denoiserStopDone = Date.now(); }"
 # requests in flight (CANCELS_JS, run at page load: LAUNCH's js), and a job's click (ran_js) goes out only once none
 # is left, after the page has forgotten the old job (CANCEL_WAIT_S at most)
 CANCEL_WAIT_S = 10
+# a Stop pressed this recently may not have posted its /cancel yet (a busy page runs its listeners late): a click waits
+# that long after it too, so that a second Stop in the meantime drops it (a fresh clone's make test ran such a click)
+STOP_POST_MS = 500
 CANCELS_JS = r"""() => { if (window.denoiserCancels !== undefined) return; window.denoiserCancels = 0;
     const send = window.fetch;
     window.fetch = (url, ...rest) => {
@@ -69,11 +72,12 @@ def retry_js(button: str) -> str:
 
 def ran_js(button: str) -> str:
     """The job of #button has been dispatched (its inputs pass unchanged): it goes out once no cancel is in flight
-    (CANCELS_JS), unless a Stop was pressed while it waited: then it is dropped, as a job still in the queue is (a
-    throw in an event's script ends the event before its request is sent)."""
+    (CANCELS_JS) and no Stop was pressed in the last STOP_POST_MS, unless a Stop was pressed while it waited: then it
+    is dropped, as a job still in the queue is (a throw in an event's script ends the event before its request is sent)."""
     return (f"async (...args) => {{ (window.denoiserRan = window.denoiserRan || {{}})['{button}'] = Date.now(); "
             "const at = Date.now(); "
-            f"while ((window.denoiserCancels || 0) > 0 && Date.now() - at < {CANCEL_WAIT_S * 1000}) "
+            f"while (((window.denoiserCancels || 0) > 0 || Date.now() - (window.denoiserStoppedAt || 0) < {STOP_POST_MS}) "
+            f"&& Date.now() - at < {CANCEL_WAIT_S * 1000}) "
             "await new Promise(ok => setTimeout(ok, 50)); "
             "if ((window.denoiserStoppedAt || 0) > at) throw new Error('stopped before it was sent'); "
             "return args; }")
