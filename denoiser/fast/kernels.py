@@ -19,6 +19,7 @@ killed build leaves no lock or half-written library behind. DENOISER_KERNELS=0 s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -49,11 +50,27 @@ def _cflags() -> list[str]:
     return flags
 
 
-def _cpu_flags() -> str:
+@functools.cache
+def cpuinfo() -> str:
+    """/proc/cpuinfo, read once per process ("" where there is none: not Linux)."""
     try:
-        return next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def _cpu_flags() -> str:
+    line = next((line for line in cpuinfo().splitlines() if line.startswith("flags")), None)
+    return line or platform.processor() or platform.machine()
+
+
+@functools.cache
+def _sources_digest(paths: tuple[Path, ...]) -> bytes:
+    """The sources' contents, hashed once per process (they are read on every `library_path`)."""
+    h = hashlib.sha1()
+    for path in paths:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.digest()
 
 
 def _build_key() -> str:
@@ -61,8 +78,7 @@ def _build_key() -> str:
     h = hashlib.sha1()
     for part in (torch.__version__, " ".join(_cflags()), _cpu_flags()):
         h.update(part.encode() + b"\0")
-    for path in _SOURCES + _HEADERS:
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    h.update(_sources_digest(tuple(_SOURCES + _HEADERS)))
     return h.hexdigest()[:16]
 
 

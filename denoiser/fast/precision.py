@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from denoiser.atomic import atomic_path
-from denoiser.fast import kernels, mixed, winograd
+from denoiser.fast import batch_invariant, kernels, mixed, winograd
 
 __all__ = ["Precision", "CHOICES", "PRECISION_ENV", "MIN_SPEEDUP", "ROUNDS", "ROWS", "CANDIDATES", "parse_choice", "choose_precision",
            "machine_precision", "machine_key", "decision_path", "measure", "rule", "running", "autocast", "asked",
@@ -114,11 +114,8 @@ def native_bf16() -> bool | None:
 
 
 def _cpu_field(names: tuple[str, ...]) -> str | None:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(names)), None)
+    lines = kernels.cpuinfo().splitlines()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(names)), None)
 
 
 def machine_key() -> str:
@@ -161,6 +158,7 @@ def measure(unet: nn.Module, rounds: int = ROUNDS, rows: tuple[int, ...] = ROWS)
         x = torch.randn(n, *size, generator=g).contiguous(memory_format=torch.channels_last)
         inputs[n] = (x, torch.full((n,), 500), kwargs)
     winograd.use_winograd(unet)
+    batch_invariant.use_batch_invariant(unet)
     mixed.use_mixed(unet)
 
     def call(choice: str) -> float:
