@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from denoiser.fast import mixed, winograd
+from denoiser.fast import batch_invariant, mixed, winograd
 from denoiser.fast.precision import choose_precision, running
 from denoiser.model.attention_capture import capture_attention
 from denoiser.sampling.loop import sampling_context
@@ -54,10 +54,10 @@ def test_linear_and_1x1_convolution_err_about_as_torchs_bf16_and_are_torchs_outs
         assert torch.equal(lin(tokens), plain[0]) and torch.equal(conv(pixels), plain[1])  # outside on(): torch's
         with mixed.on():
             ours = lin(tokens), conv(pixels)
-            rows = lin(tokens[0])  # (N, C) rows, the timestep path's shape: float32
+            by_row = lin(tokens[0])  # (N, C) rows, the timestep path's shape: float32
         with torch.autocast("cpu", dtype=torch.bfloat16):
             torchs = lin(tokens), conv(pixels)
-    assert torch.equal(rows, mixed.rows(tokens[0], lin.weight, lin.bias))  # the timestep path's rows: float32, row by row
+    assert torch.equal(by_row, batch_invariant.rows(tokens[0], lin.weight, lin.bias))  # the timestep path's rows: float32, row by row
     assert ours[1].is_contiguous(memory_format=torch.channels_last)
     refs = (F.linear(tokens.double(), lin.weight.double(), lin.bias.double()),
             F.conv2d(pixels.double(), conv.weight.double(), conv.bias.double()))
@@ -102,24 +102,3 @@ def test_a_plan_names_the_mix_it_runs(tmp_path, tiny_unet):
     mixed_images = run(plan).images
     f32 = run(resolve(SampleRequest(num_images=2, steps=2, precision="float32"), folder)).images
     assert 0 < float((mixed_images - f32).abs().max()) < 0.25  # a tiny random model: its pixels, not its quality
-
-
-@pytest.mark.parametrize("choice", ["float32", "mixed", "bfloat16"])
-def test_an_images_rows_come_out_the_same_bits_in_any_batch(class_unet, choice):
-    """The batch never moves a pixel (docs/reproducibility.md): Winograd's blocks are per image, and the timestep
-    path's rows are multiplied one at a time (MKL rounds a small GEMM's rows differently with their number)."""
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(6, 3, 16, 16, generator=g).contiguous(memory_format=torch.channels_last)
-    t, labels = torch.tensor([500, 500, 500, 40, 40, 40]), torch.tensor([0, 1, 2, 3, 3, 3])
-    with torch.inference_mode(), running(choose_precision(class_unet, choice)), sampling_context(class_unet):
-        whole = class_unet(x, t, class_labels=labels).sample
-        for rows in ([2, 5], [0], [1, 2, 3, 4]):
-            assert torch.equal(class_unet(x[rows], t[rows], class_labels=labels[rows]).sample, whole[rows]), rows
-
-
-def test_rows_is_linear_row_by_row():
-    g = torch.Generator().manual_seed(4)
-    x, w, b = torch.randn(5, 24, generator=g), torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
-    torch.testing.assert_close(mixed.rows(x, w, b), F.linear(x, w, b))
-    torch.testing.assert_close(mixed.rows(x, w, None), F.linear(x, w))
-    assert torch.equal(mixed.rows(x[3:4], w, b), mixed.rows(x, w, b)[3:4])

@@ -10,8 +10,9 @@ it is compiled:
 
 - `precision.py`  the precision inference runs in, decided once per machine by whole UNet calls: float32, the bf16
                   mix or bf16 autocast, a bf16 path only at 1.15x or more (every door through `sampling_context`)
-- `mixed.py`      the per-op bf16 mix (the products in bf16, the rest float32), and the batch-invariant rows every
-                  door's linear layers and RGB convolutions compute
+- `mixed.py`      the per-op bf16 mix (the products in bf16, the rest float32)
+- `batch_invariant.py` batch invariance: the timestep path's rows one at a time and the RGB convolutions one image at a
+                  time, so an image's pixels never depend on its batch (every door through `sampling_context`)
 - `kernels.py`    builds (at install) and loads denoiser's C++ extension from `csrc/`; `tracing()`
 - `attention.py`  the small-head attention kernel behind `denoiser.model.attention.fused_attention`
 - `groupnorm.py`  the channels-last GroupNorm(+SiLU) kernel behind `denoiser.model.groupnorm.group_norm`

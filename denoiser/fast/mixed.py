@@ -17,12 +17,7 @@ does): the same parameters and state dict, and torch's forward outside `on()` or
 `denoiser.fast.precision` enters `on()` where the plan's precision is "mixed"; `full_precision()` (attention capture)
 switches it off, so the maps the app shows stay the float32 model's exact weights.
 
-The swapped linear layers do one thing in every precision during CPU inference (every sampling door swaps them,
-`denoiser.sampling.loop.sampling_context`): the timestep path's (B, D) rows are multiplied one row at a time
-(`rows`), in float32. MKL's GEMM rounds a row differently with the number of rows (its small-M paths), so an image's
-timestep embedding, and with it its pixels, moved with the batch size; row by row it cannot. For the same reason the
-convolutions no other path takes (the RGB ones at either end) run one image at a time (`PerImageConv2d`): oneDNN
-picks another algorithm for a batch of one.
+`Linear` builds on `denoiser.fast.batch_invariant.Linear`: its (B, D) rows (the timestep path) stay float32, one row at a time.
 """
 
 from __future__ import annotations
@@ -35,10 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from denoiser.fast import winograd
-from denoiser.fast.kernels import plain_tensors, tracing
+from denoiser.fast import batch_invariant, winograd
 
-__all__ = ["Linear", "Conv1x1", "PerImageConv2d", "use_mixed", "on", "off", "active", "rows"]
+__all__ = ["Linear", "Conv1x1", "use_mixed", "on", "off", "active"]
 
 _ON: contextvars.ContextVar[bool] = contextvars.ContextVar("denoiser_mixed", default=False)
 
@@ -82,38 +76,14 @@ class _Bf16Weight:
         return self._bf16[1]
 
     def _runs_bf16(self, x: torch.Tensor) -> bool:
-        return _ON.get() and self._inference(x)
-
-    def _inference(self, x: torch.Tensor) -> bool:
-        """CPU float32 inference, outside autocast and tracing: where the swapped forward applies."""
-        return (
-            not tracing()
-            and not torch.is_grad_enabled()
-            and not torch.is_autocast_enabled("cpu")
-            and x.device.type == "cpu"
-            and x.dtype == torch.float32
-            and self.weight.dtype == torch.float32
-            and plain_tensors(x)
-        )
+        return _ON.get() and batch_invariant.inference(x, self.weight)
 
 
-def rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear of (B, D) rows, one row's product at a time (a batch of 1xD products): a row's result never depends
-    on how many rows there are."""
-    B, (K, D) = x.shape[0], weight.shape
-    w = weight.t().expand(B, D, K)  # (B, D, K), no copy
-    if bias is None:
-        return torch.bmm(x[:, None, :], w)[:, 0]  # (B, 1, D) x (B, D, K) -> (B, K)
-    return torch.baddbmm(bias.expand(B, 1, K), x[:, None, :], w)[:, 0]
-
-
-class Linear(_Bf16Weight, nn.Linear):
-    """nn.Linear whose product over tokens (B, N, C) runs in bfloat16 inside `on()`, and whose (B, D) rows (the
-    timestep path) are multiplied row by row in float32 (`rows`) in any CPU inference."""
+class Linear(_Bf16Weight, batch_invariant.Linear):
+    """nn.Linear whose product over tokens (B, N, C) runs in bfloat16 inside `on()`; its (B, D) rows (the timestep
+    path) as `batch_invariant.Linear`'s, float32 row by row."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and self._inference(x):
-            return rows(x, self.weight, self.bias)
         if x.dim() < 3 or not self._runs_bf16(x):
             return super().forward(x)
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
@@ -132,27 +102,11 @@ class Conv1x1(_Bf16Weight, nn.Conv2d):
         return y.float().permute(0, 3, 1, 2)  # (B, K, H, W), channels-last in memory
 
 
-class PerImageConv2d(_Bf16Weight, nn.Conv2d):
-    """nn.Conv2d that runs one image at a time in CPU float32 inference: an image's pixels never depend on the batch."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or x.shape[0] == 1 or not self._inference(x):
-            return super().forward(x)
-        return torch.cat([super(PerImageConv2d, self).forward(x[i : i + 1]) for i in range(x.shape[0])])
-
-
-def _conv1x1(m: nn.Module) -> bool:
-    return (type(m) is nn.Conv2d and m.kernel_size == (1, 1) and m.stride == (1, 1) and m.padding == (0, 0)
-            and m.dilation == (1, 1) and m.groups == 1)
-
-
 def use_mixed(module: nn.Module) -> None:
-    """Swap each `nn.Linear`, 1x1 `nn.Conv2d` and other convolution Winograd's algorithm does not take among `module`'s
-    modules for `Linear` / `Conv1x1` / `PerImageConv2d`, in place and for good (a no-op for those already swapped)."""
+    """Swap each `nn.Linear` (or `batch_invariant.Linear`) and plain 1x1 `nn.Conv2d` among `module`'s modules for `Linear` /
+    `Conv1x1`, in place and for good (a no-op for those already swapped)."""
     for m in module.modules():
-        if type(m) is nn.Linear:
+        if type(m) in (nn.Linear, batch_invariant.Linear):
             m.__class__ = Linear
-        elif _conv1x1(m):
+        elif batch_invariant.pointwise(m):
             m.__class__ = Conv1x1
-        elif type(m) is nn.Conv2d and not winograd.eligible(m):  # what Winograd's swap left: the RGB convolutions
-            m.__class__ = PerImageConv2d

@@ -29,7 +29,7 @@ from diffusers import (
 from diffusers.utils.torch_utils import randn_tensor
 
 from denoiser.diffusion import Diffusion
-from denoiser.fast import mixed, precision, winograd
+from denoiser.fast import batch_invariant, mixed, precision, winograd
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
 from denoiser.pixels import to_unit
 from denoiser.request import BUILT_IN, SCHEDULERS, SPREAD, check_timestep_spacing
@@ -279,7 +279,8 @@ def sampling_context(unet: torch.nn.Module | None) -> Iterator[None]:
         yield
         return
     winograd.use_winograd(unet)
-    mixed.use_mixed(unet)  # the mix's modules: float32 unless the precision is "mixed", the timestep rows batch-invariant
+    batch_invariant.use_batch_invariant(unet)  # an image's rows the same in any batch
+    mixed.use_mixed(unet)  # the mix's modules: float32 unless the precision is "mixed"
     with precision.autocast(unet):
         yield
 
