@@ -38,6 +38,7 @@ TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")
 SPREAD = "spread"  # classes 0, 1, ..., K-1, 0, 1, ... over the images (FID's even spread)
 OPERATIONS = ("denoise", "edit", "inpaint")  # what a restore does to a user's picture (denoiser.restore.chains)
 METHODS = ("mmse", "sample")  # a denoise's: one x₀ prediction (the photo at its own size, in tiles) or the reverse chain
+PRECISIONS = ("auto", "float32", "mixed", "bfloat16")  # what inference runs in (denoiser.fast.precision); auto: the machine's
 ADDED_NOISE_SEED = 12_345  # the seed offset of the noise a restore adds first (see the seed rule above)
 
 # what a request gets when neither it nor the model folder says otherwise

@@ -189,3 +189,18 @@ def test_a_plan_names_its_precision_and_torch_dtype_float32_is_kept(tmp_path, ti
         ref = run(resolve(SampleRequest(num_images=1, steps=3, seed=0), model)).images
     # the pipeline's UNet is NCHW, the loaded one channels-last: equal to float32 rounding, unlike the bf16 run
     assert float((a - ref).abs().max()) < 1e-4 < float((b - ref).abs().max())
+
+
+@pytest.mark.parametrize("model", ["cifar10", "emoji"])
+def test_install_measures_the_shipped_architecture(model):
+    """`denoiser build-kernels` decides the precision on PRECISION_REFERENCE: the shipped models' UNet, so the
+    decision is measured on the calls people run (a changed shipped model must change the reference too)."""
+    import json
+    from pathlib import Path
+
+    from denoiser.cli.main import PRECISION_REFERENCE
+
+    shipped = json.loads((Path(__file__).parent.parent / "weights" / model / "unet" / "config.json").read_text())
+    differ = {k: (v, shipped.get(k)) for k, v in PRECISION_REFERENCE.items()
+              if k != "num_class_embeds" and (list(v) if isinstance(v, tuple) else v) != shipped.get(k)}
+    assert not differ, differ

@@ -31,6 +31,7 @@ from denoiser.app.work_budget import WORK_BUDGET
 from denoiser.fast import malloc
 from denoiser.fast.kernels import load_kernels
 from denoiser.folders.model_dir import WEIGHTS_ENV, model_roots
+from denoiser.request import PRECISIONS
 
 __all__ = ["run", "Disconnects"]
 
@@ -78,7 +79,7 @@ def _parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--photo-seconds", type=float, default=None, metavar="S",
                    help=f"seconds a photo's denoise may take at this machine's measured speed (default: "
                         f"$DENOISER_PHOTO_SECONDS, else {PHOTO_SECONDS:g}); a larger photo is denoised as a scaled copy")
-    p.add_argument("--precision", default=None, choices=["auto", "float32", "mixed", "bfloat16"],
+    p.add_argument("--precision", default=None, choices=PRECISIONS,
                    help="what every UNet call runs in (default: $DENOISER_PRECISION, else auto: this machine's, decided "
                         "once by measurement); each result's PNG settings name it")
     args = p.parse_args(argv)

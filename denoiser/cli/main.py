@@ -8,7 +8,7 @@ import argparse
 import logging
 import sys
 
-from denoiser.request import BUILT_IN
+from denoiser.request import BUILT_IN, PRECISIONS
 
 __all__ = ["main", "build_parser"]
 
@@ -53,7 +53,7 @@ def _add_sampling(p: argparse.ArgumentParser, what: str = "samples", images: boo
 
 def _add_precision(p: argparse.ArgumentParser) -> None:
     """--precision (denoiser.fast.precision): what the UNet calls run in; auto is this machine's decision, kept in a file."""
-    p.add_argument("--precision", default="auto", choices=["auto", "float32", "mixed", "bfloat16"],
+    p.add_argument("--precision", default="auto", choices=PRECISIONS,
                    help="what the UNet runs in: auto (default: this machine's, decided once by measurement, as "
                         "`denoiser build-kernels` prints it), float32, or bfloat16 (CPU autocast); the same flags give "
                         "the same pixels on the same machine")

@@ -49,6 +49,7 @@ from torch import nn
 
 from denoiser.atomic import atomic_path
 from denoiser.fast import batch_invariant, kernels, mixed, winograd
+from denoiser.request import PRECISIONS
 
 __all__ = ["Precision", "CHOICES", "PRECISION_ENV", "MIN_SPEEDUP", "ROUNDS", "ROWS", "CANDIDATES", "parse_choice", "choose_precision",
            "machine_precision", "machine_key", "decision_path", "measure", "rule", "running", "autocast", "asked",
@@ -57,8 +58,8 @@ __all__ = ["Precision", "CHOICES", "PRECISION_ENV", "MIN_SPEEDUP", "ROUNDS", "RO
 log = logging.getLogger(__name__)
 
 PRECISION_ENV = "DENOISER_PRECISION"  # "auto" (default: the machine's decision), "float32", "mixed" or "bfloat16"
-CANDIDATES = ("float32", "mixed", "bfloat16")  # the paths a machine chooses between (float32 first: the baseline)
-CHOICES = ("auto", *CANDIDATES)  # what a request, the CLI's --precision and the app offer
+CHOICES = PRECISIONS  # what a request, the CLI's --precision and the app offer
+CANDIDATES = CHOICES[1:]  # the paths a machine chooses between (float32 first: the baseline)
 DECISION_VERSION = 2  # in the decision's key: a file written before the mix existed is measured again
 MIN_SPEEDUP = 1.15  # bf16 must beat fp32 by this much (median): it costs accuracy (max |Δε| ~0.02 on the shipped models)
 ROUNDS = 7  # measured rounds, each every row count in both precisions, after one warm-up round
