@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 import warnings
 from pathlib import Path
 from typing import BinaryIO
@@ -27,7 +26,7 @@ from denoiser.atomic import atomic_path
 from denoiser.pixels import to_model_range, to_uint8, uint8_to_unit
 
 __all__ = ["MAX_PIXELS", "flatten_to_rgb", "fit_to_size", "open_image", "image_to_model", "mask_to_model", "to_pil", "uint8_to_pil", "save_grid",
-           "save_png", "settings_name", "save_with_settings", "read_settings"]
+           "save_png"]
 
 MAX_PIXELS = 50_000_000  # a 50-megapixel camera's photo; more is refused before decoding
 
@@ -167,84 +166,3 @@ def save_png(img: Image.Image, path: str | Path) -> Path:
     with atomic_path(path) as tmp:
         img.save(tmp, format="PNG")
     return path
-
-
-SETTINGS_KEY = "denoiser"  # the PNG text chunk that holds how an image was made (JSON)
-
-
-def settings_name(settings: dict) -> str:
-    """A file name that says how an image was made: 'cifar10-seed3-cat-ddim25-cfg3-2of8.png' for a sample (a text
-    model's: its prompt where the class goes, 'emoji-seed0-red_apple-unipc10-cfg3-1of8.png'; a word edit's pair:
-    'emoji-seed0-red_apple-to-green_apple-unipc10-cfg3-2of2.png'),
-    'cifar10-denoise-sigma0.1-seed0-1024x768.png' for an edit of a user's picture (settings with an "operation"; a
-    copy scaled to the work budget: '...-scaled-from-4000x3000-1600x1200.png')."""
-    if "operation" in settings:
-        return _edit_name(settings)
-    parts = [str(settings.get(k, "")) for k in ("model",)] + [f"seed{settings.get('seed')}"]
-    if settings.get("class") not in (None, ""):
-        parts.append(str(settings["class"]))
-    if settings.get("prompt"):
-        parts.append(str(settings["prompt"])[:60])
-    if settings.get("edit_prompt"):  # a prompt-to-prompt pair: the source, then the edit ('red_apple-to-green_apple')
-        parts[-1] += f"-to-{str(settings['edit_prompt'])[:60]}"
-    parts.append(f"{settings.get('scheduler')}{settings.get('steps')}")
-    parts += _guidance_parts(settings)
-    if "index" in settings:
-        parts.append(f"{settings['index'] + 1}of{settings['count']}")
-    return _file_name(parts)
-
-
-def _edit_name(settings: dict) -> str:
-    """An edit's file name: model, operation, class, its amounts (noise added first, σ removed, strength), the chain's
-    steps and seed where it has one, guidance, the result's size."""
-    parts = [str(settings.get("model", "")), re.sub(r"[^a-z0-9]+", "-", str(settings["operation"]).lower()).strip("-")]
-    if settings.get("class") not in (None, ""):
-        parts.append(str(settings["class"]))
-    if settings.get("add_noise"):
-        parts.append(f"noise{float(settings['add_noise']):.3g}")
-    for key, short in (("sigma_removed", "sigma"), ("strength", "strength")):  # 0 is a value here (σ of a clean picture)
-        if settings.get(key) is not None:
-            parts.append(f"{short}{float(settings[key]):.3g}")
-    if settings.get("chain"):  # sampled denoise, edit and inpaint: steps and seed make the result
-        parts += [f"steps{settings.get('steps')}", f"seed{settings.get('seed')}"]
-    parts += _guidance_parts(settings)
-    if settings.get("scaled_from"):  # a photo over the work budget, restored as a smaller copy: both sizes named
-        parts.append("scaled-from-" + "x".join(str(int(v)) for v in settings["scaled_from"]))
-    if settings.get("size"):
-        parts.append("x".join(str(int(v)) for v in settings["size"]))
-    return _file_name(parts)
-
-
-def _guidance_parts(settings: dict) -> list[str]:
-    return [f"{short}{float(settings[key]):g}"
-            for key, short, off in (("guidance_scale", "cfg", 1.0), ("pag_scale", "pag", 0.0), ("guide_scale", "auto", 1.0))
-            if settings.get(key) is not None and float(settings[key]) != off]
-
-
-def _file_name(parts: list[str]) -> str:
-    return "-".join("".join(c if c.isalnum() or c in "._-" else "_" for c in p) for p in parts) + ".png"
-
-
-def save_with_settings(img: Image.Image, folder: str | Path, settings: dict) -> Path:
-    """A PNG named after `settings` (settings_name) that carries them as JSON in its text chunk (read_settings)."""
-    import json
-
-    from PIL.PngImagePlugin import PngInfo
-
-    info = PngInfo()
-    info.add_text(SETTINGS_KEY, json.dumps(settings, sort_keys=True))
-    path = Path(folder) / settings_name(settings)
-    with atomic_path(path) as tmp:
-        img.save(tmp, format="PNG", pnginfo=info)
-    return path
-
-
-def read_settings(path: str | Path) -> dict:
-    """The settings a PNG written by save_with_settings carries ({} for any other file)."""
-    import json
-
-    try:
-        with Image.open(path) as img:
-            return json.loads(img.text.get(SETTINGS_KEY, "{}"))
-    except (OSError, ValueError, AttributeError):
-        return {}

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from denoiser.image_io import SETTINGS_KEY
+from denoiser.app.png_settings import SETTINGS_KEY
 from tests.app_browser import RESULTS, settled
 from tests.app_walk_actions import WalkActions
 from tests.app_walk_checks import ALLOWED, WalkChecks

@@ -46,7 +46,7 @@ def test_gradio_client_samples_then_shows_attention(server):
     assert len(gallery) == 3
     assert Image.open(gallery[0]["image"]).size == (16, 16) and Image.open(gallery[0]["image"]).format == "PNG"
     # issue 35 item 14: each PNG is named after its settings and carries them
-    from denoiser.image_io import read_settings
+    from denoiser.app.png_settings import read_settings
 
     assert Path(gallery[2]["image"]).name == "tiny-classes-seed1-1-ddim4-3of3.png"
     assert read_settings(gallery[2]["image"]) == {"model": "tiny-classes", "seed": 1, "class": "1", "scheduler": "ddim",
@@ -76,7 +76,7 @@ def test_the_api_left_at_its_defaults_samples_the_models_own_as_the_cli_does(ser
     import torch
     from gradio_client import Client
 
-    from denoiser.image_io import read_settings
+    from denoiser.app.png_settings import read_settings
     from denoiser.request import SampleRequest
     from denoiser.sampling.plan import resolve, run
 

@@ -11,8 +11,8 @@ from PIL import Image
 from denoiser.app.earlier_results import KEEP, MAX_PNG_BYTES, recall, remember
 from denoiser.app.engine import Engine
 from denoiser.app.form import ModelForm
+from denoiser.app.png_settings import read_settings, save_with_settings
 from denoiser.app.sample_tab import SampleTab
-from denoiser.image_io import read_settings, save_with_settings
 
 
 def _results(folder, seed: int, n: int) -> list[tuple[str, None]]:

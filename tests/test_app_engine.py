@@ -236,7 +236,7 @@ def test_inpaint_with_a_mask_of_another_size_changes_only_where_it_was_painted(w
 def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_path):
     """Issue 34 item 3: the app's folded-away options (spacing, eta, guidance interval, PAG layers) give the images
     the sampling core gives for the same request; left empty, the model's own; bad values refused up front."""
-    from denoiser.image_io import read_settings
+    from denoiser.app.png_settings import read_settings
     from denoiser.request import GuidanceRequest, SampleRequest
     from denoiser.sampling.plan import resolve, run
 
@@ -462,7 +462,7 @@ def test_a_photo_denoise_counts_tiles_and_over_the_budget_runs_on_a_scaled_copy(
     scaled_from, its file name)."""
     from PIL import Image
 
-    from denoiser.image_io import settings_name
+    from denoiser.app.png_settings import settings_name
     from denoiser.restore.tiles import count_tiles
 
     ex = Engine(weights)

@@ -20,7 +20,7 @@ from denoiser.app.jobs import Jobs
 from denoiser.app.page import Page
 from denoiser.app.photo import drop_upload, keep_upload, photo_file
 from denoiser.app.photo_tab import CLEAN_SIGMA, PhotoTab
-from denoiser.image_io import read_settings, save_with_settings
+from denoiser.app.png_settings import read_settings, save_with_settings
 from tests.app_browser import CHROMIUM, browser_page, click_result, no_errors, open_app, screenshots
 from tests.conftest import app_page
 

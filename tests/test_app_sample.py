@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from denoiser.image_io import read_settings
+from denoiser.app.png_settings import read_settings
 from tests.app_browser import (
     CHROMIUM,
     PAGE_JOB_STATE,
@@ -339,7 +339,7 @@ def test_browser_a_png_dropped_on_the_sample_tab_fills_the_form(server, tmp_path
     Info); a picture from elsewhere is said to be one."""
     from PIL import Image
 
-    from denoiser.image_io import save_with_settings
+    from denoiser.app.png_settings import save_with_settings
 
     made = {"model": "tiny-classes", "seed": 4242, "scheduler": "ddim", "steps": 7, "num_images": 2, "class": "1",
             "guidance_scale": 2.0, "pag_scale": 0.0, "guide_scale": 1.0, "index": 0, "count": 2}

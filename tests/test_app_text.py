@@ -16,8 +16,8 @@ from denoiser import UNet
 from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.engine import Engine
 from denoiser.app.form import SETTINGS_FORM, ModelForm
+from denoiser.app.png_settings import read_settings
 from denoiser.app.sample_tab import SampleTab
-from denoiser.image_io import read_settings
 from denoiser.model.text import HashTextEncoder
 from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.pipeline import save_pipeline

@@ -15,9 +15,9 @@ import torch
 from denoiser.app.attention_tab import AttentionTab, image_words
 from denoiser.app.form import SETTINGS_FORM
 from denoiser.app.photo_tab import PhotoTab
+from denoiser.app.png_settings import read_settings
 from denoiser.app.sample_tab import SampleTab
 from denoiser.app.word_edit import EDIT_SETTINGS, source_of
-from denoiser.image_io import read_settings
 from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from denoiser.image_io import MAX_PIXELS, image_to_model, mask_to_model, open_image, settings_name
+from denoiser.image_io import MAX_PIXELS, image_to_model, mask_to_model, open_image
 from tests.conftest import ROOT
 
 
@@ -116,35 +116,6 @@ def test_a_mask_of_any_size_lands_where_it_was_painted(image_size, mask_size, bo
     assert abs(float(m.sum() - red.float().sum())) <= 0.25 * float(red.float().sum()) + 2
 
 
-def test_a_result_png_is_named_after_and_carries_its_settings(tmp_path):
-    """Issue 35 item 14: downloads say how they were made, and the app reads the settings back."""
-    from denoiser.image_io import read_settings, save_with_settings
-
-    settings = {"model": "cifar10", "seed": 3, "class": "cat", "scheduler": "ddim", "steps": 25, "guidance_scale": 3.0,
-                "pag_scale": 0.0, "guide_scale": 1.0, "index": 1, "count": 8}
-    path = save_with_settings(Image.new("RGB", (4, 4), "red"), tmp_path, settings)
-    assert path.name == "cifar10-seed3-cat-ddim25-cfg3-2of8.png"
-    assert read_settings(path) == settings and Image.open(path).getpixel((0, 0)) == (255, 0, 0)
-    Image.new("RGB", (4, 4)).save(tmp_path / "plain.png")
-    assert read_settings(tmp_path / "plain.png") == {}
-
-
-def test_an_edit_result_is_named_after_its_operation_and_carries_its_settings(tmp_path):
-    """Issue 41 item 12: an Edit result says how it was made, in its name and in its PNG (before: image.png, nothing)."""
-    from denoiser.image_io import read_settings, save_with_settings, settings_name
-
-    tiles = {"model": "cifar10", "operation": "denoise", "sigma": 0.0, "sigma_removed": 0.0812, "add_noise": 0.0,
-             "chain": False, "seed": 0, "steps": 50, "guidance_scale": 1.0, "pag_scale": 0.0, "class": None,
-             "size": [2400, 1800]}
-    path = save_with_settings(Image.new("RGB", (4, 4), "red"), tmp_path, tiles)
-    assert path.name == "cifar10-denoise-sigma0.0812-2400x1800.png" and read_settings(path) == tiles
-    edit = {**tiles, "operation": "edit", "strength": 0.3, "sigma_removed": None, "chain": True, "seed": 7, "class": "cat",
-            "guidance_scale": 2.0, "pag_scale": 0.5, "size": [32, 32]}
-    assert settings_name(edit) == "cifar10-edit-cat-strength0.3-steps50-seed7-cfg2-pag0.5-32x32.png"
-    sampled = {**tiles, "operation": "denoise (sampled)", "add_noise": 0.2, "chain": True, "size": [32, 32]}
-    assert settings_name(sampled) == "cifar10-denoise-sampled-noise0.2-sigma0.0812-steps50-seed0-32x32.png"
-
-
 def test_pictures_from_tensors_saturate_instead_of_wrapping():
     """to_pil rounds and clamps through denoiser.pixels: a value past 1 is white, not a wrapped dark level."""
     from denoiser.image_io import to_pil, uint8_to_pil
@@ -154,15 +125,6 @@ def test_pictures_from_tensors_saturate_instead_of_wrapping():
     u8 = torch.randint(0, 256, (3, 5, 7), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     back = torch.from_numpy(np.asarray(uint8_to_pil(u8))).permute(2, 0, 1)  # (H, W, 3) -> (3, H, W)
     assert uint8_to_pil(u8).size == (7, 5) and torch.equal(back, u8)
-
-
-def test_a_text_models_file_name_carries_its_prompt_where_a_class_would_go():
-    settings = {"model": "emoji", "seed": 0, "prompt": "red apple: big!", "scheduler": "unipc", "steps": 10,
-                "guidance_scale": 3.0, "index": 0, "count": 8}
-    assert settings_name(settings) == "emoji-seed0-red_apple__big_-unipc10-cfg3-1of8.png"
-    assert len(settings_name({**settings, "prompt": "x" * 500})) < 120  # a long prompt is cut
-    edit = {**settings, "prompt": "red apple", "edit_prompt": "(green:1.5) apple", "index": 1, "count": 2}
-    assert settings_name(edit) == "emoji-seed0-red_apple-to-_green_1.5__apple-unipc10-cfg3-2of2.png"  # what it shows
 
 
 def test_keep_pixels_decodes_a_large_jpeg_no_larger_than_it_needs(tmp_path):

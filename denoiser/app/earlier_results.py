@@ -1,6 +1,6 @@
 """Results kept in the browser: the Sample tab's last KEEP results outlive the next Generate and a page reload.
 
-Each finished Generate adds its PNGs (named after and carrying their settings: denoiser.image_io.save_with_settings)
+Each finished Generate adds its PNGs (named after and carrying their settings: denoiser.app.png_settings.save_with_settings)
 to a list held in the browser's localStorage (`gr.BrowserState`, encrypted with a key of this server run: a reload
 brings them back, a restarted server starts with none, as Gradio allows). To be shown they are checked (PNG, size)
 and written back to files, which "use these settings" reads as it reads any result.

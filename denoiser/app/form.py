@@ -11,8 +11,8 @@ from pathlib import Path
 
 import gradio as gr
 
+from denoiser.app.png_settings import read_settings
 from denoiser.app.work_budget import plan_work
-from denoiser.image_io import read_settings
 from denoiser.request import BUILT_IN
 
 __all__ = ["ModelForm", "PROMPTS", "NO_CLASS", "MODELS_OWN", "SETTINGS_FORM", "FEW_STEPS", "guidance_info", "escape",

@@ -44,9 +44,9 @@ from denoiser.app.photo import (
     photo_file,
     photo_preview,
 )
+from denoiser.app.png_settings import read_settings, save_with_settings
 from denoiser.app.views import enlarge
 from denoiser.atomic import atomic_path
-from denoiser.image_io import read_settings, save_with_settings
 from denoiser.request import BUILT_IN
 from denoiser.restore.plan import RestoreResult, read_photo, scaled_size, takes_prompt
 
@@ -57,7 +57,7 @@ log = logging.getLogger("denoiser.app")
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 # a noise level σ below this ([0, 1] pixel scale, ~2.5/255) is a clean picture: denoising leaves it as it is
 CLEAN_SIGMA = 0.01
-# the Photo tab's form as a result's PNG carries it (denoiser.image_io.save_with_settings), in wire_edit's order
+# the Photo tab's form as a result's PNG carries it (denoiser.app.png_settings.save_with_settings), in wire_edit's order
 EDIT_FORM = ("model", "class", "guidance_scale", "operation", "sigma", "strength", "add_noise", "steps", "seed", "pag_scale",
              "prompt")
 

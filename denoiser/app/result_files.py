@@ -13,13 +13,14 @@ from pathlib import Path
 import gradio as gr
 import torch
 
-from denoiser.image_io import save_with_settings, to_pil
+from denoiser.app.png_settings import save_with_settings
+from denoiser.image_io import to_pil
 
 __all__ = ["result_files", "results_zip"]
 
 
 def result_files(images: torch.Tensor, settings: dict) -> list[str]:
-    """Each image as a PNG named after and carrying its settings (denoiser.image_io.save_with_settings), in a folder
+    """Each image as a PNG named after and carrying its settings (denoiser.app.png_settings.save_with_settings), in a folder
     of its own under the app's temp folder: downloads say how they were made, "use these settings" reads them back."""
     folder = tempfile.mkdtemp(prefix="results-", dir=os.environ.get("GRADIO_TEMP_DIR"))
     files = []

@@ -23,10 +23,11 @@ from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.controls import form_slider, ran_js, scroll_to_js
 from denoiser.app.form import NO_CLASS, SETTINGS_FORM, escape, few_steps_note
 from denoiser.app.page import Page
+from denoiser.app.png_settings import read_settings
 from denoiser.app.result_files import result_files
 from denoiser.app.views import enlarge
 from denoiser.app.work_budget import plan_work
-from denoiser.image_io import read_settings, to_pil
+from denoiser.image_io import to_pil
 from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
 
 __all__ = ["EDIT_SETTINGS", "OFFERED", "WordEdit", "source_of"]
