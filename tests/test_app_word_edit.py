@@ -306,3 +306,35 @@ def test_a_png_this_app_made_gives_its_settings_back_on_either_tab(handlers, tmp
     assert nothing[-2] == "run first, or upload a PNG this app made: the settings are read from a result"
     text = e.load_photo(made, None, "words")[1]
     assert "This PNG was made by this app" in text and "made by" not in e.load_photo(str(plain), None, "words")[1]
+
+
+def test_a_png_of_the_other_tab_or_a_file_that_is_no_png_fills_nothing_and_says_why(handlers, tmp_path):
+    """Issue 72 findings 3 and 5: a Photo tab result dropped on the Sample tab said "settings … restored: press
+    Generate" and emptied the scheduler and images boxes (Generate then drew 8 unconditional images at defaults); a
+    text file renamed .png was "a picture" the Photo tab denoises. Each now leaves the form as it was and says why."""
+    from PIL import Image
+
+    from denoiser.app.png_settings import save_with_settings
+
+    h, w = handlers
+    photo_made = {"model": "words", "operation": "denoise", "sigma": 0.0, "sigma_removed": 0.05, "add_noise": 0.0,
+                  "chain": False, "seed": 0, "steps": 50, "guidance_scale": 1.0, "pag_scale": 0.0, "size": [20, 20]}
+    photo_png = save_with_settings(Image.new("RGB", (20, 20)), tmp_path, photo_made)
+    said = w.settings_of_file(str(photo_png))
+    assert said[-1] == (f"`{photo_png.name}` is a Photo tab result: its settings fill the Photo tab's form (drop it "
+                        "there); nothing here was changed")
+    assert all(isinstance(o, type(gr.skip())) for o in said[:-1])  # the scheduler, images, ... keep their values
+    text = tmp_path / "notes.png"
+    text.write_text("shopping list: apples, pears\n")
+    said = w.settings_of_file(str(text))
+    assert said[-1].startswith("`notes.png` is not a picture: it could not be read as a PNG") and "a picture (" not in said[-1]
+    assert all(isinstance(o, type(gr.skip())) for o in said[:-1])
+
+
+def test_a_sample_result_on_the_photo_tab_says_it_is_one(handlers):
+    """Issue 72 finding 3, the other way round: a Sample tab result uploaded on the Photo tab says which tab made it
+    and what "use these settings" takes from it here (it said "fills the form with what made it")."""
+    h, _ = handlers
+    made = _generate(h, "red apple", seed=7, num_images=1)[h.gallery][0]
+    note = h.page.tab(PhotoTab).load_photo(made, None, "words")[1]
+    assert "made by this app on the Sample tab" in note and "fills the form with what made it" not in note

@@ -44,7 +44,7 @@ from denoiser.app.photo import (
     photo_file,
     photo_preview,
 )
-from denoiser.app.png_settings import read_settings, save_with_settings
+from denoiser.app.png_settings import read_settings, save_with_settings, tab_of
 from denoiser.app.views import enlarge
 from denoiser.atomic import atomic_path
 from denoiser.request import BUILT_IN
@@ -324,8 +324,11 @@ class PhotoTab:
             return None, text, path, None
         if model:
             text += self._over_budget(model, *image.info["source_size"])
-        if read_settings(path):  # a result of this app, dropped back in
-            text += " **This PNG was made by this app: “use these settings” fills the form with what made it.**"
+        if made := read_settings(path):  # a result of this app, dropped back in: which tab's form its settings fill
+            text += (" **This PNG was made by this app: “use these settings” fills the form with what made it.**"
+                     if tab_of(made) == "Photo" else " **This PNG was made by this app on the Sample tab:** “use these "
+                     "settings” fills here its model, class, prompt, guidance, steps and seed (the Sample tab's form "
+                     "takes all its settings).")
         value = {"background": image, "layers": [], "composite": image}
         return gr.update(value=value, brush=mask_brush(image.size)), text, path, keep_upload(path)
 

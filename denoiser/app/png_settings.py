@@ -120,11 +120,11 @@ def tab_of(settings: dict) -> str:
     return "Photo" if "operation" in settings else "Sample"
 
 
-def dropped_settings(path: str | Path, tab: str) -> dict:
+def dropped_settings(path: str | Path, tab: str, name: str | None = None) -> dict:
     """The settings a file dropped on `tab` ("Sample" or "Photo") fills that tab's form with. A ValueError says, in one
-    sentence naming the file, why it fills nothing: it is no picture (a text file renamed .png), a picture this app did
-    not make, or a result of the other tab."""
-    name = Path(str(path)).name
+    sentence naming the file (`name`, as the person knows it, where `path` is a copy), why it fills nothing: it is no
+    picture (a text file renamed .png), a picture this app did not make, or a result of the other tab."""
+    name = name or Path(str(path)).name
     try:
         with Image.open(path) as img:
             kind = img.format

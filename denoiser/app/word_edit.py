@@ -20,10 +20,10 @@ from pathlib import Path
 import gradio as gr
 
 from denoiser.app.attention_tab import AttentionTab
-from denoiser.app.controls import form_slider, ran_js, scroll_to_js
+from denoiser.app.controls import form_slider, scroll_to_js
 from denoiser.app.form import NO_CLASS, SETTINGS_FORM, escape, few_steps_note
 from denoiser.app.page import Page
-from denoiser.app.png_settings import read_settings
+from denoiser.app.png_settings import dropped_settings, read_settings
 from denoiser.app.result_files import result_files
 from denoiser.app.views import enlarge
 from denoiser.app.work_budget import plan_work
@@ -98,8 +98,8 @@ class WordEdit:
         return [self.edit_words, self.edit_type, self.cross_replace, self.self_replace, self.filled_from]
 
     def wire(self, sampling: dict):
-        """Its events; `sampling`: Generate's queue settings (its retry and request notes are the Sample tab's). Returns
-        the word edit's run (the Sample tab's Stop cancels it)."""
+        """Its events; `sampling`: Generate's queue settings (its click's note is the Sample tab's: controls.queued).
+        Returns the word edit's run (the Sample tab's Stop stops it: it runs on that tab's status line)."""
         sample = self.sample
         shown = [self.box, self.source, self.edit_words, self.filled_from]
         sample.gallery.change(self.new_results, [sample.gallery, self.filled_from], [sample.selected, *shown],
@@ -108,7 +108,7 @@ class WordEdit:
                               queue=False, show_progress="hidden")
         self.run.click(None, js=scroll_to_js(sample.run.elem_id), api_name=False)  # its progress shows where Generate's
         running = self.run.click(self.edit, [sample.gallery, sample.selected, *self.panel[:4]], sample.outputs,
-                                 api_name="word_edit", js=ran_js(self.run.elem_id), **sampling)
+                                 api_name="word_edit", **sampling)
         running.success(self.form_of_result, sample.gallery, sample.form, api_name=False, queue=False)  # what ran
         return running
 
@@ -152,6 +152,8 @@ class WordEdit:
             return self.engine.generate(model, **form, on_step=on_step, plan=plan)
 
         gen = yield from self.page.jobs.run(request, status, job, progress, "denoising", self.sample.preview, enlarge)
+        if gen is None:  # stopped: its line says where
+            return
         edit = form["edit"]
         made = {k: v for k, v in settings.items() if k not in ("index", "count", *EDIT_SETTINGS)}
         made.update(seed=form["seed"], num_images=2, pag_scale=0.0, prompt=form["prompt"] or "",
@@ -206,12 +208,13 @@ class WordEdit:
 
 
     def settings_of_file(self, path) -> tuple:
-        """A PNG a person dropped on the Sample tab: the settings it carries into the form (as use_settings), or words
-        saying it carries none (a picture from elsewhere: the Photo tab denoises and edits pictures)."""
+        """A PNG a person dropped on the Sample tab: the settings it carries into the form (as use_settings), or, the
+        form left as it was, words saying why not (png_settings.dropped_settings: no picture, a picture from
+        elsewhere, a Photo tab result)."""
         if not path:
             return (*(gr.skip(),) * (len(SETTINGS_FORM) + len(EDIT_SETTINGS) + 1), gr.skip())
-        if not read_settings(path):
-            name = Path(str(path)).name
-            return (*(gr.skip(),) * (len(SETTINGS_FORM) + len(EDIT_SETTINGS) + 1),
-                    f"`{name}` carries no settings of this app: it is a picture (the Photo tab denoises and edits it)")
+        try:
+            dropped_settings(path, "Sample")
+        except ValueError as err:
+            return (*(gr.skip(),) * (len(SETTINGS_FORM) + len(EDIT_SETTINGS) + 1), str(err))
         return self.use_settings([(str(path), "")], 0)
