@@ -66,3 +66,50 @@ def test_a_form_slider_takes_any_value_in_a_sessions_copy_too():
     slider = form_slider(0, 1, value=0, step=1, label="denoising step")
     copy = slider.__class__(**{**slider.constructor_args, "maximum": 1, "render": False})  # as gradio's blocks.py does
     assert copy.preprocess(199) == 199
+
+
+@pytest.mark.parametrize("box", ["steps", "num_images", "seed"])
+def test_a_box_a_person_emptied_is_refused_not_filled_with_the_models_own(box):
+    """Issue 72 finding 6: an emptied steps box ran the model's 50 steps without a word. On the page an empty number box
+    is refused, naming the box as every refusal does (the /generate API's unset field stays the model's own)."""
+    from denoiser.app.form_limits import check_typed
+
+    typed = {"steps": 25, "num_images": 8, "seed": 0}
+    check_typed(**typed)  # all filled: nothing to say
+    label = {"num_images": "number of images"}.get(box, box)
+    lo, hi = LIMITS[box]
+    for empty in (None, "", "  "):
+        with pytest.raises(ValueError, match=rf"^{label} must be a whole number in {lo}\.\.{hi}: the box is empty"):
+            check_typed(**{**typed, box: empty})
+
+
+def test_the_pages_generate_refuses_an_emptied_steps_box_and_the_api_takes_the_models_own(tmp_path, monkeypatch):
+    """Issue 72 finding 6, through the page's own Generate listener: the steps box emptied, nothing runs and the status
+    line says which box is empty; the /generate API's steps left unset runs the model's own."""
+    import inspect
+
+    import gradio as gr
+    import torch
+    from diffusers import DDPMScheduler
+
+    from denoiser import UNet
+    from denoiser.app.sample_tab import SampleTab
+    from denoiser.sampling.pipeline import save_pipeline
+    from tests.conftest import TINY, app_page
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    save_pipeline(UNet(**TINY, num_class_embeds=3).eval(), DDPMScheduler(), tmp_path / "weights" / "tiny-classes")
+    page = app_page(tmp_path / "weights")
+    sample = page.tab(SampleTab)
+    fns = [d for d in page.app.fns.values() if (sample.run._id, "click") in [tuple(t) for t in d.targets]]
+    generate = [d.fn for d in fns if inspect.isgeneratorfunction(d.fn)]  # the job: it streams its progress
+    assert len(generate) == 1, [d.fn for d in fns]
+    form = ["tiny-classes", "ddim", None, 0, 2, "(any)", 1.0, 0.0, 1.0, "(the model's)", 0.0, "", "", "", ""]
+    said = []
+    with pytest.raises(gr.Error, match="steps must be a whole number in 1..1000: the box is empty"):
+        for update in generate[0](*form):
+            said.append(update)
+    assert "the box is empty" in str(said[-1][sample.status])
+    *_, last = sample.generate(*form)  # the API's door: unset is the model's own
+    assert str(last[sample.status]).startswith("done: 2 image(s)")

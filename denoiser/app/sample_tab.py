@@ -7,6 +7,7 @@ Attention tab's (`AttentionTab.show`).
 
 from __future__ import annotations
 
+import functools
 import random
 
 import gradio as gr
@@ -36,7 +37,7 @@ from denoiser.app.form import (
     few_steps_note,
     guidance_info,
 )
-from denoiser.app.form_limits import LIMITS
+from denoiser.app.form_limits import LIMITS, check_typed
 from denoiser.app.page import Page
 from denoiser.app.result_files import result_files, results_zip
 from denoiser.app.views import enlarge
@@ -212,7 +213,8 @@ class SampleTab:
         self.gallery.select(selected_index, None, self.selected, api_name=False)
         self.randomise.click(lambda: random.randint(0, 2**31 - 1), None, self.seed, api_name=False)
         sampling = dict(SAMPLING, show_progress_on=[self.status])
-        generating = self.run.click(self.generate, self.form, self.outputs, api_name=False, js=ran_js("generate"),
+        page_generate = functools.partial(self.generate, typed=True)  # a number box left empty is refused
+        generating = self.run.click(page_generate, self.form, self.outputs, api_name=False, js=ran_js("generate"),
                                     **sampling)
         with gr.Row(visible=False):  # the /generate API: the form's twins, each left unset the model's own
             api_form = [_api_twin(name, control) for name, control in zip(SETTINGS_FORM, self.form)]
@@ -249,11 +251,14 @@ class SampleTab:
 
     def generate(self, model, scheduler=None, steps=None, seed=0, num_images=None, class_name=None, guidance_scale=None,
                  pag_scale=None, guide_scale=None, timestep_spacing=None, eta=None, guidance_interval=None, pag_layers=None,
-                 prompt=None, negative_prompt=None, progress=gr.Progress(), request: gr.Request = None):
+                 prompt=None, negative_prompt=None, typed=False, progress=gr.Progress(), request: gr.Request = None):
         """Generate (the form as sample_form reads it), and the /generate API's: a field None is the model's own, as
         `denoiser sample` leaves a flag not given (the page sends its whole form, set to the model's values when it
-        was picked). Yields updates keyed by `outputs`' components."""
+        was picked); `typed`: the page's Generate, where a number box a person emptied is refused (check_typed).
+        Yields updates keyed by `outputs`' components."""
         try:  # the request checked and resolved once, before any work: a refusal is a message, not a failure
+            if typed:
+                check_typed(steps=steps, num_images=num_images, seed=seed)
             form = self.page.form.sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale,
                                               pag_scale, guide_scale, timestep_spacing, eta, guidance_interval,
                                               pag_layers, prompt, negative_prompt)
