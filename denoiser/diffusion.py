@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from diffusers import DDPMScheduler
 
-__all__ = ["Diffusion", "DiffusionConfig", "make_scheduler", "EvalResult"]
+__all__ = ["Diffusion", "DiffusionConfig", "make_noise_schedule", "EvalResult"]
 
 
 @dataclass
@@ -37,7 +37,7 @@ class DiffusionConfig:
     prediction_type: str = "epsilon"  # "epsilon" or "v_prediction"
 
 
-def make_scheduler(cfg: DiffusionConfig) -> DDPMScheduler:
+def make_noise_schedule(cfg: DiffusionConfig) -> DDPMScheduler:
     """The DDPM training scheduler for a diffusion config (clip x₀ to [-1, 1] when sampling).
 
     Samplers built from it (`denoiser.sampling.loop.make_sampler`, diffusers' pipelines) visit "trailing" timesteps:
@@ -81,16 +81,16 @@ class EvalResult:
 class Diffusion:
     """Noising, the training loss and the bound, all from one `DDPMScheduler`'s ᾱ table."""
 
-    def __init__(self, scheduler: DDPMScheduler) -> None:
-        self.scheduler = scheduler
-        self.T = scheduler.config.num_train_timesteps
-        self.prediction_type = scheduler.config.prediction_type
-        self.alphas_cumprod = scheduler.alphas_cumprod.double()  # (T,)
-        self.betas = scheduler.betas.double()  # (T,)
+    def __init__(self, noise_schedule: DDPMScheduler) -> None:
+        self.noise_schedule = noise_schedule  # the training DDPMScheduler: betas and ᾱ_t (sampling uses a sampler)
+        self.T = noise_schedule.config.num_train_timesteps
+        self.prediction_type = noise_schedule.config.prediction_type
+        self.alphas_cumprod = noise_schedule.alphas_cumprod.double()  # (T,)
+        self.betas = noise_schedule.betas.double()  # (T,)
 
     @classmethod
     def from_config(cls, cfg: DiffusionConfig) -> Diffusion:
-        return cls(make_scheduler(cfg))
+        return cls(make_noise_schedule(cfg))
 
     def _abar(self, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         a = self.alphas_cumprod.to(like.device)[t].to(like.dtype)
@@ -176,7 +176,7 @@ class Diffusion:
 
     def _model_logvar(self, t: int, posterior_logvar: float) -> float:
         """The reverse process's fixed variance: β̃_t (fixed_small) or β_t (fixed_large; not at t = 0)."""
-        if self.scheduler.config.variance_type == "fixed_large" and t > 0:
+        if self.noise_schedule.config.variance_type == "fixed_large" and t > 0:
             return float(self.betas[t].log())
         return posterior_logvar
 

@@ -41,7 +41,7 @@ def test_generate_matches_sampler_and_streams_previews(weights):
     previews = []
     gen = ex.generate("tiny", "ddim", steps=4, seed=3, num_images=2, on_step=lambda i, n, x0: previews.append((i, n, x0)))
     assert [p[0] for p in previews] == [0, 1, 2, 3] and previews[0][2].shape == (2, 3, 16, 16)
-    unet, sched = ex.loaded("tiny").unet, ex.loaded("tiny").scheduler
+    unet, sched = ex.loaded("tiny").unet, ex.loaded("tiny").noise_schedule
     ref = sample(unet, make_sampler("ddim", sched.config), 2, 4, seed=3).images
     assert torch.equal(gen.images, ref)
     assert gen.num_steps == 4 and len(gen.inputs) == 4
@@ -50,7 +50,7 @@ def test_generate_matches_sampler_and_streams_previews(weights):
 def test_attention_is_exactly_that_of_the_sampling_pass(weights):
     ex = Engine(weights)
     gen = ex.generate("tiny", "ddim", steps=3, seed=0, num_images=2)
-    unet, sched = ex.loaded("tiny").unet, ex.loaded("tiny").scheduler
+    unet, sched = ex.loaded("tiny").unet, ex.loaded("tiny").noise_schedule
     during = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, capture_steps=[1]).attention[1]
     recs = ex.views.records(gen, 1)
     assert [r.name for r in recs] == [r.name for r in during]
@@ -66,7 +66,7 @@ def test_attention_is_exactly_that_of_the_sampling_pass(weights):
 def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
     ex = Engine(weights)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, guidance_scale=2.5)
-    unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").scheduler
+    unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").noise_schedule
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=Guidance(scale=2.5),
                  capture_steps=[1])
     assert torch.equal(gen.images, res.images)
@@ -163,7 +163,7 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     assert ex.models() == ["tiny", "tiny-classes"]  # the guide is no model of its own
     assert ex.sampling_defaults("tiny-classes") == (defaults, True)
     gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, pag_scale=1.5, guide_scale=2.0)
-    unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").scheduler
+    unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").noise_schedule
     # the folder's interval applies: DDIM-3 visits 666, 333, 0 and guides the first two
     g = Guidance(pag_scale=1.5, guide=ex.guide("tiny-classes"), guide_scale=2.0, interval=(300, 700))
     assert gen.guidance == g and "t = 300..700" in ModelForm(ex).cfg_default("tiny-classes", "red")["info"]
@@ -200,7 +200,7 @@ def test_heads_view_mean_maps_and_switching_layers_off(weights):
     last = ex.views.attention_maps(gen, image=1, step=2, pixel=(4, 5))
     assert mean.size == last.size and mean.tobytes() != last.tobytes()
     off = ex.views.ablate(gen, ["mid_attn"])
-    unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").scheduler
+    unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").noise_schedule
     with identity_attention(unet, ["mid_attn"]):
         want = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=2).images
     assert torch.equal(off.images, want) and not torch.equal(off.images, gen.images)

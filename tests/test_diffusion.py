@@ -15,19 +15,19 @@ def diffusion():
 
 
 def test_schedule_is_ho_et_al(diffusion):
-    sched = diffusion.scheduler
+    sched = diffusion.noise_schedule
     assert sched.config.num_train_timesteps == 1000
     torch.testing.assert_close(sched.betas[[0, -1]], torch.tensor([1e-4, 0.02]))
-    cosine = Diffusion.from_config(DiffusionConfig(beta_schedule="cosine")).scheduler
+    cosine = Diffusion.from_config(DiffusionConfig(beta_schedule="cosine")).noise_schedule
     assert cosine.config.beta_schedule == "squaredcos_cap_v2"
 
 
 def test_noising_and_targets_match_diffusers(diffusion):
     x0, noise = torch.randn(4, 3, 8, 8), torch.randn(4, 3, 8, 8)
     t = torch.tensor([0, 10, 500, 999])
-    torch.testing.assert_close(diffusion.add_noise(x0, noise, t), diffusion.scheduler.add_noise(x0, noise, t))
+    torch.testing.assert_close(diffusion.add_noise(x0, noise, t), diffusion.noise_schedule.add_noise(x0, noise, t))
     v = Diffusion.from_config(DiffusionConfig(prediction_type="v_prediction"))
-    torch.testing.assert_close(v.target(x0, noise, t), v.scheduler.get_velocity(x0, noise, t))
+    torch.testing.assert_close(v.target(x0, noise, t), v.noise_schedule.get_velocity(x0, noise, t))
     # predict_x0 inverts the noising for the true target, for both parameterisations
     for d in (diffusion, v):
         x_t = d.add_noise(x0, noise, t)
@@ -101,7 +101,7 @@ def test_fixed_large_bound_compares_the_true_posterior_variance():
     # N(μ, β_t) (the model's fixed_large variance): 0.5 (β̃/β − 1 − log(β̃/β)) nats per dimension.
     cfg = DiffusionConfig(num_train_timesteps=100)
     d = Diffusion.from_config(cfg)
-    d.scheduler.register_to_config(variance_type="fixed_large")
+    d.noise_schedule.register_to_config(variance_type="fixed_large")
     x0 = (torch.randint(0, 256, (2, 3, 4, 4)).double() / 127.5 - 1).float()
     res = d.evaluate(Oracle(d, x0), x0, batch_size=2)
     beta, abar = d.betas[1:], d.alphas_cumprod

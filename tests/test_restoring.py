@@ -56,10 +56,10 @@ def test_the_cli_and_the_app_give_the_same_pixels_for_one_request(tmp_path, clas
     assert torch.equal(cli, pil_to_tensor(done.image))
     # and both are the tiles' own denoise with that class and guidance, and differ from the unguided one
     model = load(class_folder / "model")
-    want = denoise_photo(model.unet, model.scheduler, pil_to_tensor(photo), 0.1, add_noise=0.1, seed=3, class_label=1,
+    want = denoise_photo(model.unet, model.noise_schedule, pil_to_tensor(photo), 0.1, add_noise=0.1, seed=3, class_label=1,
                          guidance=Guidance(scale=2.0))
     assert torch.equal(cli, want.result)
-    plain = denoise_photo(model.unet, model.scheduler, pil_to_tensor(photo), 0.1, add_noise=0.1, seed=3)
+    plain = denoise_photo(model.unet, model.noise_schedule, pil_to_tensor(photo), 0.1, add_noise=0.1, seed=3)
     assert not torch.equal(cli, plain.result)
     assert done.settings | {"class": "green", "guidance_scale": 2.0, "add_noise": 0.1, "chain": False} == done.settings
     assert f"noisy {done.psnr[0]:.2f} dB, result {done.psnr[1]:.2f} dB" in capsys.readouterr().out
@@ -92,7 +92,7 @@ def test_one_rule_decides_tiles_or_the_centre_square(class_folder):
         assert (done.sample is None) == tiled and done.input.size == size
     square = _photo(16, 16)  # at the model's size the tiles are one tile: the one-step denoise of the square
     done = run_restore(resolve_restore(RestoreRequest("denoise", sigma=0.1), model, square))
-    direct = restore(model.unet, Diffusion(model.scheduler), square, "denoise", sigma=0.1)
+    direct = restore(model.unet, Diffusion(model.noise_schedule), square, "denoise", sigma=0.1)
     assert (pil_to_tensor(done.image).int() - (direct.result.images[0] * 255).round().int()).abs().max() <= 1
 
 

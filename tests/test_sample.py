@@ -186,9 +186,9 @@ def test_trailing_timestep_spacing_starts_at_the_last_timestep():
     lead.set_timesteps(4)
     trail.set_timesteps(4)
     assert int(trail.timesteps[0]) == 999 and int(lead.timesteps[0]) < 999
-    from denoiser.diffusion import DiffusionConfig, make_scheduler
+    from denoiser.diffusion import DiffusionConfig, make_noise_schedule
 
-    ours = make_sampler("ddim", make_scheduler(DiffusionConfig()).config)  # what a trained model's folder holds
+    ours = make_sampler("ddim", make_noise_schedule(DiffusionConfig()).config)  # what a trained model's folder holds
     ours.set_timesteps(4)
     assert ours.timesteps.tolist() == trail.timesteps.tolist()
     with pytest.raises(ValueError, match="timestep spacing"):

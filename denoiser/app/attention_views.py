@@ -212,7 +212,7 @@ class AttentionViews:
         before any work; on_step(i, total, the image in [0, 1]) after each call, and raising from it stops the work."""
         image = check_int("image", image, 0, gen.images.shape[0] - 1)
         model = self.engine.loaded(gen.model)
-        unet, train_sched = model.unet, model.scheduler
+        unet, train_sched = model.unet, model.noise_schedule
         calls = len(timesteps) * _stats_calls_per_timestep(unet)
         self.engine.check_work(unet, 1, calls)
         labels = None if gen.labels is None else gen.labels[image : image + 1]

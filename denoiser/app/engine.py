@@ -272,7 +272,7 @@ class Engine:
         loaded = self.loaded(model)
         with self._rate_lock:  # one measurement at a time: two at once would each time the other's work too
             if model not in self._tile_rates:
-                self._tile_rates[model] = measure_tile_rate(loaded.unet, loaded.scheduler)
+                self._tile_rates[model] = measure_tile_rate(loaded.unet, loaded.noise_schedule)
             return self._tile_rates[model]
 
     def fitting_pixels(self, model: str, width: int, height: int, passes: float = 1.0) -> int:

@@ -30,7 +30,7 @@ def cmd_attention_stats(args) -> None:
     if not 1 <= args.num_images <= 256:
         raise ValueError(f"--num-images must be in 1..256, got {args.num_images}")
     model = load(args.model)
-    unet, sched = model.unet, model.scheduler
+    unet, sched = model.unet, model.noise_schedule
     n_cls = unet.config.num_class_embeds
     # the generated images: a fixed recipe (BUILT_IN's statistics sampler, no guidance), the classes asked for
     request = SampleRequest(num_images=args.num_images, classes=parse_classes(args.class_label) if n_cls else None,
@@ -128,7 +128,7 @@ def cmd_evaluate(args) -> None:
     from denoiser.train.config import DataConfig
 
     model = load(args.model)
-    unet, sched = model.unet, model.scheduler
+    unet, sched = model.unet, model.noise_schedule
     size = unet.config.sample_size
     if args.data:
         ds = load_dataset(DataConfig(dataset="folder", path=args.data), size)

@@ -153,18 +153,19 @@ class LoadedModel:
     folder (`load`), a diffusers pipeline's components (DenoiserPipeline) or a model in memory (`LoadedModel.of`)."""
 
     unet: nn.Module
-    scheduler: DDPMScheduler  # the model's noise schedule (a folder's training scheduler)
+    noise_schedule: DDPMScheduler  # the model's training noise schedule (betas, ᾱ_t): restoring and statistics use it
     text: TextModel | None = None  # a text model's tokenizer and encoder; None: a class or unconditional model
     defaults: ModelDefaults = field(default_factory=ModelDefaults)  # what the folder says about sampling it
     folder: Path | None = None  # None: a model built in memory
-    # the scheduler a request that names none samples with, as it is (a pipeline's own, which its user may swap);
-    # None: the folder's sampler (defaults.scheduler) on `scheduler`'s noise schedule
+    # the sampler (a diffusers scheduler) a request that names none samples with, as it is (a pipeline's own, which
+    # its user may swap); None: the folder's sampler (defaults.scheduler) on `noise_schedule`
     sampler: object | None = None
 
     @classmethod
     def of(cls, unet: nn.Module, scheduler, text: TextModel | None = None, folder: str | Path | None = None,
            classes: Sequence[str] | None = None) -> LoadedModel:
-        """A model in memory (or a pipeline's components): `scheduler` samples unless a request names another; the
+        """A model in memory (or a pipeline's components): `scheduler` is its noise schedule and samples unless a
+        request names another sampler; the
         defaults are `folder`'s (read once), else built in; `classes` names the class labels instead."""
         folder = None if folder is None else Path(folder)
         defaults = read_defaults(folder, unet.config.num_class_embeds)
@@ -177,11 +178,11 @@ def load(model_dir: str | Path, device: str | torch.device = "cpu", channels_las
     """A model folder's UNet and training scheduler (`load_model`), its text model (`load_text`) and its sampling
     defaults (`read_defaults`), each read once, checked before any work."""
     folder = Path(model_dir)
-    unet, scheduler = load_model(folder, device, channels_last)
+    unet, noise_schedule = load_model(folder, device, channels_last)
     text = load_text(folder, device)
     if text is None and getattr(unet.config, "cross_attention_dim", None) is not None:
         require_text(folder, device)  # a UNet with cross-attention cannot run without its text encoder: say so now
-    return LoadedModel(unet, scheduler, text, read_defaults(folder, unet.config.num_class_embeds), folder)
+    return LoadedModel(unet, noise_schedule, text, read_defaults(folder, unet.config.num_class_embeds), folder)
 
 
 def load_model(

@@ -139,7 +139,7 @@ def _check(unet, images: torch.Tensor) -> None:
 
 def _ancestral(diffusion: Diffusion) -> DDPMScheduler:
     """A fresh DDPM scheduler on the model's noise process: the one that takes custom timesteps."""
-    return DDPMScheduler.from_config(diffusion.scheduler.config)
+    return DDPMScheduler.from_config(diffusion.noise_schedule.config)
 
 
 def _chain(t_start: int, steps: int) -> list[int]:

@@ -206,7 +206,7 @@ def run_restore(
 
 def _run(plan: RestorePlan, callback, progress, should_stop, out) -> RestoreResult:
     """`run_restore` in the plan's precision."""
-    r, unet, scheduler = plan.request, plan.model.unet, plan.model.scheduler
+    r, unet, scheduler = plan.request, plan.model.unet, plan.model.noise_schedule
     label = None if plan.sampling.labels is None else int(plan.sampling.labels[0])
     if plan.tiled:
         photo = pil_to_tensor(plan.image)  # (3, H, W) uint8

@@ -170,7 +170,7 @@ def resolve(
                         f"{type(model).__name__}")
     folder, unet, text, defaults = model.folder, model.unet, model.text, model.defaults
     given = model.sampler is not None
-    scheduler = model.sampler if given else model.scheduler
+    scheduler = model.sampler if given else model.noise_schedule
     sched = _scheduler(request, defaults.scheduler, scheduler, given)
     labels = class_label_tensor(request.classes, request.num_images, unet.config.num_class_embeds, defaults.classes)
     prompts, negative, text = _prompts(request, unet, folder, text)
@@ -351,5 +351,5 @@ def _load_guide(asked, from_folder, folder, unet, scheduler_config, load) -> nn.
         raise ValueError("autoguidance (guide scale != 1) needs a guide model, and this model ships no guide model (its "
                          "sampling.json names none): pass one (--guide-model FOLDER) or set the guide scale to 1")
     guide = load(path)
-    check_guide(unet, scheduler_config, guide.unet, guide.scheduler.config)
+    check_guide(unet, scheduler_config, guide.unet, guide.noise_schedule.config)
     return guide.unet

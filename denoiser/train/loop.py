@@ -395,11 +395,11 @@ class TrainLoop:
         if self.is_main:
             final, text_encoder = export(acc.unwrap_model(self.model), self.ema)
             classes = self.class_names()
-            save_pipeline(final, self.diffusion.scheduler, model_dir, classes=classes, text_encoder=text_encoder,
+            save_pipeline(final, self.diffusion.noise_schedule, model_dir, classes=classes, text_encoder=text_encoder,
                           tokenizer=self.tokenizer)
             for length, ema in zip(ema_lengths(self.train_cfg)[1:], self.emas[1:]):  # each extra length, its own folder
                 other, other_text = export(acc.unwrap_model(self.model), ema)
-                save_pipeline(other, self.diffusion.scheduler, self.out / length.folder, classes=classes,
+                save_pipeline(other, self.diffusion.noise_schedule, self.out / length.folder, classes=classes,
                               text_encoder=other_text, tokenizer=self.tokenizer)
             with atomic_path(self.out / "train_summary.json") as tmp:
                 tmp.write_text(json.dumps(self._summary(all_seen, skipped), indent=1))

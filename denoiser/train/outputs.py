@@ -67,7 +67,7 @@ def sample_grid(model: UNet | PromptedUNet, ema: EMAModel | None, diffusion: Dif
     request = SampleRequest(num_images=n, classes="spread" if final.config.num_class_embeds else None, seed=0,
                             scheduler=BUILT_IN["scheduler"], steps=cfg.train.sample_steps, prompts=grid,
                             guidance=UNGUIDED)
-    images = run(resolve(request, LoadedModel.of(final, diffusion.scheduler, text))).images
+    images = run(resolve(request, LoadedModel.of(final, diffusion.noise_schedule, text))).images
     save_grid(images, out / "samples" / f"step-{step:08d}.png", scale=max(1, 64 // final.config.sample_size))
     steps, losses = read_losses(out)
     save_png(loss_curve(steps, losses), out / "loss.png")  # through a temporary file, as the grid
@@ -119,7 +119,7 @@ def evaluate_fid(accelerator, model: UNet | PromptedUNet, ema, diffusion: Diffus
     spread = "spread" if final.config.num_class_embeds else None
     request = SampleRequest(num_images=train_cfg.fid_samples, classes=spread, seed=0, scheduler=BUILT_IN["scheduler"],
                             steps=train_cfg.sample_steps, prompts=prompts)
-    images = to_uint8(run(resolve(request, LoadedModel.of(final, diffusion.scheduler, text))).images)
+    images = to_uint8(run(resolve(request, LoadedModel.of(final, diffusion.noise_schedule, text))).images)
     score = fid_of_images(images, ref, extractor)
     accelerator.log({"fid": score}, step=step)
     history = out / "fid.csv"
@@ -131,7 +131,7 @@ def evaluate_fid(accelerator, model: UNet | PromptedUNet, ema, diffusion: Diffus
     logger.warning("step %d: FID-%d %.2f", step, train_cfg.fid_samples, score)
     if train_cfg.keep_best and (not previous or score < min(previous)):
         with atomic_path(out / "best-model") as tmp:  # the model and its score replace the last best together
-            save_pipeline(final.cpu(), diffusion.scheduler, tmp, classes=classes,
+            save_pipeline(final.cpu(), diffusion.noise_schedule, tmp, classes=classes,
                           text_encoder=None if text_encoder is None else text_encoder.cpu(), tokenizer=tokenizer)
             (tmp / "fid.json").write_text(json.dumps({"step": step, "fid": score, "num_samples": train_cfg.fid_samples}))
 
