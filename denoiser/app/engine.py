@@ -35,15 +35,16 @@ from denoiser.sampling.plan import Plan, resolve, run
 from denoiser.sampling.prompt_to_prompt import PromptEdit
 from denoiser.sampling.prompt_weights import parse_prompt
 
-__all__ = ["Engine", "Generation", "Stages", "SCHEDULERS", "RESTORE_OPERATIONS", "check_prompt"]
+__all__ = ["Engine", "Generation", "Stages", "APP_SCHEDULERS", "RESTORE_OPERATIONS", "check_prompt"]
 
 # what the Photo tab does to a user's image (denoiser.restore.plan) -> (operation, method); "denoise" is the one-step
 # MMSE estimate (the photo at its own size, in tiles), "denoise (sampled)" the reverse chain
 RESTORE_OPERATIONS = {"denoise": ("denoise", "mmse"), "denoise (sampled)": ("denoise", "sample"),
                       "edit": ("edit", "mmse"), "inpaint": ("inpaint", "mmse")}
 
-# the samplers with integer timesteps: the attention view re-runs a step's exact UNet call
-SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
+# the app's samplers: of denoiser.request.SCHEDULERS, those with integer timesteps (the attention view re-runs a
+# step's exact UNet call; euler's fractional timesteps cannot be)
+APP_SCHEDULERS = tuple(name for name, s in SAMPLERS.items() if s.integer_timesteps)
 
 PREVIEW_SIDE = 256  # a tiled denoise's live preview: at most this many pixels a side
 
@@ -82,10 +83,10 @@ class Engine:
         return self.loaded(name).defaults
 
     def own_scheduler(self, name: str) -> str:
-        """The sampler the app runs for `name` when none is asked: its folder's where the app offers it (SCHEDULERS:
+        """The sampler the app runs for `name` when none is asked: its folder's where the app offers it (APP_SCHEDULERS:
         the attention view can replay it), else BUILT_IN's. The one rule, for Generate and the form the page shows."""
         own = self.defaults(name).scheduler
-        return own if own in SCHEDULERS else BUILT_IN["scheduler"]
+        return own if own in APP_SCHEDULERS else BUILT_IN["scheduler"]
 
     def classes(self, name: str) -> list[str]:
         """Class names of a class-conditional model (from its card's classes.txt, else indices)."""
@@ -159,8 +160,8 @@ class Engine:
         seed = check_int("seed", seed, *LIMITS["seed"])
         if scheduler is None:
             scheduler = self.own_scheduler(model)
-        if scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+        if scheduler not in APP_SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {', '.join(APP_SCHEDULERS)}, got {scheduler!r}")
         if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes
             class_label = check_int("class", class_label, 0, 2**31 - 1)
         scales = check_scales(guidance_scale, pag_scale, guide_scale)

@@ -122,7 +122,7 @@ class ModelForm:
         return own or PROMPTS
 
     def _own_sampler(self, model) -> tuple[str, int] | None:
-        """(scheduler, steps): the model folder's measured best, its sampler where the app can run it (SCHEDULERS),
+        """(scheduler, steps): the model folder's measured best, its sampler where the app can run it (APP_SCHEDULERS),
         else the built-in one; None for a folder that does not load (the page says so when it is used)."""
         try:
             return self.engine.own_scheduler(model), self.engine.defaults(model).steps

@@ -26,7 +26,7 @@ from denoiser.app.controls import (
     whole_box,
 )
 from denoiser.app.earlier_results import KEEP, STORAGE_KEY, recall, remember
-from denoiser.app.engine import SCHEDULERS
+from denoiser.app.engine import APP_SCHEDULERS
 from denoiser.app.form import (
     ADVANCED,
     MODELS_OWN,
@@ -122,7 +122,7 @@ class SampleTab:
         """The form's column: the model, the sampler, the class or prompt, the guidance, the advanced settings."""
         self.model = gr.Dropdown(models, value=default, label="model", info="each is a trained model folder (weights/)",
                                  elem_id="model")
-        self.scheduler = gr.Dropdown(list(SCHEDULERS), value=BUILT_IN["scheduler"], label="scheduler", elem_id="scheduler")
+        self.scheduler = gr.Dropdown(list(APP_SCHEDULERS), value=BUILT_IN["scheduler"], label="scheduler", elem_id="scheduler")
         with gr.Row():
             self.steps = whole_box("steps", BUILT_IN["steps"], "steps", "steps",
                                    "set to the model's best when you pick it; under 10 leave noise")
