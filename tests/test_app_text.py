@@ -399,4 +399,4 @@ def test_a_prompt_whose_marks_the_tokenizer_drops_is_said_as_it_is_read(weights,
     *_, last = sample.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", "café", "")
     assert "read as “cafe”: the tokenizer drops accents and marks" in last[sample.status]
     plan = resolve(SampleRequest(num_images=1, prompts="赤いりんご", steps=1), weights / "words")
-    assert any("read as “赤いりんこ”" in n for n in plan.notices())
+    assert any("read as “赤いりんこ”" in n for n in plan.log_notes())

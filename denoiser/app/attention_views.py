@@ -71,7 +71,7 @@ class Generation:
     word_weights: tuple[tuple[float, ...], ...] = ()  # each image's weight per word ("(red:1.5) apple": 1.5, 1)
     unread: tuple[str, ...] = ()  # the prompt's words past the tokenizer's max_length: cut, the model never read them
     unseen: tuple[str, ...] = ()  # the prompt's words no training caption held: drawn from their letters, a guess
-    notes: tuple[str, ...] = ()  # what a person should hear about the prompt (Plan.notes: read as, cut, unseen)
+    notes: tuple[str, ...] = ()  # what a person should hear about the prompt (Plan.image_notes: read as, cut, unseen)
     precision: str = ""  # what the UNet ran in (denoiser.fast.precision): "float32" or "bfloat16"
 
     @property

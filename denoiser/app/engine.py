@@ -321,7 +321,7 @@ def _text_fields(plan: Plan) -> dict:
     n = range(plan.num_images)
     return dict(text=plan.text_condition(n), prompt=prompt, words=plan.words(0),
                 image_words=tuple(plan.words(k) for k in n), word_weights=tuple(plan.word_weights(k) for k in n),
-                unread=plan.unread(0), unseen=plan.unseen(0), notes=tuple(plan.notes(0)))
+                unread=plan.unread(0), unseen=plan.unseen(0), notes=tuple(plan.image_notes(0)))
 
 
 def _recorder(inputs: list, timesteps: list, on_step, total: Callable[[int], int]):

@@ -195,8 +195,8 @@ class ModelForm:
             work = plan_work(plan)
         except (ValueError, TypeError, OSError):
             return ""
-        # a text model's prompt, as it is typed: read with marks dropped, cut, words it never saw (Plan.notes)
-        said = "".join(f" · **{escape(note)}**" for note in plan.notes(0))
+        # a text model's prompt, as it is typed: read with marks dropped, cut, words it never saw (Plan.image_notes)
+        said = "".join(f" · **{escape(note)}**" for note in plan.image_notes(0))
         if not work.over:
             return f"work: {work.units:,.0f} of {work.budget:,.0f} units" + said
         return (f"**over the work budget** ({work.units:,.0f} of {work.budget:,.0f} units): at most {work.max_steps} "

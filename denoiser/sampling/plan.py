@@ -112,7 +112,7 @@ class Plan:
             return ()
         return tuple(self.text.tokenizer.dropped(parse_prompt(self.prompts[k]).text))
 
-    def notes(self, k: int = 0) -> list[str]:
+    def image_notes(self, k: int = 0) -> list[str]:
         """What a person should hear about image k's prompt (denoiser.sampling.prompt_notes): read with marks
         dropped, cut at the tokenizer's length, words never seen in training; [] for none or no text model."""
         if self.text is None or not self.prompts:
@@ -120,8 +120,8 @@ class Plan:
         return [n for n in (read_as_note(self.prompts[k]), unread_note(self.words(k), self.unread(k)),
                             unseen_note(self.unseen(k))) if n]
 
-    def notices(self) -> list[str]:
-        """The notes of every distinct prompt and negative prompt, each naming its prompt: `run` logs each once."""
+    def log_notes(self) -> list[str]:
+        """`image_notes` of every distinct prompt and negative prompt, each naming its prompt: `run` logs each once."""
         if self.text is None:
             return []
         said = []
@@ -209,7 +209,7 @@ def _check_edit(request: SampleRequest, prompts: tuple, text: TextModel | None, 
 
 def _prompts(request: SampleRequest, unet: nn.Module, folder, text: TextModel | None) -> tuple[tuple, tuple, TextModel | None]:
     """(prompt per image, negative prompt per image, its TextModel) for a text model; ((), (), None) otherwise.
-    Words past the tokenizer's max_length are dropped (Plan.notices says which)."""
+    Words past the tokenizer's max_length are dropped (Plan.log_notes says which)."""
     n = request.num_images
     if getattr(unet.config, "cross_attention_dim", None) is None:
         if request.prompts not in (None, "") or request.negative_prompts not in (None, ""):
@@ -225,7 +225,7 @@ def _prompts(request: SampleRequest, unet: nn.Module, folder, text: TextModel | 
             raise ValueError(f"pass one {name} or one per image ({n}), as text; got {len(given)} of "
                              f"{sorted({type(p).__name__ for p in given})}")
         for p in dict.fromkeys(given):
-            parse_prompt(p)  # a malformed weight is an error here, before any work (Plan.notices says the rest, once)
+            parse_prompt(p)  # a malformed weight is an error here, before any work (Plan.log_notes says the rest, once)
         per_image.append(tuple(given * n if len(given) == 1 else given))
     return per_image[0], per_image[1], text
 
@@ -249,7 +249,7 @@ def run(
     callback(i, t, x_t, x0) and after_step(i, x) run at every step of every batch (denoiser.sampling.loop.sample);
     the attention of `capture_steps` and the trajectory are kept for the first batch. progress: a tqdm bar.
     """
-    for notice in plan.notices():  # once per run: resolving (the app's note, on every keystroke) says nothing
+    for notice in plan.log_notes():  # once per run: resolving (the app's note, on every keystroke) says nothing
         logger.warning(notice)
     indices = list(range(plan.num_images)) if indices is None else [int(k) for k in indices]
     if any(not 0 <= k < plan.num_images for k in indices):

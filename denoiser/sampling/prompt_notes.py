@@ -1,5 +1,5 @@
 """What a person should hear about how a text model reads a prompt, worded once: the app's notes under the prompt and
-in the status line, and the log line of every door (`Plan.notices`). A prompt may be cut at the tokenizer's length,
+in the status line, and the log line of every door (`Plan.log_notes`). A prompt may be cut at the tokenizer's length,
 read with its accents and marks dropped, or hold words no training caption held (the model draws them as a guess)."""
 
 from __future__ import annotations
