@@ -5,7 +5,7 @@ import re
 import torch
 from PIL import Image
 
-from denoiser.app.words import all_layers_map, word_maps_panel
+from denoiser.app.words import all_layers_map, word_maps_view
 
 
 def _maps(words: int, heads: int = 2) -> list[list[tuple[str, torch.Tensor]]]:
@@ -31,8 +31,8 @@ def test_all_layers_is_the_mean_of_the_upsampled_layer_maps_and_the_words_share_
 def test_the_panel_is_two_rows_unless_each_head_is_asked_for():
     image = torch.rand(3, 8, 8)
     maps = _maps(words=2, heads=4)[0]
-    compact, heads = word_maps_panel(image, maps), word_maps_panel(image, maps, pixel=(3, 5), heads=True)
-    only_down = word_maps_panel(image, maps[:2])  # no up path: one row
+    compact, heads = word_maps_view(image, maps), word_maps_view(image, maps, pixel=(3, 5), heads=True)
+    only_down = word_maps_view(image, maps[:2])  # no up path: one row
     assert only_down.height < compact.height < heads.height  # rows: 1 (down and middle), 2 (and the up path), 3 layers
     assert only_down.width == compact.width < heads.width  # image, all layers, 2 layers; image, mean, 4 heads
 
@@ -48,8 +48,8 @@ def test_each_map_is_labelled_with_its_range_and_a_flat_one_says_so(monkeypatch)
     seen = []
     monkeypatch.setattr(words, "tiles_image", lambda rows, scale: seen.append(rows) or Image.new("RGB", (64, 64)))
     image, maps = torch.rand(3, 8, 8), _maps(words=2, heads=2)[0]
-    words.word_maps_panel(image, maps)
-    words.word_maps_panel(image, maps, heads=True)
+    words.word_maps_view(image, maps)
+    words.word_maps_view(image, maps, heads=True)
     compact = [label for row in seen[0] for label, _ in row if label not in ("image", "up path:")]  # the maps
     each_head = [label for row in seen[1] for label, _ in row[1:]]  # a row: the layer's name over the image, its maps
     assert compact[0].startswith("all layers ") and len(compact) == 1 + len(maps)
@@ -60,7 +60,7 @@ def test_every_word_map_is_drawn_on_one_absolute_scale():
     """Issue 60 item 5: the labels gave a map's range, but its colours still stretched that range over the whole
     palette, so a flat map looked focused. Now every map uses one scale (share 0 to 1, its colour bar under the panel):
     a flat map is one colour, and a map at a higher share is brighter than one at a lower share."""
-    from denoiser.evaluate.visualize import WORD_SCALE, word_overlay
+    from denoiser.pictures import WORD_SCALE, word_overlay
 
     image = torch.zeros(3, 8, 8)
     flat = word_overlay(image, torch.full((4, 4), 0.33))

@@ -24,7 +24,7 @@ from denoiser.app.words import (
     word_choices,
     word_label,
     word_maps_label,
-    word_maps_panel,
+    word_maps_view,
     word_weights_chart,
     word_weights_label,
     words_label,
@@ -194,7 +194,7 @@ class AttentionTab:
             maps = None
             if word is not None:
                 panel = self.engine.views.word_maps(gen, image, step, word)
-                maps = gr.update(value=word_maps_panel(gen.images[int(image)], panel, None if pixel is None else tuple(pixel),
+                maps = gr.update(value=word_maps_view(gen.images[int(image)], panel, None if pixel is None else tuple(pixel),
                                                        heads=bool(heads)), label=word_maps_label(labels[int(word)]))
             weights = None
             if pixel is not None:

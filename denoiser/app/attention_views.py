@@ -21,10 +21,10 @@ from PIL import Image
 
 from denoiser.app.form_limits import check_int
 from denoiser.evaluate.attention_stats import LayerStats, attention_stats, stats_chart
-from denoiser.evaluate.visualize import attention_panel, layer_label, maps_panel, stages_panel
 from denoiser.model.attention import MultiHeadSelfAttention, attention_layer_names, attention_layers
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
+from denoiser.pictures import attention_panel, layer_label, maps_panel, stages_panel
 from denoiser.pixels import unit_to_model
 from denoiser.request import BUILT_IN
 from denoiser.sampling.guidance import Guidance, TextCondition

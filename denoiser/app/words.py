@@ -2,7 +2,7 @@
 cross-attention layer, and one pixel's weights over the prompt's words as a table of bars; and how the page names the
 words and these pictures (a weighted word with its weight: "red ×1.5").
 
-The maps reuse denoiser.evaluate.visualize's tiles (overlays on the image): all layers together and each layer's in two
+The maps reuse denoiser.pictures's tiles (overlays on the image): all layers together and each layer's in two
 rows, or each head's in a row per layer; the bar table is drawn here in plain PIL, as visualize draws its pictures.
 """
 
@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
-from denoiser.evaluate.visualize import WORD_SCALE, chart_font, tiles_image, with_colour_scale, word_overlay
+from denoiser.pictures import WORD_SCALE, chart_font, tiles_image, with_colour_scale, word_overlay
 from denoiser.sampling.prompt_notes import unread_note, unseen_note
 
-__all__ = ["map_label", "unread_note", "unseen_note", "words_label", "word_maps_panel", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
+__all__ = ["map_label", "unread_note", "unseen_note", "words_label", "word_maps_view", "all_layers_map", "word_weights_chart", "word_label", "word_choices", "word_maps_label",
            "word_weights_label"]
 
 _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
@@ -63,7 +63,7 @@ def all_layers_map(maps: Sequence[tuple[str, torch.Tensor]], size: int) -> torch
     return torch.stack(up).mean(0)  # (layers, S, S) -> (S, S)
 
 
-def word_maps_panel(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]], pixel: tuple[int, int] | None = None,
+def word_maps_view(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]], pixel: tuple[int, int] | None = None,
                     heads: bool = False) -> Image.Image:
     """The word's map over the image. maps: (layer label, (h, H, W)) as Engine.views.word_maps gives them; pixel (y, x) in
     image pixels, marked when given.
@@ -72,7 +72,7 @@ def word_maps_panel(image: torch.Tensor, maps: Sequence[tuple[str, torch.Tensor]
     the down path and the middle in the first row, the up path in the second. heads=True: one row per layer, the
     image, the head-averaged map, then each head's.
 
-    Every map is drawn on one absolute colour scale (`denoiser.evaluate.visualize.word_overlay`: a pixel's share 0 to 1, the
+    Every map is drawn on one absolute colour scale (`denoiser.pictures.word_overlay`: a pixel's share 0 to 1, the
     colour bar under the panel), so a nearly flat map looks flat; each map's label gives its range, and says when it
     is nearly flat (map_label)."""
     S = image.shape[-1]

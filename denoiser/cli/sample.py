@@ -81,8 +81,8 @@ def cmd_attention(args) -> None:
 
 def _attention_pixel(args, plan, at: int) -> None:
     """`attention --pixel`: the pixel's self-attention panel; on a text model also its weights over the words."""
-    from denoiser.evaluate.visualize import attention_panel, token_weights_panel
     from denoiser.image_io import save_png
+    from denoiser.pictures import attention_panel, token_weights_panel
     from denoiser.sampling.plan import run
 
     size = plan.unet.config.sample_size
@@ -103,8 +103,8 @@ def _attention_pixel(args, plan, at: int) -> None:
 
 def _attention_word(args, plan, at: int) -> None:
     """`attention --word`: one prompt word's map at every cross-attention layer, at one step or every step."""
-    from denoiser.evaluate.visualize import find_word, word_maps_grid, word_maps_panel
     from denoiser.image_io import save_png
+    from denoiser.pictures import find_word, word_maps_grid, word_maps_panel
     from denoiser.sampling.plan import run
 
     if plan.text is None:

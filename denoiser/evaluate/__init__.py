@@ -1,1 +1,1 @@
-"""Judging a model: FID, attention statistics, and the pictures (grids, overlays, charts)."""
+"""Judging a model: FID and attention statistics (the pictures they draw come from denoiser.pictures)."""

@@ -173,7 +173,7 @@ def stats_chart(rows: Sequence[LayerStats], panel_size: tuple[int, int] = (480, 
     """Four line charts one above the other (a line per layer, heads averaged; x = timestep, noisy on the left), each
     scaled to its data, then a legend. One column 480 pixels wide with 14-16 px text: shown on a phone's ~350 px
     the text stays ~11 px."""
-    from denoiser.evaluate.visualize import _font
+    from denoiser.pictures import chart_font
 
     layer_rows = [r for r in rows if r.head == -1]
     layers = list(dict.fromkeys(r.layer for r in layer_rows))
@@ -195,16 +195,16 @@ def stats_chart(rows: Sequence[LayerStats], panel_size: tuple[int, int] = (480, 
             x = left + (i / max(1, len(ts) - 1)) * (PW - left - right)
             return x, oy + top + (hi - v) / (hi - lo) * (PH - top - bottom)
 
-        draw.text((left, oy + 4), title, fill="black", font=_font(16))
+        draw.text((left, oy + 4), title, fill="black", font=chart_font(16))
         draw.rectangle([left, oy + top, PW - right, oy + PH - bottom], outline="black")
         for frac in (0.0, 0.5, 1.0):  # right-aligned against the axis
-            v, font = lo + frac * (hi - lo), _font(14)
+            v, font = lo + frac * (hi - lo), chart_font(14)
             draw.text((left - 4 - draw.textlength(f"{v:.3g}", font=font), px(0, v)[1] - 8), f"{v:.3g}", fill="black", font=font)
         for i, t in enumerate(ts):  # centred on their points; the first and last kept inside the plot's width, clear
-            x, width = px(i, lo)[0], draw.textlength(str(t), font=_font(14))  # of the y labels
+            x, width = px(i, lo)[0], draw.textlength(str(t), font=chart_font(14))  # of the y labels
             x = min(max(x - width / 2, left), PW - right - width)
-            draw.text((x, oy + PH - bottom + 3), str(t), fill="black", font=_font(14))
-        draw.text((PW // 2 - 30, oy + PH - 19), "timestep t", fill="gray", font=_font(14))
+            draw.text((x, oy + PH - bottom + 3), str(t), fill="black", font=chart_font(14))
+        draw.text((PW // 2 - 30, oy + PH - 19), "timestep t", fill="gray", font=chart_font(14))
         for li, layer in enumerate(layers):
             by_t = {r.timestep: value(r) for r in layer_rows if r.layer == layer}
             pts = [px(i, by_t[t]) for i, t in enumerate(ts) if t in by_t]
@@ -215,5 +215,5 @@ def stats_chart(rows: Sequence[LayerStats], panel_size: tuple[int, int] = (480, 
     for li, layer in enumerate(layers):
         x, y = 10 + (li % 2) * (PW // 2), 4 * PH + 6 + 22 * (li // 2)
         draw.rectangle([x, y + 4, x + 16, y + 14], fill=_palette(li))
-        draw.text((x + 22, y), layer, fill="black", font=_font(15))
+        draw.text((x + 22, y), layer, fill="black", font=chart_font(15))
     return img

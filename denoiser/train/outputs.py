@@ -15,10 +15,10 @@ from diffusers.training_utils import EMAModel
 
 from denoiser.atomic import atomic_path
 from denoiser.diffusion import Diffusion
-from denoiser.evaluate.visualize import loss_curve
 from denoiser.image_io import save_grid, save_png
 from denoiser.model.text import HashTextEncoder, PromptedUNet, WordHashTokenizer
 from denoiser.model.unet import UNet
+from denoiser.pictures import loss_curve
 from denoiser.pixels import to_uint8
 from denoiser.request import BUILT_IN
 from denoiser.sampling.pipeline import save_pipeline

@@ -122,10 +122,6 @@ def chart_font(size: int = 12) -> ChartFont:
     return ChartFont(io.BytesIO(ImageFont.load_default(size=size).font_bytes), size)
 
 
-def _font(size: int = 12) -> ChartFont:
-    return chart_font(size)
-
-
 def _to_pil(x: torch.Tensor, scale: int) -> Image.Image:
     arr = to_uint8(x).permute(1, 2, 0).numpy()  # (C, H, W) -> (H, W, C)
     img = Image.fromarray(arr)
@@ -147,7 +143,7 @@ def tiles_image(rows: Sequence[Sequence[tuple[str, torch.Tensor]]], scale: int, 
     """Labelled (3, S, S) tiles in [0, 1], one list per row, upscaled by `scale` (nearest); a label wider than its
     tile takes more lines."""
     S = rows[0][0][1].shape[-1]
-    tile, font = S * scale, _font(11)
+    tile, font = S * scale, chart_font(11)
     cols = max(len(r) for r in rows)
     labels = [[_wrap(label, tile, font) for label, _ in row] for row in rows]
     label_h = line_h * max(len(lines) for row in labels for lines in row) + 5
@@ -172,7 +168,7 @@ def with_colour_scale(panel: Image.Image, low: str, high: str, bar_h: int = 10, 
     out.paste(panel, (0, 0))
     out.paste(bar, (pad, panel.height))
     draw = ImageDraw.Draw(out)
-    font = _font(11)
+    font = chart_font(11)
     draw.text((pad, panel.height + bar_h + 2), low, fill="black", font=font)
     draw.text((pad + width - draw.textlength(high, font=font), panel.height + bar_h + 2), high, fill="black", font=font)
     return out
@@ -228,7 +224,7 @@ def stages_panel(image: torch.Tensor, scores: torch.Tensor, weights: torch.Tenso
 
 def with_title(panel: Image.Image, title: str, pad: int = 4) -> Image.Image:
     """The panel under a title (wrapped to the panel's width)."""
-    font = _font(13)
+    font = chart_font(13)
     lines = _wrap(title, panel.width - 2 * pad, font)
     out = Image.new("RGB", (panel.width, panel.height + 17 * len(lines) + pad), "white")
     ImageDraw.Draw(out).multiline_text((pad, pad), "\n".join(lines), fill="black", font=font, spacing=4)
@@ -320,7 +316,7 @@ def token_weights(records: Sequence[AttentionRecord], query: tuple[int, int], im
 
 def _bar_chart(title: str, weights: Sequence[float], words: Sequence[str], label_w: int, bar_w: int = 120) -> Image.Image:
     """One layer's horizontal bars: a word, its weight as a bar on a 0-to-1 frame, the number."""
-    font, line = _font(11), 16
+    font, line = chart_font(11), 16
     img = Image.new("RGB", (label_w + bar_w + 40, 18 + line * len(words) + 6), "white")
     draw = ImageDraw.Draw(img)
     draw.text((0, 0), title, fill="black", font=font)
@@ -338,7 +334,7 @@ def token_weights_panel(image: torch.Tensor, records: Sequence[AttentionRecord],
     """The image with pixel `query` marked, then a bar chart per cross-attention layer: the pixel's weight on each
     word of the prompt (`words`, the tokenizer's, in order). image (3, S, S) in [0, 1]."""
     S = image.shape[-1]
-    font = _font(11)
+    font = chart_font(11)
     label_w = 6 + max(int(ImageDraw.Draw(Image.new("1", (1, 1))).textlength(w, font=font)) for w in words)
     charts = [_bar_chart(label, w[: len(words)].tolist(), words, label_w)
               for label, w in token_weights(records, query, S)]  # weights past the words: padding (a batch's)
@@ -362,9 +358,9 @@ def loss_curve(steps: Sequence[int], losses: Sequence[float], title: str = "trai
     img = Image.new("RGB", size, "white")
     draw = ImageDraw.Draw(img)
     left, right, top, bottom = 60, 15, 28, 35
-    draw.text((left, 6), title, fill="black", font=_font(13))
+    draw.text((left, 6), title, fill="black", font=chart_font(13))
     if len(steps) < 2:
-        draw.text((left, H // 2), "not enough points yet", fill="gray", font=_font(12))
+        draw.text((left, H // 2), "not enough points yet", fill="gray", font=chart_font(12))
         return img
     ys = [math.log10(max(v, 1e-8)) for v in losses]
     window = max(1, len(ys) // 50)
@@ -380,10 +376,10 @@ def loss_curve(steps: Sequence[int], losses: Sequence[float], title: str = "trai
     for frac in (0.0, 0.5, 1.0):
         y = lo + frac * (hi - lo)
         _, yy = px(x_lo, y)
-        draw.text((4, yy - 6), f"{10**y:.3g}", fill="black", font=_font(10))
+        draw.text((4, yy - 6), f"{10**y:.3g}", fill="black", font=chart_font(10))
         xx, _ = px(x_lo + frac * (x_hi - x_lo), lo)
-        draw.text((xx - 12, H - bottom + 4), f"{int(x_lo + frac * (x_hi - x_lo))}", fill="black", font=_font(10))
+        draw.text((xx - 12, H - bottom + 4), f"{int(x_lo + frac * (x_hi - x_lo))}", fill="black", font=chart_font(10))
     draw.line([px(s, y) for s, y in zip(steps, ys)], fill=(180, 200, 230), width=1)
     draw.line([px(s, y) for s, y in zip(steps, smooth)], fill=(20, 60, 160), width=2)
-    draw.text((W // 2 - 20, H - 16), "step", fill="black", font=_font(11))
+    draw.text((W // 2 - 20, H - 16), "step", fill="black", font=chart_font(11))
     return img

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from denoiser.evaluate.visualize import heat_colormap, maps_panel, stages_panel
+from denoiser.pictures import heat_colormap, maps_panel, stages_panel
 
 
 def _bar_row(panel) -> np.ndarray:
@@ -38,7 +38,7 @@ def test_chart_axes_are_scaled_to_their_data():
 def test_tile_labels_stay_over_their_own_tile():
     """Issue 41 item 14: "down.1.attn.0 (16x16)" ran into its neighbour's "mean of heads"; a long label now wraps,
     so the gap between two tiles stays white from the labels down to the pictures."""
-    from denoiser.evaluate.visualize import tiles_image
+    from denoiser.pictures import tiles_image
 
     white = torch.ones(3, 16, 16)
     for label in ("down.1.attn.0 (16x16)", "up.0.attn.2 (8x8) averaged over the steps"):
@@ -55,8 +55,8 @@ def test_attention_panel_draws_the_self_attention_layers_only():
     import pytest
 
     from denoiser import UNet
-    from denoiser.evaluate.visualize import attention_panel
     from denoiser.model.attention_capture import capture_attention
+    from denoiser.pictures import attention_panel
     from tests.conftest import TINY
 
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def test_chart_text_never_draws_a_missing_glyph_box():
     from PIL import Image, ImageDraw
 
     from denoiser.app.words import word_label, word_weights_chart
-    from denoiser.evaluate.visualize import chart_font
+    from denoiser.pictures import chart_font
 
     font = chart_font(12)
     assert not font.has("\ue001") and font.has("a") and not font.has("×")  # the check sees the missing-glyph box
