@@ -18,9 +18,8 @@ from denoiser.app.photo_tab import PhotoTab
 from denoiser.app.png_settings import read_settings
 from denoiser.app.sample_tab import SampleTab
 from denoiser.app.word_edit import EDIT_SETTINGS, source_of
-from denoiser.request import GuidanceRequest, SampleRequest
+from denoiser.request import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, GuidanceRequest, PromptEdit, SampleRequest
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
 from tests.app_browser import CHROMIUM, browser_page, click_result, no_errors, screenshots, type_number
 from tests.conftest import app_page
 from tests.test_app_text import weights  # noqa: F401 - the tiny text model "words" and a class model
@@ -52,7 +51,9 @@ def test_the_word_edit_is_the_cores_edit_from_the_selected_results_noise(handler
     plan = resolve(SampleRequest(num_images=2, prompts=["red apple", "blue apple"], seed=5, scheduler="ddim", steps=3,
                                  guidance=GuidanceRequest(guidance_scale=2.5), edit=edit), weights / "words")
     assert torch.equal(gen.images, run(plan).images)  # seed 3 + result 3's index 2: its noise
-    torch.testing.assert_close(gen.images[0], first[h.page.generation].images[2], atol=1e-5, rtol=0)  # the source is the picture kept
+    # the source is the picture kept: the same noise and steps, computed in a batch beside its edit (another GEMM
+    # shape), so float32 rounding apart (1.26e-5 seen on a Zen 5) and no more
+    torch.testing.assert_close(gen.images[0], first[h.page.generation].images[2], atol=5e-5, rtol=0)
     assert len(files) == 2 and status.startswith("done: 2 image(s) of “red apple” → “blue apple”, 3 steps")
     assert "replace" in status and "60%" in status and "30%" in status and "seed 5" in status
     for k, f in enumerate(files):

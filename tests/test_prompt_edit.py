@@ -13,10 +13,10 @@ from denoiser.folders.model_dir import LoadedModel, TextModel
 from denoiser.model.attention import MultiHeadAttention
 from denoiser.model.text import HashTextEncoder
 from denoiser.model.unet import UNet
-from denoiser.request import GuidanceRequest, SampleRequest
+from denoiser.request import GuidanceRequest, PromptEdit, SampleRequest
 from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.prompt_to_prompt import PromptEdit, word_map
+from denoiser.sampling.prompt_to_prompt import edit_plan, word_map
 from tests.conftest import TINY
 from tests.test_text import TEXT, D, _tokenizer, _wake_cross, one_thread  # noqa: F401  (one_thread: autouse)
 
@@ -87,7 +87,7 @@ def test_word_maps_swap_one_for_one_or_align_the_shared_words():
 
 
 def test_the_steps_are_counted_as_the_community_pipeline_counts_them():
-    plan = PromptEdit("replace", 0.8, (0.2, 0.6)).plan([["a"], ["b"]]).at_timesteps(range(900, -1, -100))  # 10 steps
+    plan = edit_plan(PromptEdit("replace", 0.8, (0.2, 0.6)), [["a"], ["b"]]).at_timesteps(range(900, -1, -100))  # 10 steps
     active = [plan.active(t) for t in range(900, -1, -100)]
     assert [c for c, _ in active] == [i < int(0.8 * 11) for i in range(10)]  # alpha over steps + 1 entries
     assert [s for _, s in active] == [int(0.2 * 10) <= i < int(0.6 * 10) for i in range(10)]

@@ -281,8 +281,8 @@ def test_classifier_free_guidance_with_prompts_equals_separate_calls_in_float64(
 def test_prompts_over_rows_per_call_run_as_calls_of_whole_images_but_an_edits_stay_one(text_model, monkeypatch):
     """main_pass's calls of whole images (tests/test_guidance.py) take each image's own prompt, negative prompt and
     word weights; a prompt-to-prompt edit's images read image 0's maps, so they stay one call."""
+    from denoiser.request import PromptEdit
     from denoiser.sampling import guidance
-    from denoiser.sampling.prompt_to_prompt import PromptEdit
 
     unet, tok, enc = text_model
     unet, enc = copy.deepcopy(unet).double(), copy.deepcopy(enc).double()

@@ -26,13 +26,19 @@ from denoiser.app.work_budget import plan_work, work_of
 from denoiser.folders.model_dir import LoadedModel, ModelDefaults, find_model, list_models, load, model_roots
 from denoiser.image_io import MAX_PIXELS
 from denoiser.pixels import to_unit, uint8_to_unit
-from denoiser.request import BUILT_IN, GuidanceRequest, RestoreRequest, SampleRequest, check_timestep_spacing
+from denoiser.request import (
+    BUILT_IN,
+    GuidanceRequest,
+    PromptEdit,
+    RestoreRequest,
+    SampleRequest,
+    check_timestep_spacing,
+)
 from denoiser.restore.plan import RestoreResult, check_request, resolve_restore, run_restore
 from denoiser.restore.tiles import count_tiles
 from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import SAMPLERS
 from denoiser.sampling.plan import Plan, resolve, run
-from denoiser.sampling.prompt_to_prompt import PromptEdit
 from denoiser.sampling.prompt_weights import parse_prompt
 
 __all__ = ["Engine", "Generation", "Stages", "APP_SCHEDULERS", "RESTORE_OPERATIONS", "check_prompt"]

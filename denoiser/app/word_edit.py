@@ -28,7 +28,7 @@ from denoiser.app.result_files import result_files
 from denoiser.app.views import enlarge
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import to_pil
-from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
+from denoiser.request import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
 
 __all__ = ["EDIT_SETTINGS", "OFFERED", "WordEdit", "source_of"]
 

@@ -134,7 +134,7 @@ def _add_sample_args(p: argparse.ArgumentParser) -> None:
 
 def _add_prompt_edit(p: argparse.ArgumentParser) -> None:
     """Prompt-to-prompt's flags (denoiser.sampling.prompt_to_prompt): the source --prompt and its edits, drawn from one noise."""
-    from denoiser.sampling.prompt_to_prompt import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, EDIT_TYPES
+    from denoiser.request import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, EDIT_TYPES
 
     e = p.add_argument_group("prompt-to-prompt", "change the words, keep the picture (text models): writes the --prompt's "
                                                  "image and one per --edit-to, all from the first image's noise")

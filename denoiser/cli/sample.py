@@ -35,7 +35,7 @@ def cmd_sample(args) -> None:
 
 def _edit_fields(args) -> dict:
     """The request's fields for `sample --edit-to`: the source prompt and its edits as the images, and the edit."""
-    from denoiser.sampling.prompt_to_prompt import PromptEdit
+    from denoiser.request import PromptEdit
 
     if not args.edit_to:
         if args.equalizer_words or args.equalizer_strengths:

@@ -37,7 +37,8 @@ from torch import nn
 from denoiser.model.attention import CAPTURES, attention_layer_names
 from denoiser.model.attention_blocks import edit_attention, identity_attention
 from denoiser.model.attention_edit import AttentionEdit
-from denoiser.sampling.prompt_to_prompt import EditPlan, PromptEdit
+from denoiser.request import PromptEdit
+from denoiser.sampling.prompt_to_prompt import EditPlan, edit_plan
 
 __all__ = ["Guidance", "TextCondition", "default_pag_layers", "check_guide", "ROWS_PER_CALL"]
 
@@ -80,7 +81,7 @@ class TextCondition:
         scales = [None, None]
         if weighted and any(p.weighted for group in parsed for p in group):
             scales = [_word_weights(group, L, L_max, states.device) for group, L in zip(parsed, (mask.shape[1], neg_mask.shape[1]))]
-        plan = None if edit is None else edit.plan([tokenizer.tokens(t) for t in texts[0]])
+        plan = None if edit is None else edit_plan(edit, [tokenizer.tokens(t) for t in texts[0]])
         return cls(states, mask.bool(), neg, neg_mask.bool(), scales[0], scales[1], plan)
 
     def _groups(self, rows: str) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], int]:

@@ -25,10 +25,9 @@ from denoiser.atomic import atomic_path
 from denoiser.folders.model_dir import CLASSES_FILE, LoadedModel, ModelDefaults, TextModel, load
 from denoiser.model.text import HashTextEncoder, WordHashTokenizer
 from denoiser.model.unet import UNet
-from denoiser.request import BUILT_IN, GuidanceRequest, SampleRequest
+from denoiser.request import BUILT_IN, GuidanceRequest, PromptEdit, SampleRequest
 from denoiser.sampling.loop import make_sampler
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.prompt_to_prompt import PromptEdit
 
 __all__ = ["DenoiserPipeline", "save_pipeline"]
 

@@ -33,7 +33,7 @@ from denoiser.folders.model_dir import (
     load,
     require_text,
 )
-from denoiser.request import BUILT_IN, SampleRequest, check_timestep_spacing, sampler_name
+from denoiser.request import BUILT_IN, PromptEdit, SampleRequest, check_timestep_spacing, sampler_name
 from denoiser.sampling.guidance import Guidance, TextCondition, check_guide
 from denoiser.sampling.loop import (
     SampleResult,
@@ -43,7 +43,7 @@ from denoiser.sampling.loop import (
     sample,
 )
 from denoiser.sampling.prompt_notes import read_as_note, unread_note, unseen_note
-from denoiser.sampling.prompt_to_prompt import PromptEdit
+from denoiser.sampling.prompt_to_prompt import edit_plan
 from denoiser.sampling.prompt_weights import parse_prompt
 
 __all__ = ["Plan", "resolve", "run"]
@@ -198,13 +198,13 @@ def resolve(
 def _check_edit(request: SampleRequest, prompts: tuple, text: TextModel | None, guidance: Guidance) -> None:
     """A prompt-to-prompt request, before any work: a text model, the source and its edits, no PAG, maps that fit."""
     if not isinstance(request.edit, PromptEdit):
-        raise TypeError(f"edit must be a denoiser.sampling.prompt_to_prompt.PromptEdit, got {type(request.edit).__name__}")
+        raise TypeError(f"edit must be a denoiser.request.PromptEdit, got {type(request.edit).__name__}")
     if text is None:
         raise ValueError("prompt-to-prompt edits a text model's prompt; this model takes no text")
     if guidance.pag:
         raise ValueError("prompt-to-prompt takes the source's self-attention maps, which perturbed-attention guidance "
                          "replaces: set the PAG scale to 0 for an edit")
-    request.edit.plan([text.tokenizer.tokens(parse_prompt(p).text) for p in prompts])  # the word maps, checked now
+    edit_plan(request.edit, [text.tokenizer.tokens(parse_prompt(p).text) for p in prompts])  # the word maps, checked now
 
 
 def _prompts(request: SampleRequest, unet: nn.Module, folder, text: TextModel | None) -> tuple[tuple, tuple, TextModel | None]:
