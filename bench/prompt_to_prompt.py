@@ -48,7 +48,7 @@ from torchvision.utils import make_grid
 from denoiser.folders.model_dir import load
 from denoiser.request import SampleRequest
 from denoiser.sampling.plan import resolve, run
-from denoiser.sampling.prompt_to_prompt import PromptEdit
+from denoiser.request import PromptEdit
 
 SWAPS = {  # source prompt -> its edits (one batch each: the source row serves them all)
     "red circle": ("green circle", "yellow circle"),
