@@ -58,14 +58,24 @@ def test_the_pipeline_class_loads_a_folder_through_diffusers_alone(monkeypatch):
 
 def test_folders_that_name_the_modules_before_the_rooms_still_load(tmp_path):
     """Issue 59 moved denoiser/unet.py and text.py into denoiser/model/. A model folder names each component's module
-    in model_index.json: weights/emoji (and every folder a person trained before) names "denoiser.unet" and
-    "denoiser.text"; one written now names "denoiser.model.unet". Both load through diffusers' own from_pretrained."""
+    in model_index.json: the shipped ones now name "denoiser.model.unet" and "denoiser.model.text", as every folder
+    written now does; one a person trained before names "denoiser.unet" and "denoiser.text", and still loads through
+    diffusers' own from_pretrained (denoiser.sampling.pipeline.MOVED)."""
+    import shutil
+
     from denoiser.model.text import HashTextEncoder
     from denoiser.model.unet import UNet
 
-    old = json.loads((WEIGHTS_DIR / "emoji" / "model_index.json").read_text())
-    assert old["unet"][0] == "denoiser.unet" and old["text_encoder"][0] == "denoiser.text"
-    pipe = DiffusionPipeline.from_pretrained(WEIGHTS_DIR / "emoji")
+    for name in ("cifar10", "emoji", "synthetic-shapes"):
+        index = json.loads((WEIGHTS_DIR / name / "model_index.json").read_text())
+        assert {v[0] for k, v in index.items() if not k.startswith("_") and v[0] != "diffusers"} <= {
+            "denoiser.model.unet", "denoiser.model.text"}, (name, index)
+    before = shutil.copytree(WEIGHTS_DIR / "emoji", tmp_path / "before")
+    index = json.loads((before / "model_index.json").read_text())
+    index.update(unet=["denoiser.unet", "UNet"], text_encoder=["denoiser.text", "HashTextEncoder"],
+                 tokenizer=["denoiser.text", "WordHashTokenizer"])
+    (before / "model_index.json").write_text(json.dumps(index))
+    pipe = DiffusionPipeline.from_pretrained(before)
     assert isinstance(pipe.unet, UNet) and isinstance(pipe.text_encoder, HashTextEncoder)
     pipe.save_pretrained(tmp_path / "again")
     assert json.loads((tmp_path / "again" / "model_index.json").read_text())["unet"][0] == "denoiser.model.unet"
