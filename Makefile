@@ -33,7 +33,7 @@ kernels: $(VENV_OK) | compiler
 	$(PY) -m denoiser.cli build-kernels || echo "denoiser: C++ kernels not built; the reference paths run (slower)"
 
 lint: venv
-	$(PY) -m ruff check denoiser tests bench app.py
+	$(PY) -m ruff check denoiser tests bench tools app.py
 
 # the whole suite, then the model, attention and sampling tests again with the kernels switched off (as on
 # a machine without a compiler); kernel tests skip there, saying why. Files run on TEST_WORKERS processes

@@ -1,7 +1,7 @@
 """Time to the first image in the app: press Generate with the page's defaults and time the first live preview and
 the finished result, as a visitor sees them in Chromium at 1280x900.
 
-    .venv/bin/python bench/app_first_image.py [--repeats 3] [--weights weights]
+    .venv/bin/python -m bench.app_first_image [--repeats 3] [--weights weights]
 
 Starts `denoiser app` on a free local port with the shipped models, loads the page, waits until the default
 model's own settings are in the form (its scheduler, steps, guidance), then for each repeat reloads the page,
@@ -21,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from profiling import cpu_name
+from bench.common import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"

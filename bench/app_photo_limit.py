@@ -2,7 +2,7 @@
 models, and the megapixel limit the work budget gives each (Engine.photo_limit): the numbers behind the limit the Edit
 tab shows before an upload. Writes a Markdown table (the notes under it in bench/app_photo_limit.md are by hand).
 
-    HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/app_photo_limit.py --out bench/app_photo_limit.md
+    HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python -m bench.app_photo_limit --out bench/app_photo_limit.md
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main() -> None:
         "# The Photo tab's megapixel limit: seconds per megapixel of the tiled denoise and the work budget",
         "",
         "```",
-        f"HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/app_photo_limit.py --size {args.size} --repeats {args.repeats}"
+        f"HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python -m bench.app_photo_limit --size {args.size} --repeats {args.repeats}"
         + (f" --out {args.out}" if args.out else ""),
         "```",
         "",

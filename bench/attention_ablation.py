@@ -1,13 +1,13 @@
 """Which attention layers matter, at which noise levels: held-out ε-MSE with each layer switched to identity.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/attention_ablation.py --model weights/cifar10 --num-images 100
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.attention_ablation --model weights/cifar10 --num-images 100
 
 On validation images the model never trained on (the 5,000-image split, seed 0), each timestep t noises
 them with seeded noise; the UNet predicts ε plain, with each attention layer switched to the identity
 (`identity_attention`: each pixel attends only to itself), and with all of them switched. The table gives
 the MSE against the true ε and how much each switch raises it; `denoiser attention-stats` on the same
 images gives the per-layer distances, entropies and charts (written next to the table). FID with layers
-switched off: `bench/guidance_table.py run --settings off@LAYER ...`.
+switched off: `python -m bench.guidance_table run --settings off@LAYER ...`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def main() -> None:
     md = (f"## Attention ablation on `{name}`: held-out ε-MSE with layers switched to identity\n\n"
           f"{args.num_images} validation images (split {val_size}, seed {val_seed}) with their classes, seeded noise "
           f"per timestep; each cell is how much switching that layer (all its heads) to identity attention raises the "
-          f"ε-MSE, relative to the plain model. Command: `{' '.join(['python'] + sys.argv)}`. Per-layer statistics: "
+          f"ε-MSE, relative to the plain model. Command: `{' '.join(['python -m bench.attention_ablation'] + sys.argv[1:])}`. Per-layer statistics: "
           f"`{out.with_suffix('.csv')}`, charts `docs/attention-stats-{name}.png`.\n\n" + "\n".join(lines) + "\n")
     out.with_suffix(".md").write_text(md)
     print(md)

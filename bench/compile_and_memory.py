@@ -1,6 +1,6 @@
 """torch.compile against eager for CPU sampling and training, and what gradient checkpointing saves.
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/compile_and_memory.py [--model weights/cifar10] [--repeats 5]
+    OMP_NUM_THREADS=2 .venv/bin/python -m bench.compile_and_memory [--model weights/cifar10] [--repeats 5]
 
 compile: the shipped model's UNet call at batch 8 as sample() runs it (eager: channels-last with packed
 convolution weights and denoiser's kernels; compiled: `torch.compile(unet, fullgraph=True)`, inductor),
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 import yaml
-from profiling import cpu_name
 
+from bench.common import cpu_name
 from denoiser import UNet
 from denoiser.fast import malloc
 from denoiser.folders.model_dir import load_model
@@ -123,8 +123,8 @@ def _status_mb(key: str) -> float:
 def memory(repeats: int) -> dict:
     out = {}
     for mode in (False, True):
-        res = subprocess.run([sys.executable, __file__, "--child", "ckpt" if mode else "plain", "--repeats", str(repeats)],
-                             capture_output=True, text=True, check=True)
+        res = subprocess.run([sys.executable, "-m", "bench.compile_and_memory", "--child", "ckpt" if mode else "plain", "--repeats", str(repeats)],
+                             cwd=ROOT, capture_output=True, text=True, check=True)
         out["checkpointing" if mode else "plain"] = json.loads(res.stdout.strip().splitlines()[-1])
     return {"what": "64x64 training step, configs/emoji.yaml model, batch 32, fp32", **out,
             # peak against peak: after the warm-up step the heap keeps the freed activations (malloc.configure),

@@ -1,7 +1,7 @@
 """How close the UNet forward runs to this CPU's own GEMM rate, per path: the CPU's roofline, as MFU is a GPU's.
 
-    cd bench && ../.venv/bin/python cpu_roofline.py                       # both shipped models, batch 1, 8, 32
-    cd bench && ../.venv/bin/python cpu_roofline.py --models cifar10 --batches 8 --repeats 9 --compile
+    .venv/bin/python -m bench.cpu_roofline                       # both shipped models, batch 1, 8, 32
+    .venv/bin/python -m bench.cpu_roofline --models cifar10 --batches 8 --repeats 9 --compile
 
 The CPU's rate: a 2048² matmul in float32 and in bfloat16 (median of 5). Then for each shipped model and batch, the
 UNet forward (a sampling call: inference mode, channels-last, the model loaded as every door loads it, a text
@@ -27,38 +27,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-from profiling import bf16_timed, cpu_name
 from torch.utils.flop_counter import FlopCounterMode
-from train_throughput import gemm_rate
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from denoiser.fast.precision import asked, choose_precision, running  # noqa: E402
-from denoiser.fast.winograd import switched  # noqa: E402
-from denoiser.folders.model_dir import load  # noqa: E402
-from denoiser.model.text import encode_prompts  # noqa: E402
-from denoiser.sampling.loop import sampling_context  # noqa: E402
+from bench.common import bf16_timed, cpu_name, gemm_rate, model_inputs
+from denoiser.fast.precision import asked, choose_precision, running
+from denoiser.fast.winograd import switched
+from denoiser.folders.model_dir import load
+from denoiser.sampling.loop import sampling_context
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
-
-
-def model_inputs(model, batch: int) -> dict:
-    """One sampling call's inputs: noise at a mid timestep, class 0 or the text model's prompt."""
-    g = torch.Generator().manual_seed(0)
-    size = model.unet.config.sample_size
-    x = torch.randn(batch, 3, size, size, generator=g).contiguous(memory_format=torch.channels_last)
-    inputs = {"sample": x, "timestep": torch.full((batch,), 500)}
-    if model.unet.config.num_class_embeds:
-        inputs["class_labels"] = torch.zeros(batch, dtype=torch.long)
-    if model.text is not None:
-        with torch.inference_mode():
-            states, mask = encode_prompts(model.text.tokenizer, model.text.encoder, ["red apple"] * batch)
-        inputs["encoder_hidden_states"], inputs["encoder_attention_mask"] = states, mask
-    return inputs
 
 
 def eager_side(unet, inputs: dict, choice: str, winograd: bool = True):

@@ -1,6 +1,6 @@
 """What a prompt costs: one UNet call with cross-attention against one with a class, interleaved A/B.
 
-    nice -n 10 .venv/bin/python bench/cross_attention_cost.py [--model weights/emoji] [--batch 8] [--tokens 16]
+    nice -n 10 .venv/bin/python -m bench.cross_attention_cost [--model weights/emoji] [--batch 8] [--tokens 16]
         [--kept 6] [--context-dim 256] [--rounds 15] [--calls 5] [--threads 1]
 
 The issue's budget: one sampling step with a prompt costs at most 1.15x one with a class, at the same size. A step

@@ -1,7 +1,7 @@
 """The photo presets (configs/photos64.yaml, configs/photos128.yaml): time and peak memory of one training step
 on this CPU, with bf16 autocast and gradient checkpointing on and off, so the presets' choices are measured.
 
-    OMP_NUM_THREADS=2 .venv/bin/python bench/data_presets.py [--batch 8] [--steps 3]
+    OMP_NUM_THREADS=2 .venv/bin/python -m bench.data_presets [--batch 8] [--steps 3]
 
 Each row is a fresh process: the preset's UNet, a batch of random images at its size, the epsilon loss at
 random timesteps, backward and a fused AdamW step; one warm-up step, then the median of --steps timed steps.
@@ -67,15 +67,14 @@ def main() -> None:
     if args.child:
         args.preset, args.precision, args.ckpt = args.child[0], args.child[1], args.child[2] == "1"
         return child(args)
-    sys.path.insert(0, str(ROOT / "bench"))
-    from profiling import cpu_name
+    from bench.common import cpu_name
 
     print(f"# one training step, batch {args.batch}, on {cpu_name()}, {len(os.sched_getaffinity(0))} cores, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
     print("| preset | params (M) | precision | gradient checkpointing | step (s) | images/s | peak memory (MiB) |")
     print("|---|---|---|---|---|---|---|")
     for preset, precision, ckpt in ROWS:
-        res = subprocess.run([sys.executable, __file__, "--batch", str(args.batch), "--steps", str(args.steps), "--child",
+        res = subprocess.run([sys.executable, "-m", "bench.data_presets", "--batch", str(args.batch), "--steps", str(args.steps), "--child",
                               preset, precision, "1" if ckpt else "0"], cwd=ROOT, capture_output=True, text=True)
         if res.returncode:
             raise RuntimeError(res.stderr[-3000:])

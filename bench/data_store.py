@@ -1,12 +1,12 @@
 """The training data path: today's loader (commit d5fc9f3's denoiser/data.py: every process decodes every file,
 one after another, into its own memory) against the prepared, memory-mapped store.
 
-    .venv/bin/python bench/data_store.py startup --data ../shared/data/cifar10-jpeg/train --size 32
-    .venv/bin/python bench/data_store.py photos --num 300 --out /tmp/bench-photos   # makes 12-megapixel JPEGs
-    .venv/bin/python bench/data_store.py startup --data /tmp/bench-photos --size 64
-    .venv/bin/python bench/data_store.py memory --sizes 1000 10000 50000
-    .venv/bin/python bench/data_store.py prepare --data /tmp/bench-photos --size 64
-    .venv/bin/python bench/data_store.py wait
+    .venv/bin/python -m bench.data_store startup --data ../shared/data/cifar10-jpeg/train --size 32
+    .venv/bin/python -m bench.data_store photos --num 300 --out /tmp/bench-photos   # makes 12-megapixel JPEGs
+    .venv/bin/python -m bench.data_store startup --data /tmp/bench-photos --size 64
+    .venv/bin/python -m bench.data_store memory --sizes 1000 10000 50000
+    .venv/bin/python -m bench.data_store prepare --data /tmp/bench-photos --size 64
+    .venv/bin/python -m bench.data_store wait
 
 startup: a fresh process per row; the clock starts after the imports and stops after the first optimizer
 step of a small UNet on a batch of the data (so it counts listing, decoding or mapping, the split and one
@@ -81,7 +81,7 @@ def child_startup(args) -> None:
 
 
 def _run_child(argv: list[str], env: dict | None = None) -> dict:
-    res = subprocess.run([sys.executable, __file__, *argv], cwd=ROOT, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "bench.data_store", *argv], cwd=ROOT, capture_output=True, text=True,
                          env={**os.environ, **(env or {})})
     if res.returncode:
         raise RuntimeError(res.stderr[-3000:])
@@ -249,8 +249,7 @@ def main() -> None:
         return
     if args.what == "photos":
         return make_photos(args)
-    sys.path.insert(0, str(ROOT / "bench"))
-    from profiling import cpu_name
+    from bench.common import cpu_name
 
     print(f"# {args.what} on {cpu_name()}, {len(os.sched_getaffinity(0))} cores")
     {"startup": startup, "memory": memory, "prepare": prepare_rate, "wait": data_wait}[args.what](args)

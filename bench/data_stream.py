@@ -1,6 +1,6 @@
 """Streaming shards (denoiser/data/stream.py) against the prepared store (denoiser/data/store.py), at 32x32.
 
-    .venv/bin/python bench/data_stream.py --out /tmp/bench-shards --num 4000 --per-shard 500
+    .venv/bin/python -m bench.data_stream --out /tmp/bench-shards --num 4000 --per-shard 500
 
 Writes WebDataset shards of small generated JPEG photos (gradients under noise, 96x72, quality 90, a class name
 each) under --out, then measures in one run, side by side:

@@ -1,7 +1,7 @@
 """The shipped model as a denoiser against classical ones: PSNR and SSIM on held-out images.
 
     .venv/bin/pip install bm3d==4.0.3 opencv-python-headless==5.0.0.93   # bench only (pyproject: [bench])
-    .venv/bin/python bench/denoise_psnr.py --model weights/cifar10 --config configs/cifar10.yaml \
+    .venv/bin/python -m bench.denoise_psnr --model weights/cifar10 --config configs/cifar10.yaml \
         --num-images 200 --out bench/denoise_psnr.md --examples docs/denoise-examples.png
 
 Images: the first --num-images of the config's validation split (never trained on); noise: additive
@@ -128,7 +128,7 @@ def main() -> None:
         lines.append(f"| {sigma} | {name} | {ps:.2f} | {ss:.3f} | {count} | {ms:.1f} |")
     Path(args.out).write_text(
         f"# Denoising: `{args.model}` against classical denoisers\n\n"
-        f"`python bench/denoise_psnr.py --model {args.model} --config {args.config} --num-images {n}` "
+        f"`python -m bench.denoise_psnr --model {args.model} --config {args.config} --num-images {n}` "
         f"(validation split of `{args.config}`; see the script's docstring for the protocol).\n\n"
         + "\n".join(lines) + f"\n\nExamples (rows: 3 images per σ = {', '.join(map(str, SIGMAS))}; columns: clean, noisy, "
         f"denoiser MMSE, denoiser sampled, BM3D, NLM): `{args.examples}`.\n"

@@ -2,7 +2,7 @@
 window and precision, with BM3D and a tuned Gaussian blur on the same noisy photos, side by side in one run.
 
     .venv/bin/pip install scikit-image bm3d==4.0.3 torch==2.14.1 torchvision==0.29.1   # bench only
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/denoise_tiles.py --model weights/cifar10 --sigma 25 --out bench/denoise_tiles.md
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.denoise_tiles --model weights/cifar10 --sigma 25 --out bench/denoise_tiles.md
 
 Photos: scikit-image's bundled colour photos (astronaut 512x512, coffee 600x400, chelsea 451x300, rocket
 640x427), Gaussian noise of σ/255 added with a fixed seed and quantised to 8 bits as a camera writes it;
@@ -15,10 +15,7 @@ setting runs once in turn (interleaved: a busy machine slows all of them alike),
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,29 +23,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from denoiser.diffusion import Diffusion  # noqa: E402
-from denoiser.fast.kernels import load_kernels  # noqa: E402
-from denoiser.folders.model_dir import load_model  # noqa: E402
-from denoiser.restore.tiles import TileOptions, denoise_tiles  # noqa: E402
+from bench.common import cpu_name
+from denoiser.diffusion import Diffusion
+from denoiser.fast.kernels import load_kernels
+from denoiser.folders.model_dir import load_model
+from denoiser.restore.tiles import TileOptions, denoise_tiles
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket")
 # (tile, overlap, window): the sweep; tile 0 = the model's own size
 SETTINGS = [(0, 0, "flat"), (0, 4, "cosine"), (0, 8, "cosine"), (0, 8, "linear"), (0, 8, "flat"), (0, 16, "cosine"),
             (48, 8, "cosine"), (64, 16, "cosine")]
-
-
-def cpu_name() -> str:
-    """The CPU's model name and the flags that matter here (lscpu)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown CPU"
-    info = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    flags = set(info.get("Flags", "").split())
-    has = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{info.get('Model name', '?').strip()} ({', '.join(has)}), {torch.get_num_threads()} threads"
 
 
 def photos(sigma: float, seed: int = 0) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -133,7 +117,7 @@ def main() -> None:
         run_bm3d(timing_photo)
         sec = time.perf_counter() - tic
         rows.append(("BM3D (bm3d 4.0.3)", "", "", "", score(run_bm3d), sec / timing_mp))
-    lines = [f"σ = {args.sigma:g}/255 on {', '.join(PHOTOS)} ({mp:.2f} MP in all); {cpu_name()}; torch {torch.__version__}",
+    lines = [f"σ = {args.sigma:g}/255 on {', '.join(PHOTOS)} ({mp:.2f} MP in all); {cpu_name()}, {torch.get_num_threads()} threads; torch {torch.__version__}",
              "", "| method | tile | overlap | window | PSNR (dB) | s / MP |", "|---|---|---|---|---|---|"]
     lines += [f"| {m} | {t} | {o} | {w} | {s:.2f} | {sec:.1f} |" for m, t, o, w, s, sec in rows]
     table = "\n".join(lines)

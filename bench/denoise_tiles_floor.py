@@ -1,6 +1,6 @@
 """How fast can a whole photo be denoised in tiles on this CPU? The arithmetic floor against the measured time.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/denoise_tiles_floor.py --model weights/cifar10 --out bench/denoise_tiles_floor.md
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench.denoise_tiles_floor --model weights/cifar10 --out bench/denoise_tiles_floor.md
 
 Counts the UNet's floating-point operations for one tile (torch.utils.flop_counter, eager), times
 `denoise_tiles` with the default options on a 1-megapixel photo (median of `--repeats` calls after a warm-up),
@@ -15,21 +15,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from denoise_tiles import cpu_name  # noqa: E402  (bench/denoise_tiles.py)
-
-from denoiser.diffusion import Diffusion  # noqa: E402
-from denoiser.folders.model_dir import load_model  # noqa: E402
-from denoiser.restore.tiles import TileOptions, denoise_tiles, tile_starts  # noqa: E402
+from bench.common import cpu_name
+from denoiser.diffusion import Diffusion
+from denoiser.folders.model_dir import load_model
+from denoiser.restore.tiles import TileOptions, denoise_tiles, tile_starts
 
 FLOP_PER_CYCLE = 32  # fp32, per core: two 256-bit FMA pipes (8 lanes x 2 FLOP x 2)
 TARGET_MP, TARGET_S = 12.0, 120.0  # issue 35: a 12-megapixel photo in under 2 minutes
@@ -115,7 +110,7 @@ def main() -> None:
         "# Whole-photo denoising: the arithmetic floor on this CPU",
         "",
         "```",
-        f"HF_HUB_OFFLINE=1 .venv/bin/python bench/denoise_tiles_floor.py --model {args.model} --out {args.out or '-'}",
+        f"HF_HUB_OFFLINE=1 .venv/bin/python -m bench.denoise_tiles_floor --model {args.model} --out {args.out or '-'}",
         "```",
         "",
         f"Model `{args.model}`, σ = {args.sigma:g}/255, default `TileOptions` (one UNet call per tile). CPU: {cpu_name()}.",

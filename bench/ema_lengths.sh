@@ -12,7 +12,7 @@
 #
 # On a CPU (niced, bf16 where the CPU has it) the run is `denoiser train --init-from weights/cifar10` with
 # configs/cifar10.yaml at batch 32; the model's own EMA (ema_power 0.75) is the fourth length. On a GPU the same
-# lengths come back from bench/gpu/run.sh with EMA_POWERS (NAME-emas.tar): score them with the FID lines below.
+# lengths come back from tools/gpu/run.sh with EMA_POWERS (NAME-emas.tar): score them with the FID lines below.
 set -euo pipefail
 MINUTES=${1:-60}
 N=${2:-1000}

@@ -1,6 +1,6 @@
 """bench/ema_lengths.sh's table as a curve: FID against each tracked EMA's averaging length at the run's last step.
 
-    .venv/bin/python bench/ema_lengths_report.py runs/ema-lengths runs/ema-lengths.log --out bench/ema_lengths
+    .venv/bin/python -m bench.ema_lengths_report runs/ema-lengths runs/ema-lengths.log --out bench/ema_lengths
 
 A power-function warm-up EMA (decay_k = 1 - (1 + k / inv_gamma) ** -power, capped at the ceiling) averages, at step
 n, over about 1 / (1 - decay_n) = (1 + n / inv_gamma) ** power steps: its length. Writes OUT.png (FID against length)
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from denoiser.evaluate.visualize import loss_curve
 from denoiser.image_io import save_png
+from denoiser.pictures import loss_curve
 
 FID_NOISE = 1.31  # FID-1k's spread over seeds at this size (weights/cifar10/sampling.json's note)
 

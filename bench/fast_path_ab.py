@@ -1,7 +1,7 @@
 """Interleaved A/B of each piece of the CPU fast path: what one UNet call costs with and without it.
 
-    .venv/bin/python bench/fast_path_ab.py [--model weights/cifar10] [--batch 8] [--rounds 15] [--calls 5]
-    .venv/bin/python bench/fast_path_ab.py --malloc      # glibc defaults vs denoiser.fast.malloc.configure()
+    .venv/bin/python -m bench.fast_path_ab [--model weights/cifar10] [--batch 8] [--rounds 15] [--calls 5]
+    .venv/bin/python -m bench.fast_path_ab --malloc      # glibc defaults vs denoiser.fast.malloc.configure()
 
 One process, one model; each round runs every configuration once (`--calls` UNet calls, after two
 unmeasured ones), in turn, so a machine whose speed drifts slows all of them alike; the median over rounds
@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 import torch
-from profiling import cpu_name
 
+from bench.common import ROOT, cpu_name
 from denoiser.fast import attention, malloc, winograd
 from denoiser.folders.model_dir import load_model
 from denoiser.model.groupnorm import GroupNorm
@@ -105,8 +105,7 @@ def run_pieces(args) -> None:
 
 
 def run_train(args) -> None:
-    from train_throughput import Runner
-
+    from bench.common import Runner
     from denoiser import UNet
 
     malloc.configure()
@@ -145,11 +144,11 @@ def run_malloc_child(args) -> None:
 
 
 def run_malloc(args) -> None:
-    base = [sys.executable, __file__, "--model", args.model, "--batch", str(args.batch), "--calls", str(args.calls)]
+    base = [sys.executable, "-m", "bench.fast_path_ab", "--model", args.model, "--batch", str(args.batch), "--calls", str(args.calls)]
     res: dict[str, list[tuple[float, float]]] = {"default": [], "tuned": []}
     for _ in range(args.rounds):
         for side in res:
-            out = subprocess.run(base + ["--child", side], capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(base + ["--child", side], cwd=ROOT, capture_output=True, text=True, check=True).stdout
             res[side].append(tuple(json.loads(out.strip().splitlines()[-1])))
     print(f"{args.model}, batch {args.batch}, torch {torch.__version__}, CPU {cpu_name()}; "
           f"{args.rounds} alternating processes x {args.calls} calls (after 5 warm-up calls)")

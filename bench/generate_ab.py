@@ -1,7 +1,7 @@
 """Does a speed piece pay for a whole Generate? Each against today's eager path, end to end (issues 58 and 59).
 
-    PYTHONPATH=/path/to/openvino-wheel-dir ../.venv/bin/python generate_ab.py --openvino --bf16
-    ../.venv/bin/python generate_ab.py --direct-conv
+    PYTHONPATH=/path/to/openvino-wheel-dir .venv/bin/python -m bench.generate_ab --openvino --bf16
+    .venv/bin/python -m bench.generate_ab --direct-conv
 
 bench/cpu_roofline.py times the UNet call alone; this times what a person waits for: the model's own Generate of
 `--images` images (its folder's sampler, steps and guidance; classes spread, or the prompt "red apple") through
@@ -22,20 +22,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from profiling import cpu_name
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from denoiser.fast.precision import choose_precision  # noqa: E402
-from denoiser.fast.winograd import switched  # noqa: E402
-from denoiser.folders.model_dir import load  # noqa: E402
-from denoiser.request import SampleRequest  # noqa: E402
-from denoiser.sampling.plan import resolve, run  # noqa: E402
+from bench.common import cpu_name
+from denoiser.fast.precision import choose_precision
+from denoiser.fast.winograd import switched
+from denoiser.folders.model_dir import load
+from denoiser.request import SampleRequest
+from denoiser.sampling.plan import resolve, run
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 INPUTS = ("class_labels", "encoder_hidden_states", "encoder_attention_mask")  # the UNet's optional tensor inputs

@@ -1,9 +1,9 @@
 """What each guidance buys: FID-N of one model's DDIM-50 samples under classifier-free, perturbed-attention and
 autoguidance, with the cost per image, on this machine.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/guidance_table.py run --model weights/cifar10 --num-samples 1000 \\
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.guidance_table run --model weights/cifar10 --num-samples 1000 \\
         --settings none cfg-2 pag-1 ag-2:GUIDE ...
-    .venv/bin/python bench/guidance_table.py table --model weights/cifar10          # bench/guidance_<model>.md
+    .venv/bin/python -m bench.guidance_table table --model weights/cifar10          # bench/guidance_<model>.md
 
 A setting is NAME[-SCALE][:GUIDE][@LAYERS], joined with '+': `none`, `cfg-2`, `pag-1`, `pag-1@mid_attn,up.0.attn.0`,
 `ag-2:/path/to/guide`, `uncond+pag-1` (no class labels: the model's "no class" row), `cfg-2+pag-1`, `cfg-4+int-70-550`
@@ -19,109 +19,24 @@ same run (one thread) and the UNet passes per image.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
 import json
-import platform
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from bench.common import Setting, cpu_name, parse_setting
 from denoiser.evaluate.fid import InceptionFeatures, Statistics, fid_of_images
 from denoiser.folders.model_dir import load_model
-from denoiser.model.attention import attention_layer_names
-from denoiser.model.attention_blocks import identity_attention
-from denoiser.sampling.guidance import Guidance, check_guide
+from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import make_sampler, sample, spread_labels
 from denoiser.sampling.plan import Plan
 from denoiser.sampling.plan import run as run_plan
 
 SEED_RULE = "image k seeded k"  # denoiser.request's rule; results without it drew batch i of 64 from seed i
 REFERENCES = {"cifar10": "bench/fid-reference/cifar10-val5000.safetensors", "emoji": "bench/fid-reference/emoji32-val500.safetensors"}
-
-
-def cpu_name() -> str:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((ln.split(":", 1)[1].strip() for ln in flags.splitlines() if ln.startswith("model name")), platform.processor())
-    has = [f for f in ("avx512f", "avx512_bf16", "amx_tile") if f" {f}" in flags]
-    return f"{model} ({', '.join(has) or 'no AVX-512'})"
-
-
-@dataclass(frozen=True)
-class Setting:
-    """What a setting name asks for."""
-
-    guidance: Guidance
-    labelled: bool = True  # sampled with class labels (False: the model's "no class" row)
-    guide_cost: float = 0.0  # the guide's parameters relative to the model's (autoguidance)
-    off: tuple[str, ...] | None = None  # attention layers switched to the identity while sampling
-    overrides: dict = field(default_factory=dict)  # scheduler config keys (timestep spacing, thresholding)
-    eta: float = 0.0  # DDIM's stochasticity
-    sampler: str = "ddim"  # denoiser.sampling.loop.SAMPLERS name
-    steps: int | None = None  # sampling steps (None: the run's --steps)
-    seed: int = 0  # image k seeded seed + k (seed-100000: another draw of the same setting, FID's own noise)
-
-    def scheduler_config(self, base) -> dict:
-        """The model's scheduler config with this setting's overrides."""
-        return dict(base, **self.overrides)
-
-    def switched_off(self, unet):
-        """The context the setting samples in: its `off` layers switched to the identity, if any."""
-        return identity_attention(unet, self.off) if self.off else contextlib.nullcontext()
-
-
-def parse_setting(text: str, unet, sched) -> Setting:
-    """The `Setting` of a setting name, e.g. cfg-3+spacing-trailing."""
-    scale, pag, layers, guide, guide_scale, labelled, off = 1.0, 0.0, None, None, 1.0, True, None
-    interval, overrides, eta, sampler, steps, seed = None, {}, 0.0, "ddim", None, 0
-    for part in text.split("+"):
-        part, _, where = part.partition("@")
-        part, _, guide_dir = part.partition(":")
-        kind, _, value = part.partition("-")
-        if kind == "none":
-            continue
-        if kind == "uncond":
-            labelled = False
-        elif kind == "cfg":
-            scale = float(value)
-        elif kind == "pag":
-            pag, layers = float(value), (tuple(where.split(",")) if where else None)
-        elif kind == "int":  # int-70-550: the guidance interval in timesteps
-            interval = tuple(value.split("-"))
-        elif kind == "thresh":  # thresh-0.995-1.5: dynamic thresholding (ratio, max) of the scheduler's x0
-            try:
-                ratio, top = (float(v) for v in value.split("-"))
-            except ValueError:
-                raise ValueError(f"{part!r}: thresholding is thresh-RATIO-MAX, e.g. thresh-0.995-1.5") from None
-            overrides.update(thresholding=True, dynamic_thresholding_ratio=ratio, sample_max_value=top)
-        elif kind == "eta":  # eta-0.3: DDIM's stochasticity (0: deterministic)
-            eta = float(value)
-        elif kind == "spacing":  # spacing-trailing: the sampler's timestep spacing
-            overrides["timestep_spacing"] = value
-        elif kind == "sampler":  # sampler-unipc: a denoiser.sampling.loop.SAMPLERS name (default ddim)
-            sampler = value
-        elif kind == "steps":  # steps-20: this setting's step count (default: the run's --steps)
-            steps = int(value)
-        elif kind == "seed":  # seed-100000: image k seeded 100000 + k, another draw (FID's own noise)
-            seed = int(value)
-        elif kind == "off":
-            off = tuple(attention_layer_names(unet)) if where == "all" else tuple(where.split(","))
-        elif kind == "ag":
-            guide, guide_sched = load_model(guide_dir)
-            check_guide(unet, sched.config, guide, guide_sched.config)
-            guide_scale = float(value)
-        else:
-            raise ValueError(f"unknown setting part {part!r}; use none, uncond, cfg-W, pag-S[@layers], ag-W:GUIDE, "
-                             "int-LO-HI, eta-X, thresh-RATIO-MAX, spacing-NAME, sampler-NAME, steps-N, seed-S")
-    cost = 0.0 if guide is None else sum(p.numel() for p in guide.parameters()) / sum(p.numel() for p in unet.parameters())
-    if eta and sampler != "ddim":
-        raise ValueError(f"{text!r}: eta-X is DDIM's; drop it or use sampler-ddim")
-    make_sampler(sampler, sched.config)  # an unknown sampler name fails here, before any work
-    return Setting(Guidance(scale, pag, layers, guide, guide_scale, interval), labelled, cost, off, overrides, eta,
-                   sampler, steps, seed)
 
 
 def passes_per_step(guidance: Guidance, guide_cost: float, scheduler_config, steps: int, sampler: str = "ddim") -> float:
@@ -250,7 +165,7 @@ def table(args) -> None:
           f"Same seeds for every setting (image k seeded k; † rows were sampled before that rule, batch i of 64 seeded "
           f"i: the same settings, other draws), classes spread evenly (0, 1, ..., K-1, 0, ...), "
           f"against {REFERENCES.get(name, 'the validation split')}. Sampled on one thread: {'; '.join(cpus)}; "
-          f"the cost of each setting: `guidance_table.py cost` (interleaved, median; bench/guidance_cifar10.md). Reproduce: `OMP_NUM_THREADS=1 python bench/guidance_table.py run --model weights/{name} "
+          f"the cost of each setting: `guidance_table.py cost` (interleaved, median; bench/guidance_cifar10.md). Reproduce: `OMP_NUM_THREADS=1 python -m bench.guidance_table run --model weights/{name} "
           f"--num-samples N --settings SETTING ...`, then `table`.\n\n" + "\n".join(lines) + "\n")
     out = Path(f"bench/guidance_{name}.md")
     keep = out.read_text().split(READING, 1)[1] if out.exists() and READING in out.read_text() else ""

@@ -8,7 +8,7 @@
 #   linear  batch 4B,  lr 4L       linear scaling (Goyal et al. 2017; diffusers' --scale_lr)
 #   none    batch 4B,  lr L
 #
-# The rule that matches the reference at 4x the batch is the one bench/gpu/run.sh applies at the knee.
+# The rule that matches the reference at 4x the batch is the one tools/gpu/run.sh applies at the knee.
 #
 #   bash bench/lr_batch_rule.sh [IMAGES] [B] [L] [WIDTH] [FID_N] [RULES]
 #   # default: 76800 images, B 32, L 0.0002, base_channels 32, FID-500, "ref sqrt linear none"
@@ -61,7 +61,7 @@ from PIL import Image
 from torchvision.transforms.functional import to_tensor
 
 from denoiser.image_io import save_png
-from denoiser.evaluate.visualize import tiles_image
+from denoiser.pictures import tiles_image
 
 runs, rules = Path(sys.argv[1]), sys.argv[2:]
 rows = [[(f"{r} {k}" if k == 0 else str(k), to_tensor(Image.open(f).convert("RGB")))  # (3, 32, 32) in [0, 1]

@@ -1,6 +1,6 @@
 """How far to trust the photo denoise's noise estimate (denoiser.restore.tiles.photo_sigma): known noise against the estimate.
 
-    .venv/bin/python bench/noise_estimate.py [--images 16] [--out bench/noise_estimate.md]
+    .venv/bin/python -m bench.noise_estimate [--images 16] [--out bench/noise_estimate.md]
 
 Pictures: CIFAR-10 training images (../shared/data/cifar10-jpeg/train, every 997th) enlarged to 512x512 (bicubic: smooth,
 as a photo's content is at its own scale), given noise of a known σ (in /255), then saved as a JPEG (quality 90, Pillow's

@@ -1,6 +1,6 @@
 """`denoiser denoise` of a phone-sized JPEG as a whole command, against the bare UNet time of its tiles (issue 58).
 
-    .venv/bin/python bench/photo_denoise_time.py [--size 2000x1500] [--model cifar10]
+    .venv/bin/python -m bench.photo_denoise_time [--size 2000x1500] [--model cifar10]
 
 Writes a 4:3 JPEG like a phone's (detailed, EXIF orientation 1), runs `denoiser denoise --model M --image it` as a
 subprocess (its whole wall time: start-up, model load, decode, the precision check, the tiles, the PNG), checks the
@@ -9,7 +9,7 @@ would not: the loaded model, float32, eager, inference mode, NCHW, batches of ti
 blending. The bare UNet runs at two batches, the tiles' own (TileOptions.batch_size) and 128, one after the other,
 and the faster counts. Prints both and their ratio, and the CPU.
 
-    .venv/bin/python bench/photo_denoise_time.py --tile-batches 32,128 [--size 1000x750] [--rounds 4]
+    .venv/bin/python -m bench.photo_denoise_time --tile-batches 32,128 [--size 1000x750] [--rounds 4]
 
 instead times `denoise_photo` in this process at each tile batch (TileOptions.batch_size), interleaved round by round
 after a warm-up, and prints the median and fastest of each.
@@ -22,7 +22,6 @@ import io
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from functools import partial
@@ -31,12 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from profiling import cpu_name, interleaved, spread
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from denoiser.folders.model_dir import load  # noqa: E402
-from denoiser.restore.tiles import TileOptions, denoise_photo  # noqa: E402
+from bench.common import ROOT, cpu_name, interleaved, spread
+from denoiser.folders.model_dir import load
+from denoiser.restore.tiles import TileOptions, denoise_photo
 
 
 def phone_jpeg(width: int, height: int) -> bytes:
@@ -65,7 +62,7 @@ def bare_unet_seconds(unet, tiles: int, batch: int) -> float:
 def tile_batch_ab(model_dir: Path, width: int, height: int, batches: list[int], rounds: int) -> None:
     model = load(model_dir)
     photo = torch.from_numpy(np.array(Image.open(io.BytesIO(phone_jpeg(width, height))))).permute(2, 0, 1)  # (3, H, W)
-    times = interleaved({b: partial(denoise_photo, model.unet, model.scheduler, photo, 0.1,
+    times = interleaved({b: partial(denoise_photo, model.unet, model.noise_schedule, photo, 0.1,
                                      options=TileOptions(batch_size=b)) for b in batches}, rounds)
     print(f"CPU: {cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     for b, ts in times.items():

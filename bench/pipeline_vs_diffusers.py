@@ -1,6 +1,6 @@
 """DDIM-50 through the door a diffusers user takes, against diffusers' own DDIMPipeline, on this CPU (issue 58's target).
 
-    cd bench && ../.venv/bin/python pipeline_vs_diffusers.py [--batch 8] [--repeats 3] [--bf16]
+    .venv/bin/python -m bench.pipeline_vs_diffusers [--batch 8] [--repeats 3] [--bf16]
 
 Sides, in one process, alternating run by run after a warm-up run each, median of `--repeats`:
   - denoiser:           `DiffusionPipeline.from_pretrained("weights/cifar10")` called with `batch_size`, DDIM-50, no
@@ -20,18 +20,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from diffusers import DDIMPipeline, DDIMScheduler, DiffusionPipeline
-from profiling import bf16_timed, cpu_name
-from sample_throughput import unet2d_like
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import denoiser  # noqa: E402,F401  (registers DenoiserPipeline with diffusers)
-from denoiser.fast.precision import choose_precision  # noqa: E402
+import denoiser  # noqa: F401  (registers DenoiserPipeline with diffusers)
+from bench.common import bf16_timed, cpu_name, unet2d_like
+from denoiser.fast.precision import choose_precision
 
 FOLDER = Path(__file__).resolve().parent.parent / "weights" / "cifar10"
 

@@ -1,6 +1,6 @@
 """Prompt-to-prompt colour swaps and prompt weighting on the emoji text model (issue 53): what keeps the picture?
 
-    HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python bench/prompt_to_prompt.py --out bench/prompt_to_prompt.md --docs docs
+    HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python -m bench.prompt_to_prompt --out bench/prompt_to_prompt.md --docs docs
 
 About 15 minutes on 2 shared cores; `--seeds 1 --cross 0 0.4 --self 0 0.4 --extra --out /tmp/p2p.md --docs /tmp`
 looks quickly.
@@ -46,9 +46,8 @@ from PIL import Image, ImageDraw, ImageFont
 from torchvision.utils import make_grid
 
 from denoiser.folders.model_dir import load
-from denoiser.request import SampleRequest
+from denoiser.request import PromptEdit, SampleRequest
 from denoiser.sampling.plan import resolve, run
-from denoiser.request import PromptEdit
 
 SWAPS = {  # source prompt -> its edits (one batch each: the source row serves them all)
     "red circle": ("green circle", "yellow circle"),
@@ -386,7 +385,7 @@ def report(swaps: Swaps, sanity: float, table: dict, best: tuple[float, float], 
     lines = [
         "# Prompt-to-prompt colour swaps and prompt weighting on `weights/emoji` (issue 53)", "",
         "Written by `bench/prompt_to_prompt.py`, whose docstring defines every measure:", "", "```bash",
-        "HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python bench/prompt_to_prompt.py --out bench/prompt_to_prompt.md --docs docs",
+        "HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python -m bench.prompt_to_prompt --out bench/prompt_to_prompt.md --docs docs",
         "```", "",
         f"CPU: {cpu()}. fp32, `torch.set_num_threads(1)`; the whole run took {seconds:.0f} s on a shared machine (not "
         "a speed). The model folder's sampler and guidance (UniPC-10, CFG 3); seeds "

@@ -1,8 +1,8 @@
 """Images per UNet batch on the CPU: a run of many images (`denoiser sample --num-images 64`, FID's samples) at each
 batch size, through `denoiser.sampling.plan.resolve`/`run` as the CLI runs it.
 
-    .venv/bin/python bench/sample_batch.py --model cifar10 --batches 16,32,64 [--images 64] [--steps 10] [--rounds 3]
-    .venv/bin/python bench/sample_batch.py --batches 64 --rows-per-call 32,1000   # the app's one batch, split or not
+    .venv/bin/python -m bench.sample_batch --model cifar10 --batches 16,32,64 [--images 64] [--steps 10] [--rounds 3]
+    .venv/bin/python -m bench.sample_batch --batches 64 --rows-per-call 32,1000   # the app's one batch, split or not
 
 The model's own sampler and guidance (classes spread, or the prompt "red apple"); `--steps` steps. Sides alternate
 round by round after a warm-up round; prints each batch's median and fastest seconds, and the largest pixel difference
@@ -14,19 +14,17 @@ each value a side of its own for every batch.
 from __future__ import annotations
 
 import argparse
-import sys
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from profiling import cpu_name, interleaved, spread
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from denoiser.folders.model_dir import load  # noqa: E402
-from denoiser.request import SampleRequest  # noqa: E402
-from denoiser.sampling import guidance  # noqa: E402
-from denoiser.sampling.plan import resolve, run  # noqa: E402
+from bench.common import cpu_name, interleaved, spread
+from denoiser.folders.model_dir import load
+from denoiser.request import SampleRequest
+from denoiser.sampling import guidance
+from denoiser.sampling.plan import resolve, run
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 

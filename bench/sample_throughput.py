@@ -1,6 +1,6 @@
 """Sampling images/s: denoiser's sampler vs diffusers' DDIMPipeline / DDPMPipeline, two ways.
 
-    .venv/bin/python bench/sample_throughput.py [--model weights/cifar10] [--batch 8] [--repeats 3] [--ddpm-repeats 1]
+    .venv/bin/python -m bench.sample_throughput [--model weights/cifar10] [--batch 8] [--repeats 3] [--ddpm-repeats 1]
 
 Three sides, side by side in one process, alternating after a warm-up (median of the repeats):
 
@@ -24,31 +24,12 @@ import statistics
 import time
 
 import torch
-from diffusers import DDIMPipeline, DDPMPipeline, UNet2DModel
-from profiling import cpu_name
+from diffusers import DDIMPipeline, DDPMPipeline
 
+from bench.common import cpu_name, unet2d_like
 from denoiser.fast import malloc
 from denoiser.folders.model_dir import load_model
 from denoiser.sampling.loop import make_sampler, sample
-
-
-def unet2d_like(config) -> UNet2DModel:
-    """diffusers' UNet2DModel with denoiser UNet `config`'s architecture (unconditional: the pipelines
-    pass no class labels)."""
-    levels = len(config.channel_mult)
-    res = [config.sample_size // 2**i for i in range(levels)]
-    attn = [r in config.attention_resolutions for r in res]
-    channels = tuple(config.base_channels * m for m in config.channel_mult)
-    heads = config.num_heads or channels[-1] // config.attention_head_dim
-    torch.manual_seed(0)
-    return UNet2DModel(
-        sample_size=config.sample_size, in_channels=config.in_channels, out_channels=config.out_channels,
-        block_out_channels=channels, layers_per_block=config.layers_per_block,
-        down_block_types=tuple("AttnDownBlock2D" if a else "DownBlock2D" for a in attn),
-        up_block_types=tuple("AttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attn)),
-        attention_head_dim=channels[-1] // heads, add_attention=config.mid_attention,
-        norm_num_groups=config.norm_num_groups, norm_eps=1e-6, dropout=config.dropout,
-    ).eval()  # fmt: skip
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """The quality-cost frontier of sampling: FID-N and seconds per image of each sampler and step count, and the knee.
 
     bash bench/sampling_frontier.sh cifar10                       # FID-N of every setting (guidance_table.py run)
-    .venv/bin/python bench/sampling_frontier.py cost --model weights/cifar10    # seconds per image, side by side
-    .venv/bin/python bench/sampling_frontier.py table --model weights/cifar10   # bench/sampling_frontier_cifar10.md
+    .venv/bin/python -m bench.sampling_frontier cost --model weights/cifar10    # seconds per image, side by side
+    .venv/bin/python -m bench.sampling_frontier table --model weights/cifar10   # bench/sampling_frontier_cifar10.md
 
 `cost` times every setting of the frontier in interleaved rounds (one round of warm-up, then the median of
 `--rounds`), each at its own step count, with the app's default batch of 8 images, on all of this machine's
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import torch
-from guidance_table import cpu_name, parse_setting
 
+from bench.common import cpu_name, parse_setting
 from denoiser.atomic import atomic_path
 from denoiser.fast import malloc
 from denoiser.folders.model_dir import load_model

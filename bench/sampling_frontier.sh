@@ -6,7 +6,7 @@
 # seeds 100000 + k: the gap to the first draw is FID's own noise. `thresh-0.995-1` clips the multistep solvers'
 # x0 prediction to [-1, 1] as the folders' DDIM does (clip_sample; diffusers' thresholding with sample_max_value 1
 # is that clip). DDIM-50 is the earlier default, scored by `denoiser evaluate --fid` (the same images). Then
-# `python bench/sampling_frontier.py cost|table` (see there).
+# `python -m bench.sampling_frontier cost|table` (see there).
 #   bash bench/sampling_frontier.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,7 @@ group() {  # MODEL SAMPLER-STEPS[+PART ...] ...
     settings+=("${g}sampler-${base%-*}+steps-${base##*-}${extra}")
   done
   for k in 0 1; do
-    OMP_NUM_THREADS=1 .venv/bin/python bench/guidance_table.py run --model "weights/$model" --num-samples $n \
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench.guidance_table run --model "weights/$model" --num-samples $n \
       --shard "$k/2" --settings "${settings[@]}" &
   done
   wait

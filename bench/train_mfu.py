@@ -1,8 +1,8 @@
 """Training speed the way the field reports it, on any device: img/s, TFLOP/s, MFU, launches and host syncs per step.
 
-    .venv/bin/python bench/train_mfu.py                                   # CPU: cifar10's config, batch 32, bf16
-    python bench/train_mfu.py --batch 512 --seconds 60                    # a GPU (bench/gpu/run.sh measure)
-    python bench/train_mfu.py --config emoji-text --sides eager fast      # the text model (no diffusers twin)
+    .venv/bin/python -m bench.train_mfu                                   # CPU: cifar10's config, batch 32, bf16
+    python -m bench.train_mfu --batch 512 --seconds 60                    # a GPU (tools/gpu/run.sh measure)
+    python -m bench.train_mfu --config emoji-text --sides eager fast      # the text model (no diffusers twin)
 
 Sides, each built as its user runs it and measured in one process, alternating blocks after warm-up:
   - eager:  denoiser's `TrainLoop` with today's settings: the loss read on the host after every step
@@ -26,7 +26,7 @@ over one block that ends in a read, and in the steps between reads.
 
 `--batches 128 256 512 1024`: the throughput knee instead. The fast side alone (with `--compile` if given) at each
 global batch, alternating blocks as above; the knee is the smallest batch whose img/s is within 10 % of the best
-(bench/gpu/knee.py). bench/gpu/run.sh trains there (BATCH=auto), its lr scaled from the config's (batch, lr) by the
+(tools/gpu/knee.py). tools/gpu/run.sh trains there (BATCH=auto), its lr scaled from the config's (batch, lr) by the
 rule bench/lr_batch_rule.md measured (linear).
 """
 
@@ -44,17 +44,17 @@ from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-import torch  # noqa: E402
-from accelerate.state import AcceleratorState  # noqa: E402
-from diffusers import UNet2DModel  # noqa: E402
-from diffusers.training_utils import EMAModel  # noqa: E402
-from gpu.knee import KNEE_WITHIN, knee  # noqa: E402
-from profiling import cpu_name  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+import torch
+from accelerate.state import AcceleratorState
+from diffusers import UNet2DModel
+from diffusers.training_utils import EMAModel
+from torch.utils.flop_counter import FlopCounterMode
 
-from denoiser.fast import malloc  # noqa: E402
-from denoiser.train.config import load_config  # noqa: E402
-from denoiser.train.loop import TrainLoop  # noqa: E402
+from bench.common import cpu_name
+from denoiser.fast import malloc
+from denoiser.train.config import load_config
+from denoiser.train.loop import TrainLoop
+from tools.gpu.knee import KNEE_WITHIN, knee
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core FLOP/s, vendor data sheets
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -116,7 +116,7 @@ class Diffusers:
         self.params = sum(p.numel() for p in model.parameters())
         S = loop.cfg.model["sample_size"]
         self.clean = torch.rand(batch, 3, S, S, device=self.device) * 2 - 1
-        self.scheduler = loop.diffusion.scheduler
+        self.scheduler = loop.diffusion.noise_schedule
 
     def step(self) -> float:
         noise = torch.randn(self.clean.shape, device=self.device)
@@ -287,7 +287,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="warm-up blocks per side")
     p.add_argument("--repeats", type=int, default=5, help="timed blocks per side (alternating)")
     p.add_argument("--seconds", type=float, default=None, help="instead of --repeats: time blocks for this long per side")
-    p.add_argument("--json", default=None, help="also write {side: img/s, ...} to this file (bench/gpu/run.sh reads it)")
+    p.add_argument("--json", default=None, help="also write {side: img/s, ...} to this file (tools/gpu/run.sh reads it)")
     p.add_argument("--batches", type=int, nargs="+", default=None, help="the throughput knee over these global batches")
     args = p.parse_args()
     logging.disable(logging.WARNING)

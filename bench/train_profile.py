@@ -1,7 +1,7 @@
 """Where a CPU training step spends its time: the real `TrainLoop.run_step` of a preset, by phase and by kind of op.
 
-    .venv/bin/python bench/train_profile.py [--configs ddpm-cifar10 cifar10] [--batch 32] [--steps 3] [--precision fp32]
-    .venv/bin/python bench/train_profile.py --malloc-ab [--rounds 3]   # malloc.configure() vs configure(keep_peak=True)
+    .venv/bin/python -m bench.train_profile [--configs ddpm-cifar10 cifar10] [--batch 32] [--steps 3] [--precision fp32]
+    .venv/bin/python -m bench.train_profile --malloc-ab [--rounds 3]   # malloc.configure() vs configure(keep_peak=True)
 
 The loop is `denoiser.train.loop.TrainLoop` as `denoiser train` builds it (channels-last and its kernels, fused AdamW,
 diffusers' EMAModel, Accelerate), on the built-in synthetic images at the preset's size so no data set is read.
@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 from accelerate.state import AcceleratorState
-from profiling import cpu_name
 
+from bench.common import ROOT, cpu_name
 from denoiser.fast import malloc
 from denoiser.train.config import load_config
 from denoiser.train.loop import TrainLoop
@@ -136,9 +136,9 @@ def malloc_ab(args) -> None:
         res: dict[str, list[dict]] = {"configure()": [], "keep_peak=True": []}
         for _ in range(args.rounds):
             for side in res:
-                cmd = [sys.executable, __file__, "--child", side, "--configs", config, "--batch", str(args.batch),
+                cmd = [sys.executable, "-m", "bench.train_profile", "--child", side, "--configs", config, "--batch", str(args.batch),
                        "--steps", str(args.steps)] + (["--precision", args.precision] if args.precision else [])
-                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
                 res[side].append(json.loads(out.strip().splitlines()[-1]))
         med = {side: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for side, runs in res.items()}
         for side, m in med.items():

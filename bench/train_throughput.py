@@ -1,7 +1,7 @@
 """Training images/s: denoiser's UNet vs diffusers' UNet2DModel at matched size and attention placement.
 
-    .venv/bin/python bench/train_throughput.py [--batch 32] [--repeats 5] [--configs small ddpm]
-    .venv/bin/python bench/train_throughput.py --processes [--rounds 3] ...   # each library's own process settings
+    .venv/bin/python -m bench.train_throughput [--batch 32] [--repeats 5] [--configs small ddpm]
+    .venv/bin/python -m bench.train_throughput --processes [--rounds 3] ...   # each library's own process settings
 
 One training step = forward + backward + AdamW step of the epsilon loss, batch 32 at 32x32, same
 precision for both (fp32, and bf16 autocast). Each model runs as its library runs it by default in
@@ -33,9 +33,8 @@ import time
 
 import torch
 from diffusers import UNet2DModel
-from profiling import conv_seconds, cpu_name
-from torch.utils.flop_counter import FlopCounterMode
 
+from bench.common import ROOT, Runner, conv_seconds, cpu_name, gemm_rate
 from denoiser import UNet
 from denoiser.fast import malloc
 from denoiser.fast.groupnorm import default_channels_last
@@ -57,50 +56,6 @@ CONFIGS = {
              up_block_types=("UpBlock2D", "UpBlock2D", "AttnUpBlock2D", "UpBlock2D")),
     ),
 }
-
-
-def gemm_rate(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a square matmul in `dtype` on this CPU (the practical peak)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times)
-
-
-class Runner:
-    def __init__(self, model: torch.nn.Module, batch: int, bf16: bool, channels_last: bool, fused_adam: bool):
-        torch.manual_seed(0)
-        self.model = model.train()
-        self.channels_last = channels_last
-        if channels_last:
-            self.model = self.model.to(memory_format=torch.channels_last)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=fused_adam)
-        self.bf16 = bf16
-        self.x = torch.randn(batch, 3, 32, 32)
-        if channels_last:
-            self.x = self.x.contiguous(memory_format=torch.channels_last)
-        self.noise = torch.randn(batch, 3, 32, 32)
-        self.t = torch.randint(0, 1000, (batch,))
-
-    def step(self) -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            pred = self.model(self.x, self.t).sample
-        loss = (pred.float() - self.noise).pow(2).mean()
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-
-    def flops(self) -> int:
-        with FlopCounterMode(display=False) as counter:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-                pred = self.model(self.x, self.t).sample
-            (pred.float() - self.noise).pow(2).mean().backward()
-        self.opt.zero_grad(set_to_none=True)
-        return counter.get_total_flops()
 
 
 def timed(fn) -> float:
@@ -139,9 +94,9 @@ def processes(args) -> None:
             times: dict[str, list[float]] = {"diffusers": [], "denoiser": []}
             for _ in range(args.rounds):
                 for side in times:
-                    cmd = [sys.executable, __file__, "--child", side, "--configs", name, "--precisions", prec,
+                    cmd = [sys.executable, "-m", "bench.train_throughput", "--child", side, "--configs", name, "--precisions", prec,
                            "--batch", str(args.batch), "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-                    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
                     times[side].append(json.loads(out.strip().splitlines()[-1])["seconds"])
             theirs, ours = (args.batch / statistics.median(times[k]) for k in ("diffusers", "denoiser"))
             print(f"{name:8} {prec:5} {theirs:16.2f} {ours:15.2f} {ours / theirs:5.2f}x", flush=True)

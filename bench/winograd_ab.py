@@ -1,6 +1,6 @@
 """The Winograd kernel of this checkout against an earlier revision's, inside whole UNet calls, in one process.
 
-    .venv/bin/python bench/winograd_ab.py [--before HEAD~1] [--rounds 7] [--models cifar10 emoji] [--rows 16 32]
+    .venv/bin/python -m bench.winograd_ab [--before HEAD~1] [--rounds 7] [--models cifar10 emoji] [--rows 16 32]
 
 Builds `denoiser/fast/csrc/winograd_conv.cpp` as it was at --before (its op renamed into a namespace of its own, with
 the flags of `denoiser build-kernels`), then times the shipped UNets' calls (inside `sampling_context`, as sampling
@@ -14,22 +14,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
-import sys
 import tempfile
 from functools import partial
 from pathlib import Path
 
 import torch
-from cpu_roofline import model_inputs
-from profiling import cpu_name, interleaved
 from torch.utils.cpp_extension import load as build_extension
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from denoiser.fast import malloc, winograd  # noqa: E402
-from denoiser.fast.kernels import _cflags, load_kernels  # noqa: E402
-from denoiser.folders.model_dir import load  # noqa: E402
-from denoiser.sampling.loop import sampling_context  # noqa: E402
+from bench.common import ROOT, cpu_name, interleaved, model_inputs
+from denoiser.fast import malloc, winograd
+from denoiser.fast.kernels import compile_flags, load_kernels
+from denoiser.folders.model_dir import load
+from denoiser.sampling.loop import sampling_context
 
 SOURCE = "denoiser/fast/csrc/winograd_conv.cpp"
 
@@ -40,7 +36,7 @@ def build_before(rev: str, folder: Path):
     text = text.replace("TORCH_LIBRARY_FRAGMENT(denoiser, m)", "TORCH_LIBRARY(winograd_before, m)")
     text = text.replace("TORCH_LIBRARY_IMPL(denoiser, CPU, m)", "TORCH_LIBRARY_IMPL(winograd_before, CPU, m)")
     (folder / "before.cpp").write_text(text)
-    build_extension(name="winograd_before", sources=[str(folder / "before.cpp")], extra_cflags=_cflags(),
+    build_extension(name="winograd_before", sources=[str(folder / "before.cpp")], extra_cflags=compile_flags(),
                     extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False)
     return torch.ops.winograd_before.winograd_conv3x3
 

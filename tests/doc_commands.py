@@ -31,6 +31,9 @@ OURS = {"denoiser": "denoiser", ".venv/bin/denoiser": "denoiser", "python": "pyt
         "bash": "bash"}
 # other tools and shell builtins: nothing of this project's to check
 NOT_OURS = ("mkdir", "git", "tar", "export", "cd", "scontrol", "head", "ls", "cp", "rm")
+# the clone's folders of scripts, run as modules from its root (`python -m bench.x`, `python -m tools.emoji_text.x`):
+# not the package's commands, so each is checked as a script is, by its --help
+SCRIPT_PACKAGES = ("bench", "tools")
 # programs that run the command after them; each one's options that take a value
 WRAPPERS = {"nice": ("-n",), "srun": (), "time": ()}
 DRAWING = re.compile(r"[\u2500-\u257f\u25b6\u25bc\u2190-\u21ff]")  # box drawing and arrows: a tree, not a command
@@ -60,6 +63,17 @@ class Command:
     def kind(self) -> str | None:
         """OURS's kind of the program (None: another tool's)."""
         return OURS.get(self.program)
+
+    @property
+    def script(self) -> str | None:
+        """The file a `python` line runs as a script, relative to the clone: `bench/x.py` for `python bench/x.py` and
+        for `python -m bench.x` (a module of SCRIPT_PACKAGES); None for the package's modules and other programs."""
+        if self.kind != "python" or len(self.argv) < 2:
+            return None
+        if self.argv[1] != "-m":
+            return self.argv[1]
+        module = self.argv[2] if len(self.argv) > 2 else ""
+        return module.replace(".", "/") + ".py" if module.split(".")[0] in SCRIPT_PACKAGES else None
 
 
 def docs() -> list[Path]:

@@ -5,7 +5,8 @@ a clone. tests/doc_commands.py reads the docs; a command added to a doc is a new
 - `denoiser SUB ...`: the whole line through the real parser (`denoiser app`: the app's own).
 - `python -m MODULE ...`, `accelerate launch [its flags] -m MODULE ...`: the module starts (its --help, once per
   module) and takes the line's flags (MODULE_PARSERS: its real parser); accelerate's flags through its launch parser.
-- `python bench/x.py [SUB] ...`: the script's --help (once per script and subcommand) names every flag of the line.
+- `python -m bench.x [SUB] ...` (and `python bench/x.py`, `python -m tools.x`: doc_commands.SCRIPT_PACKAGES): the
+  script's --help (once per script and subcommand) names every flag of the line.
 - `make T`: the Makefile has the target. `pip install ...`: a pin is the project's, an extra exists. `bash SCRIPT`:
   the script exists and bash reads it (`bash -n`).
 - What runs for real, and how it is made cheap: RUNS, NOT_RUN, CHEAP and Work.why_not, below.
@@ -53,7 +54,7 @@ NOT_RUN = {
     "python": "a benchmark or a data-set build (minutes, or the network), or a module that is no command of RUNS",
     "make": "make's targets build the venv and run this suite",
     "pip": "installs packages",
-    "bash": "a lent GPU machine's script (bench/gpu/)",
+    "bash": "a lent GPU machine's script (tools/gpu/)",
 }
 CHEAP = {  # appended to a line that runs: argparse keeps a flag's last value, and a later --set wins
     "sample": ["--steps", "2", "--num-images", "2"],
@@ -299,7 +300,7 @@ def test_doc_command_starts_and_takes_its_flags(cmd, work, monkeypatch):
         assert cmd.argv[1] == "launch" and _launch(list(cmd.argv[2:])).module, "not `accelerate launch ... -m MODULE`"
         _check_python(["-m", what], args, cmd.env)
     elif cmd.kind == "python":
-        _check_python(["-m", what] if cmd.argv[1] == "-m" else [what], args, cmd.env)
+        _check_python(["-m", what] if cmd.argv[1] == "-m" else [what], args, cmd.env, cmd.script)
     elif cmd.kind == "make":
         assert re.search(rf"^{re.escape(what)}\s*:", (ROOT / "Makefile").read_text(), re.M), f"no make target {what}"
     elif cmd.kind == "pip":
@@ -310,12 +311,12 @@ def test_doc_command_starts_and_takes_its_flags(cmd, work, monkeypatch):
         assert subprocess.run(["bash", "-n", str(ROOT / what)]).returncode == 0, f"bash cannot read {what}"
 
 
-def _check_python(entry: list[str], args: list[str], env: dict[str, str]) -> None:
-    """`python ENTRY [SUB] --help` starts and names every flag of args (SUB: a script's subcommand, `guidance_table.py
-    run`); a module of MODULE_PARSERS also parses them."""
-    if entry[0] != "-m":
-        assert (ROOT / entry[0]).is_file(), f"no script {entry[0]}"
-    sub = [] if entry[0] == "-m" else args[: next((k for k, a in enumerate(args) if a.startswith("-")), len(args))]
+def _check_python(entry: list[str], args: list[str], env: dict[str, str], script: str | None = None) -> None:
+    """`python ENTRY [SUB] --help` starts and names every flag of args (SUB: a script's subcommand, `bench.guidance_table
+    run`); a module of MODULE_PARSERS also parses them. script: the file a script line runs (Command.script)."""
+    if script is not None:
+        assert (ROOT / script).is_file(), f"no script {script}"
+    sub = [] if script is None else args[: next((k for k, a in enumerate(args) if a.startswith("-")), len(args))]
     res = _help(tuple(entry + sub), tuple(sorted(env.items())))
     assert res.returncode == 0, f"python {' '.join(entry + sub)} --help failed ({res.returncode}):\n{res.stderr[-2000:]}"
     flags = {a.split("=", 1)[0] for a in args if re.match(r"--[A-Za-z]", a)}

@@ -139,7 +139,7 @@ def _config_fields() -> dict[str, set[str]]:
 @cache
 def _files_by_name() -> dict[str, list[Path]]:
     found: dict[str, list[Path]] = {}
-    for folder in ("denoiser", "bench", "tests", "docs", "configs", "weights"):
+    for folder in ("denoiser", "bench", "tools", "tests", "docs", "configs", "weights"):
         for path in (ROOT / folder).rglob("*"):
             if "__pycache__" not in path.parts:
                 found.setdefault(path.name, []).append(path)
@@ -180,7 +180,7 @@ def stale_names(texts: list[tuple[str, str, bool]]) -> list[str]:
     for where, text, python in texts:
         spans = re.findall(r"`([^`\n]+)`", text)
         # paths: backticked ones anywhere; in the package's own text, the package's paths even when not backticked
-        paths = [s for s in spans if re.fullmatch(r"(denoiser|bench|tests|docs|configs|weights)/[\w./*-]*", s)]
+        paths = [s for s in spans if re.fullmatch(r"(denoiser|bench|tools|tests|docs|configs|weights)/[\w./*-]*", s)]
         if python:
             paths += re.findall(r"(?<![\w/.-])(denoiser/[\w/.-]*\w)", text)
         wrong += [f"{where}: {p} (no such file)" for p in paths if not _path_exists(p)]

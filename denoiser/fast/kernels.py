@@ -50,6 +50,11 @@ def _cflags() -> list[str]:
     return flags
 
 
+def compile_flags() -> list[str]:
+    """The C++ flags the kernels are built with: for building another revision's kernel beside them (an A/B)."""
+    return _cflags()
+
+
 @functools.cache
 def cpuinfo() -> str:
     """/proc/cpuinfo, read once per process ("" where there is none: not Linux)."""

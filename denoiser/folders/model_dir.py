@@ -212,7 +212,7 @@ def load_model(
         )
     cls = UNet
     if config.get("_class_name") == "UNet2DModel":
-        cls = UNet2DModel  # a diffusers reference model (bench/reference_recipe.py), for evaluation
+        cls = UNet2DModel  # a diffusers reference model (bench/recipe_comparison.md), for evaluation
     try:
         with _LOADING:
             # no torch_dtype: diffusers loads into float32 (torch's default), and the precision stays ours to choose

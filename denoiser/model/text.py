@@ -200,7 +200,7 @@ def encode_prompts(tokenizer: WordHashTokenizer, text_encoder: HashTextEncoder, 
 
 def prompts_from_file(path: str | os.PathLike, n: int) -> list[str]:
     """`n` prompts from a file of one per line (blank lines skipped), cycled: image k gets line k mod the count
-    (`denoiser evaluate --prompts`, bench/gpu/finish.py: e.g. the held-out images' names, line k for image k)."""
+    (`denoiser evaluate --prompts`, tools/gpu/finish.py: e.g. the held-out images' names, line k for image k)."""
     lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     if not lines:
         raise ValueError(f"--prompts {path}: no prompts in it (one per line)")

@@ -1,8 +1,8 @@
-"""A run's batch and learning rate at the measured throughput knee (bench/gpu/run.sh with BATCH=auto).
+"""A run's batch and learning rate at the measured throughput knee (tools/gpu/run.sh with BATCH=auto).
 
-    python3 bench/gpu/knee.py KNEE_JSON CONFIG [--rule sqrt] [--set key=value ...]
+    python3 -m tools.gpu.knee KNEE_JSON CONFIG [--rule sqrt] [--set key=value ...]
 
-KNEE_JSON is `bench/train_mfu.py --batches ... --json`'s output (its "knee": the smallest batch within 10 % of the
+KNEE_JSON is `python -m bench.train_mfu --batches ... --json`'s output (its "knee": the smallest batch within 10 % of the
 best img/s). The reference is the config's (train.batch_size, train.lr, train.lr_warmup_steps) after the --set
 overrides the run is given; the run trains at the knee with
 

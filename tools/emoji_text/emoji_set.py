@@ -1,7 +1,7 @@
 """The emoji image set, built from pinned npm packages: every named emoji of Unicode's list (the skin-tone
 "Component" swatches left out) as drawn by up to five vendors, 64x64 RGB on white, in ImageFolder layout.
 
-    python bench/emoji_text/emoji_set.py --out DIR        # default DIR: $DENOISER_CACHE/datasets/emoji
+    python -m tools.emoji_text.emoji_set --out DIR        # default DIR: $DENOISER_CACHE/datasets/emoji
 
 - Names, short names, categories and subcategories: `emoji.json` of iamcal's emoji-datasource (the catalog).
 - Keywords: the CLDR annotations as packaged by `emojibase-data` (`en/data.json`): the CLDR name (`label`) where it
@@ -324,7 +324,7 @@ def readme(report: BuildReport, vendors: list[Vendor], num_emoji: int, size: int
     lines = [f"# Emoji, {size}x{size}: {num_emoji} named emoji by {len(vendors)} vendors", "",
              f"{report.total:,} images, {size}x{size} PNG composited onto white (RGB), ImageFolder layout by the 9 "
              "Unicode emoji categories (the skin-tone \"Component\" swatches left out). Built by "
-             "`python bench/emoji_text/emoji_set.py` from the pinned npm packages below.", "",
+             "`python -m tools.emoji_text.emoji_set` from the pinned npm packages below.", "",
              "| vendor | images | emoji it does not draw |", "|---|---|---|"]
     lines += [f"| {n} | {report.per_vendor[n]} | {len(report.missing.get(n, []))} |" for n in names]
     lines += ["", "| folder | " + " | ".join(names) + " | all |", "|---|" + "---|" * (len(names) + 1)]
@@ -367,7 +367,7 @@ def _progress(enabled: bool, **kwargs):
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python bench/emoji_text/emoji_set.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.emoji_text.emoji_set", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="the set's folder (default: $DENOISER_CACHE/datasets/emoji)")
     parser.add_argument("--vendors", default=",".join(v.name for v in VENDORS),
                         help="comma-separated, among " + ", ".join(v.name for v in VENDORS))

@@ -1,14 +1,14 @@
 """The text model's example prompts (sampling.json's "example_prompts", the app's "try these"), chosen by prompt fidelity.
 
-    HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python bench/emoji_text/choose_examples.py --model weights/emoji --write
+    HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python -m tools.emoji_text.choose_examples --model weights/emoji --write
 
 Each candidate prompt (below: emoji names, single words, a colour and a thing, a description; every word one the
 model's captions held: `WordHashTokenizer.unseen` is empty) is drawn at the folder's own sampling defaults
 (sampling.json: UniPC-10, guidance 3), in one batch per round (seed rule: image k of a batch seeded from its seed + k,
-as in prompt_fidelity.py). Each image is scored as bench/emoji_text/prompt_fidelity.py scores one: Inception pool
+as in prompt_fidelity.py). Each image is scored as tools/emoji_text/prompt_fidelity.py scores one: Inception pool
 features, cosine, against the 3,812 real 32x32 images of ../shared/data/emoji. An image *hits* when one of its 5
 nearest real images is an emoji the prompt asks for: one whose caption texts (name, short name, CLDR keywords: what
-the model trained on, bench/emoji_text/emoji_set.py) hold every word of the prompt but "a"/"an"/"the" ("a sad cat": the
+the model trained on, tools/emoji_text/emoji_set.py) hold every word of the prompt but "a"/"an"/"the" ("a sad cat": the
 crying cat face, whose keywords hold "cat" and "sad"). A broad prompt ("cat") asks for many emoji, so its chance
 (5 random real images) is higher: prompts rank by hit@5 minus that chance, then hit@20.
 
@@ -23,13 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import torch
-from emoji_set import CATALOG, KEYWORDS, fetch_package, load_catalog
 
 from denoiser.data.store import cache_root
 from denoiser.evaluate.fid import InceptionFeatures, features
@@ -38,9 +36,8 @@ from denoiser.model.text import words
 from denoiser.pixels import to_uint8
 from denoiser.request import SampleRequest
 from denoiser.sampling.plan import resolve, run
-
-sys.path.insert(0, str(Path(__file__).parent))
-from prompt_fidelity import DATA, gallery_features, read_gallery  # noqa: E402
+from tools.emoji_text.emoji_set import CATALOG, KEYWORDS, fetch_package, load_catalog
+from tools.emoji_text.prompt_fidelity import DATA, gallery_features, read_gallery
 
 SEEDS, REFINE, MORE_SEEDS, NUM_EXAMPLES, PER_CATEGORY = 4, 16, 12, 8, 2
 ARTICLES = {"a", "an", "the"}

@@ -1,11 +1,11 @@
 """The caption words of the emoji text model (weights/emoji/tokenizer/vocabulary.txt), rebuilt from its data's source.
 
-    .venv/bin/python bench/emoji_text/vocabulary.py --model weights/emoji        # writes tokenizer/vocabulary.txt
+    .venv/bin/python -m tools.emoji_text.vocabulary --model weights/emoji        # writes tokenizer/vocabulary.txt
 
-The model trained on configs/emoji-text.yaml: the 5-vendor emoji set (bench/emoji_text/emoji_set.py) minus the 500
+The model trained on configs/emoji-text.yaml: the 5-vendor emoji set (tools/emoji_text/emoji_set.py) minus the 500
 FID images, captioned from the columns name, short_name, keywords ("|"-separated) and category. Its captions are
 those of the catalog's emoji: every emoji of the set is drawn by several vendors and no emoji lost all its drawings
-to the held-out 500 (2 of the 5 vendors' drawings at most; bench/emoji_text/prompt_fidelity.md), so the texts are
+to the held-out 500 (2 of the 5 vendors' drawings at most; tools/emoji_text/prompt_fidelity.md), so the texts are
 read from the pinned catalog and CLDR packages (emoji_set.CATALOG and KEYWORDS, checked against their integrity,
 cached in $DENOISER_CACHE/npm) through the same CaptionSpec the training data used, then kept as the
 tokenizer's words (WordHashTokenizer(vocabulary=...)).
@@ -17,11 +17,11 @@ import argparse
 from pathlib import Path
 
 import yaml
-from emoji_set import CATALOG, KEYWORD_SEPARATOR, KEYWORDS, fetch_package, load_catalog
 
 from denoiser.data.captions import caption_spec
 from denoiser.data.store import cache_root
 from denoiser.model.text import WordHashTokenizer
+from tools.emoji_text.emoji_set import CATALOG, KEYWORD_SEPARATOR, KEYWORDS, fetch_package, load_catalog
 
 CONFIG = "configs/emoji-text.yaml"
 

@@ -2,7 +2,7 @@
 prompt, its results) and docs/app-word-map.png (the Attention tab: one word's map, all layers together and in each
 cross-attention layer, and a clicked pixel's weights over the words).
 
-    python bench/app_text_screenshots.py [--prompt "red apple"] [--word apple] [--out docs]
+    python -m tools.app_text_screenshots [--prompt "red apple"] [--word apple] [--out docs]
 
 Starts the app on weights/ at a free port on 127.0.0.1, drives it with Debian's chromium (as the browser tests do)
 and stops it. About a minute on 2 cores.
@@ -11,16 +11,30 @@ and stops it. About a minute on 2 cores.
 from __future__ import annotations
 
 import argparse
-import sys
+import socket
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from denoiser.app.engine import Engine
+from denoiser.app.layout import LAUNCH, build_app
+from denoiser.folders.model_dir import WEIGHTS_DIR
 
-from denoiser.app.engine import Engine  # noqa: E402
-from denoiser.app.layout import LAUNCH, build_app  # noqa: E402
-from denoiser.folders.model_dir import WEIGHTS_DIR  # noqa: E402
-from tests.app_browser import BROWSER_ARGS, CHROMIUM, free_port, no_errors  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"  # Debian's, as the browser tests use it
+BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def no_errors(page) -> None:
+    """Stop before a screenshot that would show an error: a visible "Error" badge or toast on the page."""
+    shown = [e for e in page.get_by_text("Error", exact=True).all() if e.is_visible()]
+    if shown:
+        raise SystemExit(f"the page shows {len(shown)} error(s); no screenshot written")
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """After a GPU run: the model in fp16, samples for FID, one tar to bring back.
 
-    python3 bench/gpu/finish.py RUN_DIR NAME OUT_DIR NUM_FID_SAMPLES SHIPPED_DIR
+    python3 -m tools.gpu.finish RUN_DIR NAME OUT_DIR NUM_FID_SAMPLES SHIPPED_DIR
 
 Writes OUT_DIR/NAME.tar (the candidate model folder: SHIPPED_DIR, e.g. weights/cifar10, with this run's UNet in
 fp16 in place of its own; plus the run's config, loss log, summary and sample grids) and two sample sets for FID,
@@ -28,7 +28,7 @@ from denoiser.request import SPREAD, SampleRequest
 from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sampling.plan import resolve, run
 
-TEXT_PROMPTS = Path("bench/emoji_text/val500_prompts.txt")  # a text model's FID prompts: held-out image k's name, cycled
+TEXT_PROMPTS = Path("bench/fid-reference/emoji32-val500-prompts.txt")  # a text model's FID prompts: held-out image k's name, cycled
 BATCH = 250  # images per UNet batch: speed only (image k is seeded k whatever its batch)
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The device tool sends the working tree (tracked and untracked-not-ignored files, plus `carry`) up to 64 MiB; the
 # repository's tracked files alone are more (FID reference statistics, three model folders, docs' pictures). Before a
-# device call, this leaves in the index only what bench/gpu/run.sh needs for ONE model; afterwards it puts it back.
+# device call, this leaves in the index only what tools/gpu/run.sh needs for ONE model; afterwards it puts it back.
 #
-#   bash bench/gpu/travel.sh cifar10      # or emoji: index = denoiser/ configs/ bench/gpu/ bench/emoji_text/ bench/train_mfu.py
-#                                         #   bench/profiling.py pyproject.toml weights/NAME
+#   bash tools/gpu/travel.sh cifar10      # or emoji: index = denoiser/ configs/ tools/gpu/ bench/train_mfu.py and the
+#                                         #   bench/ and tools/ package files, the text model's FID prompts, pyproject.toml
+#                                         #   weights/NAME
 #   ... device run, carry [".gpu"] (only .gpu/data/NAME.safetensors in it: move the other one aside) ...
-#   bash bench/gpu/travel.sh restore      # the index and .git/info/exclude as they were (the files never moved)
+#   bash tools/gpu/travel.sh restore      # the index and .git/info/exclude as they were (the files never moved)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 exclude=.git/info/exclude saved=.git/info/exclude.before-travel
@@ -24,10 +25,16 @@ case "${1:?cifar10, emoji or restore}" in
 !/configs/
 !/bench/
 /bench/*
-!/bench/gpu/
-!/bench/emoji_text/
+!/bench/__init__.py
+!/bench/common.py
 !/bench/train_mfu.py
-!/bench/profiling.py
+!/bench/fid-reference/
+/bench/fid-reference/*
+!/bench/fid-reference/emoji32-val500-prompts.txt
+!/tools/
+/tools/*
+!/tools/__init__.py
+!/tools/gpu/
 !/weights/
 /weights/*
 !/weights/$1/

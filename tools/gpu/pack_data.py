@@ -1,9 +1,9 @@
 """Pack a config's training split (never its validation split) into one safetensors file for a lent GPU.
 
-    .venv/bin/python bench/gpu/pack_data.py configs/cifar10.yaml .gpu/data/cifar10.safetensors
+    .venv/bin/python -m tools.gpu.pack_data configs/cifar10.yaml .gpu/data/cifar10.safetensors
 
 The device gets only the working tree (64 MiB), so the image files travel as their raw bytes, packed
-back to back, with their relative paths; bench/gpu/unpack_data.py writes the folder again there.
+back to back, with their relative paths; tools/gpu/unpack_data.py writes the folder again there.
 A metadata.csv in the folder travels too, cut to the packed files' rows (its `file_name` or `file` column).
 The split is `denoiser.data.split`'s: the same seeded permutation over ImageFolder's file order.
 """

@@ -1,6 +1,6 @@
 """The model card's grid: 64 named prompts, one image each, labelled (issue 39: "a grid of 64 named prompts").
 
-    python bench/emoji_text/card_grid.py --model weights/emoji --out weights/emoji/samples.png \
+    python -m tools.emoji_text.card_grid --model weights/emoji --out weights/emoji/samples.png \
         --readme-out docs/readme-opening.png
 
 Prompt k is drawn from a generator seeded k (the seed rule) at the folder's default sampling (its scheduler and
@@ -16,7 +16,7 @@ import argparse
 import torch
 from PIL import Image
 
-from denoiser.evaluate.visualize import tiles_image, with_title
+from denoiser.pictures import tiles_image, with_title
 from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.plan import resolve, run
 

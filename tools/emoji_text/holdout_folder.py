@@ -1,6 +1,6 @@
 """An image folder without another config's validation images, so FID on those images stays held out.
 
-    .venv/bin/python bench/emoji_text/holdout_folder.py --held-out configs/emoji32.yaml \
+    .venv/bin/python -m tools.emoji_text.holdout_folder --held-out configs/emoji32.yaml \
         --source ~/.cache/denoiser/datasets/emoji --out ~/.cache/denoiser/datasets/emoji-text
 
 The held-out list is the project's own: `list_folder` gives the files in store order, `split` draws the
@@ -106,7 +106,7 @@ def main() -> None:
     note = (f"## Held out\n\nThis folder is `{source.name}` without the {len(found)} images of the validation split of "
             f"`{args.held_out}` (data.val_size {cfg.val_size}, data.val_seed {cfg.val_seed}, over `{cfg.path}`), "
             "matched by relative path. Every emoji model's FID is measured against those images, so a model "
-            "trained here never sees them. Written by `bench/emoji_text/holdout_folder.py`; the files left out:\n\n"
+            "trained here never sees them. Written by `tools/emoji_text/holdout_folder.py`; the files left out:\n\n"
             + "".join(f"- {f}\n" for f in sorted(found)))
     with atomic_path(out) as tmp:
         tmp.mkdir()

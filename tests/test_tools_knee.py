@@ -1,8 +1,7 @@
-"""bench/gpu/knee.py: the batch a lent GPU trains at (the throughput knee) and the lr the rule gives it."""
+"""tools/gpu/knee.py: the batch a lent GPU trains at (the throughput knee) and the lr the rule gives it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tools.gpu import knee as knee_module
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("knee", ROOT / "bench" / "gpu" / "knee.py")
-knee_module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(knee_module)
 
 
 def test_the_knee_is_the_smallest_batch_within_ten_percent_of_the_best():
@@ -35,8 +33,8 @@ def test_the_rule_scales_the_lr_and_keeps_the_warm_up_in_images(rule, lr):
 def test_the_command_reads_the_reference_after_the_runs_overrides(tmp_path):
     measured = tmp_path / "knee.json"
     measured.write_text(json.dumps({"knee": 1024, "batch": 1024, "img_per_s": {"fast": 5000.0}}))
-    # as bench/gpu/run.sh calls it: the config checked with the run's data folder
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "knee.py"), str(measured), "cifar10",
+    # as tools/gpu/run.sh calls it: the config checked with the run's data folder
+    out = subprocess.run([sys.executable, "-m", "tools.gpu.knee", str(measured), "cifar10",
                           "--set", f"data.path={tmp_path}", "--set", "data.val_size=0",
                           "--set", "train.batch_size=256", "--set", "train.lr=0.0001"],
                          capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()

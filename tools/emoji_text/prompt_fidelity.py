@@ -1,7 +1,7 @@
 """Prompt fidelity of the emoji text model (issue 39): does "red apple" draw a red apple?
 
-    HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python bench/emoji_text/prompt_fidelity.py --model /tmp/emoji-text-gpu \
-        --guidance 1 2 3 --out-dir bench/emoji_text --typed-png docs/emoji-text-typed-prompts.png
+    HF_HUB_OFFLINE=1 nice -n 5 .venv/bin/python -m tools.emoji_text.prompt_fidelity --model /tmp/emoji-text-gpu \
+        --guidance 1 2 3 --out-dir tools/emoji_text --typed-png docs/emoji-text-typed-prompts.png
 
 For 50 prompts that are emoji names, 4 images each (image k seeded k, the folder's sampler). Each image's
 Inception pool features (denoiser.evaluate.fid, TF-FID Inception-v3) are compared by cosine similarity with those of every
@@ -14,7 +14,7 @@ among the names of the 5 most similar. Beside it:
   a hit when the other vendor's drawing is among the 5 nearest (both directions, the same 50 emoji).
 
 The 50 emoji: names whose google drawing is in the 500-image validation split of configs/emoji32.yaml (the FID
-split, never trained on: bench/emoji_text/holdout_folder.py), drawn with random.Random(0). With --typed-png, 16
+split, never trained on: tools/emoji_text/holdout_folder.py), drawn with random.Random(0). With --typed-png, 16
 prompts a person might type (not emoji names) are drawn 4 times each at --typed-guidance into one labelled grid.
 Gallery features are cached under /tmp (keyed by the folder, the size and the file list), a chunk at a time.
 """
@@ -27,7 +27,6 @@ import hashlib
 import json
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -42,9 +41,7 @@ from denoiser.evaluate.fid import InceptionFeatures, features
 from denoiser.pixels import to_uint8
 from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.plan import resolve, run
-
-sys.path.insert(0, str(Path(__file__).parent))
-from holdout_folder import held_out_files  # noqa: E402
+from tools.emoji_text.holdout_folder import held_out_files
 
 DATA = Path("../shared/data/emoji")
 HELD_OUT_CONFIG = "configs/emoji32.yaml"
@@ -209,7 +206,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="the text model folder")
     p.add_argument("--guidance", type=float, nargs="+", default=[1.0, 3.0], help="classifier-free guidance scales")
-    p.add_argument("--out-dir", type=Path, default=Path("bench/emoji_text"), help="prompt_fidelity.png/.json go here")
+    p.add_argument("--out-dir", type=Path, default=Path("tools/emoji_text"), help="prompt_fidelity.png/.json go here")
     p.add_argument("--typed-png", type=Path, default=None, help="also draw the 16 typed prompts into this PNG")
     p.add_argument("--typed-guidance", type=float, default=3.0)
     args = p.parse_args()

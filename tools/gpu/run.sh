@@ -3,11 +3,11 @@
 # in bf16 through `accelerate launch`, then write to $OUT what comes back: fp16 model folders (one tar
 # each), samples for FID, the log. Nothing in the project depends on it.
 #
-#   bash bench/gpu/run.sh smoke                      # ~15 s of training each: checks every step end to end
-#   bash bench/gpu/run.sh full CIFAR_MIN CIFAR_STEPS CIFAR_N EMOJI_MIN EMOJI_STEPS EMOJI_N
-#   MEASURE=1 bash bench/gpu/run.sh full ...         # first bench/train_mfu.py: eager / fast / diffusers, MEASURE_S s a side
+#   bash tools/gpu/run.sh smoke                      # ~15 s of training each: checks every step end to end
+#   bash tools/gpu/run.sh full CIFAR_MIN CIFAR_STEPS CIFAR_N EMOJI_MIN EMOJI_STEPS EMOJI_N
+#   MEASURE=1 bash tools/gpu/run.sh full ...         # first bench/train_mfu.py: eager / fast / diffusers, MEASURE_S s a side
 #                                                    # (CIFAR_STEPS or EMOJI_STEPS "auto": the schedule sized to the measured speed)
-#   BATCH=auto bash bench/gpu/run.sh full ...        # first the throughput knee over KNEE_BATCHES (after MEASURE's sides):
+#   BATCH=auto bash tools/gpu/run.sh full ...        # first the throughput knee over KNEE_BATCHES (after MEASURE's sides):
 #                                                    # each model trains there, its lr by LR_RULE (linear) from SET_NAME's
 #                                                    # or the config's (batch, lr), its warm-up the same in images
 #
@@ -22,7 +22,7 @@
 # with the config they were trained with (weights/emoji: configs/emoji32.yaml; CONFIG_NAME picks another);
 # INIT_cifar10=none (or INIT_emoji=none) trains that model from scratch instead. SET_NAME adds --set overrides.
 #
-# Needs .gpu/data/{cifar10,emoji}.safetensors (bench/gpu/pack_data.py) and, where diffusers is missing,
+# Needs .gpu/data/{cifar10,emoji}.safetensors (tools/gpu/pack_data.py) and, where diffusers is missing,
 # its wheel in .gpu/whl; the device command names .gpu in `carry`.
 set -uo pipefail
 MODE=${1:-smoke}
@@ -42,11 +42,11 @@ $PY -c "import torch, diffusers, accelerate; print('torch', torch.__version__, '
 measure() {  # bench/train_mfu.py side by side: eager / fast / diffusers on cifar10's config, then torch.compile, then the text model
   local s=${MEASURE_S:-20} b=${MEASURE_BATCH:-512}
   log "measure cifar10: eager, fast, diffusers (synthetic 32x32 images, batch $b, $s s a side)"
-  timeout 300 $PY bench/train_mfu.py --config configs/cifar10.yaml --batch "$b" --seconds "$s" --json "$OUT/measure-cifar10.json" \
+  timeout 300 $PY -m bench.train_mfu --config configs/cifar10.yaml --batch "$b" --seconds "$s" --json "$OUT/measure-cifar10.json" \
     2>>"$OUT/measure.err" | tee -a "$OUT/log.txt"
   if [ "${MEASURE_COMPILE:-1}" = 1 ] && [ -z "${COMPILE:-}" ]; then
     log "measure cifar10: eager against fast + torch.compile (mode ${COMPILE_MODE:-reduce-overhead})"
-    timeout 300 $PY bench/train_mfu.py --config configs/cifar10.yaml --batch "$b" --seconds "$s" --sides eager fast --compile \
+    timeout 300 $PY -m bench.train_mfu --config configs/cifar10.yaml --batch "$b" --seconds "$s" --sides eager fast --compile \
       --compile-mode "${COMPILE_MODE:-reduce-overhead}" --json "$OUT/measure-cifar10-compile.json" 2>>"$OUT/measure.err" | tee -a "$OUT/log.txt"
     COMPILE=$($PY - "$OUT" <<'EOP'
 import json, sys
@@ -63,7 +63,7 @@ EOP
   fi
   if [ -d /tmp/data/emoji ] && [ -n "${CONFIG_emoji:-}" ] && grep -q cross_attention_dim "$CONFIG_emoji"; then
     log "measure the text model ($CONFIG_emoji): eager, fast"
-    timeout 240 $PY bench/train_mfu.py --config "$CONFIG_emoji" --data-path /tmp/data/emoji --batch "$b" --seconds "$s" \
+    timeout 240 $PY -m bench.train_mfu --config "$CONFIG_emoji" --data-path /tmp/data/emoji --batch "$b" --seconds "$s" \
       --sides eager fast --json "$OUT/measure-emoji.json" 2>>"$OUT/measure.err" | tee -a "$OUT/log.txt"
   fi
 }
@@ -74,7 +74,7 @@ knee_sweep() {  # CIFAR_MIN EMOJI_MIN: the throughput knee of each model that tr
     conf="CONFIG_$name" data=()
     [ "$name" = emoji ] && data=(--data-path /tmp/data/emoji)
     log "measure $name: the throughput knee over batches ${KNEE_BATCHES:-256 512 1024 2048} (fast, compile ${COMPILE:-0})"
-    timeout 300 $PY bench/train_mfu.py --config "${!conf:-configs/$name.yaml}" "${data[@]}" --seconds "$s" \
+    timeout 300 $PY -m bench.train_mfu --config "${!conf:-configs/$name.yaml}" "${data[@]}" --seconds "$s" \
       --batches ${KNEE_BATCHES:-256 512 1024 2048} "${compiled[@]}" --json "$OUT/measure-$name-knee.json" \
       2>>"$OUT/measure.err" | tee -a "$OUT/log.txt"
   done
@@ -94,12 +94,12 @@ train() {  # name minutes max_steps num_fid_samples
   [ -n "${EMA_EXTRA:-}" ] && sets+=(--set "train.ema_extra_decays=[${EMA_EXTRA// /,}]")
   [ -n "${EMA_POWERS:-}" ] && sets+=(--set "train.ema_extra_powers=[${EMA_POWERS// /,}]")
   log "unpack $name"
-  [ -d "/tmp/data/$name" ] || $PY bench/gpu/unpack_data.py ".gpu/data/$name.safetensors" "/tmp/data/$name" | tee -a "$OUT/log.txt"
+  [ -d "/tmp/data/$name" ] || $PY -m tools.gpu.unpack_data ".gpu/data/$name.safetensors" "/tmp/data/$name" | tee -a "$OUT/log.txt"
   if [ "${BATCH:-}" = auto ] && [ -f "$OUT/measure-$name-knee.json" ]; then  # batch, lr and warm-up at the knee
     local knee_sets=(--set "data.path=/tmp/data/$name" --set data.val_size=0) at_knee
     for kv in ${!extra:-}; do knee_sets+=(--set "$kv"); done
-    at_knee=$($PY bench/gpu/knee.py "$OUT/measure-$name-knee.json" "$config" --rule "${LR_RULE:-linear}" "${knee_sets[@]}" \
-      2>>"$OUT/log.txt") || { log "$name: bench/gpu/knee.py failed (above): not trained"; return 1; }
+    at_knee=$($PY -m tools.gpu.knee "$OUT/measure-$name-knee.json" "$config" --rule "${LR_RULE:-linear}" "${knee_sets[@]}" \
+      2>>"$OUT/log.txt") || { log "$name: tools/gpu/knee.py failed (above): not trained"; return 1; }
     for kv in $at_knee; do sets+=(--set "$kv"); done
   fi
   if [ "$steps" = auto ]; then  # the cosine schedule sized to the time limit at the measured speed (MEASURE=1 first)
@@ -126,7 +126,7 @@ EOP
   cat "/tmp/runs/$name/train_summary.json" | tr -d '\n' | head -c 600 | tee -a "$OUT/log.txt"; echo
   cp "/tmp/runs/$name.log" "/tmp/runs/$name/train.log"
   log "finish $name"
-  $PY bench/gpu/finish.py "/tmp/runs/$name" "$name" "$OUT" "$n" "weights/$name" 2>&1 | tr '\r' '\n' | grep -v "sampling:" | tee -a "$OUT/log.txt"
+  $PY -m tools.gpu.finish "/tmp/runs/$name" "$name" "$OUT" "$n" "weights/$name" 2>&1 | tr '\r' '\n' | grep -v "sampling:" | tee -a "$OUT/log.txt"
   # files come back at most 16 MiB each (a text model's folder is more): parts NAME.tar.00, .01 (cat them back)
   if ls -d /tmp/runs/$name/model-ema-* >/dev/null 2>&1; then  # extra EMA lengths: each UNet in fp16, one file each (< 16 MiB)
     $PY - "/tmp/runs/$name" "$OUT/$name" <<'EOP'
@@ -147,7 +147,7 @@ EOP
 CONFIG_emoji=${CONFIG_emoji:-configs/emoji32.yaml}  # the shipped emoji model is the 32x32 one (its text model: configs/emoji-text.yaml)
 mkdir -p /tmp/runs
 if [ "${MEASURE:-0}" = 1 ] || [ "${BATCH:-}" = auto ]; then
-  [ "$5" = 0 ] || [ -d /tmp/data/emoji ] || $PY bench/gpu/unpack_data.py .gpu/data/emoji.safetensors /tmp/data/emoji | tee -a "$OUT/log.txt"
+  [ "$5" = 0 ] || [ -d /tmp/data/emoji ] || $PY -m tools.gpu.unpack_data .gpu/data/emoji.safetensors /tmp/data/emoji | tee -a "$OUT/log.txt"
 fi
 [ "${MEASURE:-0}" = 1 ] && measure
 [ "${BATCH:-}" = auto ] && knee_sweep "$2" "$5"

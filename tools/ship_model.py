@@ -1,6 +1,6 @@
 """Ship a trained run into weights/<name>: fp16 pipeline, held-out evaluation, sample grid, model card.
 
-    .venv/bin/python bench/ship_model.py --run runs/cifar10-cpu --name cifar10-cpu \
+    .venv/bin/python -m tools.ship_model --run runs/cifar10-cpu --name cifar10-cpu \
         --command "denoiser train --config configs/cifar10-cpu.yaml --output-dir runs/cifar10-cpu" \
         --num-images 500 --num-timesteps 100 [--extra-md bench/recipe_comparison.md]
 
@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--limitations", default="", help="the card's 'Known limitations' markdown, or @FILE to read it from a file")
     p.add_argument("--data-config", default=None,
                    help="config whose data section names the data and validation split (default: the run's own; "
-                        "a GPU run trains on a copy of the training split only, bench/gpu/run.sh)")
+                        "a GPU run trains on a copy of the training split only, tools/gpu/run.sh)")
     p.add_argument("--fid", action="append", default=[], metavar="JSON",
                    help="output of `denoiser evaluate --fid` for the card's FID table (repeatable)")
     p.add_argument("--guidance", type=float, default=1.0, help="classifier-free guidance of the card's sample grid")

@@ -1,4 +1,4 @@
-"""The emoji set builder (bench/emoji_text/emoji_set.py) on tiny fake npm packages served from a file:// registry
+"""The emoji set builder (tools/emoji_text/emoji_set.py) on tiny fake npm packages served from a file:// registry
 in tmp_path: no network."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -19,13 +18,7 @@ import pytest
 from PIL import Image
 
 from denoiser.data.folder import list_folder
-from tests.conftest import ROOT
-
-# the builder is a dataset-building script beside the benchmarks that use its set, not part of the package
-_spec = importlib.util.spec_from_file_location("emoji_set", ROOT / "bench" / "emoji_text" / "emoji_set.py")
-es = importlib.util.module_from_spec(_spec)
-sys.modules["emoji_set"] = es
-_spec.loader.exec_module(es)
+from tools.emoji_text import emoji_set as es  # a data-set builder among the tools, not part of the package
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -1,4 +1,4 @@
-"""Write the image folder packed by bench/gpu/pack_data.py: python3 unpack_data.py PACK OUT_DIR.
+"""Write the image folder packed by tools/gpu/pack_data.py: python3 unpack_data.py PACK OUT_DIR.
 Its metadata.csv too, when the pack carries one (packs made before that have only the images)."""
 
 import json
