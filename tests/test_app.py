@@ -425,3 +425,32 @@ def test_browser_attention_guidance_then_heads_view_and_switching_a_layer_off(se
     assert (shots / "app-heads.png").stat().st_size > 10_000
 
 
+
+
+def test_every_api_output_has_a_name(demo):
+    """Issue 72 finding 7: /generate returned 15 outputs, some named value_128, value_130 (a component without a label):
+    every output of every API door is named (what /info, and gradio_client's view_api, show)."""
+    info = demo.get_api_info()
+    unnamed = [(door, out["component"]) for door, endpoint in info["named_endpoints"].items()
+               for out in endpoint["returns"] if re.fullmatch(r"value_\d+", str(out["label"]))]
+    assert not unnamed, unnamed
+    returns = [out["label"] for out in info["named_endpoints"]["/generate"]["returns"]]
+    assert "status" in returns and len(set(returns)) == len(returns), returns
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [("model", "no-such-model", "no-such-model"),
+                                                      ("scheduler", "no-such-scheduler", "no-such-scheduler")])
+def test_an_api_call_naming_what_does_not_exist_logs_one_line(server, capfd, caplog, field, value, said):
+    """Issue 72 finding 7: an API call naming a model that does not exist logged a whole Gradio traceback (its
+    dropdown's own check) for a caller's mistake: it is refused by the app, in one line of the log."""
+    from gradio_client import Client
+
+    caplog.set_level(logging.INFO, logger="denoiser.app")
+    capfd.readouterr()
+    client = Client(server, verbose=False)
+    with pytest.raises(Exception, match=said):
+        client.predict(**{"model": "tiny-classes", "steps": 2, "num_images": 1, field: value}, api_name="/generate")
+    lines = [r.getMessage() for r in caplog.records if r.name == "denoiser.app" and said in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("user error:"), lines
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "gradio.exceptions.Error" not in err, err[-2000:]

@@ -103,12 +103,13 @@ def test_the_pages_generate_refuses_an_emptied_steps_box_and_the_api_takes_the_m
     page = app_page(tmp_path / "weights")
     sample = page.tab(SampleTab)
     fns = [d for d in page.app.fns.values() if (sample.run._id, "click") in [tuple(t) for t in d.targets]]
-    generate = [d.fn for d in fns if inspect.isgeneratorfunction(d.fn)]  # the job: it streams its progress
+    generate = [d for d in fns if inspect.isgeneratorfunction(d.fn)]  # the job: it streams its progress
     assert len(generate) == 1, [d.fn for d in fns]
     form = ["tiny-classes", "ddim", None, 0, 2, "(any)", 1.0, 0.0, 1.0, "(the model's)", 0.0, "", "", "", ""]
+    given = form + [block.value for block in generate[0].inputs[len(form):]]  # the page's own inputs past the form
     said = []
     with pytest.raises(gr.Error, match="steps must be a whole number in 1..1000: the box is empty"):
-        for update in generate[0](*form):
+        for update in generate[0].fn(*given):
             said.append(update)
     assert "the box is empty" in str(said[-1][sample.status])
     *_, last = sample.generate(*form)  # the API's door: unset is the model's own

@@ -89,11 +89,11 @@ class AttentionTab:
                     # titles above the images: a floating label would cover the first row's layer names
                     gr.Markdown("**Attention of the clicked pixel** (pixels to pixels): one row per layer, mean of heads, "
                                 "then each head")
-                    self.maps = gr.Image(show_label=False, format="png", type="pil", interactive=False, elem_id="maps")
+                    self.maps = gr.Image(label="attention maps", show_label=False, format="png", type="pil", interactive=False, elem_id="maps")
                     gr.Markdown("**The four stages** for one layer and head")
-                    self.stages = gr.Image(show_label=False, format="png", type="pil", interactive=False,
+                    self.stages = gr.Image(label="four stages", show_label=False, format="png", type="pil", interactive=False,
                                            elem_id="stages")
-                    self.stage_text = gr.Markdown(elem_id="stage-text")
+                    self.stage_text = gr.Markdown(label="four stages in numbers", show_label=False, elem_id="stage-text")
 
     @property
     def generation_outputs(self) -> list:

@@ -125,7 +125,7 @@ def run_controls(label: str, run_id: str, stop_id: str, status_id: str):
     with gr.Row():
         run = gr.Button(label, variant="primary", elem_id=run_id, scale=3)
         stop = gr.Button("Stop", variant="stop", elem_id=stop_id, scale=1)
-    return run, stop, gr.Markdown(elem_id=status_id)
+    return run, stop, gr.Markdown(label="status", show_label=False, elem_id=status_id)
 
 
 # marks a form_slider: Gradio copies a component per session when a handler updates its props (its class called with

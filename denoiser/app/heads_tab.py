@@ -73,16 +73,16 @@ class HeadsTab:
                         "Switch off and regenerate (same seed)", "off-run", "off-stop", "off-status")
                 with gr.Column(scale=2):
                     gr.Markdown("**Per layer** (heads averaged), over the noise level t (noisy on the left)")
-                    self.stats_chart = gr.Image(show_label=False, format="png", type="pil", interactive=False,
+                    self.stats_chart = gr.Image(label="per layer", show_label=False, format="png", type="pil", interactive=False,
                                                 elem_id="stats-chart")
                     self.stats_table = gr.Dataframe(headers=HEAD_COLUMNS, label="layers x heads (mean over the noise "
                                                     "levels; head -1 = the whole layer)", elem_id="stats-table",
                                                     interactive=False)
                     gr.Markdown("**Switched off**: as generated (top row), the same seed without the chosen attention "
                                 "(bottom)")
-                    self.off_image = gr.Image(show_label=False, format="png", type="pil", interactive=False,
+                    self.off_image = gr.Image(label="switched off", show_label=False, format="png", type="pil", interactive=False,
                                               elem_id="off-image")
-                    self.off_text = gr.Markdown()
+                    self.off_text = gr.Markdown(label="switched off in numbers", show_label=False)
 
     def wire(self, app: gr.Blocks) -> None:
         """Its two jobs, each with its Stop and status line (job_controls), on the session's generation and the image

@@ -154,7 +154,7 @@ class PhotoTab:
         self.result = gr.Gallery(label="before and after (lossless PNG; the result named after and carrying its "
                                        "settings)", format="png", columns=3, elem_id="edit-result", object_fit="contain",
                                  height="fit-content", type="filepath", interactive=False, buttons=["download"])
-        self.text = gr.Markdown(elem_id="edit-text")
+        self.text = gr.Markdown(label="result in numbers", show_label=False, elem_id="edit-text")
         self.use_selected = gr.Button("use these settings (the selected result's)", size="sm",
                                       elem_id="edit-use-settings")
 

@@ -7,7 +7,6 @@ Attention tab's (`AttentionTab.show`).
 
 from __future__ import annotations
 
-import functools
 import random
 
 import gradio as gr
@@ -57,13 +56,15 @@ def _api_twin(name: str, control: gr.components.Component) -> gr.components.Comp
     """The /generate API's input for the form's `control` (SETTINGS_FORM's `name`), declared with the default None:
     Gradio declares a parameter's default from its component's first value, and the page's form starts at values a
     model then replaces, so a field an API caller leaves out is the model's own, as `denoiser sample` and the pipeline
-    fill it (issue 59). The model is the page's first; the seed 0."""
+    fill it (issue 59). The model is the page's first; the seed 0. A dropdown's twin takes any name: the handler
+    refuses one the model lacks in a line of the log (Gradio's own check logged a traceback)."""
     if name == "model":
-        return gr.Dropdown([value for _, value in control.choices], value=control.value, label=name)
+        return gr.Dropdown([value for _, value in control.choices], value=control.value, label=name,
+                           allow_custom_value=True)
     if name == "seed":
         return gr.Number(0, precision=None, label=name)
     if isinstance(control, gr.Dropdown) and not control.allow_custom_value:
-        return gr.Dropdown([value for _, value in control.choices], value=None, label=name)
+        return gr.Dropdown([value for _, value in control.choices], value=None, label=name, allow_custom_value=True)
     if isinstance(control, (gr.Number, gr.Slider)):
         return gr.Number(None, precision=None, label=name)
     return gr.Textbox(None, label=name)
@@ -213,8 +214,10 @@ class SampleTab:
         self.gallery.select(selected_index, None, self.selected, api_name=False)
         self.randomise.click(lambda: random.randint(0, 2**31 - 1), None, self.seed, api_name=False)
         sampling = dict(SAMPLING, show_progress_on=[self.status])
-        page_generate = functools.partial(self.generate, typed=True)  # a number box left empty is refused
-        generating = self.run.click(page_generate, self.form, self.outputs, api_name=False, js=ran_js("generate"),
+        # typed: a number box left empty is refused. An input, not functools.partial: Gradio (6.31) reads a handler's
+        # type hints to pass it the gr.Request, and a partial has none, so the job knew no session and Stop missed it
+        typed = gr.State(True)
+        generating = self.run.click(self.generate, [*self.form, typed], self.outputs, api_name=False, js=ran_js("generate"),
                                     **sampling)
         with gr.Row(visible=False):  # the /generate API: the form's twins, each left unset the model's own
             api_form = [_api_twin(name, control) for name, control in zip(SETTINGS_FORM, self.form)]
