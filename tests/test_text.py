@@ -107,6 +107,16 @@ def test_case_accents_and_punctuation_are_normalised():
     assert all(torch.equal(loud[k], plain[k]) for k in plain)
 
 
+@pytest.mark.parametrize(("prompt", "read"), [("🍎❤️", ["🍎", "❤"]), ("red\u200bapple", ["red", "apple"]),
+                                              ("👩\u200d🚀 rocket", ["👩", "🚀", "rocket"]), ("\ufeffcat", ["cat"]),
+                                              ("co\u00adoperate", ["cooperate"])])
+def test_invisible_characters_are_no_words(prompt, read):
+    """Issue 72 finding 8: "🍎❤️" listed an invisible third word, the variation selector U+FE0F that asks for the
+    heart's colour form; invisible characters (variation selectors, zero-width joiners, a soft hyphen, a byte-order
+    mark) are no words of their own and split none; a zero-width space splits, as a space does."""
+    assert words(prompt) == read
+
+
 def test_a_typo_shares_most_units_with_its_word():
     tok = _tokenizer(num_buckets=16384)
     word = set(tok.word_ids("strawberry"))

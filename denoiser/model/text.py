@@ -35,10 +35,16 @@ MAX_WORD_CHARS = 64  # a 10,000-letter "word" costs what a 64-letter one does
 
 def words(text: str) -> list[str]:
     """Lower-cased words: accents stripped (NFKD), `_` splits, symbols such as `#` or `*` are words of their own
-    (keycaps), sentence punctuation is dropped.  "Red apple!" -> ["red", "apple"]"""
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(c for c in text if not unicodedata.combining(c)).lower().replace("_", " ")
+    (keycaps), sentence punctuation and invisible characters are dropped.  "Red apple!" -> ["red", "apple"]"""
+    text = unicodedata.normalize("NFKD", text).replace("\u200b", " ")  # a zero-width space splits as a space does
+    text = "".join(c for c in text if not (unicodedata.combining(c) or _invisible(c))).lower().replace("_", " ")
     return re.findall(r"[^\W_]+|[^\w\s:,.;!?'\"()\-\u2019]", text)
+
+
+def _invisible(c: str) -> bool:
+    """A character that draws nothing and is no word: a format character (zero-width joiner, soft hyphen, byte-order
+    mark) or a variation selector ("❤️" is "❤" and U+FE0F, which asks for its colour form)."""
+    return unicodedata.category(c) == "Cf" or "\ufe00" <= c <= "\ufe0f" or "\U000e0100" <= c <= "\U000e01ef"
 
 
 def drops_marks(text: str) -> bool:
