@@ -311,8 +311,8 @@ def test_browser_an_upload_outlives_the_cache_sweep_and_denoises_at_its_own_size
         _upload(page, photo)
         page.locator("#photo-text").get_by_text("over this server's photo budget").wait_for(timeout=30_000)
         # the expected wait, said before Run: the scaled copy's
-        page.locator("#edit-scope").get_by_text(re.compile(r"about \d+ (s|min).* on this server, on a copy scaled down to"
-                                                          )).wait_for(timeout=30_000)
+        page.locator("#edit-scope").get_by_text(re.compile(r"denoise a copy of your photo scaled down to \d+x\d+.*: about "
+                                                          r"\d+ (s|min).* on this server")).wait_for(timeout=30_000)
         page.locator("#edit-run").click()
         page.locator("#edit-status").get_by_text(re.compile(r"done: denoise .*scaled from 700x500")).wait_for(timeout=120_000)
         no_errors(page)

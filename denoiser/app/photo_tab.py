@@ -364,29 +364,42 @@ class PhotoTab:
             return ""
         if operation != "denoise":
             return f"Run: **{operation}** on the centre square of your photo at the model's size ({size}x{size})."
+        run = self._run_size(model, upload)  # (w, h) of the copy Run denoises when it is scaled down, else None
+        photo = "your whole photo" if run is None else f"a copy of your photo scaled down to {run[0]}x{run[1]}"
         if float(add_noise or 0):
-            what = (f"Run: **noise σ {float(add_noise):g} is added to your whole photo, then removed** (the round trip, "
+            what = (f"Run: **noise σ {float(add_noise):g} is added to {photo}, then removed** (the round trip, "
                     f"scored by PSNR), in tiles of the model's size")
-        else:
+        elif run is None:
             what = "Run: **denoise your whole photo at its own size**, in tiles of the model's size"
+        else:
+            what = f"Run: **denoise {photo}** (your photo is over the photo budget), in tiles of the model's size"
         return what + self._expected_wait(model, upload) + "."
 
-    def _expected_wait(self, model, upload) -> str:
-        """How long the tiled denoise of the kept upload will take here (denoiser.app.photo_time): '' without one."""
+    def _sizes(self, model, upload) -> tuple[int, int, int, int] | None:
+        """(width, height) of the kept upload and (w, h) of what Run denoises (Engine.restore's rule: the photo, or a
+        copy scaled down to the photo budget); None without one, or for a file that is no picture."""
         if not isinstance(upload, dict) or not upload.get("copy"):
-            return ""
+            return None
         try:
             with Image.open(upload["copy"]) as img:  # the header's size: the tiles do not depend on its orientation
                 width, height = img.size
-            # the copy Run will denoise (Engine.restore's rule: the photo, or a copy scaled down to the photo budget)
-            fits = self.engine.fitting_pixels(model, width, height)
-            w, h = scaled_size(width, height, fits)
-            wait = self.engine.photo_time(model, w, h)
-            if (w, h) != (width, height):
-                return (f": **{wait.describe()} on this server**, on a copy scaled down to {w}x{h} (the photo "
-                        "budget)")
-            return f": **{wait.describe()} on this server**"
-        except (ValueError, OSError, TypeError, AttributeError):  # no upload yet, or not a readable picture
+            return (width, height, *scaled_size(width, height, self.engine.fitting_pixels(model, width, height)))
+        except (ValueError, OSError, TypeError, AttributeError):
+            return None
+
+    def _run_size(self, model, upload) -> tuple[int, int] | None:
+        """(w, h) of the copy Run denoises where the upload is over the photo budget; None where it runs at its own size."""
+        sizes = self._sizes(model, upload)
+        return None if sizes is None or sizes[:2] == sizes[2:] else sizes[2:]
+
+    def _expected_wait(self, model, upload) -> str:
+        """How long the tiled denoise of the kept upload will take here (denoiser.app.photo_time): '' without one."""
+        sizes = self._sizes(model, upload)
+        if sizes is None:
+            return ""
+        try:
+            return f": **{self.engine.photo_time(model, *sizes[2:]).describe()} on this server**"
+        except (ValueError, OSError, TypeError):
             return ""
 
     def prompt_box(self, model, operation):

@@ -2,7 +2,8 @@
 
 A photo is denoised at its own size in tiles of the model's size (denoiser.restore.tiles), so its cost is its tile count. How
 fast tiles go depends on the CPU and on the path that runs there (float32 or bf16, denoiser.fast.precision), so the
-rate is measured, once per model, by timing that very path (`denoise_photo`) on a small synthetic photo. A photo
+rate is measured, once per model, by timing that very path (`denoise_photo`) on a synthetic photo's full batches of
+tiles after a warm-up batch, the steady rate a photo's thousands of tiles run at. A photo
 whose estimate is over `photo_seconds()` (DENOISER_PHOTO_SECONDS, default 10 minutes) is denoised as a copy scaled down
 to fit; the page says the estimate before Run (`PhotoTime.describe`).
 """
@@ -15,12 +16,14 @@ from dataclasses import dataclass
 
 import torch
 
-from denoiser.restore.tiles import TileOptions, count_tiles, denoise_photo
+from denoiser.restore.tiles import TileOptions, denoise_photo
 
 __all__ = ["PHOTO_SECONDS", "PhotoTime", "photo_seconds", "measure_tile_rate"]
 
 PHOTO_SECONDS = 600.0  # a phone's 12 MP photo at its own size with cifar10 on 2 cores (about 5 min in float32)
-RATE_TILES = 36  # tiles timed to measure the rate: a 6x6 grid, batched as a photo's tiles are (about 1 s on 2 cores)
+# full batches of tiles timed to measure the rate, after one batch of warm-up: 64 tiles, about 2 s on 2 cores (36 tiles
+# after a one-tile warm-up said 17 tiles a second where a photo ran 33: issue 72 finding 4)
+RATE_BATCHES = 2
 
 
 def photo_seconds() -> float:
@@ -65,15 +68,19 @@ def _duration(seconds: float) -> str:
 
 
 @torch.inference_mode()
-def measure_tile_rate(unet, scheduler) -> float:
-    """Tiles a second of `denoise_photo` with `unet` here (its precision and kernels as every photo gets them): a
-    photo of RATE_TILES tiles timed after a one-tile warm-up."""
+def measure_tile_rate(unet, scheduler, options: TileOptions | None = None) -> float:
+    """Tiles a second of `denoise_photo` with `unet` here (its precision and kernels as every photo gets them), at the
+    steady rate of a photo's full batches: a photo one tile tall and 1 + RATE_BATCHES batches wide, its first batch
+    the warm-up (a CPU's first call of a batch's shape prepares its kernels: timed, it made the rate half a photo's),
+    the rest timed from the end of the first to the end of the last."""
+    opts = options or TileOptions()
     side = unet.config.sample_size
-    stride = side - TileOptions().overlap
-    grid = int(RATE_TILES**0.5)
-    length = side + (grid - 1) * stride  # a grid x grid photo of tiles
-    photo = torch.randint(0, 256, (3, length, length), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    denoise_photo(unet, scheduler, photo[:, :side, :side], sigma=0.05)  # warm-up: oneDNN prepares its kernels
-    start = time.perf_counter()
-    denoise_photo(unet, scheduler, photo, sigma=0.05)
-    return count_tiles(unet, length, length) / (time.perf_counter() - start)
+    stride = side - opts.overlap
+    tiles = opts.batch_size * (1 + RATE_BATCHES)
+    length = side + (tiles - 1) * stride  # a row of `tiles` tiles
+    photo = torch.randint(0, 256, (3, side, length), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    ends: list[tuple[int, float]] = []  # (tiles done, when) after each batch
+    denoise_photo(unet, scheduler, photo, sigma=0.05, options=opts,
+                  progress=lambda done, total: ends.append((done, time.perf_counter())))
+    (first_done, first_end), (last_done, last_end) = ends[0], ends[-1]
+    return (last_done - first_done) / (last_end - first_end)
