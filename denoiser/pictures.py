@@ -13,18 +13,20 @@ import io
 import math
 import unicodedata
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw, ImageFont
 
-from denoiser.model.attention_capture import AttentionRecord
-from denoiser.model.text import words as split_words
 from denoiser.pixels import to_uint8
+
+if TYPE_CHECKING:
+    from denoiser.model.attention_capture import AttentionRecord
 
 __all__ = [
     "heat_colormap", "overlay", "layer_label", "tiles_image", "with_colour_scale", "with_title", "attention_panel",
-    "stages_panel", "find_word", "word_maps", "word_maps_panel", "word_maps_grid", "token_weights", "token_weights_panel",
+    "stages_panel", "word_maps", "word_maps_panel", "word_maps_grid", "token_weights", "token_weights_panel",
     "loss_curve", "word_overlay", "WORD_SCALE", "chart_font", "ChartFont",
 ]
 
@@ -240,15 +242,6 @@ def _of_kind(records: Sequence[AttentionRecord], kind: str) -> list[AttentionRec
         raise ValueError(f"no {kind}-attention layer was captured (captured: {names})"
                          + ("; word maps need a text model (one with cross_attention_dim)" if kind == "cross" else ""))
     return chosen
-
-
-def find_word(words: Sequence[str], word: str) -> int:
-    """The index of `word` among a prompt's words (`WordHashTokenizer.tokens`), normalised as the tokenizer
-    normalises them (case, accents: "Café" finds "cafe"); the first where it occurs twice."""
-    wanted = split_words(word)
-    if len(wanted) != 1 or wanted[0] not in words:
-        raise ValueError(f"{word!r} is not a word of the prompt; pick one of its words: {', '.join(words) or '(none)'}")
-    return list(words).index(wanted[0])
 
 
 def word_maps(records: Sequence[AttentionRecord], token: int, batch_index: int = 0) -> list[tuple[str, torch.Tensor]]:

@@ -10,8 +10,8 @@ from diffusers import DDPMScheduler
 from PIL import Image
 
 from denoiser.cli.main import main
-from denoiser.model.text import WordHashTokenizer
-from denoiser.pictures import find_word, overlay, token_weights, word_maps, word_maps_panel
+from denoiser.model.text import WordHashTokenizer, find_word
+from denoiser.pictures import overlay, token_weights, word_maps, word_maps_panel
 from denoiser.pixels import to_uint8
 from denoiser.request import SampleRequest
 from denoiser.sampling.pipeline import save_pipeline

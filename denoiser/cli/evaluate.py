@@ -2,15 +2,58 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from pathlib import Path
 
-from denoiser.cli.common import parse_classes, read_image, sampling_request
+from denoiser.cli.common import add_model, add_precision, add_sampling, parse_classes, read_image, sampling_request
+from denoiser.request import BUILT_IN, UNGUIDED, SampleRequest
 
 logger = logging.getLogger("denoiser.cli.main")
 
 __all__ = ["cmd_evaluate", "cmd_attention_stats"]
+
+
+def add_attention_stats_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--out-dir", required=True, help="folder for attention_stats.csv and attention_stats.png")
+    p.add_argument("--images", default=None, metavar="FOLDER",
+                   help="your images (a folder, searched recursively; resized and centre-cropped); default: generated ones")
+    p.add_argument("--num-images", type=int, default=BUILT_IN["num_images"],
+                   help=f"images in the batch (generated: {BUILT_IN['statistics_scheduler']}-{BUILT_IN['statistics_steps']} "
+                        "from --seed, unguided)")
+    p.add_argument("--timesteps", default=",".join(map(str, BUILT_IN["statistics_timesteps"])),
+                   help="comma-separated noise levels t")
+    p.add_argument("--no-heads", action="store_true", help="layers only (one ablation call per layer, not per head)")
+    add_precision(p)
+    p.add_argument("--class-label", default="spread", help="class (index or name) of the generated images (default: spread evenly)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def add_evaluate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", default=None, help="image folder (ImageFolder layout); default: the model's synthetic set")
+    p.add_argument("--num-images", type=int, default=64, help="images evaluated (cost: T passes per image)")
+    p.add_argument("--num-timesteps", type=int, default=None, help="evaluate a strided subset of timesteps (estimate)")
+    p.add_argument("--val-size", type=int, default=None, help="use the validation split of this size (seeded) from --data")
+    p.add_argument("--val-seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help=f"images per batch (default 64; --fid's samples: as `denoiser sample`, "
+                        f"{BUILT_IN['cpu_batch_size']} on the CPU)")
+    p.add_argument("--fid", action="store_true",
+                   help="FID of --num-samples generated images against --reference instead: the images `denoiser sample` "
+                        "gives with the same flags (classes spread evenly unless --class-label says otherwise)")
+    p.add_argument("--num-samples", type=int, default=1000, help="generated images for --fid (report FID-N with N)")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="a text model's prompts, one per line, cycled over the images: the --fid samples' prompts, or the prompt "
+                        "each --data image's bound is conditioned on (line k for image k: e.g. the held-out images' names)")
+    p.add_argument("--reference", default=None, metavar="STATS.safetensors",
+                   help="reference statistics for --fid; computed once from --data (its --val-size split) when missing")
+    p.add_argument("--samples", default=None, metavar="IMAGES.npy",
+                   help="score these uint8 (N, H, W, 3) images instead of sampling (e.g. from tools/gpu/run.sh)")
+    add_sampling(p, "--fid samples", images=False)
+    p.set_defaults(class_label="spread")
 
 
 def cmd_attention_stats(args) -> None:
@@ -20,7 +63,6 @@ def cmd_attention_stats(args) -> None:
     from denoiser.folders.model_dir import load
     from denoiser.image_io import image_to_model, save_png
     from denoiser.pixels import unit_to_model
-    from denoiser.request import BUILT_IN, UNGUIDED, SampleRequest
     from denoiser.sampling.plan import resolve, run
 
     try:

@@ -3,15 +3,47 @@ size, in tiles; the chains work at the model's size), the same request the app's
 
 from __future__ import annotations
 
-from denoiser.cli.common import guidance_request, parse_classes, read_image
+import argparse
+
+from denoiser.cli.common import add_guidance, add_model, add_precision, guidance_request, parse_classes, read_image
+from denoiser.request import BUILT_IN, RestoreRequest
 
 __all__ = ["cmd_restore", "restore_request"]
 
 
-def restore_request(args):
-    """The RestoreRequest the flags of `denoiser.cli.main._add_restore_args` describe."""
-    from denoiser.request import RestoreRequest
+def add_restore_args(p: argparse.ArgumentParser) -> None:
+    """denoise, edit and inpaint: one set of flags (denoiser.request.RestoreRequest), and each operation's own."""
+    name = p.prog.split()[-1]
+    add_model(p)
+    p.add_argument("--image", required=True, help="input image (any size or mode, converted to RGB; a one-step denoise keeps "
+                   "its size, in tiles; a sampled denoise, edit and inpaint resize and centre-crop it to the model's)")
+    p.add_argument("--out", required=True, help="output PNG (one-step denoise: the image's own size; the others: the model's)")
+    p.add_argument("--compare", default=None, help="also write input | result side by side (PNG)")
+    p.add_argument("--steps", type=int, default=None, help=f"reverse-chain steps (default {BUILT_IN['steps']})")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--class-label", default=None, help="class index or name")
+    add_precision(p)
+    add_guidance(p, "restored images")
+    p.add_argument("--add-noise", type=float, default=None, metavar="SIGMA",
+                   help="add Gaussian noise of this std ([0, 1] pixel scale) first, to see the round trip (PSNR printed)")
+    if name == "denoise":
+        p.add_argument("--sigma", type=float, default=None, help="noise std of the input ([0, 1] scale); default: estimated")
+        p.add_argument("--method", default="mmse", choices=("mmse", "sample"),
+                       help="mmse: one x0 prediction (smooth, best PSNR); sample: the reverse chain (sharper)")
+    if name == "edit":
+        p.add_argument("--strength", type=float, default=None,
+                       help=f"how far the image is noised before it is redrawn: near 0 keeps it, 1 samples anew "
+                            f"(default {BUILT_IN['strength']})")
+    if name == "inpaint":
+        p.add_argument("--mask", required=True, help="mask image of the input's size: white = regenerate, black = keep")
+    if name in ("edit", "inpaint"):  # what the redrawn pixels should show; denoising keeps the picture's own content
+        p.add_argument("--prompt", default=None, help='a text model\'s prompt the redrawn pixels follow, e.g. "red apple" '
+                       "(unset: no condition; guidance from the folder's sampling.json, as for sampling)")
+        p.add_argument("--negative-prompt", default=None, help="what a text model's guidance steers away from (default: \"\")")
 
+
+def restore_request(args):
+    """The RestoreRequest the flags of `add_restore_args` describe."""
     return RestoreRequest(
         args.command, method=getattr(args, "method", "mmse"), sigma=getattr(args, "sigma", None),
         strength=getattr(args, "strength", None), add_noise=args.add_noise, steps=args.steps, seed=args.seed,

@@ -4,11 +4,63 @@ maps."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
-from denoiser.cli.common import sampling_request
+from denoiser.cli.common import add_model, add_sampling, sampling_request
+from denoiser.request import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, EDIT_TYPES, PromptEdit
 
 __all__ = ["cmd_sample", "cmd_attention"]
+
+
+def add_sample_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--out", default=None, help="the grid PNG")
+    p.add_argument("--out-dir", default=None, help="one PNG per image: 000000.png, 000001.png, ... (image k: seed + k)")
+    add_sampling(p)
+    p.add_argument("--trajectory", default=None, help="also write the denoising trajectory (x_t over x0) PNG here")
+    p.add_argument("--trajectory-every", type=int, default=5)
+    p.add_argument("--scale", type=int, default=4, help="upscale the grid (nearest) for viewing")
+    add_prompt_edit(p)
+
+
+def add_prompt_edit(p: argparse.ArgumentParser) -> None:
+    """Prompt-to-prompt's flags (denoiser.sampling.prompt_to_prompt): the source --prompt and its edits, drawn from one noise."""
+    e = p.add_argument_group("prompt-to-prompt", "change the words, keep the picture (text models): writes the --prompt's "
+                                                 "image and one per --edit-to, all from the first image's noise")
+    e.add_argument("--edit-to", action="append", default=None, metavar="PROMPT",
+                   help='the edited prompt, e.g. --prompt "red heart" --edit-to "blue heart" (repeat for more edits)')
+    e.add_argument("--edit-type", default="replace", choices=list(EDIT_TYPES),
+                   help="replace: swap words one for one; refine: add or remove words; reweight: scale --equalizer-words")
+    e.add_argument("--cross-replace-steps", type=float, default=DEFAULT_CROSS_REPLACE, metavar="F",
+                   help="the first F of the steps take the source's word maps (cross-attention)")
+    e.add_argument("--self-replace-steps", type=float, default=DEFAULT_SELF_REPLACE, metavar="F",
+                   help="the first F of the steps take the source's layout (self-attention maps)")
+    e.add_argument("--equalizer-words", default=None, metavar="WORDS", help="reweight: comma-separated words to scale")
+    e.add_argument("--equalizer-strengths", default=None, metavar="W",
+                   help="reweight: one factor for all the words, or comma-separated, one per word")
+
+
+def _pixel(text: str) -> tuple[int, int]:
+    try:
+        y, x = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--pixel expects Y,X (two integers), got {text!r}") from None
+    return y, x
+
+
+def add_attention_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--pixel", type=_pixel, default=None,
+                   help="query pixel Y,X in image coordinates: its self-attention at every layer; on a text model also "
+                        "its weights over the prompt's words (OUT-words.png)")
+    p.add_argument("--word", default=None,
+                   help="a word of --prompt (text models): its cross-attention map at every cross-attention layer")
+    p.add_argument("--out", required=True, help="output PNG")
+    p.add_argument("--at-step", type=int, default=None, help="sampling step to inspect (default: the last)")
+    p.add_argument("--every-step", action="store_true",
+                   help="with --word: one row per sampling step over that step's predicted x0 (rows = steps, columns = layers)")
+    add_sampling(p, "image", images=False)
 
 
 def cmd_sample(args) -> None:
@@ -35,8 +87,6 @@ def cmd_sample(args) -> None:
 
 def _edit_fields(args) -> dict:
     """The request's fields for `sample --edit-to`: the source prompt and its edits as the images, and the edit."""
-    from denoiser.request import PromptEdit
-
     if not args.edit_to:
         if args.equalizer_words or args.equalizer_strengths:
             raise ValueError("--equalizer-words/--equalizer-strengths belong to an edit: add --edit-to PROMPT and "
@@ -104,7 +154,8 @@ def _attention_pixel(args, plan, at: int) -> None:
 def _attention_word(args, plan, at: int) -> None:
     """`attention --word`: one prompt word's map at every cross-attention layer, at one step or every step."""
     from denoiser.image_io import save_png
-    from denoiser.pictures import find_word, word_maps_grid, word_maps_panel
+    from denoiser.model.text import find_word
+    from denoiser.pictures import word_maps_grid, word_maps_panel
     from denoiser.sampling.plan import run
 
     if plan.text is None:

@@ -20,7 +20,7 @@ import functools
 import os
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -28,7 +28,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-__all__ = ["words", "fnv1a", "WordHashTokenizer", "HashTextEncoder", "encode_prompts", "prompts_from_file", "PromptedUNet"]
+__all__ = ["words", "find_word", "fnv1a", "WordHashTokenizer", "HashTextEncoder", "encode_prompts", "prompts_from_file", "PromptedUNet"]
 
 MAX_WORD_CHARS = 64  # a 10,000-letter "word" costs what a 64-letter one does
 
@@ -39,6 +39,15 @@ def words(text: str) -> list[str]:
     text = unicodedata.normalize("NFKD", text).replace("\u200b", " ")  # a zero-width space splits as a space does
     text = "".join(c for c in text if not (unicodedata.combining(c) or _invisible(c))).lower().replace("_", " ")
     return re.findall(r"[^\W_]+|[^\w\s:,.;!?'\"()\-\u2019]", text)
+
+
+def find_word(prompt_words: Sequence[str], word: str) -> int:
+    """The index of `word` among `prompt_words`, a prompt's words (`WordHashTokenizer.tokens`), normalised as the tokenizer
+    normalises them (case, accents: "Café" finds "cafe"); the first where it occurs twice."""
+    wanted = words(word)
+    if len(wanted) != 1 or wanted[0] not in prompt_words:
+        raise ValueError(f"{word!r} is not a word of the prompt; pick one of its words: {', '.join(prompt_words) or '(none)'}")
+    return list(prompt_words).index(wanted[0])
 
 
 def _invisible(c: str) -> bool:
