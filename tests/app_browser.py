@@ -20,7 +20,7 @@ from denoiser.sampling.pipeline import save_pipeline
 from tests.conftest import TINY
 
 __all__ = ["CHROMIUM", "BROWSER_ARGS", "RESULTS", "browser_page", "open_app", "settled", "screenshots", "free_port", "choose", "click_result",
-           "no_errors", "wait_for_status", "PAGE_JOB_STATE", "weights", "demo", "server"]
+           "no_errors", "wait_for_status", "weights", "demo", "server"]
 
 CHROMIUM = "/usr/bin/chromium"
 RESULTS = ".grid-wrap button.thumbnail-item"  # a gallery's results in its grid (its open preview repeats them in a strip)
@@ -136,21 +136,14 @@ def no_errors(page) -> None:
     assert page.get_by_text("didn't return enough output values").count() == 0
 
 
-# what the page's scripts (denoiser.app.controls) know of the jobs, relative to now (ms): for a failure's message
-PAGE_JOB_STATE = """() => { const now = Date.now(), ago = t => t ? now - t : null;
-    return {stopped_ms_ago: ago(window.denoiserStoppedAt), stop_done_ms_ago: ago(window.denoiserStopDone),
-            ran_ms_ago: Object.fromEntries(Object.entries(window.denoiserRan || {}).map(([b, t]) => [b, ago(t)])),
-            retrying: !!window.denoiserRetry, cancels_in_flight: window.denoiserCancels}; }"""
-
-
 def wait_for_status(page, text, timeout_ms: int) -> None:
     """Wait until #status shows `text` (a string or a compiled pattern); past `timeout_ms`, fail with what the line
-    reads and what the page knows of its jobs (PAGE_JOB_STATE), not with a bare timeout."""
+    reads, not with a bare timeout."""
     try:
         page.locator("#status").get_by_text(text).wait_for(timeout=timeout_ms)
     except Exception:  # playwright's TimeoutError
         pytest.fail(f"#status never showed {text!r} in {timeout_ms / 1000:g} s: it reads "
-                    f"{page.locator('#status').inner_text()!r}; the page's job state: {page.evaluate(PAGE_JOB_STATE)}")
+                    f"{page.locator('#status').inner_text()!r}")
 
 
 def free_port() -> int:

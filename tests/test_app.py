@@ -336,7 +336,7 @@ def test_browser_a_second_visitor_sees_the_queue_position(server):
             first.locator("#generate").click()
             first.locator("#status").get_by_text("denoising: step").wait_for(timeout=60_000)
             second.locator("#generate").click()  # one sampling job at a time: this one waits
-            second.locator("#status").get_by_text(re.compile(r"queue: 1/1")).wait_for(timeout=30_000)
+            second.locator("#status").get_by_text("waiting in the queue: 1 job ahead").wait_for(timeout=30_000)
             first.locator("#stop").click()
             second.locator("#status").get_by_text("denoising: step").wait_for(timeout=60_000)  # its turn came
             second.locator("#stop").click()

@@ -63,7 +63,8 @@ JOBS = {"mean": ("Attention", "mean_attention_maps", "done: the maps of pixel"),
 def test_browser_a_job_pressed_right_after_its_stop_runs(server, monkeypatch, job):
     """The Stop-then-run race of Generate (issue 51 item 1) on the Attention tab's averaging and the Heads tab's
     statistics: a press 0.1 s after Stop did nothing (Gradio's page skips a click on a job it still counts as
-    running). It is pressed again until it goes out (controls.retry_js), and its run ends with its done line."""
+    running). The page now holds it back until the stopped job has ended (controls.JOB's trigger mode
+    "always_last"), and its run ends with its done line."""
     import time
     from pathlib import Path
 

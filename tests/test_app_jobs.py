@@ -1,159 +1,223 @@
-"""The page's jobs (denoiser/app/jobs.py): what Stop's status line says of a job stopped while it ran, while it
-waited in the queue, or after it had ended."""
+"""The page's jobs (denoiser/app/jobs.py): Stop is one mark on the server that a running job reads at its next step and
+a queued job reads when it starts, each writing its own line; a job waiting in the queue says its place and its wait.
+Time is a clock the tests move (Jobs(clock=...)): nothing here sleeps."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 gr = pytest.importorskip("gradio")
 
+import torch  # noqa: E402
+
 from denoiser.app.attention_tab import AttentionTab  # noqa: E402
 from denoiser.app.heads_tab import HeadsTab  # noqa: E402
-from denoiser.app.jobs import Jobs  # noqa: E402
+from denoiser.app.jobs import CANCELLED, Jobs  # noqa: E402
 from tests.conftest import app_page  # noqa: E402
 
+X0 = torch.zeros(1, 3, 4, 4)
+QUIET = dict(progress=lambda *a, **k: None)
 
-def _run(gen_fn):
-    """Every update a generator handler yields, until it ends."""
-    return list(gen_fn)
+
+class Clock:
+    """A clock the test moves: Jobs reads it where it would read time.monotonic."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _session(name: str) -> SimpleNamespace:
+    return SimpleNamespace(session_hash=name)
+
+
+def _handler(jobs: Jobs, who, steps: int, during=None, line: str = "status"):
+    """A job's handler of `steps` steps on status line `line` (`result = yield from jobs.run(...)`), as a tab's;
+    `during(i)` runs before step i's UNet call. Returns (the handler, the steps done)."""
+    status, done = gr.Markdown(elem_id=line), []
+
+    def job(on_step):
+        for i in range(steps):
+            if during is not None:
+                during(i)
+            on_step(i, steps, X0)
+            done.append(i)
+        return "result"
+
+    def handler():
+        result = yield from jobs.run(who, status, job, QUIET["progress"], "denoising")
+        if result is not None:
+            yield {status: f"done: {result}"}
+
+    return handler(), done, status
+
+
+def _lines(handler, status) -> list:
+    """Every status line a handler writes, to its end."""
+    return [u[status] for u in handler if isinstance(u, dict) and isinstance(u.get(status), str)]
+
+
+def test_stop_ends_the_running_job_at_its_next_step_and_the_job_says_where():
+    """Stop's listener (Jobs.stopper, unqueued) marks the session's line; the running job stops at its next UNet call
+    and writes its own "stopped at step k / N" as its last line, ending as an event that succeeded (no error: a
+    click the page held back while it ran goes out then)."""
+    jobs, me = Jobs(clock=Clock()), _session("me")
+    said = []
+    handler, done, status = _handler(jobs, me, 100, during=lambda i: i == 3 and said.append(jobs.stopper("status")(me)))
+    lines = _lines(handler, status)  # ends without raising
+    assert said == [gr.skip()]  # Stop's listener writes nothing over the running job's line
+    assert done == [0, 1, 2], done  # the step in progress at Stop ran; none after it
+    assert lines[-1].startswith("**stopped at step 3 / 100**") and "x₀" in lines[-1], lines
+    assert not any(line.startswith("done") for line in lines)
+
+
+def test_stop_halts_only_its_own_session_and_line():
+    """Another session's Stop, and this session's Stop of another line, leave a job running to its end."""
+    jobs, me = Jobs(clock=Clock()), _session("me")
+
+    def others_stop(i):
+        if i == 5:
+            jobs.stopper("status")(_session("someone else"))
+            jobs.stopper("edit-status")(me)
+
+    handler, done, status = _handler(jobs, me, 20, during=others_stop)
+    assert _lines(handler, status)[-1] == "done: result" and len(done) == 20
+
+
+def test_a_job_stopped_while_it_waits_in_the_queue_says_it_was_cancelled():
+    """Issue 60 item 1: a Generate waiting behind another job was dropped by Stop without a word. Its click is noted
+    at once (Jobs.requester, unqueued); a Stop after the click marks it, and the job, when its turn comes, says it was
+    cancelled and runs nothing. Stop's own listener says so at the click, not once the job ahead has ended."""
+    clock = Clock()
+    jobs, me = Jobs(clock=clock), _session("me")
+    jobs.requester("status")(me)
+    clock.now = 1.0
+    assert jobs.stopper("status")(me) == CANCELLED
+    clock.now = 30.0  # its turn comes
+    handler, done, status = _handler(jobs, me, 10)
+    assert _lines(handler, status) == [CANCELLED] and done == []
+    # the next click is a new request: it runs, whatever Stop came before it
+    clock.now = 31.0
+    jobs.requester("status")(me)
+    handler, done, status = _handler(jobs, me, 10)
+    assert _lines(handler, status)[-1] == "done: result" and len(done) == 10
+
+
+def test_a_click_right_after_stop_runs():
+    """Issue 51 item 1: Generate pressed right after Stop ran nothing. Its click comes after the Stop's mark, so its job
+    runs once the stopped one has ended (the page sends it then: trigger mode "always_last")."""
+    clock = Clock()
+    jobs, me = Jobs(clock=clock), _session("me")
+    pressed = []
+
+    def stop_then_press(i):
+        if i == 4:
+            jobs.stopper("status")(me)
+            clock.now += 0.01
+            pressed.append(jobs.requester("status")(me))  # while the stopped job still runs its step
+
+    handler, done, status = _handler(jobs, me, 50, during=stop_then_press)
+    assert _lines(handler, status)[-1].startswith("**stopped at step 4 / 50**")
+    assert pressed == [gr.skip()]  # the session's own job runs on this line: no queue line over its progress
+    handler, done, status = _handler(jobs, me, 5)
+    assert _lines(handler, status)[-1] == "done: result" and len(done) == 5
+
+
+def test_a_second_stop_drops_a_click_that_was_held_back():
+    """Stop, Generate at once (held back by the page while the stopped job ends), Stop again: the second Stop is
+    for that Generate, which says it was cancelled when it is sent."""
+    clock = Clock()
+    jobs, me = Jobs(clock=clock), _session("me")
+
+    def stop_press_stop(i):
+        if i == 4:
+            for act in (jobs.stopper, jobs.requester, jobs.stopper):
+                clock.now += 0.1
+                act("status")(me)
+
+    handler, _, status = _handler(jobs, me, 50, during=stop_press_stop)
+    assert _lines(handler, status)[-1].startswith("**stopped at step 4 / 50**")
+    jobs.requester("status")(me)  # the page sends the held-back click (its listeners again) once the job has ended
+    handler, done, status = _handler(jobs, me, 5)
+    assert _lines(handler, status) == [CANCELLED] and done == []
+
+
+def test_a_waiting_job_says_its_place_and_a_wait_from_the_speed_of_the_jobs_ahead():
+    """Issue 72 item 1: a job waiting behind a 150-step Generate showed nothing, then Gradio's "queue: 1/1 |
+    6.2/4.8s" for a wait of ~80 s. Its line now says its place and the running job's time left at that job's own
+    measured speed; a job waiting ahead counts as long as the recent jobs took."""
+    clock = Clock()
+    jobs, first, second, third = Jobs(clock=clock), _session("first"), _session("second"), _session("third")
+    said = {}
+
+    def step(i):  # each UNet call takes 0.5 s; two visitors press Generate at step 40
+        if i == 40:
+            said["second"] = jobs.requester("status")(second)
+            said["third"] = jobs.requester("status")(third)
+        clock.now += 0.5
+
+    assert jobs.requester("status")(first) == gr.skip()  # nothing ahead: no queue line; its own comes at once
+    handler, _, status = _handler(jobs, first, 150, during=step)
+    _lines(handler, status)
+    # at step 40 of 150, 20 s in: 110 steps left at 0.5 s each
+    assert said["second"].startswith("**waiting in the queue**: 1 job ahead") and "about 55 s" in said["second"]
+    assert "2 jobs ahead" in said["third"]  # its wait: the first's time left, then the second's turn, not yet timed
+    assert "more than 55 s" in said["third"], said["third"]
+    clock.now += 1
+    assert jobs.queue_line(("third", "status")).startswith("**waiting in the queue**: 1 job ahead")
+    assert "about 75 s" in jobs.queue_line(("third", "status"))  # the first job took 75 s: so will the second
+
+
+def test_a_handler_closed_by_its_client_frees_its_line():
+    """An API client's cancel (or a closed tab) closes the handler: its work stops at its next step and its line is
+    free."""
+    import threading
+
+    jobs, me = Jobs(clock=Clock()), _session("me")
+    reached, gate = threading.Event(), threading.Event()
+    handler, done, status = _handler(jobs, me, 1000, during=lambda i: i == 2 and (reached.set(), gate.wait(30)))
+    next(handler)
+    assert reached.wait(30)
+    halt = jobs._running[("me", "status")].halt
+    closer = threading.Thread(target=handler.close)  # it waits for the worker (joined before the slot frees)
+    closer.start()
+    assert halt.wait(30)  # the close has told the work to stop
+    gate.set()
+    closer.join(30)
+    assert not closer.is_alive() and done == [0, 1], done
+    assert ("me", "status") not in jobs._running
+    handler, done, status = _handler(jobs, me, 3)
+    assert _lines(handler, status)[-1] == "done: result"
 
 
 def test_stop_during_a_job_without_a_preview_does_not_speak_of_one(weights):
     """Issue 51 item 3: Stop during "average the maps over every step" or "Compute statistics" said "the preview is
     that step's predicted clean image (x₀)"; neither tab has a preview. The line each job shows while it runs, as Stop
-    turns it into its stopped line (Jobs.stopped)."""
+    turns it into its stopped line (Jobs._stopped_text)."""
     page = app_page(weights)
     attention, heads = page.tab(AttentionTab), page.tab(HeadsTab)
     gen = page.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=1)
-    quiet = dict(progress=lambda *a, **k: None)
-    for updates, line, shown in ((_run(attention.mean_maps(gen, 0, (3, 4), **quiet)), attention.mean_status, "maps shown"),
-                                 (_run(heads.head_stats(gen, 0, **quiet)), heads.stats_status, "charts and table shown")):
-        running = [u[line] for u in updates[:-1] if isinstance(u.get(line), str)][0]
+    for updates, line, shown in ((list(attention.mean_maps(gen, 0, (3, 4), **QUIET)), attention.mean_status, "maps shown"),
+                                 (list(heads.head_stats(gen, 0, **QUIET)), heads.stats_status, "charts and table shown")):
+        running = [u[line] for u in updates[:-1] if isinstance(u.get(line), str) and "step" in u[line]][0]
         stopped = Jobs._stopped_text(running)
         assert stopped.startswith("**stopped at step") and shown in stopped, stopped
         assert "preview" not in stopped and "x₀" not in stopped, stopped
     sampling = Jobs._stopped_text("denoising: step 3 / 50 · about 2 s left")  # Generate's keeps its preview
     assert "the preview is that step's predicted clean image (x₀)" in sampling
+    assert Jobs._stopped_text("denoising: starting").startswith("**stopped before its first step**")
 
 
-def test_a_job_stopped_while_it_waits_in_the_queue_says_it_never_started():
-    """Issue 60 item 1: a Generate waiting behind another job ("queue: 1/1") was dropped by Stop, and its status line
-    fell back to the old "done: ..." with no word of a cancel."""
-    import time
-    from types import SimpleNamespace
+def test_every_job_handler_is_given_its_session(demo):
+    """Stop finds a job by its session: every job of the sampling slot is a handler Gradio passes the gr.Request (it
+    reads the handler's type hints; a functools.partial has none, and its job ran as nobody's: Stop missed it)."""
+    from gradio.utils import get_type_hints
 
-    jobs = Jobs()
-    session = SimpleNamespace(session_hash="queued-session")
-    jobs.requester("status")(session)  # Generate pressed: noted at once, before the queue hands it out
-    time.sleep(0.6)  # it waits in the queue (QUEUED_S): a Generate pressed right after Stop is no cancelled one
-    line = jobs.stopped("done: 4 image(s), 50 steps", session, "status")
-    assert line.startswith("**cancelled before it started**: it was waiting for the job ahead of it")
-    assert jobs.stopped("done: 4 image(s), 50 steps", session, "status") == "done: 4 image(s), 50 steps"  # said once
-    jobs.requester("status")(session)
-    with jobs.running(session, "status"):  # it started: a Stop then says where it stopped, as before
-        jobs.requester("status")(session)  # a click repeated while it runs (retry_js) asks for nothing new
-    time.sleep(0.6)
-    assert jobs.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")
-    jobs.requester("status")(session)  # pressed right after Stop: asked for after it, not cancelled by it
-    assert jobs.stopped("denoising: step 3 / 50 · about 2 s left", session, "status").startswith("**stopped at step 3")
-
-
-def test_stops_line_counts_from_the_click_not_from_its_queued_handler():
-    """A fresh clone's make test (stop 67): Generate pressed 0.3 s before a second Stop, and the page's last line read
-    "cancelled before it started", not "stopped at step". Stop's queued handler had started late on the busy
-    machine, and its times counted from there, so the Generate looked as if it had waited QUEUED_S in the queue.
-    They count from the click now (Jobs.halter notes it)."""
-    import time
-    from types import SimpleNamespace
-
-    running = "stopped at step 3 / 50: the preview is that step's predicted clean image (x₀)"
-    for gap, cancelled in ((0.0, False), (0.8, True)):  # the request this long before Stop's click
-        jobs, session = Jobs(), SimpleNamespace(session_hash=f"late-{gap}")
-        jobs.requester("status")(session)
-        time.sleep(gap)
-        jobs.halter("status")(session)  # Stop clicked
-        time.sleep(0.8)  # its queued handler starts this late (QUEUED_S is 0.5)
-        line = jobs.stopped(running, session, "status")
-        assert line.startswith("**cancelled before it started**") == cancelled, (gap, line)
-
-
-def test_a_job_left_by_its_cancel_stops_and_stop_says_so(monkeypatch):
-    """Under load the page's Stop cancelled Gradio's task but sent the event id of the job before, so Gradio closed no
-    generator (gradio 6.31 closes the one of that id): the worker sampled on unseen to the end, and Stop's line waited
-    for the handler (the Photo tab's browser test in CI: "after Stop the status line says: 'edit: step 1 / 1000'").
-    A handler nobody resumes for ORPHAN_S now stops its work at the next step, and Stop's line follows the work."""
-    import time
-    from types import SimpleNamespace
-
-    import torch
-
-    from denoiser.app import jobs as jobs_module
-    from denoiser.app import streaming
-
-    monkeypatch.setattr(streaming, "ORPHAN_S", 0.6)
-    monkeypatch.setattr(jobs_module, "STOP_SETTLE_S", 0.0)
-    jobs, session, steps = Jobs(), SimpleNamespace(session_hash="left"), []
-    status = gr.Markdown(elem_id="status")  # the line (a component, as the page's; never drawn here)
-
-    def job(on_step):  # 200 steps of 20 ms: 4 s if nobody stops it
-        for i in range(200):
-            time.sleep(0.02)
-            steps.append(i)
-            on_step(i, 200, torch.zeros(1, 3, 4, 4))
-        return "done"
-
-    handler = jobs.run(session, status, job, lambda *a, **k: None, "denoising")
-    next(handler)  # the job runs; then nobody resumes its handler, and nobody closes it (the cancel missed it)
-    pressed = time.monotonic()
-    line = jobs.stopped("denoising: step 3 / 200 · about 4 s left", session, "status")
-    waited = time.monotonic() - pressed
-    assert line.startswith("**stopped at step 3 / 200**") and waited < 2.5, (line, waited)
-    stopped_at = len(steps)
-    time.sleep(0.3)
-    assert 0 < stopped_at < 200 and len(steps) == stopped_at  # its work stopped well before its end, and stays stopped
-    assert not jobs._is_running(("left", "status"))  # a new job of the line may start
-    handler.close()  # Gradio's own close, later (a session dropped): the handler ends quietly
-
-
-def test_stop_halts_the_sessions_job_on_its_line_at_the_click(monkeypatch):
-    """Stop's unqueued listener (Jobs.halter) stops the work of the job running on its line for its session, at the
-    click and whatever Gradio's cancel reaches; another session's job and another line's go on. Its handler waits a
-    moment for the cancel to close it (STOP_GRACE_S), then ends by itself without a word (Stopped)."""
-    import time
-    from types import SimpleNamespace
-
-    import torch
-
-    from denoiser.app import streaming
-    from denoiser.app.streaming import Stopped
-
-    monkeypatch.setattr(streaming, "STOP_GRACE_S", 0.5)
-
-    jobs = Jobs()
-    counts = {"mine": [], "theirs": []}
-
-    def job_of(name):
-        def job(on_step):
-            for i in range(100):
-                time.sleep(0.02)
-                counts[name].append(i)
-                on_step(i, 100, torch.zeros(1, 3, 4, 4))
-            return name
-
-        return job
-
-    mine, theirs = SimpleNamespace(session_hash="mine"), SimpleNamespace(session_hash="theirs")
-    status = gr.Markdown(elem_id="status")
-    handlers = {name: jobs.run(who, status, job_of(name), lambda *a, **k: None, "denoising")
-                for name, who in (("mine", mine), ("theirs", theirs))}
-    for handler in handlers.values():
-        next(handler)
-    jobs.halter("status")(mine)
-    jobs.halter("other-status")(theirs)  # a Stop of another line: nothing of this one
-    lines = []
-    with pytest.raises(Stopped) as stopped:  # its handler, still resumed (the cancel missed it), ends at once
-        for update in handlers["mine"]:
-            lines.append(update.get(status))
-    assert len(counts["mine"]) < 50 and not stopped.value.visible  # stopped well before its end; no toast
-    assert not any("not done" in str(line) for line in lines)  # no word of its own: Stop's line says where it stopped
-    assert list(handlers["theirs"])[-1] is not None and len(counts["theirs"]) == 100  # another session's ran on
+    jobs = [fn for fn in demo.fns.values() if fn.concurrency_id == "sampling"]
+    assert len(jobs) >= 6, [fn.name for fn in jobs]  # Generate, its API, a "try these" row, the word edit, Photo, ...
+    for fn in jobs:
+        assert gr.Request in get_type_hints(fn.fn).values(), f"{fn.name} is not given the gr.Request"

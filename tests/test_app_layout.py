@@ -55,7 +55,7 @@ def test_each_tabs_events_call_its_own_handlers(weights):
     by_block = dict(zip(_tab_blocks(page), page.tabs))
     walked = {tab: 0 for tab in page.tabs}
     for event in page.app.fns.values():
-        if event.fn is None:  # the page's own scripts (retry_js, scroll_to_js)
+        if event.fn is None:  # the page's own scripts (scroll_to_js, CLEAR_TOASTS)
             continue
         for trigger in _triggers(page, event) - {None}:
             tab = by_block[trigger]

@@ -192,7 +192,8 @@ def _set_number(page, elem_id: str, value) -> None:
 
 
 def _stop_during(page, running: str) -> None:
-    """Wait for the status line to show the run's progress, press Stop, wait for the status to say so."""
+    """Wait for the status line to show the run's progress, press Stop, wait for the status to say so; the live
+    preview's label then says it stopped (issue 72 item 8: it kept "running:")."""
     page.locator("#edit-status").get_by_text(re.compile(running)).wait_for(timeout=60_000)
     # the live preview's first picture may come a moment after the first progress line (a busy CI machine)
     page.locator("#edit-preview img").wait_for(timeout=60_000)
@@ -201,6 +202,8 @@ def _stop_during(page, running: str) -> None:
         page.locator("#edit-status").get_by_text(re.compile(r"stopped at (step|tile) \d+ / \d+")).wait_for(timeout=20_000)
     except Exception:
         raise AssertionError(f"after Stop the status line says: {page.locator('#edit-status').inner_text()!r}") from None
+    label = page.locator("#edit-preview [data-testid=block-label]").inner_text()
+    assert label.startswith("stopped:") and "running" not in label, label
 
 
 @browser

@@ -202,7 +202,7 @@ def stale_names(texts: list[tuple[str, str, bool]]) -> list[str]:
                     wrong.append(f"{where}: {name} (the {head}: section has no {member})")
                 continue
             modules = index.by_stem.get(head, [])
-            # `Engine.views`; `jobs.halter`, `page.app`: an instance named after its class (Jobs, Page)
+            # `Engine.views`; `jobs.stopper`, `page.app`: an instance named after its class (Jobs, Page)
             classes = [c for c in (head, head.title().replace("_", "")) if c in index.classes]
             if not modules and not classes:
                 continue  # another library's (torch.compile, nn.Conv2d) or a variable (pipe.classes)

@@ -219,6 +219,8 @@ class AttentionTab:
             return self.engine.views.mean_attention_maps(gen, image, pixel, on_step=on_step)
 
         maps = yield from self.jobs.run(request, self.mean_status, job, progress, "averaging")
+        if maps is None:  # stopped: its line says where
+            return
         yield self.jobs.done(request, self.mean_status, {
             self.maps: maps,
             self.mean_status: f"done: the maps of pixel (y {pixel[0]}, x {pixel[1]}) averaged over all {gen.num_steps} "

@@ -108,7 +108,10 @@ class HeadsTab:
         def job(on_step):
             return self.engine.views.head_table(gen, image, on_step=on_step)
 
-        rows, chart = yield from self.jobs.run(request, self.stats_status, job, progress, "measuring")
+        measured = yield from self.jobs.run(request, self.stats_status, job, progress, "measuring")
+        if measured is None:  # stopped: its line says where
+            return
+        rows, chart = measured
         unprompted = " (a text model: measured without its prompt, unconditional)" if gen.words else ""
         layers = list(dict.fromkeys(r.layer for r in rows))
         kept = [name for name in (chosen or []) if name in layers]  # another model's layers: not offered, not kept
@@ -138,6 +141,8 @@ class HeadsTab:
             return self.engine.views.ablate(gen, list(layers), head_ids, on_step=on_step)
 
         off = yield from self.jobs.run(request, self.off_status, job, progress, "switching off", self.off_image, enlarge)
+        if off is None:  # stopped: its line says where
+            return
         which = ", ".join(layers) + ("" if head_ids is None else f" (heads {', '.join(map(str, head_ids))})")
         change = float((off.images - gen.images).abs().mean())
         yield self.jobs.done(request, self.off_status, {

@@ -9,7 +9,7 @@ import gradio as gr
 
 from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.cache_sweep import sweep_safe, whole_files
-from denoiser.app.controls import CANCELS_JS
+from denoiser.app.controls import STATUS_CSS
 from denoiser.app.engine import Engine
 from denoiser.app.heads_tab import HeadsTab
 from denoiser.app.page import Page
@@ -47,7 +47,7 @@ CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-previe
 # and escaped (streaming.user_error), so no traceback or server path is shown either way
 # state_session_capacity: the sessions whose generations stay in memory (oldest dropped first; app.py's
 # --max-sessions); with the work budget, one generation holds at most ~200 MB of step inputs (the 16x16 model: 64 images x 1000 steps)
-LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32, "css": CSS, "js": CANCELS_JS}
+LAUNCH = {"max_file_size": "25mb", "show_error": True, "state_session_capacity": 32, "css": CSS + STATUS_CSS}
 
 
 INTRO = ("# denoiser — attention U-Net diffusion\nGenerate on the **Sample** tab, or denoise, edit and inpaint your own "

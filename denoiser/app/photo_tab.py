@@ -20,11 +20,11 @@ from PIL import Image
 
 from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.controls import (
+    JOB,
     SESSION_TTL_S,
     form_slider,
     on_any_change,
-    ran_js,
-    retry_js,
+    queued,
     run_controls,
     selected_index,
     stop_controls,
@@ -57,6 +57,8 @@ log = logging.getLogger("denoiser.app")
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 # a noise level σ below this ([0, 1] pixel scale, ~2.5/255) is a clean picture: denoising leaves it as it is
 CLEAN_SIGMA = 0.01
+# the live preview's label once its run was stopped (by tiled: a photo's denoise in tiles, or a sampled chain)
+STOPPED_PREVIEW = {True: "stopped: the tiles denoised before Stop", False: "stopped: the predicted x₀ at Stop"}
 # the Photo tab's form as a result's PNG carries it (denoiser.app.png_settings.save_with_settings), in wire_edit's order
 EDIT_FORM = ("model", "class", "guidance_scale", "operation", "sigma", "strength", "add_noise", "steps", "seed", "pag_scale",
              "prompt")
@@ -196,10 +198,7 @@ class PhotoTab:
 
     def wire(self, app: gr.Blocks) -> None:
         form = self.page.form
-        # before the job it retries: Gradio runs a click's listeners in order, each job's to its end (retry_js); the
-        # job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started
-        self.run.click(None, js=retry_js(self.run.elem_id), api_name=False, queue=False)
-        self.run.click(self.jobs.requester(self.status.elem_id), None, None, api_name=False, queue=False)
+        queued(self.run, self.status, self.jobs)  # the click noted first: its queue place, and a Stop while it waits
         scope_inputs = [self.model, self.operation, self.add_noise, self.upload]
         app.load(form.class_choices, [self.model, self.class_name], self.class_name, api_name=False, queue=False)
         app.load(self.sizes, self.model, self.sizes_note, api_name=False, queue=False)
@@ -227,12 +226,11 @@ class PhotoTab:
         # views (the Attention tab's), the preview, the upload's state, the status line
         outputs = [self.result, self.text, *self.page.tab(AttentionTab).generation_outputs, self.preview, self.upload,
                    self.status]
-        editing = self.run.click(
+        self.run.click(
             self.run_edit, [self.model, self.class_name, self.guidance, self.editor, self.operation, self.sigma,
                             self.strength, self.add_noise, self.steps, self.seed, self.pag, self.photo, self.photo_shown,
                             self.upload, self.prompt], outputs,
-            concurrency_limit=1, concurrency_id="sampling", show_progress_on=[self.status], api_name="edit",
-            js=ran_js(self.run.elem_id))  # Stop, then Run at once: retry_js presses it again until it has gone out
+            api_name="edit", **JOB)
         self.result.select(selected_index, None, self.selected, api_name=False)
         self.use_selected.click(self.restore_form, [self.result, self.selected, self.upload],
                                 [*self.form, self.status, self.prompt_restored], api_name=False)
@@ -240,7 +238,7 @@ class PhotoTab:
         self.operation.change(lambda op: (gr.update(visible=op.startswith("denoise")), gr.update(visible=op == "edit")),
                               self.operation, [self.sigma, self.strength], api_name=False, queue=False,
                               show_progress="hidden")
-        stop_controls(self.stop, self.status, [editing], self.jobs)
+        stop_controls(self.stop, self.status, self.jobs)
 
     def run_edit(self, model, class_name, guidance_scale, editor, operation, sigma, strength, add_noise, steps, seed,
                  pag_scale=0.0, photo=None, shown=None, upload=None, prompt=None, progress=gr.Progress(),
@@ -273,7 +271,11 @@ class PhotoTab:
 
         preview, what = (self._tiles_preview, "denoise (tiles)") if restore.tiled else (self._preview, operation)
         unit = "tile" if restore.tiled else "step"  # a photo's progress counts its tiles, and says so
-        gen, done = yield from self.jobs.run(request, self.status, job, progress, what, self.preview, preview, unit)
+        stopped = {self.preview: gr.update(label=STOPPED_PREVIEW[restore.tiled])}  # no longer "running:"
+        ran = yield from self.jobs.run(request, self.status, job, progress, what, self.preview, preview, unit, stopped)
+        if ran is None:  # stopped: its line says where
+            return
+        gen, done = ran
         folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         # "your image" in the result's framing: the photo (or its scaled copy), or the centre square the model sees
         yours = done.input if restore.tiled else centre_square(image)

@@ -14,10 +14,10 @@ import gradio as gr
 from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.controls import (
     CLEAR_TOASTS,
+    JOB,
     form_slider,
     on_any_change,
-    ran_js,
-    retry_js,
+    queued,
     run_controls,
     scroll_to_js,
     selected_index,
@@ -47,9 +47,9 @@ from denoiser.request import BUILT_IN, TIMESTEP_SPACINGS
 
 __all__ = ["SampleTab"]
 
-# what a job of this tab runs with: one at a time on the server (the "sampling" slot), its progress and errors on the
-# status line only (a failed or stopped run leaves the pictures shown without "Error" badges over them)
-SAMPLING = dict(concurrency_limit=1, concurrency_id="sampling")
+# what a job of this tab runs with: one at a time on the server (the "sampling" slot), its queue place, progress and
+# errors on the status line only (controls.JOB: a failed or stopped run leaves the pictures without "Error" badges)
+SAMPLING = JOB
 
 
 def _api_twin(name: str, control: gr.components.Component) -> gr.components.Component:
@@ -183,11 +183,9 @@ class SampleTab:
 
     def wire(self, app: gr.Blocks) -> None:
         form = self.page.form
-        # before the jobs they retry: Gradio runs a click's listeners in order, each job's to its end (retry_js); each
-        # job's request noted at once, unqueued: a Stop while it still waits in the queue says it never started
+        # each job's click noted first, unqueued: its queue place on the status line, and a Stop while it waits
         for button in (self.run, self.word_edit.run):
-            button.click(None, js=retry_js(button.elem_id), api_name=False, queue=False)
-            button.click(self.jobs.requester(self.status.elem_id), None, None, api_name=False, queue=False)
+            queued(button, self.status, self.jobs)
         # the model's best on load and when a person picks a model or a class (.input); a form filled by "use these
         # settings" or a "try these" row keeps what it was given, and sets the class choices of its model itself (a
         # .change of the model would race it: it reads the class shown before the row's arrived)
@@ -213,12 +211,11 @@ class SampleTab:
         on_any_change(work, form.budget_note, work, self.budget, load=app, show_progress="hidden")  # the latest form's
         self.gallery.select(selected_index, None, self.selected, api_name=False)
         self.randomise.click(lambda: random.randint(0, 2**31 - 1), None, self.seed, api_name=False)
-        sampling = dict(SAMPLING, show_progress_on=[self.status])
+        sampling = SAMPLING
         # typed: a number box left empty is refused. An input, not functools.partial: Gradio (6.31) reads a handler's
         # type hints to pass it the gr.Request, and a partial has none, so the job knew no session and Stop missed it
         typed = gr.State(True)
-        generating = self.run.click(self.generate, [*self.form, typed], self.outputs, api_name=False, js=ran_js("generate"),
-                                    **sampling)
+        generating = self.run.click(self.generate, [*self.form, typed], self.outputs, api_name=False, **sampling)
         with gr.Row(visible=False):  # the /generate API: the form's twins, each left unset the model's own
             api_form = [_api_twin(name, control) for name, control in zip(SETTINGS_FORM, self.form)]
             api_door = gr.Button()
@@ -247,10 +244,9 @@ class SampleTab:
         self.earlier.select(selected_index, None, self.earlier_selected, api_name=False)
         self.use_earlier.click(self.word_edit.use_settings, [self.earlier, self.earlier_selected], restored,
                                api_name=False)
-        # Stop: Gradio closes the running handler at its next yield (at most HEARTBEAT_S), streaming.stream then stops
-        # the worker after the UNet call in progress and frees the sampling slot; the status line then says where it
-        # stopped and what the pictures shown are
-        stop_controls(self.stop, self.status, runs, self.jobs)
+        # Stop: the session's job stops after the UNet call in progress and says where it stopped and what the pictures
+        # shown are (denoiser.app.jobs)
+        stop_controls(self.stop, self.status, self.jobs)
 
     def generate(self, model, scheduler=None, steps=None, seed=0, num_images=None, class_name=None, guidance_scale=None,
                  pag_scale=None, guide_scale=None, timestep_spacing=None, eta=None, guidance_interval=None, pag_layers=None,
@@ -275,6 +271,8 @@ class SampleTab:
             return self.engine.generate(model, **form, on_step=on_step, plan=plan)
 
         gen = yield from self.jobs.run(request, self.status, job, progress, "denoising", self.preview, enlarge)
+        if gen is None:  # stopped: its line says where
+            return
         # what ran: the plan's values (an API call's unset fields are the model's own)
         settings = dict(model=model, seed=plan.seed, scheduler=plan.scheduler_name, steps=plan.steps,
                         num_images=plan.num_images, guidance_scale=plan.guidance.scale, pag_scale=plan.guidance.pag_scale,

@@ -2,8 +2,9 @@
 
 `stream(job, progress, desc)` runs `job(on_step)` in a thread and yields (x0 preview, progress text) while it
 runs; `relay` turns those into a handler's updates; `user_error` turns any failure into a short message
-without traceback or server paths. Closing the consumer (Gradio's cancel, a closed tab, the Stop button)
-stops the worker at its next step and joins it before the queue slot frees. `STOPPING` is set once by
+without traceback or server paths. The page's Stop (its `stop` event: denoiser.app.jobs) ends the work at its next
+step and the stream with `Stopped`; closing the consumer (a closed tab, an API client's cancel) stops the worker the
+same way. Either way the worker is joined before the queue slot frees. `STOPPING` is set once by
 Ctrl-C or SIGTERM: running jobs then stop at their next step, so no sampling thread is in C++ when Python
 exits.
 """
@@ -26,13 +27,8 @@ from denoiser.image_io import to_pil
 __all__ = ["STOPPING", "Cancelled", "Stopped", "progress_text", "stream", "relay", "user_error", "not_started", "friendly"]
 
 log = logging.getLogger("denoiser.app")
-HEARTBEAT_S = 0.5  # longest wait between yields of a running generation (how soon a cancel is seen)
+HEARTBEAT_S = 0.5  # longest wait between yields of a running generation (how soon a client's cancel is seen)
 PREVIEW_EVERY_S = 1.5  # at least this often a preview while sampling (DDPM-1000 never looks frozen)
-# a job whose handler nobody has resumed for this long has been left (the page's Stop cancelled Gradio's task but
-# closed no generator: gradio 6.31 closes the one of the event id the page sends, and under load that id can be the
-# job before's, so the worker sampled on unseen to the end): it stops at its next step, as if closed
-ORPHAN_S = 10.0
-STOP_GRACE_S = 5.0  # a job stopped on the server (the page's Stop) waits this long for Gradio's cancel to close it
 STOPPING = threading.Event()
 
 
@@ -40,13 +36,13 @@ class Cancelled(Exception):
     """Raised inside the sampling loop's callback once the request that started it is gone."""
 
 
-class Stopped(gr.Error):
-    """A job's work stopped by the page's Stop (Jobs.halter) while its handler still runs (Gradio's cancel has not
-    closed it, or never will): the handler ends without a word of its own, no toast; Stop's line says where it
-    stopped."""
+class Stopped(Exception):
+    """A job's work stopped by the page's Stop (its `stop` event set) at a step: `status` is its last progress line
+    ("denoising: step 12 / 50 · ..."; None before its first step), from which its handler says where it stopped."""
 
-    def __init__(self) -> None:
-        super().__init__("stopped", visible=False, print_exception=False)
+    def __init__(self, status: str | None) -> None:
+        super().__init__(status)
+        self.status = status
 
 
 def progress_text(desc: str, done: int, total: int, elapsed: float, unit: str = "step") -> str:
@@ -64,15 +60,14 @@ class _Worker:
         self.job, self.progress, self.desc, self.unit = job, progress, desc, unit
         self.previews: queue.Queue = queue.Queue()  # x0 previews, then None when the job has ended
         self.result: dict = {}
-        self.stop = stop or threading.Event()  # set when nobody listens any more (or by the page's Stop: Jobs.halter)
+        self.stop = stop or threading.Event()  # set by the page's Stop, or when nobody listens any more
         self.started = self.last_preview = time.monotonic()  # DDPM-1000 still shows a fresh x0 every PREVIEW_EVERY_S
-        self.pulled = self.started  # when the handler last resumed (stream): a job left for ORPHAN_S stops
         self.status: str | None = None  # the latest "step k / N · about S s left"
         self.shown: str | None = None  # the status line the page shows now
         self.thread = threading.Thread(target=self._work, name="denoiser-generate", daemon=True)
 
     def on_step(self, i: int, total: int, x0) -> None:
-        if self.stop.is_set() or STOPPING.is_set() or time.monotonic() - self.pulled > ORPHAN_S:
+        if self.stop.is_set() or STOPPING.is_set():
             raise Cancelled  # out of the sampling loop after the UNet call in progress
         self.status = progress_text(self.desc, i + 1, total, time.monotonic() - self.started, self.unit)
         self.progress((i + 1) / total, desc=self.status)
@@ -100,18 +95,17 @@ class _Worker:
 
 def stream(job, progress, desc: str, unit: str = "step", stop: threading.Event | None = None):
     """Run `job(on_step)` (a generation or an edit) in a worker thread; yield (x0 preview, progress text) as they
-    come (None for what has not changed, at least every HEARTBEAT_S), then return its result. When the consumer is closed
-    (Gradio's cancel, a closed tab), the worker stops at its next step and is joined first, so the
-    queue slot frees only once the work has stopped. `stop`: set by someone else (the page's Stop: Jobs.halter), the
-    worker stops the same way."""
+    come (None for what has not changed, at least every HEARTBEAT_S), then return its result. `stop` set (the page's
+    Stop: denoiser.app.jobs), the worker stops at its next step and this raises Stopped; when the consumer is closed (a
+    closed tab, an API client's cancel), the worker stops the same way. It is joined first either way, so the queue
+    slot frees only once the work has stopped."""
     worker = _Worker(job, progress, desc, unit, stop)
-    # this job's own line at once: before its first step the page would show Gradio's estimate, the average time to
-    # the first output of earlier jobs of this button, whatever their size (issue 60)
     progress(0, desc=f"{desc}: starting")
     worker.thread.start()
     try:
+        # this job's own line at once, over its queue line (a model's first step can take seconds)
+        yield None, f"{desc}: starting"
         while True:
-            worker.pulled = time.monotonic()  # resumed: somebody still listens
             try:
                 x0 = worker.previews.get(timeout=HEARTBEAT_S)
             except queue.Empty:  # yield now and then: a cancel can only close a generator at a yield
@@ -120,13 +114,6 @@ def stream(job, progress, desc: str, unit: str = "step", stop: threading.Event |
             if x0 is None:
                 break
             yield to_pil(x0), worker.fresh_status()
-        # stopped by the page's Stop (Jobs.halter) before Gradio's cancel has closed this handler: wait for it, which
-        # ends the page's event as a cancel; only if it never comes does the handler end by itself (Stopped)
-        halted = time.monotonic()
-        while not worker.result and worker.stop.is_set() and time.monotonic() - halted < STOP_GRACE_S:
-            worker.pulled = time.monotonic()
-            yield None, None
-            time.sleep(HEARTBEAT_S)
     finally:
         worker.stop.set()
         worker.thread.join()
@@ -135,8 +122,8 @@ def stream(job, progress, desc: str, unit: str = "step", stop: threading.Event |
         malloc.release_free_memory()
     if "error" in worker.result:
         raise user_error(worker.result["error"])
-    if "value" not in worker.result and not STOPPING.is_set():  # stopped by the page's Stop, its handler not closed
-        raise Stopped
+    if "value" not in worker.result and not STOPPING.is_set():  # stopped by the page's Stop
+        raise Stopped(worker.status)
     if "value" not in worker.result:  # cancelled while the request still listens: the server is stopping
         raise gr.Error("the server is shutting down: try again once it is back")
     return worker.result["value"]
@@ -202,8 +189,6 @@ def relay(stream, status, preview=None, show=None):
                 image, text = next(stream)
             except StopIteration as done:
                 return done.value
-            except Stopped:  # Stop's own line says where
-                raise
             except gr.Error as err:  # refused or failed once the job had started: the status line says why too
                 yield {status: not_done(err.message)}
                 raise
