@@ -102,10 +102,12 @@ def test_sigterm_saves_a_checkpoint_and_exits(tmp_path):
     cmd = [sys.executable, "-m", "denoiser.cli.main", "train", "--config", str(cfg), "--output-dir", str(run)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the loop installs its SIGTERM handler before step 1, so a second row of loss.csv means the handler is in place
     deadline = time.time() + 120
-    while not (run / "loss.csv").is_file() and time.time() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)
+    while _lines(run / "loss.csv") < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"training ended before the signal:\n{proc.communicate()[1][-2000:]}"
+    assert _lines(run / "loss.csv") >= 2, "no training step logged within 120 s"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM
