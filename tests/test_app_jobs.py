@@ -221,3 +221,23 @@ def test_every_job_handler_is_given_its_session(demo):
     assert len(jobs) >= 6, [fn.name for fn in jobs]  # Generate, its API, a "try these" row, the word edit, Photo, ...
     for fn in jobs:
         assert gr.Request in get_type_hints(fn.fn).values(), f"{fn.name} is not given the gr.Request"
+
+
+def test_every_job_a_person_starts_is_noted_first(demo):
+    """A job waits in the queue with its place on its status line, and a Stop while it waits cancels it, only if its
+    click was noted first (Jobs.requester: the page runs a click's listeners, and a chain's steps, in order). Every
+    job of the sampling slot a person starts (a button, a "try these" row) is; the /generate API's hidden button is
+    not a person's. Before, a row's run waiting in the queue showed nothing once Gradio's tracker was hidden."""
+    fns = demo.fns
+    noted = {fn._id: fn for fn in fns.values() if fn.name == "requested"}
+    assert any(fn.concurrency_id == "sampling" and fn.trigger_after is not None for fn in fns.values())  # a row's run
+    for fn in fns.values():
+        if fn.concurrency_id != "sampling" or fn.api_name == "generate":
+            continue
+        if fn.trigger_after is not None:
+            assert fn.trigger_after in noted, f"{fn.name} (after {fns[fn.trigger_after].name}) is not noted first"
+        else:
+            first = [n for n in noted.values() if n.targets == fn.targets and n._id < fn._id]
+            assert first, f"{fn.name} on {fn.targets} is not noted first"
+    assert all(fn.show_progress == "hidden" and fn.trigger_mode == "always_last"
+               for fn in fns.values() if fn.concurrency_id == "sampling" and fn.api_name != "generate")

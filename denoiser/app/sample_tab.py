@@ -234,6 +234,8 @@ class SampleTab:
             runs.append(filled.then(form.filled_form, [self.model, self.class_name], [self.class_name, self.guidance,
                                                                                       *advanced],
                                     api_name=False, queue=False)
+                        .then(self.jobs.requester(self.status.elem_id), None, self.status, api_name=False, queue=False,
+                              show_progress="hidden")  # noted as Generate's click is: its queue place, a Stop
                         .then(self.generate, self.form, self.outputs, api_name=False, **sampling))
         # a finished run's results join the ones kept in the browser; a reload shows those again
         earlier = [self.earlier, self.use_earlier]
