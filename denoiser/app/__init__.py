@@ -5,7 +5,7 @@ This module starts the process. The app's parts, each in its own file: `serve` (
 stopping), `layout` (the page: its tabs in order) on `page` (what the tabs share), `sample_tab` (Generate, its
 results) with `form` (a model's form) and `views` (what a generation shows, shared), `photo_tab`, `attention_tab`
 and `heads_tab` (those tabs, each its components, handlers and wiring),
-`jobs` (which job runs on which status line, for Stop), `streaming` (jobs in a worker thread, progress, errors for
+`jobs` (the jobs of the one sampling slot: a waiting job's place and wait, Stop), `streaming` (jobs in a worker thread, progress, errors for
 people), `engine` (models, sampling and restoring, without the web) with `attention_views` (the
 attention, word maps, four stages and heads it shows).
 

@@ -1,7 +1,7 @@
 """Serving the web app: its command-line arguments, the Gradio server, and stopping on Ctrl-C or SIGTERM.
 
 Started by `denoiser.app.main` (`denoiser app`, `python app.py`), which prepares the process before this
-module imports Gradio. One sampling job runs at a time (Gradio's queue shows the others their position);
+module imports Gradio. One sampling job runs at a time (a job waiting for it says its place and wait: denoiser.app.jobs);
 each browser session keeps its own generation in `gr.State`, so sessions never see each other's images.
 
 Memory: the server keeps the generations of the last `--max-sessions` sessions (each for 30 minutes at
