@@ -6,7 +6,6 @@ page helpers (fill, pick, options, number).
 from __future__ import annotations
 
 import random
-import re
 import time
 import urllib.request
 from pathlib import Path
@@ -107,9 +106,9 @@ class WalkActions:
         return f"type seed {value}"
 
     def dice(self) -> str:
-        self.page.get_by_role("button", name=re.compile("randomise")).click()
+        self.page.get_by_role("button", name="random seed").click()
         self.touched.add("seed")
-        return "click 🎲 randomise"
+        return "click random seed"
 
     def advanced(self) -> str:
         """One of the folded-away settings (the accordion opened first)."""

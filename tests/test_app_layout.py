@@ -95,3 +95,12 @@ def test_a_new_tab_is_its_module_and_one_line_in_tabs(weights, monkeypatch):
     assert echo.echo("hi") == {echo.out: "echo: hi"}
     with pytest.raises(LookupError, match="add it to denoiser/app/layout.py's TABS"):
         Page(page.engine).tab(Echo)  # a page without it says where tabs are listed
+
+
+def test_every_button_is_drawn_in_the_pages_fonts(weights):
+    """Issue 72 finding 8: the randomise button's dice (U+1F3B2) showed as a box: a browser without a colour-emoji font
+    (Debian's chromium) draws no glyph for it. Every button says what it does in text the page's fonts draw."""
+    page = app_page(weights)
+    labels = [str(b.value) for b in page.app.blocks.values() if isinstance(b, gr.Button) and b.value]
+    emoji = [label for label in labels if any(ord(c) >= 0x1F000 for c in label)]
+    assert labels and not emoji, emoji

@@ -70,3 +70,20 @@ def test_every_word_map_is_drawn_on_one_absolute_scale():
     nearly_flat = word_overlay(image, torch.tensor([[0.31, 0.35], [0.33, 0.34]]))
     assert float((nearly_flat - nearly_flat[:, :1, :1]).abs().max()) < 0.05  # 0.31-0.35 stays nearly one colour
     assert WORD_SCALE == ("share 0", "1: all of the pixel's attention")
+
+
+def test_a_weights_number_is_black_on_white_whatever_its_bar():
+    """Issue 72 finding 8: a number printed white on the dark-red bar (contrast about 4:1) was hard to read; each number
+    sits on a white chip of its own, black on white, over a bar of any length."""
+    from denoiser.app.words import _BAR, _CELL_W, _LABEL_W, _PAD, _ROW_H, _TOP, chart_font, word_weights_chart
+
+    chart = word_weights_chart([("mid_cross (8x8)", torch.tensor([[0.9, 0.1]]))], ["red", "apple"])
+    font = chart_font(12)
+    y0 = _TOP + _PAD + _ROW_H
+    for j, text in enumerate(("0.90", "0.10")):
+        x0 = _PAD + _LABEL_W + j * _CELL_W
+        left, top, right, bottom = font.getbbox(text) if hasattr(font, "getbbox") else (0, 0, 24, 12)
+        box = chart.crop((x0 + 2 + left, y0 + 3 + top, x0 + 2 + right, y0 + 3 + bottom))
+        colours = {c for _, c in box.getcolors(10_000)}
+        assert _BAR not in colours, f"{text} is printed over its bar"
+        assert min(sum(c) for c in colours) < 150 and (255, 255, 255) in colours  # dark text on white

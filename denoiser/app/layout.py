@@ -24,22 +24,45 @@ TABS = (SampleTab, PhotoTab, AttentionTab, HeadsTab)  # the page's tabs, in thei
 # every failure reaches the page as a toast that stays (streaming.user_error) and the status lines say in words what
 # happened (a refusal, a stop); Gradio's red "Error" pill, drawn over each output of a failed event, would repeat it
 # over pictures and text that are still true (the ones from before), so it is not drawn
-# on a phone the Sample tab's two columns stack: Generate and its status first, the prompt (or class) right under
-# them, then the live preview, the model and the other settings, then the results (both columns are dissolved into
-# the row so their pieces can take that order); the "try these" table keeps its model, steps, class, guidance and
-# prompt columns, so that it fits the width (a click still sets everything, and the form shows it)
+# a drop zone as tall as its "Drop File Here - or - Click to Upload" under its label (Gradio fixes the height given:
+# the settings box's 90 px cut the last line)
+DROP_ZONES = (":is(#settings-png, #photo) .upload-container { height: auto !important; min-height: 90px; }\n"
+              ":is(#settings-png, #photo) [data-testid=block-label] { position: static; }\n"  # above, not over
+              "#settings-png [data-testid=upload-icon] { display: none; }\n")  # a small box: its words alone
+# on a phone (issue 72 finding 2) the Sample tab's two columns stack, dissolved into the row so that their pieces take
+# this order: Generate and its status; the prompt (or class) and its examples; the live preview and the results with
+# their buttons and word edit; then the model and the other settings; then the settings box and the earlier results
+PHONE_ORDER = ("  #sample-main, #sample-settings { display: contents; }\n"
+               "  #sample-main > *, #sample-settings > * { flex: 1 1 100%; min-width: 0; }\n"
+               "  #sample-settings > * { order: 2; }\n"
+               "  #sample-settings > :has(#prompt), #sample-settings > #prompt-examples, #sample-settings > #class-box"
+               " { order: 0; }\n"
+               "  #preview, #gallery, #download-all, #use-settings, #word-edit { order: 1; }\n"
+               "  #settings-png, #earlier, #use-earlier { order: 3; }\n")
+# on a phone a gallery's columns fit the width (Gradio's 100 px minimum put 4 columns in 326 px: the 4th off-screen),
+# and a picture's label sits above it, not over its first row
+PHONE_GALLERIES = ("  :is(#gallery, #earlier, #edit-result) .grid-container { grid-template-columns: repeat(auto-fill,"
+                   " minmax(72px, 1fr)) !important; grid-template-rows: none !important; grid-auto-rows: auto; }\n"
+                   "  :is(#gallery, #earlier, #edit-result, #preview, #edit-preview) [data-testid=block-label]"
+                   " { position: static; }\n")
+# on a phone a chart keeps its own size, its box scrolls sideways: shrunk to the width, its names were ~4 px tall and
+# the fullscreen and download icons covered its header (they sit in the blank band above it at its own size)
+CHARTS = ":is(#word-maps, #word-weights, #maps, #stages)"
+PHONE_CHARTS = (f"  {CHARTS} [data-testid=block-label] {{ position: static; }}\n"
+                f"  {CHARTS} .image-container {{ display: block; overflow-x: auto; }}\n"
+                f"  {CHARTS} :is(.image-container > button, .image-frame) {{ display: block; width: max-content;"
+                " max-width: none; margin: 0; }\n"
+                f"  {CHARTS} img {{ max-width: none !important; width: auto !important; height: auto !important; }}\n")
+# the "try these" table keeps its model, steps, class, guidance and prompt columns, so that it fits the width (a click
+# still sets everything, and the form shows it); its columns as wide as their headers' longest word, so that a header
+# breaks between words, never inside one ("guidan/ce": equal columns were narrower than "guidance")
+PHONE_TABLE = ("  #try-these :is(th, td):is(:nth-child(2), :nth-child(4), :nth-child(5), :nth-child(8), :nth-child(9))"
+               " { display: none; } #try-these table { width: 100%; table-layout: auto; }\n"
+               "  #try-these :is(th, td) { padding: 2px; font-size: 13px; white-space: normal; overflow-wrap: anywhere; }\n"
+               "  #try-these th { overflow-wrap: normal !important; word-break: keep-all; }\n")
 CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-preview img { image-rendering: pixelated; }\n"
-       "[data-testid=status-tracker] .error { display: none; }\n"
-       "@media (max-width: 700px) { #sample-main, #sample-settings { display: contents; }\n"
-       "  #sample-main > *, #sample-settings > * { flex: 1 1 100%; min-width: 0; }\n"
-       "  #preview, #sample-settings > * { order: 1; }\n"
-       "  #sample-settings > :has(#prompt), #sample-settings > #prompt-examples, #sample-settings > #class-box { order: 0; }\n"
-       "  #gallery, #download-all, #use-settings, #settings-png, #word-edit, #earlier, #use-earlier { order: 2; }\n"
-       "  #try-these :is(th, td):is(:nth-child(2), :nth-child(4), :nth-child(5), :nth-child(8), :nth-child(9))\n"
-       "  { display: none; } #try-these table { width: 100%; table-layout: fixed; }\n"
-       "  #try-these :is(th, td) { padding: 2px; font-size: 13px; white-space: normal; overflow-wrap: anywhere; }\n"
-       # a chart shrunk to a phone's width: its label above it, not over its first row of names
-       "  :is(#word-maps, #word-weights) [data-testid=block-label] { position: static; } }")
+       "[data-testid=status-tracker] .error { display: none; }\n" + DROP_ZONES
+       + "@media (max-width: 700px) {\n" + PHONE_ORDER + PHONE_GALLERIES + PHONE_CHARTS + PHONE_TABLE + "}")
 # launch() settings every server of this app uses: uploads (a photo on the Photo tab) of at most 25 MB, what a
 # phone or camera writes; image_io then refuses more than 50 megapixels before decoding
 # show_error: Gradio's own input validation (e.g. a raw API call with steps: null) reaches the client as its

@@ -130,7 +130,7 @@ class SampleTab:
             self.num_images = whole_box("num_images", BUILT_IN["num_images"], "images", "num-images")
         with gr.Row():
             self.seed = whole_box("seed", 0, "seed", "seed")
-            self.randomise = gr.Button("🎲 randomise", size="sm")
+            self.randomise = gr.Button("random seed", size="sm")
         self.budget = gr.Markdown(elem_id="budget")  # this request's work against the server's budget
         # a text model's prompt in place of the class (ModelForm.text_controls shows one or the other)
         self.prompt = gr.Textbox("", label="prompt", elem_id="prompt", visible=False, max_lines=2,

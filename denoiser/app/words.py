@@ -125,7 +125,10 @@ def word_weights_chart(rows: Sequence[tuple[str, torch.Tensor]], words: Sequence
             bar = round(value * (_CELL_W - 8))
             if bar > 0:
                 draw.rectangle([x0, y0 + 4, x0 + bar, y0 + _ROW_H - 4], fill=_BAR)
-            draw.text((x0 + 2, y0 + 3), f"{value:.2f}", fill="black" if bar < 30 else "white", font=font)
+            number = f"{value:.2f}"  # black on a white chip: white on the red bar was hard to read (about 4:1)
+            left, top, right, bottom = draw.textbbox((x0 + 2, y0 + 3), number, font=font)
+            draw.rectangle([left - 1, top - 1, right, bottom], fill="white")
+            draw.text((x0 + 2, y0 + 3), number, fill="black", font=font)
     return img
 
 
