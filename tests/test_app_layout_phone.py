@@ -122,6 +122,7 @@ def test_browser_drop_zones_show_their_words_and_headers_break_between_words(ser
         assert words["y"] >= outer["y"] and words["y"] + words["height"] <= outer["y"] + outer["height"], (words, outer)
         assert not _overlap(label, words), (label, words)
         assert zone.get_by_text("Click to Upload").is_visible()
+        assert outer["height"] < 200, outer  # as tall as its words, not Gradio's 240 px of blank
         headers = page.evaluate(HEADER_WORDS)
         assert {h["word"] for h in headers} >= {"model", "guidance"}, headers
         broken = [h["word"] for h in headers if h["lines"] > 1]

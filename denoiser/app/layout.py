@@ -28,6 +28,7 @@ TABS = (SampleTab, PhotoTab, AttentionTab, HeadsTab)  # the page's tabs, in thei
 # the settings box's 90 px cut the last line)
 DROP_ZONES = (":is(#settings-png, #photo) .upload-container { height: auto !important; min-height: 90px; }\n"
               ":is(#settings-png, #photo) [data-testid=block-label] { position: static; }\n"  # above, not over
+              ":is(#settings-png, #photo) [data-testid=upload-text] { min-height: 0; }\n"  # Gradio's is 240 px
               "#settings-png [data-testid=upload-icon] { display: none; }\n")  # a small box: its words alone
 # on a phone (issue 72 finding 2) the Sample tab's two columns stack, dissolved into the row so that their pieces take
 # this order: Generate and its status; the prompt (or class) and its examples; the live preview and the results with
