@@ -4,7 +4,7 @@ PIP     := $(PY) -m pip
 VENV_OK := .venv/.installed
 TORCH   := torch==2.14.1 torchvision==0.29.1
 RUN     ?= runs/demo
-NO_KERNEL_TESTS := tests/test_unet.py tests/test_attention.py tests/test_attention_blocks.py tests/test_attention_capture.py tests/test_groupnorm.py tests/test_sample.py tests/test_winograd.py
+NO_KERNEL_TESTS := tests/model/test_unet.py tests/model/test_attention.py tests/model/test_attention_blocks.py tests/model/test_attention_capture.py tests/fast/test_groupnorm.py tests/sampling/test_loop.py tests/fast/test_winograd.py
 
 .PHONY: venv kernels demo test lint app chromium compiler screenshots walk clean
 

@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # training-data stores (denoiser/data/store.py) of this session's tmp folders: never in the user's cache
 os.environ["DENOISER_CACHE"] = tempfile.mkdtemp(prefix="denoiser-test-cache-")
 # every test runs in float32 unless it asks otherwise: a suite's result must not depend on which precision this machine
-# decided (denoiser.fast.precision: bf16 autocast on some CPUs); tests/test_precision.py drives the decision itself
+# decided (denoiser.fast.precision: bf16 autocast on some CPUs); tests/fast/test_precision.py drives the decision itself
 os.environ["DENOISER_PRECISION"] = "float32"
 
 import pytest  # noqa: E402
@@ -24,11 +24,12 @@ pytest_plugins = ["tests.app_browser"]  # the app's server and browser fixtures
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs files on 2 workers (pytest-xdist): one core each, not 2 threads each
     torch.set_num_threads(1)
 
-# make test's longest files, longest first (seconds on 2 workers, AVX2 Zen 3, 2026-12-07): the workers take them
-# first and end together on the short ones, where xdist's own order (most tests first) left one worker alone on the
-# walk for the last 80 s. The order only schedules; a file missing here runs after these
-LONGEST_FILES = ("test_app_sample.py", "test_app_photo_tab.py", "test_train_distributed.py", "test_app.py",  # 206..89 s
-                 "test_app_serve.py", "test_train.py", "test_app_walk.py", "test_doc_commands.py",  # 78..60 s
+# make test's longest files by their path under tests/ (rooms may share a file name), longest first (seconds on 2
+# workers, AVX2 Zen 3, 2026-12-07): the workers take them first and end together on the short ones, where xdist's own
+# order (most tests first) left one worker alone on the walk for the last 80 s. The order only schedules; a file
+# missing here runs after these
+LONGEST_FILES = ("test_app_sample.py", "test_app_photo_tab.py", "train/test_distributed.py", "test_app.py",  # 206..89 s
+                 "test_app_serve.py", "train/test_loop.py", "test_app_walk.py", "test_doc_commands.py",  # 78..60 s
                  "test_same_pixels.py", "test_app_photo_tab_page.py",  # ~60 s
                  "test_app_text.py", "test_install.py", "test_app_word_edit.py", "test_app_attention_tab.py")  # 49..33 s
 
@@ -36,7 +37,8 @@ LONGEST_FILES = ("test_app_sample.py", "test_app_photo_tab.py", "test_train_dist
 def pytest_collection_modifyitems(items: list) -> None:
     """The longest files first (LONGEST_FILES; `make test` passes --no-loadscope-reorder to keep this order)."""
     rank = {name: k for k, name in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    here = Path(__file__).resolve().parent
+    items.sort(key=lambda item: rank.get(item.path.relative_to(here).as_posix(), len(rank)))
 
 
 TINY = dict(

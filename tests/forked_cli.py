@@ -1,7 +1,7 @@
 """`denoiser ...` in a fork of a process that has already imported the command line's packages (conftest.cli).
 
 A `denoiser train` subprocess spends about 5 s importing torch, torchvision, diffusers and accelerate (the last two
-import torch._dynamo) before a tiny run's 1 s of work, and test_train.py starts 27 of them. multiprocessing's fork
+import torch._dynamo) before a tiny run's 1 s of work, and tests/train/test_loop.py starts 27 of them. multiprocessing's fork
 server imports those once per pytest worker; each command then runs in a fresh fork of it, with what a subprocess
 gives the test: its own process, environment, working folder, stdout and stderr, and exit status.
 

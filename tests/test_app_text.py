@@ -24,7 +24,7 @@ from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
 from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
 from tests.conftest import TINY, app_page
-from tests.test_text import TEXT, D, _tokenizer, _wake_cross
+from tests.model.test_text import TEXT, D, _tokenizer, _wake_cross
 
 WORDS_EXAMPLES = ["blue car", "red apple", "hot tea"]  # the "words" model's example prompts (its sampling.json)
 

@@ -42,7 +42,7 @@ def weights(weights):
     from denoiser.model.text import HashTextEncoder
     from denoiser.sampling.pipeline import save_pipeline
     from tests.conftest import TINY
-    from tests.test_text import TEXT, D, _tokenizer, _wake_cross
+    from tests.model.test_text import TEXT, D, _tokenizer, _wake_cross
 
     torch.manual_seed(0)
     unet = _wake_cross(UNet(**TINY, cross_attention_dim=D).eval())

@@ -48,9 +48,9 @@ RUNS = ("sample", "attention", "denoise", "edit", "inpaint", "attention-stats", 
 MODULES = {"denoiser.train": "train"}  # `python -m MODULE`, `accelerate launch -m MODULE`: the command of RUNS it is
 NOT_RUN = {
     "app": "a server, up until stopped (tests/test_app_serve.py starts one)",
-    "evaluate": "scores hundreds of samples or images (FID, bits/dim): minutes (tests/test_fid.py and the CLI's tests "
+    "evaluate": "scores hundreds of samples or images (FID, bits/dim): minutes (tests/evaluate/test_fid.py and the CLI's tests "
                 "run it small)",
-    "build-kernels": "compiles C++ on a fresh machine (~30 s; make venv runs it; tests/test_kernels.py)",
+    "build-kernels": "compiles C++ on a fresh machine (~30 s; make venv runs it; tests/fast/test_kernels.py)",
     "python": "a benchmark or a data-set build (minutes, or the network), or a module that is no command of RUNS",
     "make": "make's targets build the venv and run this suite",
     "pip": "installs packages",
@@ -189,7 +189,7 @@ class Work:
             if cmd.env.get("ACCELERATE_USE_CPU") != "true":
                 return "a GPU launch"
             if (launch.num_machines or 1) > 1:
-                return "one launch per machine (tests/test_train_distributed.py runs two on one host)"
+                return "one launch per machine (tests/train/test_distributed.py runs two on one host)"
             what = MODULES.get(what, what)
         elif cmd.kind == "python" and cmd.argv[1] == "-m" and what in MODULES:
             what = MODULES[what]

@@ -28,7 +28,7 @@ def test_pipeline_export_compile_checkpointing_block_runs(monkeypatch, capsys):
     torch._dynamo.reset()
     # The block's torch.compile is traced whole (fullgraph: a graph break still fails here) and run without inductor's
     # code generation, which took ~70 of this test's 104 s on one thread; inductor's output for this UNet is checked
-    # against eager in tests/test_unet_contract.py.
+    # against eager in tests/model/test_unet_contract.py.
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     exec(compile(code, "README.md", "exec"), scope)
     assert type(scope["pipe"]).__name__ == "DenoiserPipeline"

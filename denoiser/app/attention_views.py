@@ -122,7 +122,7 @@ class AttentionViews:
         x, labels, B = gen.inputs[step], gen.labels, gen.images.shape[0]
         # the guided call as sampled: the images' own rows first, then "no class" (the negative prompt) and perturbed rows
         # (one call, as every captured call is; a batch of more rows than ROWS_PER_CALL was sampled in several calls
-        # of whole images, the same rows: tests/test_guidance.py)
+        # of whole images, the same rows: tests/sampling/test_guidance.py)
         with torch.inference_mode(), sampling_context(unet), capture_attention(unet) as recs:
             gen.guidance.main_pass(unet, x, gen.timesteps[step], labels, gen.text)
         # the images' own half, copied: a slice would keep the whole qkv projection (and v) alive

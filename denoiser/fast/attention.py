@@ -4,7 +4,7 @@ For self-attention with head sizes d = 16 and 32 in fp32, torch's flash kernel s
 around GEMM calls of inner size d; this kernel does the same three stages (scores, softmax, weights @ v) per block of
 queries in registers. Inference only (no backward). `sdpa` takes it where it applies and calls torch's
 fused SDPA everywhere else, so it computes the same function as `F.scaled_dot_product_attention`
-(tests/test_attention.py: against float64, as accurate as torch's own).
+(tests/model/test_attention.py: against float64, as accurate as torch's own).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 torch's own GroupNorm is 3-12x slower for channels-last tensors than for NCHW (bf16 especially) while the
 convolutions around it are fastest channels-last; this kernel closes that gap. `denoiser.model.groupnorm`
 calls `group_norm_nhwc` where `applies` says so and `F.group_norm` (+ `F.silu`) everywhere else; tests
-assert both compute the same function, forward and backward (tests/test_groupnorm.py).
+assert both compute the same function, forward and backward (tests/fast/test_groupnorm.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ at a time. On the shipped UNets it makes a float32 CPU call 1.2-1.4x faster at b
 docs/speed.md), with predicted noise within about 4e-6 of direct convolution's.
 
 Same function as `nn.Conv2d`, rounding differs: the transforms' constants make its float32 error about 8x direct
-convolution's, still 1e-5 of the output's scale (tests/test_winograd.py against float64). Only inference takes
+convolution's, still 1e-5 of the output's scale (tests/fast/test_winograd.py against float64). Only inference takes
 it: float32 channels-last CPU inputs, no autograd, no autocast (bf16 runs torch's convolution), not while tracing.
 
 `use_winograd(module)` swaps the class of each eligible `nn.Conv2d` (3x3, stride 1, padding 1, no groups or

@@ -16,7 +16,7 @@ per batch row b and key j, before stage (4):
 `apply` is that rule on explicit weights: the readable path and the records (`AttentionRecord`) use it.
 `fused` computes the same output without forming W: since W'·v = Σ_j W'_j v_j, the scale and the key map can
 be moved onto the values, and the output is one fused SDPA with the row's own q, k (for its own keys) plus one
-with the source's q, k (for the keys it takes from the source). Both are the same function (tests/test_attention_edit.py).
+with the source's q, k (for the keys it takes from the source). Both are the same function (tests/model/test_attention_edit.py).
 """
 
 from __future__ import annotations

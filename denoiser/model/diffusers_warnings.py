@@ -5,7 +5,7 @@ for every model that keeps none (it tests `self._keep_in_fp32_modules or []` aga
 nothing to act on. `UNet.to` drops that one message, during its own call and in its own thread only
 (`quiet_empty_fp32_warning`); the same message from other models, other threads or other moments passes.
 
-What would let it go: diffusers no longer warning for an empty list. tests/test_unet_contract.py has a test that
+What would let it go: diffusers no longer warning for an empty list. tests/model/test_unet_contract.py has a test that
 fails on that day. The other diffusers patch, the pipeline's name, is `denoiser.sampling.registry`; this one is a module
 of its own because the registry reaches `denoiser.sampling.pipeline`, which imports the UNet that calls this one.
 """

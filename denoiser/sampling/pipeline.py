@@ -33,7 +33,7 @@ __all__ = ["DenoiserPipeline", "save_pipeline"]
 
 # model folders name each component's module in model_index.json (["denoiser.model.unet", "UNet"]); those a person
 # wrote before the package had rooms name the old paths, which diffusers looks up in sys.modules
-# (tests/test_registry.py::test_folders_that_name_the_modules_before_the_rooms_still_load)
+# (tests/sampling/test_registry.py::test_folders_that_name_the_modules_before_the_rooms_still_load)
 MOVED = {"denoiser.unet": "denoiser.model.unet", "denoiser.text": "denoiser.model.text"}
 for _old, _new in MOVED.items():
     sys.modules.setdefault(_old, sys.modules[_new])

@@ -17,7 +17,7 @@ seconds that importing diffusers costs.
 
 What would let it go: diffusers resolving a `_class_name` from an installed library without remote code (as it
 resolves each component's [library, class]); the model folders would then name ["denoiser.sampling.pipeline",
-"DenoiserPipeline"]. tests/test_registry.py fails the day diffusers finds the class without this module, or
+"DenoiserPipeline"]. tests/sampling/test_registry.py fails the day diffusers finds the class without this module, or
 stops looking it up where this module puts it.
 """
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from tools.gpu import knee as knee_module
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_knee_is_the_smallest_batch_within_ten_percent_of_the_best():

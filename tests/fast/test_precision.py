@@ -196,11 +196,11 @@ def test_install_measures_the_shipped_architecture(model):
     """`denoiser build-kernels` decides the precision on PRECISION_REFERENCE: the shipped models' UNet, so the
     decision is measured on the calls people run (a changed shipped model must change the reference too)."""
     import json
-    from pathlib import Path
 
     from denoiser.cli.main import PRECISION_REFERENCE
+    from tests.conftest import ROOT
 
-    shipped = json.loads((Path(__file__).parent.parent / "weights" / model / "unet" / "config.json").read_text())
+    shipped = json.loads((ROOT / "weights" / model / "unet" / "config.json").read_text())
     differ = {k: (v, shipped.get(k)) for k, v in PRECISION_REFERENCE.items()
               if k != "num_class_embeds" and (list(v) if isinstance(v, tuple) else v) != shipped.get(k)}
     assert not differ, differ

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from denoiser.train.config import apply_overrides, config_from_dict, load_config
+from tests.conftest import ROOT
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = ROOT / "configs"
 
 
 @pytest.mark.parametrize("name", ["tiny", "cifar10-small", "cifar10-cpu", "ddpm-cifar10", "photos64", "photos128"])

@@ -1,4 +1,5 @@
-"""Our sampling loop against diffusers' pipelines, previews, capture during sampling, grids."""
+"""The sampling loop (denoiser/sampling/loop.py, `sample` on a bare UNet; the request and its plan are
+tests/sampling/test_plan.py's) against diffusers' pipelines, previews, capture during sampling, grids."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_channels_last_sampling_matches_the_pipeline(tiny_unet):
     # channels-last on CPU: the GroupNorm kernel while sampling
     from diffusers import DDPMScheduler
 
-    from tests.test_unet import _cl_copy
+    from tests.model.test_unet import _cl_copy
 
     unet, sched = _cl_copy(tiny_unet), make_sampler("ddim", DDPMScheduler().config)
     ours = sample(unet, sched, num_images=3, num_inference_steps=4, seed=3).images

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from denoiser.model.text import WordHashTokenizer, words
+from tests.conftest import ROOT
 
-EMOJI = Path(__file__).parents[1] / "weights" / "emoji"
+EMOJI = ROOT / "weights" / "emoji"
 
 
 def test_unseen_reads_the_prompt_as_tokens_does():

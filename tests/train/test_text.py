@@ -17,7 +17,7 @@ from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.train.config import load_config
 from denoiser.train.loop import train
 from tests.conftest import TRAIN_CONFIG, write_config
-from tests.test_data_captions import emoji_folder, write_shards
+from tests.data.test_captions import emoji_folder, write_shards
 
 D = 16
 NAMES = ["red apple", "green pear", "yellow lemon", "cat face", "dog face", "blue whale", "hot tea", "red heart"]

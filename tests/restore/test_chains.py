@@ -1,5 +1,5 @@
-"""Denoise, edit and inpaint on the shipped synthetic-shapes model (the seed rule on a tiny random one); noise
-estimation on known noise."""
+"""The chains (denoiser/restore/chains.py; one request and its plan are tests/restore/test_plan.py's): denoise, edit
+and inpaint on the shipped synthetic-shapes model (the seed rule on a tiny random one); noise estimation on known noise."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def test_cli_denoise_edit_inpaint(tmp_path, capsys):
     args = ["denoise", "--model", str(MODEL), "--image", str(img), "--add-noise", "0.1", "--out", str(out)]
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "40x30 at its own size, in tiles of 16x16" in text and "PSNR" in text  # denoise keeps the size (tests/test_tiles.py)
+    assert "40x30 at its own size, in tiles of 16x16" in text and "PSNR" in text  # denoise keeps the size (tests/restore/test_tiles.py)
     assert Image.open(out).size == (40, 30)
     mask = tmp_path / "mask.png"
     Image.new("L", (40, 30), 0).save(mask)

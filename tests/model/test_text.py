@@ -26,7 +26,7 @@ from denoiser.sampling.plan import resolve, run
 from denoiser.train.config import RunConfig, apply_overrides, config_from_dict
 from denoiser.train.init_from import init_text_encoder, load_init_weights, load_into
 from tests.conftest import ROOT, TINY, TRAIN_CONFIG, generators, unet_calls
-from tests.test_data_captions import emoji_folder
+from tests.data.test_captions import emoji_folder
 
 D = 16  # token width = the UNet's cross_attention_dim
 TEXT = dict(num_buckets=512, hidden_size=D, num_layers=1, num_heads=2, max_length=8)
@@ -289,7 +289,7 @@ def test_classifier_free_guidance_with_prompts_equals_separate_calls_in_float64(
 
 
 def test_prompts_over_rows_per_call_run_as_calls_of_whole_images_but_an_edits_stay_one(text_model, monkeypatch):
-    """main_pass's calls of whole images (tests/test_guidance.py) take each image's own prompt, negative prompt and
+    """main_pass's calls of whole images (tests/sampling/test_guidance.py) take each image's own prompt, negative prompt and
     word weights; a prompt-to-prompt edit's images read image 0's maps, so they stay one call."""
     from denoiser.request import PromptEdit
     from denoiser.sampling import guidance

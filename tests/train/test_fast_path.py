@@ -17,7 +17,7 @@ from denoiser.train.batch import StepInputs, with_draws
 from denoiser.train.config import load_config
 from denoiser.train.loop import TrainingError, TrainLoop, train
 from tests.conftest import write_config
-from tests.test_train_text import captioned_folder, reset_accelerate, text_config
+from tests.train.test_text import captioned_folder, reset_accelerate, text_config
 
 
 @pytest.fixture(autouse=True)

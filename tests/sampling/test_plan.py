@@ -1,5 +1,6 @@
-"""The sampling core: one request resolved against a model folder, one seed rule, the same images through every
-front door (the CLI, `evaluate --fid`, the pipeline, the app's engine), whatever the batch size."""
+"""The sampling core (denoiser/sampling/plan.py; the loop under it is tests/sampling/test_loop.py's): one request
+resolved against a model folder, one seed rule, the same images through every front door (the CLI, `evaluate --fid`,
+the pipeline, the app's engine), whatever the batch size."""
 
 from __future__ import annotations
 

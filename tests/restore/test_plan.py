@@ -1,6 +1,7 @@
-"""One way to restore (denoiser/restore/plan.py, issue 52 item 1): one request, one rule for tiles or the centre square,
-the class and guidance reaching the tiles, the same pixels from the CLI and the app, the defaults written once, and
-every model load and prompt encoding counted."""
+"""One way to restore (denoiser/restore/plan.py, issue 52 item 1; the chains under it are
+tests/restore/test_chains.py's): one request, one rule for tiles or the centre square, the class and guidance reaching
+the tiles, the same pixels from the CLI and the app, the defaults written once, and every model load and prompt encoding
+counted."""
 
 from __future__ import annotations
 

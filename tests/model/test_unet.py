@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import yaml
@@ -12,9 +10,9 @@ from diffusers.models.unets.unet_2d import UNet2DOutput
 
 import denoiser  # noqa: F401  (pipelines resolve denoiser.model.unet from sys.modules)
 from denoiser import UNet, capture_attention
-from tests.conftest import TINY
+from tests.conftest import ROOT, TINY
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = ROOT / "configs"
 
 
 def n_params(m) -> int:

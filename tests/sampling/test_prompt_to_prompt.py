@@ -18,14 +18,14 @@ from denoiser.sampling.pipeline import DenoiserPipeline, save_pipeline
 from denoiser.sampling.plan import resolve, run
 from denoiser.sampling.prompt_to_prompt import edit_plan, word_map
 from tests.conftest import TINY
-from tests.test_text import TEXT, D, _tokenizer, _wake_cross, one_thread  # noqa: F401  (one_thread: autouse)
+from tests.model.test_text import TEXT, D, _tokenizer, _wake_cross, one_thread  # noqa: F401  (one_thread: autouse)
 
 BASE = dict(seed=5, steps=4, guidance=GuidanceRequest(guidance_scale=2.0))
 
 
 @pytest.fixture
 def text_model():
-    """(UNet with live cross-attention, tokenizer, text encoder): tests/test_text.py's tiny text model."""
+    """(UNet with live cross-attention, tokenizer, text encoder): tests/model/test_text.py's tiny text model."""
     torch.manual_seed(0)
     return _wake_cross(UNet(**TINY, cross_attention_dim=D).eval()), _tokenizer(), HashTextEncoder(**TEXT).eval()
 

@@ -5,7 +5,6 @@ global batch; the training loop knows neither way."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from denoiser.data.base import Chunk, Shards, Source
 from denoiser.data.order import batch_indices
 from denoiser.data.sources import SourceKind
 from denoiser.train.config import config_from_dict
-from tests.conftest import TRAIN_CONFIG
+from tests.conftest import ROOT, TRAIN_CONFIG
 
 N, S = 40, TRAIN_CONFIG["model"]["sample_size"]  # items of the made-up source, image size
 
@@ -133,7 +132,7 @@ def test_a_bad_split_over_processes_is_refused_before_any_data_is_read(counted):
 
 
 def test_the_training_loop_knows_one_way_in():
-    tree = ast.parse((Path(__file__).parents[1] / "denoiser" / "train" / "command.py").read_text())
+    tree = ast.parse((ROOT / "denoiser" / "train" / "command.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert "denoiser.data.stream" not in imported and "denoiser.data.store" not in imported
 
