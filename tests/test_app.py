@@ -454,3 +454,22 @@ def test_an_api_call_naming_what_does_not_exist_logs_one_line(server, capfd, cap
     assert len(lines) == 1 and lines[0].startswith("user error:"), lines
     err = capfd.readouterr().err
     assert "Traceback" not in err and "gradio.exceptions.Error" not in err, err[-2000:]
+
+
+def test_an_edit_api_call_naming_a_model_that_does_not_exist_logs_one_line(server, tmp_path, capfd, caplog):
+    """Issue 72 finding 7 on the Photo tab's door: /edit with a model that does not exist logged Gradio's traceback
+    (the page's model dropdown checked it); the app refuses it, in one line of the log."""
+    from gradio_client import Client, handle_file
+
+    image = tmp_path / "photo.png"
+    Image.new("RGB", (32, 24), (30, 160, 60)).save(image)
+    editor = {"background": handle_file(str(image)), "layers": [], "composite": handle_file(str(image)), "id": None}
+    caplog.set_level(logging.INFO, logger="denoiser.app")
+    capfd.readouterr()
+    with pytest.raises(Exception, match="no-such-model"):
+        Client(server, verbose=False).predict("no-such-model", "(any)", 1.0, editor, "denoise", 0.0, 0.3, 0.0, 1, 0,
+                                              api_name="/edit")
+    lines = [r.getMessage() for r in caplog.records if r.name == "denoiser.app" and "no-such-model" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("user error:"), lines
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "gradio.exceptions.Error" not in err, err[-2000:]

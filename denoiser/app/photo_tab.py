@@ -226,11 +226,16 @@ class PhotoTab:
         # views (the Attention tab's), the preview, the upload's state, the status line
         outputs = [self.result, self.text, *self.page.tab(AttentionTab).generation_outputs, self.preview, self.upload,
                    self.status]
-        self.run.click(
-            self.run_edit, [self.model, self.class_name, self.guidance, self.editor, self.operation, self.sigma,
-                            self.strength, self.add_noise, self.steps, self.seed, self.pag, self.photo, self.photo_shown,
-                            self.upload, self.prompt], outputs,
-            api_name="edit", **JOB)
+        inputs = [self.model, self.class_name, self.guidance, self.editor, self.operation, self.sigma, self.strength,
+                  self.add_noise, self.steps, self.seed, self.pag, self.photo, self.photo_shown, self.upload, self.prompt]
+        self.run.click(self.run_edit, inputs, outputs, api_name=False, **JOB)
+        # the /edit API: the page's inputs, its model a twin that takes any name, so that a model that does not exist
+        # is the handler's refusal, one line of the log (the page's dropdown check logged Gradio's traceback)
+        with gr.Row(visible=False):
+            api_model = gr.Dropdown(self.page.models, value=self.page.default_model, label="model",
+                                    allow_custom_value=True)
+            api_door = gr.Button()
+        api_door.click(self.run_edit, [api_model, *inputs[1:]], outputs, api_name="edit", **JOB)
         self.result.select(selected_index, None, self.selected, api_name=False)
         self.use_selected.click(self.restore_form, [self.result, self.selected, self.upload],
                                 [*self.form, self.status, self.prompt_restored], api_name=False)
