@@ -29,9 +29,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs files on 2 workers
 # order (most tests first) left one worker alone on the walk for the last 80 s. The order only schedules; a file
 # missing here runs after these
 LONGEST_FILES = ("test_app_sample.py", "test_app_photo_tab.py", "train/test_distributed.py", "test_app.py",  # 206..89 s
-                 "test_app_serve.py", "train/test_loop.py", "test_app_walk.py", "test_doc_commands.py",  # 78..60 s
-                 "test_same_pixels.py", "test_app_photo_tab_page.py",  # ~60 s
-                 "test_app_text.py", "test_install.py", "test_app_word_edit.py", "test_app_attention_tab.py")  # 49..33 s
+                 "test_app_serve.py", "train/test_loop.py", "test_app_walk.py", "project/test_doc_commands.py",  # 78..60 s
+                 "project/test_same_pixels.py", "test_app_photo_tab_page.py",  # ~60 s
+                 "test_app_text.py", "project/test_install.py", "test_app_word_edit.py", "test_app_attention_tab.py")  # 49..33 s
 
 
 def pytest_collection_modifyitems(items: list) -> None:

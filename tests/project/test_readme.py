@@ -49,10 +49,10 @@ def _package_table(text: str) -> str:
 
 
 def test_readme_names_every_subcommand_and_module():
-    """Every `denoiser` subcommand appears in the README's shell fences (read by tests/doc_commands.py, whose test
+    """Every `denoiser` subcommand appears in the README's shell fences (read by tests/project/doc_commands.py, whose test
     parses and runs each line), and the package table names every module and only paths that exist."""
     from denoiser.cli.main import build_parser
-    from tests.doc_commands import doc_commands
+    from tests.project.doc_commands import doc_commands
 
     text = (ROOT / "README.md").read_text()
     subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices

@@ -1,4 +1,4 @@
-"""The shell commands of the docs, read as a person copies them: tests/test_doc_commands.py parses and runs them.
+"""The shell commands of the docs, read as a person copies them: tests/project/test_doc_commands.py parses and runs them.
 
 Where commands are: the lines of the ```bash, ```sh, ```shell and ```console fences of README.md, docs/*.md and
 weights/*/README.md (in ```console, only the lines after a `$ ` prompt; the others are output). Every other fence

@@ -1,6 +1,6 @@
 """Every command of README.md, docs/*.md and weights/*/README.md runs in the suite as a person copies it (issue 70):
 its program starts and takes every flag the line names, and the cheap ones run for real in a work folder laid out like
-a clone. tests/doc_commands.py reads the docs; a command added to a doc is a new case here, with no new test code.
+a clone. tests/project/doc_commands.py reads the docs; a command added to a doc is a new case here, with no new test code.
 
 - `denoiser SUB ...`: the whole line through the real parser (`denoiser app`: the app's own).
 - `python -m MODULE ...`, `accelerate launch [its flags] -m MODULE ...`: the module starts (its --help, once per
@@ -34,7 +34,7 @@ from PIL import Image
 
 from tests import forked_cli
 from tests.conftest import ROOT, photo_folder
-from tests.doc_commands import NOT_OURS, OURS, Command, doc_commands, untagged_commands
+from tests.project.doc_commands import NOT_OURS, OURS, Command, doc_commands, untagged_commands
 
 COMMANDS = doc_commands()
 CHECKED = [c for c in COMMANDS if c.kind]  # this project's: the others are other tools' (NOT_OURS)
