@@ -26,8 +26,8 @@ over one block that ends in a read, and in the steps between reads.
 
 `--batches 128 256 512 1024`: the throughput knee instead. The fast side alone (with `--compile` if given) at each
 global batch, alternating blocks as above; the knee is the smallest batch whose img/s is within 10 % of the best
-(tools/gpu/knee.py). tools/gpu/run.sh trains there (BATCH=auto), its lr scaled from the config's (batch, lr) by the
-rule bench/lr_batch_rule.md measured (linear).
+(`knee` below, written to --json). tools/gpu/run.sh trains there (BATCH=auto), its lr scaled from the config's (batch,
+lr) by the rule bench/lr_batch_rule.md measured (linear: tools/gpu/knee.py).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from bench.common import cpu_name
 from denoiser.fast import malloc
 from denoiser.train.config import load_config
 from denoiser.train.loop import TrainLoop
-from tools.gpu.knee import KNEE_WITHIN, knee
 
+KNEE_WITHIN = 0.10  # the knee: the smallest batch within 10 % of the best img/s
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core FLOP/s, vendor data sheets
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 LAUNCH_EVENTS = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaGraphLaunch")
@@ -245,6 +245,13 @@ def peaks(device: torch.device, prec: str) -> tuple[float, float | None]:
     print(f"peak: measured {dtype} GEMM {gemm / 1e12:.3f} TFLOP/s" +
           (f"; data-sheet bf16 dense {sheet / 1e12:.0f} TFLOP/s" if sheet else ""))
     return gemm, sheet
+
+
+def knee(img_per_s: dict[int, float], within: float = KNEE_WITHIN) -> int:
+    """The smallest batch whose img/s is within `within` of the best: past it a bigger batch buys little speed and
+    costs optimizer steps (fewer of them for the same images)."""
+    best = max(img_per_s.values())
+    return min(b for b, ips in img_per_s.items() if ips >= (1 - within) * best)
 
 
 def sweep(args, out: Path) -> None:

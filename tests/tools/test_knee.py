@@ -1,4 +1,4 @@
-"""tools/gpu/knee.py: the batch a lent GPU trains at (the throughput knee) and the lr the rule gives it."""
+"""tools/gpu/knee.py: the lr, warm-up and batch a lent GPU trains at from the throughput knee bench.train_mfu measured."""
 
 from __future__ import annotations
 
@@ -10,14 +10,6 @@ import pytest
 
 from tests.conftest import ROOT
 from tools.gpu import knee as knee_module
-
-
-def test_the_knee_is_the_smallest_batch_within_ten_percent_of_the_best():
-    # this session's Xeon, cifar10's config in bf16 (bench/train_mfu.py --batches 8 16 32 64)
-    assert knee_module.knee({8: 19.0, 16: 22.2, 32: 35.6, 64: 36.0}) == 32
-    assert knee_module.knee({256: 3000.0, 512: 4000.0, 1024: 4300.0}) == 512  # 4,000 >= 0.9 x 4,300
-    assert knee_module.knee({256: 3000.0, 512: 3800.0, 1024: 4300.0}) == 1024
-    assert knee_module.knee({512: 100.0, 256: 99.0}) == 256  # the order measured in does not matter
 
 
 @pytest.mark.parametrize("rule, lr", [("sqrt", 4e-4), ("linear", 8e-4), ("none", 2e-4)])

@@ -3,7 +3,7 @@
     python3 -m tools.gpu.knee KNEE_JSON CONFIG [--rule sqrt] [--set key=value ...]
 
 KNEE_JSON is `python -m bench.train_mfu --batches ... --json`'s output (its "knee": the smallest batch within 10 % of the
-best img/s). The reference is the config's (train.batch_size, train.lr, train.lr_warmup_steps) after the --set
+best img/s, as that bench measures it). The reference is the config's (train.batch_size, train.lr, train.lr_warmup_steps) after the --set
 overrides the run is given; the run trains at the knee with
 
     lr = lr_ref * knee / batch_ref               (--rule linear, the default)
@@ -26,15 +26,7 @@ from pathlib import Path
 
 from denoiser.train.config import load_config
 
-KNEE_WITHIN = 0.10  # the knee: the smallest batch within 10 % of the best img/s
 RULES = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}  # lr grows as (batch ratio) ** exponent
-
-
-def knee(img_per_s: dict[int, float], within: float = KNEE_WITHIN) -> int:
-    """The smallest batch whose img/s is within `within` of the best: past it a bigger batch buys little speed and
-    costs optimizer steps (fewer of them for the same images)."""
-    best = max(img_per_s.values())
-    return min(b for b, ips in img_per_s.items() if ips >= (1 - within) * best)
 
 
 def at_knee(knee: int, batch_ref: int, lr_ref: float, warmup_ref: int, rule: str = "linear") -> dict[str, float | int]:
