@@ -9,7 +9,7 @@
 // accumulated as 8 x d registers, divided by the sums at the end).
 //
 // Same function as torch.nn.functional.scaled_dot_product_attention (no mask, no dropout, default
-// scale), rounding differs (tests/test_attention.py: against float64 and torch's SDPA). NaN in a score
+// scale), rounding differs (tests/model/test_attention.py: against float64 and torch's SDPA). NaN in a score
 // row makes that query's output NaN, as in torch. The kernel is compiled only where the CPU has AVX-512
 // (`small_head_attention_compiled()` says whether it was); for other head sizes or dtypes, and in
 // builds without it, the op calls torch's SDPA.

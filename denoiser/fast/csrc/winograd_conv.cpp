@@ -19,7 +19,7 @@
 // with the batch size, and now and then a PNG pixel by 1/255.
 //
 // Same function as torch.nn.functional.conv2d(x, w, b, padding=1), rounding differs: the transforms' constants
-// (up to 8) make its float32 error about 8x direct convolution's (tests/test_winograd.py bounds it against
+// (up to 8) make its float32 error about 8x direct convolution's (tests/fast/test_winograd.py bounds it against
 // float64). The channel loops are written in groups of 16 so the compiler vectorizes them on any x86 or Arm.
 //
 // bfloat16 products (the per-op mix, denoiser/fast/mixed.py): given U in bfloat16, V and M are kept in bfloat16 and
