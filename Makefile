@@ -57,7 +57,7 @@ demo: venv
 	@echo "              pipeline), $(RUN)/cifar10-samples.png (the shipped CIFAR-10 model, two of each class) and"
 	@echo "              $(RUN)/cifar10-attention.png (where its pixel 16,16 attends, layer by layer)"
 
-# a long seeded click-walk over the app (tests/test_app_walk.py; `make test` walks seed 41 for up to 40 actions or 40 s): each seed
+# a long seeded click-walk over the app (tests/app/test_walk.py; `make test` walks seed 41 for up to 40 actions or 40 s): each seed
 # walks up to WALK_STEPS actions or WALK_SECONDS seconds; every failure is kept (the page reloaded after each) and
 # listed at the end with its seed and steps, to replay with DENOISER_WALK_SEED=N DENOISER_WALK_STEPS=M;
 # WALK_MODELS=cifar10,emoji puts the shipped models on the page too (cifar10 its default; a job may then take
@@ -70,10 +70,10 @@ WALK_WIDTH   ?= 1280
 WALK_SETTLE  ?= $(if $(WALK_MODELS),300,120)
 walk: venv chromium
 	DENOISER_WALK_SEED=$(WALK_SEEDS) DENOISER_WALK_STEPS=$(WALK_STEPS) DENOISER_WALK_SECONDS=$(WALK_SECONDS) DENOISER_WALK_MODELS=$(WALK_MODELS) \
-	DENOISER_WALK_WIDTH=$(WALK_WIDTH) DENOISER_WALK_SETTLE_S=$(WALK_SETTLE) DENOISER_WALK_KEEP_GOING=1 HF_HUB_OFFLINE=1 nice -n 10 $(PY) -m pytest -q -rA tests/test_app_walk.py -k random_walk
+	DENOISER_WALK_WIDTH=$(WALK_WIDTH) DENOISER_WALK_SETTLE_S=$(WALK_SETTLE) DENOISER_WALK_KEEP_GOING=1 HF_HUB_OFFLINE=1 nice -n 10 $(PY) -m pytest -q -rA tests/app/test_walk.py -k random_walk
 
 screenshots: venv chromium
-	DENOISER_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/test_app.py tests/test_app_photo_tab_page.py tests/test_app_photo_tab.py -k browser
+	DENOISER_SCREENSHOTS=docs HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests/app/test_app.py tests/app/test_photo_tab_page.py tests/app/test_photo_tab.py -k browser
 
 app: venv
 	HF_HUB_OFFLINE=1 $(PY) app.py

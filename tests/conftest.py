@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-pytest_plugins = ["tests.app_browser"]  # the app's server and browser fixtures
+pytest_plugins = ["tests.app.browser"]  # the app's server and browser fixtures
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs files on 2 workers (pytest-xdist): one core each, not 2 threads each
     torch.set_num_threads(1)
@@ -28,10 +28,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # `make test` runs files on 2 workers
 # workers, AVX2 Zen 3, 2026-12-07): the workers take them first and end together on the short ones, where xdist's own
 # order (most tests first) left one worker alone on the walk for the last 80 s. The order only schedules; a file
 # missing here runs after these
-LONGEST_FILES = ("test_app_sample.py", "test_app_photo_tab.py", "train/test_distributed.py", "test_app.py",  # 206..89 s
-                 "test_app_serve.py", "train/test_loop.py", "test_app_walk.py", "project/test_doc_commands.py",  # 78..60 s
-                 "project/test_same_pixels.py", "test_app_photo_tab_page.py",  # ~60 s
-                 "test_app_text.py", "project/test_install.py", "test_app_word_edit.py", "test_app_attention_tab.py")  # 49..33 s
+LONGEST_FILES = ("app/test_sample.py", "app/test_photo_tab.py", "train/test_distributed.py", "app/test_app.py",  # 206..89 s
+                 "app/test_serve.py", "train/test_loop.py", "app/test_walk.py", "project/test_doc_commands.py",  # 78..60 s
+                 "project/test_same_pixels.py", "app/test_photo_tab_page.py",  # ~60 s
+                 "app/test_text.py", "project/test_install.py", "app/test_word_edit.py", "app/test_attention_tab.py")  # 49..33 s
 
 
 def pytest_collection_modifyitems(items: list) -> None:

@@ -16,7 +16,7 @@ This is a patch to Gradio's internals, written against gradio 6.31.0: it relies 
 (`gradio.route_utils.delete_files_created_by_app`) walking `Blocks.temp_file_sets` (the uploads'
 `upload_file_set` and each component's `temp_files`) directly, although its comment says it walks a copy. What
 would let it go: Gradio iterating a copy (`for file in list(temp_set)`); then
-tests/test_app_cache_sweep.py::test_gradio_sweep_alone_fails_when_a_file_is_added_midway fails, and this module
+tests/app/test_cache_sweep.py::test_gradio_sweep_alone_fails_when_a_file_is_added_midway fails, and this module
 and its one call in layout.py can be deleted. The other tests there fail if Gradio renames or stops sharing
 those sets.
 
@@ -26,7 +26,7 @@ earlier response may still be reading; the server then logs "Too much/little dat
 Its own copies of files (`save_file_to_cache`) skip a file already there and write through a rename; this gives
 its pictures the same: the same content is not written again, a new one is written beside and renamed into place
 (denoiser.atomic). Written against gradio 6.31.0 (`gradio.processing_utils.save_pil_to_cache`, looked up by the
-components through the module); tests/test_app_cache_sweep.py::test_gradio_rewrites_a_cached_picture_in_place
+components through the module); tests/app/test_cache_sweep.py::test_gradio_rewrites_a_cached_picture_in_place
 fails the day Gradio stops rewriting, and then `whole_files` can go.
 """
 

@@ -102,7 +102,7 @@ def form_slider(minimum: float, maximum: float, **kwargs) -> gr.Slider:
     arriving after a 2-step one set the slider's maximum to 1) the same. The handlers check every value
     (denoiser.app.form_limits, through the engine) and say why nothing started. Not a subclass: Gradio writes a .pyi file
     next to the module of every component class; so Slider.preprocess skips the check for sliders marked UNCHECKED,
-    a mark that survives Gradio's per-session copies (an attribute set on the instance did not). tests/test_app_form_limits.py
+    a mark that survives Gradio's per-session copies (an attribute set on the instance did not). tests/app/test_form_limits.py
     fails the day Gradio stops refusing, when this can go."""
     gr.Slider.preprocess = _preprocess  # once is enough; the same function each time
     classes = kwargs.pop("elem_classes", None) or []

@@ -118,7 +118,7 @@ def stream(job, progress, desc: str, unit: str = "step", stop: threading.Event |
         worker.stop.set()
         worker.thread.join()
         # the job's activations and the generations of sessions dropped since are free now: hand them back,
-        # or glibc keeps them and the server's RSS stays at its highest (tests/test_app.py)
+        # or glibc keeps them and the server's RSS stays at its highest (tests/app/test_app.py)
         malloc.release_free_memory()
     if "error" in worker.result:
         raise user_error(worker.result["error"])

@@ -47,7 +47,7 @@ TIMEOUT = 300
 RUNS = ("sample", "attention", "denoise", "edit", "inpaint", "attention-stats", "train", "prepare-data")
 MODULES = {"denoiser.train": "train"}  # `python -m MODULE`, `accelerate launch -m MODULE`: the command of RUNS it is
 NOT_RUN = {
-    "app": "a server, up until stopped (tests/test_app_serve.py starts one)",
+    "app": "a server, up until stopped (tests/app/test_serve.py starts one)",
     "evaluate": "scores hundreds of samples or images (FID, bits/dim): minutes (tests/evaluate/test_fid.py and the CLI's tests "
                 "run it small)",
     "build-kernels": "compiles C++ on a fresh machine (~30 s; make venv runs it; tests/fast/test_kernels.py)",

@@ -1,6 +1,6 @@
 """The page on a phone (denoiser/app/layout.py's CSS at 390 px), checked by what a person sees: every result on the
 screen's width right under Generate, no label over a picture, charts at their own size with no icon over their
-header, and no block over another (bounding boxes compared). Screenshots go where tests/app_browser.screenshots says."""
+header, and no block over another (bounding boxes compared). Screenshots go where tests/app/browser.py (screenshots) says."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_browser import CHROMIUM, RESULTS, browser_page, no_errors, screenshots, type_number
-from tests.test_app_text import weights  # noqa: F401 - the tiny text model "words" and a class model
+from tests.app.browser import CHROMIUM, RESULTS, browser_page, no_errors, screenshots, type_number
+from tests.app.test_text import weights  # noqa: F401 - the tiny text model "words" and a class model
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from denoiser.app.png_settings import read_settings
-from tests.app_browser import (
+from tests.app.browser import (
     CHROMIUM,
     browser_page,
     no_errors,
@@ -21,7 +21,7 @@ from tests.app_browser import (
     type_number,
     wait_for_status,
 )
-from tests.app_walk_actions import OUT_OF_RANGE  # (elem_id, text, the control in the message, the field)
+from tests.app.walk_actions import OUT_OF_RANGE  # (elem_id, text, the control in the message, the field)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 
@@ -187,7 +187,7 @@ def test_browser_the_budget_note_is_of_the_latest_form_when_an_older_request_com
 def test_browser_on_a_phone_the_class_sits_under_generate_and_the_rows_fit(server, tmp_path):
     """Issue 41 item 14: at 390x844 the model and class sat ~2,000 px down, below the results; Generate, its status
     and the live preview stay on the first screen (issue 35 item 11). Issue 51 item 12: the class (a text model's
-    prompt, tests/test_app_text.py) right under Generate's status, and the "try these" table within the width."""
+    prompt, tests/app/test_text.py) right under Generate's status, and the "try these" table within the width."""
     with browser_page(server, height=844, width=390) as page:
         type_number(page, "steps", 2)
         page.locator("#generate").click()
@@ -324,7 +324,7 @@ def test_browser_a_waiting_job_says_its_place_and_its_wait(server, slow_steps, t
     within 30 % of the real wait, on a line with its height and nothing over it."""
     from playwright.sync_api import sync_playwright
 
-    from tests.app_browser import BROWSER_ARGS, open_app
+    from tests.app.browser import BROWSER_ARGS, open_app
 
     runs = slow_steps
     with sync_playwright() as pw:

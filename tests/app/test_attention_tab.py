@@ -68,7 +68,7 @@ def test_browser_a_job_pressed_right_after_its_stop_runs(server, monkeypatch, jo
     import time
     from pathlib import Path
 
-    from tests.app_browser import CHROMIUM, browser_page, type_number
+    from tests.app.browser import CHROMIUM, browser_page, type_number
 
     if not Path(CHROMIUM).exists():
         pytest.skip("make test installs Debian's chromium")

@@ -1,4 +1,4 @@
-"""A seeded random click-walk over the app's four tabs (tests/test_app_walk.py runs it): a person's clicks, drawn
+"""A seeded random click-walk over the app's four tabs (tests/app/test_walk.py runs it): a person's clicks, drawn
 by weight from what each tab offers, and after each one the page settles and the invariants every state must keep
 are checked, as STYLE.md's "The app's page tells the truth" puts them:
 
@@ -9,8 +9,8 @@ are checked, as STYLE.md's "The app's page tells the truth" puts them:
 - every control holds a valid value (numbers in range, the model's own classes, a class selector for a model with classes).
 
 A failure names the seed and the numbered actions so far: DENOISER_WALK_SEED=N DENOISER_WALK_STEPS=M replays them.
-Here: running the walk and reading the page; the actions are tests/app_walk_actions.py's, the checks
-tests/app_walk_checks.py's.
+Here: running the walk and reading the page; the actions are tests/app/walk_actions.py's, the checks
+tests/app/walk_checks.py's.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from pathlib import Path
 from PIL import Image
 
 from denoiser.app.png_settings import SETTINGS_KEY
-from tests.app_browser import RESULTS, settled
-from tests.app_walk_actions import WalkActions
-from tests.app_walk_checks import ALLOWED, WalkChecks
+from tests.app.browser import RESULTS, settled
+from tests.app.walk_actions import WalkActions
+from tests.app.walk_checks import ALLOWED, WalkChecks
 
 __all__ = ["ALLOWED", "Walk", "WalkFailure"]
 
@@ -187,7 +187,7 @@ class Walk(WalkActions, WalkChecks):
             + "\n".join(f"  - {p}" for p in problems)
             + f"\nsteps (from a fresh page):\n{steps}\nscreenshot: {shot}\n"
             f"replay: DENOISER_WALK_SEED={self.seed} DENOISER_WALK_STEPS={len(self.steps)} "
-            ".venv/bin/python -m pytest -x -q tests/test_app_walk.py")
+            ".venv/bin/python -m pytest -x -q tests/app/test_walk.py")
 
     # ---- page helpers -----------------------------------------------------------------------------------------
 

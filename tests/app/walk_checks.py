@@ -1,4 +1,4 @@
-"""The invariants tests/app_walk.py's walk checks after every action: no server traceback, no error toast but the
+"""The invariants tests/app/walk.py's walk checks after every action: no server traceback, no error toast but the
 messages the app means to give (ALLOWED) and no red "Error" pill, the Sample form showing what its last result was
 made with, each status line describing its gallery, every control holding a valid value. A mixin of `Walk`, which
 supplies the page, the values read from it and what the walk did.
@@ -67,7 +67,7 @@ READ_ERRORS = """() => {
 
 
 class WalkChecks:
-    """The checks of `Walk` (tests/app_walk.py): `check` runs them all and fails the walk with every problem found."""
+    """The checks of `Walk` (tests/app/walk.py): `check` runs them all and fails the walk with every problem found."""
 
     # ---- invariants -------------------------------------------------------------------------------------------
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.app_browser import CHROMIUM, browser_page, screenshots
-from tests.test_app import _click_on_attention_tab
+from tests.app.browser import CHROMIUM, browser_page, screenshots
+from tests.app.test_app import _click_on_attention_tab
 
 
 def test_edit_tab_inpaints_an_uploaded_image_and_opens_its_attention(server, tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app_browser import free_port
+from tests.app.browser import free_port
 from tests.conftest import ROOT
 
 

@@ -1,8 +1,8 @@
-"""Issue 41 item 2: a seeded random click-walk over the app's four tabs (tests/app_walk.py), checking after every
+"""Issue 41 item 2: a seeded random click-walk over the app's four tabs (tests/app/walk.py), checking after every
 action that the page tells the truth. `make test` walks one fixed seed briefly; a longer walk:
 
     DENOISER_WALK_SEED=1,2,3 DENOISER_WALK_STEPS=200 DENOISER_WALK_SECONDS=900 \\
-        nice -n 10 .venv/bin/python -m pytest -x -q tests/test_app_walk.py
+        nice -n 10 .venv/bin/python -m pytest -x -q tests/app/test_walk.py
 
 A failure prints its seed and numbered steps; the same DENOISER_WALK_SEED and DENOISER_WALK_STEPS replay them.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from denoiser.folders.model_dir import WEIGHTS_DIR
-from tests.app_browser import CHROMIUM, browser_page, screenshots
+from tests.app.browser import CHROMIUM, browser_page, screenshots
 
 SEEDS = [int(s) for s in os.environ.get("DENOISER_WALK_SEED", "41").split(",") if s.strip()]
 MAX_STEPS = int(os.environ.get("DENOISER_WALK_STEPS", "40"))  # actions per seed
@@ -31,7 +31,7 @@ SHIPPED = [m.strip() for m in os.environ.get("DENOISER_WALK_MODELS", "").split("
 
 @pytest.fixture(scope="module")
 def weights(weights):
-    """The page's models (tests/app_browser.py) and a tiny text model, "words": the walk types prompts (weighted ones,
+    """The page's models (tests/app/browser.py) and a tiny text model, "words": the walk types prompts (weighted ones,
     malformed ones), changes a result's words and opens their maps."""
     import json
 
@@ -81,7 +81,7 @@ def _models(weights: Path) -> dict[str, list[str] | None]:
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 @pytest.mark.parametrize("seed", SEEDS)
 def test_browser_random_walk_keeps_the_page_true(server, demo, weights, tmp_path, capfd, seed):
-    from tests.app_walk import Walk, WalkFailure
+    from tests.app.walk import Walk, WalkFailure
 
     errors = _Errors()
     loggers = [logging.getLogger(), logging.getLogger("uvicorn.error"), logging.getLogger("uvicorn")]
@@ -118,7 +118,7 @@ def test_browser_random_walk_keeps_the_page_true(server, demo, weights, tmp_path
 def test_browser_the_walk_sees_a_page_that_is_not_true(server, demo, weights, tmp_path):
     """The walk's checks can fail: after a true state passes, a class the result was not made with and a status line
     that does not describe the gallery (written into the page behind the app's back) are each caught."""
-    from tests.app_walk import Walk, WalkFailure
+    from tests.app.walk import Walk, WalkFailure
 
     with browser_page(server) as page:
         walk = Walk(page, lambda: len(demo._queue) == 0 and demo._queue.get_active_worker_count() == 0, lambda: "",

@@ -1,4 +1,4 @@
-"""The actions of tests/app_walk.py's walk: a person's clicks on each of the app's four tabs, each returning what it
+"""The actions of tests/app/walk.py's walk: a person's clicks on each of the app's four tabs, each returning what it
 did in words (the replay's numbered list). A mixin of `Walk`, which supplies the page, the random draws and the
 page helpers (fill, pick, options, number).
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from PIL import Image
 
-from tests.app_browser import RESULTS, click_result
-from tests.app_walk_checks import NO_CLASS, PANEL
+from tests.app.browser import RESULTS, click_result
+from tests.app.walk_checks import NO_CLASS, PANEL
 
 __all__ = ["TABS", "WATCH_STATUS", "WalkActions"]
 
@@ -42,7 +42,7 @@ WATCH_STATUS = """() => { window.walkStatusSeen = []; const s = document.querySe
 
 
 class WalkActions:
-    """The actions of `Walk` (tests/app_walk.py), drawn by weight from `<tab>_actions()`."""
+    """The actions of `Walk` (tests/app/walk.py), drawn by weight from `<tab>_actions()`."""
 
     # ---- actions: moving between tabs -------------------------------------------------------------------------
 

@@ -20,9 +20,9 @@ from denoiser.app.sample_tab import SampleTab
 from denoiser.app.word_edit import EDIT_SETTINGS, source_of
 from denoiser.request import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, GuidanceRequest, PromptEdit, SampleRequest
 from denoiser.sampling.plan import resolve, run
-from tests.app_browser import CHROMIUM, browser_page, click_result, no_errors, screenshots, type_number
+from tests.app.browser import CHROMIUM, browser_page, click_result, no_errors, screenshots, type_number
+from tests.app.test_text import weights  # noqa: F401 - the tiny text model "words" and a class model
 from tests.conftest import app_page
-from tests.test_app_text import weights  # noqa: F401 - the tiny text model "words" and a class model
 
 FORM = ("(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "")  # class .. pag layers, as Generate reads them
 

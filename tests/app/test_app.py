@@ -15,7 +15,7 @@ from denoiser.app import views
 from denoiser.app.layout import CSS
 from denoiser.fast.precision import choose_precision
 from denoiser.folders.model_dir import WEIGHTS_DIR
-from tests.app_browser import (
+from tests.app.browser import (
     BROWSER_ARGS,
     CHROMIUM,
     browser_page,
@@ -25,9 +25,9 @@ from tests.app_browser import (
     settled,
     wait_for_status,
 )
-from tests.app_browser import choose as _choose
-from tests.app_browser import no_errors as _no_errors
-from tests.test_app_serve import _assert_sampling_runs, _cpu_seconds_over, _sampling_threads
+from tests.app.browser import choose as _choose
+from tests.app.browser import no_errors as _no_errors
+from tests.app.test_serve import _assert_sampling_runs, _cpu_seconds_over, _sampling_threads
 
 
 def test_click_maps_through_display_scaling():
@@ -80,7 +80,7 @@ def test_the_api_left_at_its_defaults_samples_the_models_own_as_the_cli_does(ser
     from denoiser.request import SampleRequest
     from denoiser.sampling.plan import resolve, run
 
-    folder = weights / "synthetic-shapes"  # its sampling.json: CFG 2, PAG 0.5 (tests/app_browser.py)
+    folder = weights / "synthetic-shapes"  # its sampling.json: CFG 2, PAG 0.5 (tests/app/browser.py)
     client = Client(server, verbose=False)
     declared = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]
     defaults = {p["parameter_name"]: p["parameter_default"] for p in declared["parameters"] if p["parameter_has_default"]}

@@ -22,7 +22,7 @@ from denoiser.model.text import HashTextEncoder
 from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.pipeline import save_pipeline
 from denoiser.sampling.plan import resolve, run
-from tests.app_browser import CHROMIUM, browser_page, no_errors, screenshots
+from tests.app.browser import CHROMIUM, browser_page, no_errors, screenshots
 from tests.conftest import TINY, app_page
 from tests.model.test_text import TEXT, D, _tokenizer, _wake_cross
 
@@ -295,7 +295,7 @@ def test_a_cut_prompt_says_so_on_the_status_line_and_the_word_list(weights, tmp_
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     page = app_page(weights)
     sample, views = page.tab(SampleTab), page.tab(AttentionTab)
-    max_length = TEXT["max_length"]  # the test tokenizer's (tests/test_text.py)
+    max_length = TEXT["max_length"]  # the test tokenizer's (tests/model/test_text.py)
     prompt = " ".join(f"w{i}" for i in range(max_length + 3))
     *_, last = sample.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "", prompt, "")
     gen, status, words = last[page.generation], last[sample.status], last[views.words]
@@ -333,7 +333,7 @@ def test_examples_are_the_model_folders_prompts(weights, tmp_path, monkeypatch):
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_on_a_phone_the_prompt_sits_under_generate_and_the_tables_fit(server, tmp_path):
     """Issue 51 item 12 for a text model: at 390x844 its prompt and example prompts come right under Generate and its
-    status (as a class model's class does: tests/test_app_sample.py), and the tables fit the width."""
+    status (as a class model's class does: tests/app/test_sample.py), and the tables fit the width."""
     from playwright.sync_api import expect
 
     with browser_page(server, height=844, width=390) as page:

@@ -21,7 +21,7 @@ from denoiser.app.page import Page
 from denoiser.app.photo import drop_upload, keep_upload, photo_file
 from denoiser.app.photo_tab import CLEAN_SIGMA, PhotoTab
 from denoiser.app.png_settings import read_settings, save_with_settings
-from tests.app_browser import CHROMIUM, browser_page, click_result, no_errors, open_app, screenshots
+from tests.app.browser import CHROMIUM, browser_page, click_result, no_errors, open_app, screenshots
 from tests.conftest import app_page
 
 browser = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
@@ -344,7 +344,7 @@ def test_browser_the_edit_tab_on_a_phone(server, tmp_path):
     """The Photo tab at 390x844 and 1280x900, screenshots to look at: Run with its status and results together."""
     from playwright.sync_api import sync_playwright
 
-    from tests.app_browser import BROWSER_ARGS
+    from tests.app.browser import BROWSER_ARGS
 
     shots = screenshots(tmp_path)
     photo = _photo(tmp_path / "phone.png", (640, 480))
