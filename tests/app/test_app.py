@@ -318,7 +318,9 @@ def test_browser_on_a_phone_run_controls_and_preview_stay_together(server, tmp_p
         page.get_by_role("tab", name="Photo").click()
         page.locator("#edit-run").scroll_into_view_if_needed()
         run, results = page.locator("#edit-run").bounding_box(), page.locator("#edit-result").bounding_box()
-        assert 0 < results["y"] - run["y"] < 200, f"the results are far from Run: {run}, {results}"
+        # between them only Stop, the status line (its height kept, issue 72) and the line saying what Run does: the
+        # results start within a third of the phone's screen below Run
+        assert 0 < results["y"] - run["y"] < 844 / 3, f"the results are far from Run: {run}, {results}"
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
