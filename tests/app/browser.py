@@ -50,21 +50,29 @@ def settled(page) -> None:
 
 
 @contextlib.contextmanager
-def browser_page(server: str, height: int = 900, init_script: str = "", width: int = 1280):
-    """A headless Chromium page on the app, 1280 wide unless told (a phone's: 390; `init_script`: run in the page
-    before its own scripts)."""
+def browser_pages(server: str, count: int, height: int = 900, init_script: str = "", width: int = 1280):
+    """`count` headless Chromium pages on the app, each its own session (visitors side by side), 1280 wide unless told
+    (a phone's: 390; `init_script`: run in each page before its own scripts)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
         try:
-            page = browser.new_page(viewport={"width": width, "height": height})
-            if init_script:
-                page.add_init_script(init_script)
-            open_app(page, server)
-            yield page
+            pages = [browser.new_page(viewport={"width": width, "height": height}) for _ in range(count)]
+            for page in pages:
+                if init_script:
+                    page.add_init_script(init_script)
+                open_app(page, server)
+            yield pages
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def browser_page(server: str, height: int = 900, init_script: str = "", width: int = 1280):
+    """One page of `browser_pages`."""
+    with browser_pages(server, 1, height, init_script, width) as (page,):
+        yield page
 
 
 def choose(page, elem_id: str, index: int) -> str:

@@ -19,8 +19,8 @@ from tests.app.browser import (
     BROWSER_ARGS,
     CHROMIUM,
     browser_page,
+    browser_pages,
     click_result,
-    open_app,
     screenshots,
     settled,
     wait_for_status,
@@ -325,25 +325,17 @@ def test_browser_on_a_phone_run_controls_and_preview_stay_together(server, tmp_p
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
 def test_browser_a_second_visitor_sees_the_queue_position(server):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
-        try:
-            first, second = (browser.new_page(viewport={"width": 1280, "height": 800}) for _ in range(2))
-            for page in (first, second):
-                open_app(page, server)
-                page.locator("#steps input[type=number]").fill("400")
-                page.locator("#steps input[type=number]").press("Enter")
-            first.locator("#generate").click()
-            first.locator("#status").get_by_text("denoising: step").wait_for(timeout=60_000)
-            second.locator("#generate").click()  # one sampling job at a time: this one waits
-            second.locator("#status").get_by_text("waiting in the queue: 1 job ahead").wait_for(timeout=30_000)
-            first.locator("#stop").click()
-            second.locator("#status").get_by_text("denoising: step").wait_for(timeout=60_000)  # its turn came
-            second.locator("#stop").click()
-        finally:
-            browser.close()
+    with browser_pages(server, 2, height=800) as (first, second):
+        for page in (first, second):
+            page.locator("#steps input[type=number]").fill("400")
+            page.locator("#steps input[type=number]").press("Enter")
+        first.locator("#generate").click()
+        first.locator("#status").get_by_text("denoising: step").wait_for(timeout=60_000)
+        second.locator("#generate").click()  # one sampling job at a time: this one waits
+        second.locator("#status").get_by_text("waiting in the queue: 1 job ahead").wait_for(timeout=30_000)
+        first.locator("#stop").click()
+        second.locator("#status").get_by_text("denoising: step").wait_for(timeout=60_000)  # its turn came
+        second.locator("#stop").click()
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")

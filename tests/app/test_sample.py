@@ -16,6 +16,7 @@ from denoiser.app.png_settings import read_settings
 from tests.app.browser import (
     CHROMIUM,
     browser_page,
+    browser_pages,
     no_errors,
     screenshots,
     type_number,
@@ -322,42 +323,32 @@ def test_browser_a_waiting_job_says_its_place_and_its_wait(server, slow_steps, t
     Gradio's queue text was clipped on it, so B looked idle; the only wait shown was Gradio's own ("queue: 1/1 |
     6.2/4.8s" for a real ~80 s). B's line now says its place and a wait from the running job's measured speed,
     within 30 % of the real wait, on a line with its height and nothing over it."""
-    from playwright.sync_api import sync_playwright
-
-    from tests.app.browser import BROWSER_ARGS, open_app
-
     runs = slow_steps
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
-        try:
-            first, second = (browser.new_page(viewport={"width": 1280, "height": 900}) for _ in range(2))
-            for page in (first, second):
-                open_app(page, server)
-                type_number(page, "steps", QUEUE_STEPS)
-                type_number(page, "num-images", 1)
-            first.locator("#generate").click()
-            first.locator("#status").get_by_text(re.compile(r"denoising: step [5-9] /")).wait_for(timeout=60_000)
-            second.locator("#generate").click()
-            clicked = time.monotonic()
-            line = second.locator("#status").get_by_text("waiting in the queue")
-            line.wait_for(timeout=30_000)
-            text = second.locator("#status").inner_text()
-            second.screenshot(path=str(screenshots(tmp_path) / "app-queued.png"))
-            assert "1 job ahead" in text, text
-            said = int(re.search(r"starts in about (\d+) s", text).group(1))
-            box = second.locator("#status").bounding_box()
-            assert box["height"] >= 16, f"the status line has no height: {box}"
-            assert not second.evaluate(SHOWN_TRACKERS), "Gradio's own queue text is drawn"  # nor over the line
-            deadline = time.monotonic() + 120
-            while len(runs) < 2 and time.monotonic() < deadline:
-                second.wait_for_timeout(100)
-            assert len(runs) == 2, "the second visitor's job never started"
-            waited = runs[1] - clicked
-            assert abs(said - waited) <= 0.3 * waited, f"said about {said} s; it waited {waited:.1f} s"
-            print(f"queue estimate: said {said} s, waited {waited:.1f} s ({said / waited - 1:+.0%})")
-            second.locator("#status").get_by_text("done:").wait_for(timeout=120_000)
-        finally:
-            browser.close()
+    with browser_pages(server, 2) as (first, second):
+        for page in (first, second):
+            type_number(page, "steps", QUEUE_STEPS)
+            type_number(page, "num-images", 1)
+        first.locator("#generate").click()
+        first.locator("#status").get_by_text(re.compile(r"denoising: step [5-9] /")).wait_for(timeout=60_000)
+        second.locator("#generate").click()
+        clicked = time.monotonic()
+        line = second.locator("#status").get_by_text("waiting in the queue")
+        line.wait_for(timeout=30_000)
+        text = second.locator("#status").inner_text()
+        second.screenshot(path=str(screenshots(tmp_path) / "app-queued.png"))
+        assert "1 job ahead" in text, text
+        said = int(re.search(r"starts in about (\d+) s", text).group(1))
+        box = second.locator("#status").bounding_box()
+        assert box["height"] >= 16, f"the status line has no height: {box}"
+        assert not second.evaluate(SHOWN_TRACKERS), "Gradio's own queue text is drawn"  # nor over the line
+        deadline = time.monotonic() + 120
+        while len(runs) < 2 and time.monotonic() < deadline:
+            second.wait_for_timeout(100)
+        assert len(runs) == 2, "the second visitor's job never started"
+        waited = runs[1] - clicked
+        assert abs(said - waited) <= 0.3 * waited, f"said about {said} s; it waited {waited:.1f} s"
+        print(f"queue estimate: said {said} s, waited {waited:.1f} s ({said / waited - 1:+.0%})")
+        second.locator("#status").get_by_text("done:").wait_for(timeout=120_000)
 
 
 def test_browser_a_new_run_closes_the_messages_of_earlier_requests(server):
