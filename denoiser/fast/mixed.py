@@ -1,7 +1,7 @@
 """The per-op bfloat16 mix: each op in the precision this CPU computes it fastest in, for CPU inference.
 
 Whole-call bf16 autocast (`denoiser.fast.precision`'s "bfloat16") runs every convolution direct in oneDNN (it throws
-Winograd's 4x fewer multiplications away) and attention by torch's flash kernel, slower than the float32 one. The mix
+Winograd's 4x fewer multiplications away). The mix
 keeps what is fast in float32 and moves only the matrix products to bfloat16, where a CPU with avx512_bf16 or AMX
 runs them 2.4-2.9x faster (bench/precision_mix.md):
 

@@ -163,6 +163,23 @@ def test_small_head_kernel_matches_float64(B, N, h, d):
 
 
 @needs_small_head
+@pytest.mark.parametrize("B,N,h,d", [(2, 256, 4, 16), (3, 64, 2, 32), (2, 49, 3, 32), (2, 17, 2, 16)])
+def test_small_head_kernel_in_bfloat16_is_the_float64_result_rounded_once(B, N, h, d):
+    # bf16 q, k, v (what bf16 autocast's projections give): read into fp32, the four stages in fp32, the output
+    # rounded to bf16 once, so its error is that of rounding the exact result (torch's bf16 flash kernel's is larger)
+    q, k, v = (t.to(torch.bfloat16) for t in _qkv(B, N, h, d))
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    with torch.inference_mode():
+        ours = torch.ops.denoiser.small_head_attention(q, k, v)
+        assert torch.equal(fused_attention(q, k, v), ours)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (B, h, N, d)
+    rounding = (ref.to(torch.bfloat16).double() - ref).abs().max().item()
+    assert (ours.double() - ref).abs().max().item() <= rounding + 1e-6
+    with pytest.raises(RuntimeError, match="same dtype"):  # dtypes that differ go to torch's SDPA, which refuses
+        torch.ops.denoiser.small_head_attention(q, k.float(), v)
+
+
+@needs_small_head
 def test_small_head_kernel_propagates_nan_and_falls_back_elsewhere():
     q, k, v = _qkv(2, 40, 2, 16)
     q[1, 0, 7, 3] = float("nan")

@@ -38,19 +38,9 @@ namespace {
 constexpr int64_t kChunk = 64;  // pixels per task; fixed so that the reduction order is fixed
 
 inline float to_float(float v) { return v; }
-inline float to_float(uint16_t v) {  // bf16 bits
-  uint32_t u = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
+inline float to_float(uint16_t v) { return denoiser::bf16_to_float(v); }  // bf16 bits
 inline void from_float(float v, float* out) { *out = v; }
-inline void from_float(float v, uint16_t* out) {  // to bf16 bits: round to nearest even, NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof(u));
-  const uint16_t r = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  *out = (v != v) ? uint16_t(0x7fc0) : r;
-}
+inline void from_float(float v, uint16_t* out) { *out = denoiser::float_to_bf16(v); }
 
 // exp for the sigmoid: Cephes' single-precision polynomial (about 1 ulp), written so that the
 // compiler vectorises it; NaN propagates.

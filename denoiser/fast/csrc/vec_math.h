@@ -1,10 +1,47 @@
-// Vector math shared by the kernels' AVX-512 paths.
+// Vector math shared by the kernels' AVX-512 paths, and bfloat16 conversions (bf16 held as its uint16_t bits).
 #pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace denoiser {
+
+inline float bf16_to_float(uint16_t v) {
+  const uint32_t u = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline uint16_t float_to_bf16(float v) {  // round to nearest even, NaN stays NaN (torch's rounding)
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  return (v != v) ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+}  // namespace denoiser
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
 namespace denoiser {
+
+// 16 fp32 lanes from 16 floats or 16 bf16 values
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// 16 fp32 lanes stored as floats, or as bf16 rounded to nearest even as float_to_bf16 does
+inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+inline void store16(uint16_t* p, __m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
 
 // exp on 16 fp32 lanes: Cephes' single-precision polynomial (about 1 ulp, the same as the scalar
 // exp_approx in group_norm_nhwc.cpp), 2^n applied by scalef. Inputs are clamped to [-87.3, 88.7], so
