@@ -26,7 +26,7 @@ def test_every_door_takes_its_defaults_from_the_one_table():
     import argparse
     import inspect
 
-    from denoiser.app.engine import Engine
+    from denoiser.app.form import form_request
     from denoiser.cli.main import build_parser
     from denoiser.request import BUILT_IN, SampleRequest
     from denoiser.sampling.loop import sample
@@ -42,8 +42,8 @@ def test_every_door_takes_its_defaults_from_the_one_table():
     assert SampleRequest().num_images == BUILT_IN["num_images"]
     assert inspect.signature(sample).parameters["num_images"].default == BUILT_IN["num_images"]
     assert inspect.signature(sample).parameters["num_inference_steps"].default == BUILT_IN["steps"]
-    # the app's engine leaves it unset (None) for Engine.sample_plan to fill from the table (test_app's API test)
-    assert inspect.signature(Engine.generate).parameters["num_images"].default is None
+    # the app's form left unset (an API call's None) leaves it to the request's table (test_app's API test)
+    assert form_request([], False, num_images=None).num_images == BUILT_IN["num_images"]
     assert default(command("sample"), "--num-images") == BUILT_IN["num_images"]
     stats = command("attention-stats")
     assert default(stats, "--num-images") == BUILT_IN["num_images"]

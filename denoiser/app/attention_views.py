@@ -26,7 +26,7 @@ from denoiser.model.attention_blocks import identity_attention
 from denoiser.model.attention_capture import AttentionRecord, capture_attention
 from denoiser.pictures import attention_panel, layer_label, maps_panel, stages_panel
 from denoiser.pixels import unit_to_model
-from denoiser.request import BUILT_IN
+from denoiser.request import BUILT_IN, SampleRequest
 from denoiser.sampling.guidance import Guidance, TextCondition
 from denoiser.sampling.loop import sampling_context
 
@@ -62,7 +62,7 @@ class Generation:
     timesteps: list[int]
     labels: torch.Tensor | None
     guidance: Guidance = field(default_factory=Guidance)  # what the images were sampled with
-    replay: dict | None = None  # generate()'s arguments, to sample the same seed again (None: an edit)
+    replay: SampleRequest | None = None  # the request, its steps the plan's: sampled again (None: a restore's chain)
     attention: StepAttention = field(default_factory=StepAttention, repr=False)  # the latest step's records
     text: TextCondition | None = None  # a text model's encoded prompts (the attention view's re-runs take them)
     prompt: str = ""  # a text model's prompt, image 0's ("" = no condition); a prompt-to-prompt edit's source
@@ -226,7 +226,7 @@ class AttentionViews:
         """The same seed and settings sampled again with `layers` (or their `heads`) switched to identity."""
         if gen.replay is None:
             raise ValueError("switching layers off samples the same seed again: generate images first (an edit has no seed to repeat)")
-        if gen.replay.get("edit") is not None:
+        if gen.replay.edit is not None:
             raise ValueError("a word edit's layers cannot be switched off: its edit takes the source's attention maps, "
                              "which identity attention replaces; switch layers off on a generation of one prompt")
         if not layers:
@@ -237,7 +237,7 @@ class AttentionViews:
                              "of an earlier generation's statistics): press Compute statistics, then choose among its "
                              "layers")
         with identity_attention(unet, layers, heads):
-            return self.engine.generate(gen.model, **gen.replay, on_step=on_step)
+            return self.engine.generate(gen.model, gen.replay, on_step=on_step)
 
     def four_stages(
         self, gen: Generation, image: int, step: int, pixel: tuple[int, int], layer: int, head: int

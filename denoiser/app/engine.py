@@ -11,6 +11,7 @@ the exact weights of the sampling pass, rebuilt for the clicked pixel only (O(N�
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,14 +27,7 @@ from denoiser.app.work_budget import plan_work, work_of
 from denoiser.folders.model_dir import LoadedModel, ModelDefaults, find_model, list_models, load, model_roots
 from denoiser.image_io import MAX_PIXELS
 from denoiser.pixels import to_unit, uint8_to_unit
-from denoiser.request import (
-    BUILT_IN,
-    GuidanceRequest,
-    PromptEdit,
-    RestoreRequest,
-    SampleRequest,
-    check_timestep_spacing,
-)
+from denoiser.request import GuidanceRequest, RestoreRequest, SampleRequest
 from denoiser.restore.plan import RestoreResult, check_request, resolve_restore, run_restore
 from denoiser.restore.tiles import count_tiles
 from denoiser.sampling.guidance import Guidance
@@ -85,110 +79,37 @@ class Engine:
             return self._models[key]
 
     def defaults(self, name: str) -> ModelDefaults:
-        """What a model's folder says about sampling it (scheduler, steps, guidance, class names)."""
+        """What a model's folder says (class names, example prompts, whether it ships a guide). The values a request
+        leaves unset come from it in one place, `plan` (denoiser.sampling.plan.resolve): read them from a plan."""
         return self.loaded(name).defaults
-
-    def own_scheduler(self, name: str) -> str:
-        """The sampler the app runs for `name` when none is asked: its folder's where the app offers it (APP_SCHEDULERS:
-        the attention view can replay it), else BUILT_IN's. The one rule, for Generate and the form the page shows."""
-        own = self.defaults(name).scheduler
-        return own if own in APP_SCHEDULERS else BUILT_IN["scheduler"]
 
     def classes(self, name: str) -> list[str]:
         """Class names of a class-conditional model (from its card's classes.txt, else indices)."""
         return list(self.defaults(name).classes)
 
     def plan(self, model: str, request: SampleRequest) -> Plan:
-        """The page's request for `model`, resolved against its loaded model (its sampling.json fills what the page
-        leaves unset: PAG layers, the guidance interval, the guide model)."""
-        return resolve(request, self.loaded(model), load=self._load)
+        """`request` for `model`, resolved once against its loaded model: what it leaves unset is the folder's (its
+        sampler where the app offers it, APP_SCHEDULERS, else BUILT_IN's; its steps; its sampling.json's guidance, PAG
+        layers, interval and guide). One batch: the attention views re-run a step's UNet call on the whole batch."""
+        request = dataclasses.replace(request, batch_size=request.num_images)
+        return resolve(request, self.loaded(model), load=self._load, samplers=APP_SCHEDULERS)
 
-    def generate(
-        self,
-        model: str,
-        scheduler: str | None = None,
-        steps: int | None = None,
-        seed: int = 0,
-        num_images: int | None = None,
-        class_label: int | None = None,
-        eta: float = 0.0,
-        on_step: Callable[[int, int, torch.Tensor], None] | None = None,
-        guidance_scale: float | None = None,
-        pag_scale: float | None = None,
-        guide_scale: float | None = None,
-        timestep_spacing: str | None = None,
-        guidance_interval: str | tuple[float, float] | None = None,
-        pag_layers: str | tuple[str, ...] | None = None,
-        prompt: str | None = None,
-        negative_prompt: str | None = None,
-        edit: PromptEdit | None = None,
-        edit_prompt: str | None = None,
-        plan: Plan | None = None,
-    ) -> Generation:
-        """Sample; `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step. `plan`: this
-        form's plan, resolved and checked already (the page's handlers check it before the job starts), else here.
-
-        guidance_scale, pag_scale, guide_scale: classifier-free, perturbed-attention and autoguidance
-        (denoiser.sampling.guidance; None: the model folder's sampling.json, as for every door); autoguidance uses
-        the guide named in the model folder's sampling.json. scheduler, steps, num_images None: the folder's, else
-        BUILT_IN.
-        timestep_spacing, guidance_interval ("lo, hi" timesteps), pag_layers ("a,b"): None or empty, the model's.
-        prompt, negative_prompt: a text model's (None or empty: no condition; classifier-free guidance steers from
-        the negative prompt to the prompt). edit, edit_prompt: a prompt-to-prompt edit (denoiser.sampling.prompt_to_prompt): image 0
-        `prompt` (the source), image 1 `edit_prompt`, both from image 0's noise (num_images 2). A request over the work
-        budget is refused before any work (plan_work)."""
-        form = dict(scheduler=scheduler, steps=steps, seed=seed, num_images=num_images, class_label=class_label,
-                    eta=eta, guidance_scale=guidance_scale, pag_scale=pag_scale, guide_scale=guide_scale,
-                    timestep_spacing=timestep_spacing, guidance_interval=guidance_interval, pag_layers=pag_layers,
-                    prompt=prompt, negative_prompt=negative_prompt, edit=edit, edit_prompt=edit_prompt)
+    def generate(self, model: str, request: SampleRequest, *, plan: Plan | None = None,
+                 on_step: Callable[[int, int, torch.Tensor], None] | None = None) -> Generation:
+        """Sample `request` (denoiser.request.SampleRequest: the Sample tab's form, ModelForm.request, or a word edit's);
+        `on_step(i, total, x0_preview)` sees the predicted x₀ (in [0, 1]) after each step. `plan`: the request resolved
+        and checked already (the page's handlers do, before the job starts), else resolved here, and a request over
+        the work budget refused before any work (plan_work). The Generation keeps the request, its steps the plan's,
+        to sample it again (the Heads tab's layers switched off)."""
         if plan is None:
-            plan = self.sample_plan(model, **form)
+            plan = self.plan(model, request)
             plan_work(plan).check()
         inputs, timesteps = [], []
         record = _recorder(inputs, timesteps, on_step, lambda i: plan.steps)
         res = run(plan, callback=record)
-        replay = {**form, "steps": plan.steps}  # the request again: ablate samples it with layers off
+        replay = dataclasses.replace(request, steps=plan.steps)
         return Generation(model, res.images, inputs, timesteps, plan.labels, plan.guidance, replay,
                           **_text_fields(plan), precision=plan.precision.name)
-
-    def sample_plan(self, model: str, scheduler: str | None, steps: int | None, seed: int, num_images: int,
-                    class_label: int | None, eta: float, guidance_scale: float, pag_scale: float, guide_scale: float,
-                    timestep_spacing: str | None, guidance_interval: str | tuple[float, float] | None,
-                    pag_layers: str | tuple[str, ...] | None, prompt: str | None = None,
-                    negative_prompt: str | None = None, edit: PromptEdit | None = None,
-                    edit_prompt: str | None = None) -> Plan:
-        """generate()'s arguments checked (each against the page's LIMITS) and resolved against the model's folder:
-        the plan generate samples, and whose work (plan_work) the page's budget note shows."""
-        if steps is not None:  # None: the folder's (sampling.json), else BUILT_IN
-            steps = check_int("steps", steps, *LIMITS["steps"])
-        num_images = BUILT_IN["num_images"] if num_images is None else check_int("number of images", num_images,
-                                                                                  *LIMITS["num_images"])
-        seed = check_int("seed", seed, *LIMITS["seed"])
-        if scheduler is None:
-            scheduler = self.own_scheduler(model)
-        if scheduler not in APP_SCHEDULERS:
-            raise ValueError(f"scheduler must be one of {', '.join(APP_SCHEDULERS)}, got {scheduler!r}")
-        if class_label is not None:  # a form value as a number; the UNet checks it is one of the model's classes
-            class_label = check_int("class", class_label, 0, 2**31 - 1)
-        scales = check_scales(guidance_scale, pag_scale, guide_scale)
-        timestep_spacing = check_timestep_spacing(timestep_spacing)
-        eta = 0.0 if eta is None else eta
-        if not isinstance(eta, (int, float)) or not 0 <= eta <= 1:
-            raise ValueError(f"eta must be a number in 0..1, got {eta!r}")
-        prompt, negative_prompt = check_prompt("prompt", prompt), check_prompt("negative prompt", negative_prompt)
-        prompts = prompt
-        if edit is not None:  # the source and its edit, one batch (denoiser.sampling.plan checks the rest before any work)
-            edit_prompt = check_prompt("edited prompt", edit_prompt)
-            if not edit_prompt:
-                raise ValueError("type the edited prompt: the result's prompt with the words you want changed (red heart "
-                                 "→ blue heart)")
-            prompts = [prompt or "", edit_prompt]
-        request = SampleRequest(num_images=num_images, classes=class_label, prompts=prompts, negative_prompts=negative_prompt,
-                                seed=seed, batch_size=num_images, edit=edit,
-                                scheduler=scheduler, steps=steps, timestep_spacing=timestep_spacing, eta=float(eta),
-                                guidance=GuidanceRequest(guidance_interval=guidance_interval or None,
-                                                         pag_layers=pag_layers or None, **scales))
-        return self.plan(model, request)
 
     def restore_request(self, operation: str, class_label: int | None = None, guidance_scale: float = 1.0,
                         pag_scale: float = 0.0, sigma: float = 0.0, strength: float | None = None, add_noise: float = 0.0,
@@ -209,13 +130,15 @@ class Engine:
             if value is not None and not (isinstance(value, (int, float)) and (value == 0 or lo <= value <= hi)):
                 raise ValueError(f"{label} must be a number in {lo:g}..{hi:g}, got {value!r}")  # NaN fails too
             amounts[name] = None if value is None else float(value)
+        prompt, negative_prompt = check_prompt("prompt", prompt), check_prompt("negative prompt", negative_prompt)
+        for typed in filter(None, (prompt, negative_prompt)):  # a malformed weight refused before the photo is decoded
+            parse_prompt(typed)  # (resolve_restore reads it again once the photo is: the restore plan needs the photo)
         return check_request(RestoreRequest(
             kind, method, sigma=amounts["sigma"], add_noise=amounts["add_noise"],
             strength=amounts["strength"] if kind == "edit" else None,
             steps=None if steps is None else check_int("steps", steps, *LIMITS["steps"]),
-            seed=check_int("seed", seed, *LIMITS["seed"]), classes=class_label,
-            prompts=check_prompt("prompt", prompt), negative_prompts=check_prompt("negative prompt", negative_prompt),
-            guidance=GuidanceRequest(**check_scales(guidance_scale, pag_scale, 1.0))))
+            seed=check_int("seed", seed, *LIMITS["seed"]), classes=class_label, prompts=prompt,
+            negative_prompts=negative_prompt, guidance=GuidanceRequest(**check_scales(guidance_scale, pag_scale, 1.0))))
 
     def restore(
         self, model: str, request: RestoreRequest, image: Image.Image, mask: Image.Image | None = None,
@@ -252,14 +175,9 @@ class Engine:
                          precision=plan.sampling.precision.name)
         return gen, done
 
-    def sampling_defaults(self, name: str) -> tuple[dict, bool]:
-        """(the model folder's sampling.json guidance, whether it names a guide for autoguidance)."""
-        guidance = dict(self.defaults(name).guidance or {})
-        return guidance, "guide_model" in guidance
-
     def guide(self, name: str):
         """The autoguidance guide a model folder names in its sampling.json (loaded once), or None."""
-        if not self.sampling_defaults(name)[1]:
+        if "guide_model" not in (self.defaults(name).guidance or {}):
             return None
         return self.plan(name, SampleRequest(num_images=1, guidance=GuidanceRequest(guide_scale=2.0))).guidance.guide
 
@@ -306,14 +224,13 @@ class Engine:
 
 
 def check_prompt(name: str, value) -> str | None:
-    """A prompt from the page: text of at most MAX_PROMPT_CHARS whose weights read ("(red:1.5) apple": a malformed
-    one is refused here, before any work, in denoiser.sampling.prompt_weights' words); None or blank: no prompt."""
+    """A prompt from the page: text of at most MAX_PROMPT_CHARS; None or blank: no prompt. Its weights ("(red:1.5)
+    apple") are read once, by the plan (denoiser.sampling.plan.resolve), which refuses a malformed one before any work."""
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > MAX_PROMPT_CHARS:
         raise ValueError(f"the {name} must be text of at most {MAX_PROMPT_CHARS} characters, got "
                          f"{type(value).__name__} of length {len(str(value))}")
-    parse_prompt(value)  # the Photo tab's prompt, read before its photo is
     return value.strip() or None
 
 

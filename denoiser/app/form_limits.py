@@ -1,13 +1,14 @@
 """What the page's form may ask for, and the checks of its values.
 
-The sliders are drawn from LIMITS (layout, edit) and the engine checks every value against the same LIMITS, so an
-API call that skips the page is held to what the page allows. A value out of range is refused with its name, its
+The sliders are drawn from LIMITS (the Sample and Photo tabs), and each tab's request is checked against the same
+LIMITS where the form is read (denoiser.app.form.form_request, Engine.restore_request), so an API call that skips the
+page is held to what the page allows. A value out of range is refused with its name, its
 range and what was given.
 """
 
 from __future__ import annotations
 
-__all__ = ["LIMITS", "MAX_PROMPT_CHARS", "check_int", "check_typed", "check_scales"]
+__all__ = ["LIMITS", "MAX_PROMPT_CHARS", "check_int", "check_scales"]
 
 LIMITS = {"steps": (1, 1000), "num_images": (1, 64), "seed": (0, 2**32 - 1), "guidance_scale": (1.0, 10.0),
           "pag_scale": (0.0, 10.0), "guide_scale": (1.0, 10.0),
@@ -29,15 +30,6 @@ def check_int(name: str, value, lo: int, hi: int) -> int:
         typed = f"{value:g}" if isinstance(value, float) else repr(value)
         raise ValueError(f"{name} must be a whole number in {lo}..{hi}, got {typed}")
     return int(v)
-
-
-def check_typed(**boxes) -> None:
-    """The page's number boxes (steps, num_images, seed: LIMITS' names) filled in: a box a person emptied is refused,
-    named as every refusal names it. On the page an empty box is a slip to point at (it ran the model's own 50 steps
-    unsaid); the /generate API's field left unset is the model's own, and is not checked here."""
-    for name, value in boxes.items():
-        if value is None or (isinstance(value, str) and not value.strip()):
-            check_int({"num_images": "number of images"}.get(name, name), value, *LIMITS[name])
 
 
 def check_scales(guidance_scale, pag_scale, guide_scale) -> dict:

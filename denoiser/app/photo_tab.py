@@ -417,12 +417,11 @@ class PhotoTab:
         return gr.update(value="", visible=False)
 
     def prompt_cfg(self, model, class_name, prompt):
-        """The guidance once a prompt is typed: the model's classifier-free scale (its sampling.json); without a
-        prompt what cfg_default gives (a text model: 1, which an unconditioned run needs)."""
+        """The guidance once a prompt is typed: the model's classifier-free scale for it (its plan's: its sampling.json's);
+        without a prompt what cfg_default gives (a text model: 1, which an unconditioned run needs)."""
         if not (self.page.form.is_text(model) and str(prompt or "").strip()):
             return self.page.form.cfg_default(model, class_name)
-        scale = self.page.form.model_defaults(model)[0].get("guidance_scale", 1.0)
-        return gr.update(value=scale, label="guidance (with a prompt)",
+        return gr.update(value=self.page.form.prompt_guidance(model, prompt), label="guidance (with a prompt)",
                          info="classifier-free guidance toward the prompt (the model's own scale); 1 = off")
 
     def prompt_changed(self, model, class_name, prompt, restored):

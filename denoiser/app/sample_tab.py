@@ -36,7 +36,7 @@ from denoiser.app.form import (
     few_steps_note,
     guidance_info,
 )
-from denoiser.app.form_limits import LIMITS, check_typed
+from denoiser.app.form_limits import LIMITS
 from denoiser.app.page import Page
 from denoiser.app.result_files import result_files, results_zip
 from denoiser.app.views import enlarge
@@ -253,38 +253,37 @@ class SampleTab:
     def generate(self, model, scheduler=None, steps=None, seed=0, num_images=None, class_name=None, guidance_scale=None,
                  pag_scale=None, guide_scale=None, timestep_spacing=None, eta=None, guidance_interval=None, pag_layers=None,
                  prompt=None, negative_prompt=None, typed=False, progress=gr.Progress(), request: gr.Request = None):
-        """Generate (the form as sample_form reads it), and the /generate API's: a field None is the model's own, as
-        `denoiser sample` leaves a flag not given (the page sends its whole form, set to the model's values when it
-        was picked); `typed`: the page's Generate, where a number box a person emptied is refused (check_typed).
-        Yields updates keyed by `outputs`' components."""
+        """Generate, and the /generate API's: the form read as one SampleRequest (ModelForm.request: a field None is the
+        model's own, as `denoiser sample` leaves a flag not given; the page sends its whole form, set to the model's
+        values when it was picked), resolved once into the plan the job runs; `typed`: the page's Generate, where a
+        number box a person emptied is refused. Yields updates keyed by `outputs`' components."""
         try:  # the request checked and resolved once, before any work: a refusal is a message, not a failure
-            if typed:
-                check_typed(steps=steps, num_images=num_images, seed=seed)
-            form = self.page.form.sample_form(model, scheduler, steps, seed, num_images, class_name, guidance_scale,
-                                              pag_scale, guide_scale, timestep_spacing, eta, guidance_interval,
-                                              pag_layers, prompt, negative_prompt)
-            plan = self.engine.sample_plan(model, **form)  # resolved once: the job below runs this plan
+            # `sample`, not `request`: that name is the page's gr.Request, which says whose job this is
+            sample = self.page.form.request(model, scheduler, steps, seed, num_images, class_name, guidance_scale,
+                                            pag_scale, guide_scale, timestep_spacing, eta, guidance_interval, pag_layers,
+                                            prompt, negative_prompt, typed=typed)
+            plan = self.engine.plan(model, sample)  # resolved once: the job below runs this plan
             plan_work(plan).check()
         except Exception as err:  # noqa: BLE001 - said on the status line, then raised (the toast; an API caller's)
             yield from self.jobs.refuse(request, self.status, err)
-        label = form["class_label"]
 
         def job(on_step):
-            return self.engine.generate(model, **form, on_step=on_step, plan=plan)
+            return self.engine.generate(model, sample, plan=plan, on_step=on_step)
 
         gen = yield from self.jobs.run(request, self.status, job, progress, "denoising", self.preview, enlarge)
         if gen is None:  # stopped: its line says where
             return
         # what ran: the plan's values (an API call's unset fields are the model's own)
+        has_class = plan.labels is not None
         settings = dict(model=model, seed=plan.seed, scheduler=plan.scheduler_name, steps=plan.steps,
                         num_images=plan.num_images, guidance_scale=plan.guidance.scale, pag_scale=plan.guidance.pag_scale,
                         guide_scale=plan.guidance.guide_scale, precision=gen.precision,
-                        **{"class": None if label is None else class_name})
+                        **{"class": class_name if has_class else None})
         advanced = dict(timestep_spacing=timestep_spacing or MODELS_OWN, eta=float(eta or 0),
                         guidance_interval=guidance_interval or "", pag_layers=pag_layers or "",
-                        prompt=form["prompt"] or "", negative_prompt=form["negative_prompt"] or "")
+                        prompt=sample.prompts or "", negative_prompt=sample.negative_prompts or "")
         settings.update({k: v for k, v in advanced.items() if v != SETTINGS_FORM[k]})  # only those changed
-        of = f" of “{escape(gen.prompt)}”" if gen.prompt else (f" of class {escape(class_name)}" if label is not None else "")
+        of = f" of “{escape(gen.prompt)}”" if gen.prompt else (f" of class {escape(class_name)}" if has_class else "")
         cut = "".join(f" · **{escape(note)}**" for note in gen.notes)  # a cut prompt, words the model never saw
         yield self.jobs.done(request, self.status, {
             self.preview: enlarge(to_pil(gen.images)), self.gallery: result_files(gen.images, settings),

@@ -5,7 +5,7 @@ The selected result is drawn again from its own noise beside its edit, in one ba
 prompt (the source), image 1 with the edited prompt, for the first part of the steps taking the source's word maps
 (cross-attention) and its layout (self-attention). What it starts from is the result's PNG: its settings, and the
 seed of its noise (a plain result's image k is seed + k; both pictures of a word edit are its source's seed). The
-request is the Sample tab's own (Engine.generate with a PromptEdit): the same queue, work budget, progress and Stop
+request is the Sample tab's own (a SampleRequest with a PromptEdit, Engine.generate): the same queue, work budget, progress and Stop
 as Generate. Its PNGs carry the source prompt, the edited prompt, the edit type and the two fractions, and "use
 these settings" fills the form and this panel from them.
 
@@ -15,12 +15,14 @@ One class, `WordEdit`: its components (`build`, inside the Sample tab's results 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import gradio as gr
 
 from denoiser.app.attention_tab import AttentionTab
 from denoiser.app.controls import form_slider, scroll_to_js
+from denoiser.app.engine import check_prompt
 from denoiser.app.form import NO_CLASS, SETTINGS_FORM, escape, few_steps_note
 from denoiser.app.page import Page
 from denoiser.app.png_settings import dropped_settings, read_settings
@@ -28,7 +30,7 @@ from denoiser.app.result_files import result_files
 from denoiser.app.views import enlarge
 from denoiser.app.work_budget import plan_work
 from denoiser.image_io import to_pil
-from denoiser.request import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit
+from denoiser.request import DEFAULT_CROSS_REPLACE, DEFAULT_SELF_REPLACE, PromptEdit, SampleRequest
 
 __all__ = ["EDIT_SETTINGS", "OFFERED", "WordEdit", "source_of"]
 
@@ -112,9 +114,10 @@ class WordEdit:
         running.success(self.form_of_result, sample.gallery, sample.form, api_name=False, queue=False)  # what ran
         return running
 
-    def request(self, settings: dict, edit_prompt, edit_type, cross, self_) -> tuple[str, dict, str]:
-        """(model, Engine.generate's arguments, a note on what differs from the result) for editing the result whose
-        settings are given, checked before any work."""
+    def request(self, settings: dict, edit_prompt, edit_type, cross, self_) -> tuple[str, SampleRequest, str]:
+        """(model, the SampleRequest of the edit, a note on what differs from the result) for editing the result whose
+        settings are given, checked before any work: the result's form (ModelForm.request) with its prompt the source
+        (image 0) and `edit_prompt` image 1, both from the result's noise."""
         if not settings:
             raise ValueError("generate first: the word edit redraws a result of the Sample tab")
         model = settings.get("model")
@@ -126,14 +129,18 @@ class WordEdit:
         if edit_type not in OFFERED:
             raise ValueError(f"the edit type must be one of {', '.join(OFFERED)}, got {str(edit_type)[:40]!r}")
         v = {k: settings.get(k, default) for k, default in SETTINGS_FORM.items()}
-        form = self.page.form.sample_form(model, v["scheduler"], v["steps"], seed, 2, v["class"] or NO_CLASS, v["guidance_scale"],
-                                  0.0, v["guide_scale"], v["timestep_spacing"], v["eta"], v["guidance_interval"],
-                                  v["pag_layers"], source, v["negative_prompt"])
-        form["edit"] = PromptEdit(edit_type, cross_replace_steps=float(cross), self_replace_steps=float(self_))
-        form["edit_prompt"] = edit_prompt
+        result = self.page.form.request(model, v["scheduler"], v["steps"], seed, 2, v["class"] or NO_CLASS,
+                                        v["guidance_scale"], 0.0, v["guide_scale"], v["timestep_spacing"], v["eta"],
+                                        v["guidance_interval"], v["pag_layers"], source, v["negative_prompt"])
+        edited = check_prompt("edited prompt", edit_prompt)
+        if not edited:
+            raise ValueError("type the edited prompt: the result's prompt with the words you want changed (red heart "
+                             "→ blue heart)")
+        edit = PromptEdit(edit_type, cross_replace_steps=float(cross), self_replace_steps=float(self_))
+        request = dataclasses.replace(result, prompts=[result.prompts or "", edited], edit=edit)
         # an edit takes the source's self-attention, which perturbed-attention guidance replaces: the result's PAG is off
         note = " · attention guidance (PAG) off: an edit takes the source's layout" if float(v["pag_scale"] or 0) else ""
-        return model, form, note
+        return model, request, note
 
     def edit(self, gallery, selected, edit_prompt, edit_type, cross, self_, progress=gr.Progress(),
             request: gr.Request = None):
@@ -142,25 +149,26 @@ class WordEdit:
         status = self.sample.status
         try:  # the request checked before any work: a refusal is a message on the status line, not a failure
             _, settings = selected_result(gallery, selected)
-            model, form, note = self.request(settings, edit_prompt, edit_type, cross, self_)
-            plan = self.engine.sample_plan(model, **form)  # resolved once: the job below runs this plan
+            # `sample`, not `request`: that name is the page's gr.Request, which says whose job this is
+            model, sample, note = self.request(settings, edit_prompt, edit_type, cross, self_)
+            plan = self.engine.plan(model, sample)  # resolved once: the job below runs this plan
             plan_work(plan).check()
         except Exception as err:  # noqa: BLE001 - said on the status line, then raised
             yield from self.page.jobs.refuse(request, status, err)
 
         def job(on_step):
-            return self.engine.generate(model, **form, on_step=on_step, plan=plan)
+            return self.engine.generate(model, sample, plan=plan, on_step=on_step)
 
         gen = yield from self.page.jobs.run(request, status, job, progress, "denoising", self.sample.preview, enlarge)
         if gen is None:  # stopped: its line says where
             return
-        edit = form["edit"]
+        edit, (source, edited) = sample.edit, sample.prompts
         made = {k: v for k, v in settings.items() if k not in ("index", "count", *EDIT_SETTINGS)}
-        made.update(seed=form["seed"], num_images=2, pag_scale=0.0, prompt=form["prompt"] or "",
-                    edit_prompt=form["edit_prompt"].strip(), edit_type=edit.edit_type,
-                    cross_replace_steps=edit.cross_replace_steps[1], self_replace_steps=edit.self_replace_steps[1])
+        made.update(seed=sample.seed, num_images=2, pag_scale=0.0, prompt=source, edit_prompt=edited,
+                    edit_type=edit.edit_type, cross_replace_steps=edit.cross_replace_steps[1],
+                    self_replace_steps=edit.self_replace_steps[1])
         what = (f"{edit.edit_type}: the word maps from the source for the first {edit.cross_replace_steps[1]:.0%} of the "
-                f"steps, its layout for the first {edit.self_replace_steps[1]:.0%}; both from the noise of seed {form['seed']}")
+                f"steps, its layout for the first {edit.self_replace_steps[1]:.0%}; both from the noise of seed {sample.seed}")
         yield self.page.jobs.done(request, status, {
             self.sample.preview: enlarge(to_pil(gen.images)), self.sample.gallery: result_files(gen.images, made),
             **self.page.tab(AttentionTab).show(gen),

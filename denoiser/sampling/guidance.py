@@ -65,15 +65,17 @@ class TextCondition:
     edit: EditPlan | None = None  # prompt-to-prompt over these images (image 0 the source); None: none
 
     @classmethod
-    def encode(cls, tokenizer, text_encoder: nn.Module, prompts: Sequence[str], negative: Sequence[str] | None = None,
+    def encode(cls, tokenizer, text_encoder: nn.Module, prompts: Sequence, negative: Sequence | None = None,
                *, weighted: bool = True, edit: PromptEdit | None = None) -> TextCondition:
-        """Encode the prompts; weighted: read "(word:w)" as a weight (False: training captions, taken as written)."""
+        """Encode the prompts; weighted: read "(word:w)" as a weight (False: training captions, taken as written).
+        A prompt is its text or, read already (a Plan's, `denoiser.sampling.prompt_weights.WeightedPrompt`), its parse."""
         from denoiser.model.text import encode_prompts
-        from denoiser.sampling.prompt_weights import parse_prompt
+        from denoiser.sampling.prompt_weights import WeightedPrompt, parse_prompt
 
         negative = [""] * len(prompts) if negative is None else list(negative)
         L_max = tokenizer.config.max_length
-        parsed = [[parse_prompt(p) for p in group] for group in (prompts, negative)] if weighted else None
+        parsed = [[p if isinstance(p, WeightedPrompt) else parse_prompt(p) for p in group]
+                  for group in (prompts, negative)] if weighted else None
         texts = [[p.text for p in group] for group in parsed] if weighted else [list(prompts), negative]
         with torch.inference_mode():
             states, mask = encode_prompts(tokenizer, text_encoder, texts[0])

@@ -44,7 +44,7 @@ from denoiser.sampling.loop import (
 )
 from denoiser.sampling.prompt_notes import read_as_note, unread_note, unseen_note
 from denoiser.sampling.prompt_to_prompt import edit_plan
-from denoiser.sampling.prompt_weights import parse_prompt
+from denoiser.sampling.prompt_weights import WeightedPrompt, parse_prompt
 
 __all__ = ["Plan", "resolve", "run"]
 
@@ -70,6 +70,9 @@ class Plan:
     text: TextModel | None = None  # a text model's tokenizer and encoder
     edit: PromptEdit | None = None  # prompt-to-prompt over the images (image 0 the source): one batch, image 0's noise
     precision: Precision = Precision(torch.float32, "float32")  # what the UNet runs in: chosen once by resolve, held by run
+    # each distinct prompt and negative prompt, read once by resolve ("(red:1.5) apple": its words and their weights);
+    # the encoding, the word lists and the notes all read these
+    parsed: dict[str, WeightedPrompt] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     _encoded: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # text_condition's, by images
 
     @property
@@ -87,8 +90,8 @@ class Plan:
             return None
         key = tuple(int(k) for k in indices)
         if key not in self._encoded:
-            cond = TextCondition.encode(self.text.tokenizer, self.text.encoder, [self.prompts[k] for k in key],
-                                        [self.negative_prompts[k] for k in key], edit=self.edit)
+            cond = TextCondition.encode(self.text.tokenizer, self.text.encoder, [self.parsed[self.prompts[k]] for k in key],
+                                        [self.parsed[self.negative_prompts[k]] for k in key], edit=self.edit)
             # an edit counts its steps on the plan's timesteps: a re-run step counts as sampled
             self._encoded[key] = cond if self.edit is None else cond.at_timesteps(self.timesteps())
         return self._encoded[key]
@@ -97,27 +100,27 @@ class Plan:
         """Image k's prompt as the model reads it: its words (weights taken out, cut at the tokenizer's length)."""
         if self.text is None or not self.prompts:
             return ()
-        return tuple(self.text.tokenizer.tokens(parse_prompt(self.prompts[k]).text))
+        return tuple(self.text.tokenizer.tokens(self.parsed[self.prompts[k]].text))
 
     def unseen(self, k: int = 0) -> tuple[str, ...]:
         """Image k's words that no training caption held (the model folder's vocabulary): drawn from their n-grams
         alone, so the model is guessing; () without a vocabulary or a prompt."""
         if self.text is None or not self.prompts:
             return ()
-        return tuple(self.text.tokenizer.unseen(parse_prompt(self.prompts[k]).text))
+        return tuple(self.text.tokenizer.unseen(self.parsed[self.prompts[k]].text))
 
     def unread(self, k: int = 0) -> tuple[str, ...]:
         """Image k's words past the tokenizer's max_length: cut, the model never reads them; () for none."""
         if self.text is None or not self.prompts:
             return ()
-        return tuple(self.text.tokenizer.dropped(parse_prompt(self.prompts[k]).text))
+        return tuple(self.text.tokenizer.dropped(self.parsed[self.prompts[k]].text))
 
     def image_notes(self, k: int = 0) -> list[str]:
         """What a person should hear about image k's prompt (denoiser.sampling.prompt_notes): read with marks
         dropped, cut at the tokenizer's length, words never seen in training; [] for none or no text model."""
         if self.text is None or not self.prompts:
             return []
-        return [n for n in (read_as_note(self.prompts[k]), unread_note(self.words(k), self.unread(k)),
+        return [n for n in (read_as_note(self.parsed[self.prompts[k]]), unread_note(self.words(k), self.unread(k)),
                             unseen_note(self.unseen(k))) if n]
 
     def log_notes(self) -> list[str]:
@@ -127,15 +130,15 @@ class Plan:
         said = []
         for name, prompts in (("prompt", self.prompts), ("negative prompt", self.negative_prompts)):
             for p in dict.fromkeys(prompts):
-                text = parse_prompt(p).text
+                text = self.parsed[p].text
                 read, unread = self.text.tokenizer.tokens(text), self.text.tokenizer.dropped(text)
-                notes = (read_as_note(p), unread_note(read, unread), unseen_note(self.text.tokenizer.unseen(text)))
+                notes = (read_as_note(self.parsed[p]), unread_note(read, unread), unseen_note(self.text.tokenizer.unseen(text)))
                 said += [f"the {name} “{p[:80]}”: {n}" for n in notes if n]
         return said
 
     def word_weights(self, k: int = 0) -> tuple[float, ...]:
         """Image k's weight per word of `words(k)` ("(red:1.5)": 1.5; 1 for a plain word)."""
-        return parse_prompt(self.prompts[k]).weights[: self.text.tokenizer.config.max_length] if self.prompts else ()
+        return self.parsed[self.prompts[k]].weights[: self.text.tokenizer.config.max_length] if self.prompts else ()
 
     def class_name(self, k: int) -> str | None:
         """Image k's class name, or None when it has no class."""
@@ -156,12 +159,16 @@ def resolve(
     model: LoadedModel | str | Path,
     *,
     load: Callable[[Path], LoadedModel] = load,
+    samplers: Sequence[str] | None = None,
 ) -> Plan:
-    """`request` for `model`, checked before any work; unset fields from the model's folder, else built in.
+    """`request` for `model`, checked before any work; unset fields from the model's folder, else built in. The one
+    place a folder's defaults are applied: a door that shows them (the app's form) shows what this returns.
 
     model: the model loaded once (`denoiser.folders.model_dir.load`, `LoadedModel.of` for one in memory or a
     pipeline's components), or its folder (then `load(folder)`).
     load(folder) -> LoadedModel: how a folder and autoguidance's guide are loaded (the app's is cached).
+    samplers: the samplers this door runs (the app's: those whose steps it can re-run); a request naming another is
+    refused, and a folder naming another samples with BUILT_IN's. None: every one.
     """
     if isinstance(model, (str, Path)):
         model = load(Path(model))
@@ -171,16 +178,16 @@ def resolve(
     folder, unet, text, defaults = model.folder, model.unet, model.text, model.defaults
     given = model.sampler is not None
     scheduler = model.sampler if given else model.noise_schedule
-    sched = _scheduler(request, defaults.scheduler, scheduler, given)
+    sched = _scheduler(request, defaults.scheduler, scheduler, given, samplers)
     labels = class_label_tensor(request.classes, request.num_images, unet.config.num_class_embeds, defaults.classes)
-    prompts, negative, text = _prompts(request, unet, folder, text)
+    prompts, negative, text, parsed = _prompts(request, unet, folder, text)
     guidance = _guidance(request, defaults, folder, unet, sched.config, labels is not None or any(prompts), load)
     steps = request.steps if request.steps is not None else defaults.steps
     batch_size = request.batch_size
     if batch_size is None:  # the CPU's own: its caches (BUILT_IN)
         batch_size = BUILT_IN["cpu_batch_size" if unet.device.type == "cpu" else "batch_size"]
     if request.edit is not None:
-        _check_edit(request, prompts, text, guidance)
+        _check_edit(request, [parsed[p] for p in prompts], text, guidance)
         batch_size = request.num_images  # the source and its edits attend together: one batch
     for name, value in (("number of images", request.num_images), ("batch size", batch_size)):
         if not isinstance(value, int) or value < 1:
@@ -188,14 +195,16 @@ def resolve(
     if not isinstance(steps, int) or not 1 <= steps <= sched.config.num_train_timesteps:
         raise ValueError(f"steps must be a whole number in 1..{sched.config.num_train_timesteps}, got {steps!r}")
     plan = Plan(unet, sched, steps, float(request.eta), guidance, labels, int(request.seed), request.num_images,
-                batch_size, defaults.classes, prompts, negative, text, request.edit, choose_precision(unet, request.precision))
+                batch_size, defaults.classes, prompts, negative, text, request.edit, choose_precision(unet, request.precision),
+                parsed)
     # what each guidance term needs (a class or a prompt for classifier-free guidance, PAG's layers), before any work:
     # the loop checks each batch the same way, a step too late for a page that said the job had started
     guidance.check(unet, labels is not None, text is not None)  # no prompt encoded: the budget note resolves per keystroke
     return plan
 
 
-def _check_edit(request: SampleRequest, prompts: tuple, text: TextModel | None, guidance: Guidance) -> None:
+def _check_edit(request: SampleRequest, prompts: Sequence[WeightedPrompt], text: TextModel | None,
+                guidance: Guidance) -> None:
     """A prompt-to-prompt request, before any work: a text model, the source and its edits, no PAG, maps that fit."""
     if not isinstance(request.edit, PromptEdit):
         raise TypeError(f"edit must be a denoiser.request.PromptEdit, got {type(request.edit).__name__}")
@@ -204,30 +213,32 @@ def _check_edit(request: SampleRequest, prompts: tuple, text: TextModel | None, 
     if guidance.pag:
         raise ValueError("prompt-to-prompt takes the source's self-attention maps, which perturbed-attention guidance "
                          "replaces: set the PAG scale to 0 for an edit")
-    edit_plan(request.edit, [text.tokenizer.tokens(parse_prompt(p).text) for p in prompts])  # the word maps, checked now
+    edit_plan(request.edit, [text.tokenizer.tokens(p.text) for p in prompts])  # the word maps, checked now
 
 
-def _prompts(request: SampleRequest, unet: nn.Module, folder, text: TextModel | None) -> tuple[tuple, tuple, TextModel | None]:
-    """(prompt per image, negative prompt per image, its TextModel) for a text model; ((), (), None) otherwise.
-    Words past the tokenizer's max_length are dropped (Plan.log_notes says which)."""
+def _prompts(request: SampleRequest, unet: nn.Module, folder,
+             text: TextModel | None) -> tuple[tuple, tuple, TextModel | None, dict[str, WeightedPrompt]]:
+    """(prompt per image, negative prompt per image, its TextModel, each distinct prompt parsed) for a text model;
+    ((), (), None, {}) otherwise. Words past the tokenizer's max_length are dropped (Plan.log_notes says which)."""
     n = request.num_images
     if getattr(unet.config, "cross_attention_dim", None) is None:
         if request.prompts not in (None, "") or request.negative_prompts not in (None, ""):
             raise ValueError("this model takes no prompt (it was trained without text): leave the prompt out"
                              + (" and pick a class" if unet.config.num_class_embeds else ""))
-        return (), (), None
+        return (), (), None, {}
     if text is None:
         text = require_text(folder, unet.device)
-    per_image = []
+    per_image, parsed = [], {}
     for name, value in (("prompt", request.prompts), ("negative prompt", request.negative_prompts)):
         given = [""] if value is None else [value] if isinstance(value, str) else list(value)
         if len(given) not in (1, n) or not all(isinstance(p, str) for p in given):
             raise ValueError(f"pass one {name} or one per image ({n}), as text; got {len(given)} of "
                              f"{sorted({type(p).__name__ for p in given})}")
-        for p in dict.fromkeys(given):
-            parse_prompt(p)  # a malformed weight is an error here, before any work (Plan.log_notes says the rest, once)
+        for p in given:  # read once, here: a malformed weight is an error before any work
+            if p not in parsed:
+                parsed[p] = parse_prompt(p)
         per_image.append(tuple(given * n if len(given) == 1 else given))
-    return per_image[0], per_image[1], text
+    return per_image[0], per_image[1], text, parsed
 
 
 def run(
@@ -305,10 +316,15 @@ def _copy_generator(g: torch.Generator) -> torch.Generator:
     return copy
 
 
-def _scheduler(request: SampleRequest, default: str, base, given: bool):
+def _scheduler(request: SampleRequest, default: str, base, given: bool, samplers: Sequence[str] | None):
     """The sampler: the request's by name, else the scheduler given as it is (the pipeline's, which its user may
-    have swapped), else the folder's; on `base`'s noise schedule, with the request's timestep spacing."""
+    have swapped), else the folder's (BUILT_IN's where `samplers` lacks it); on `base`'s noise schedule, with the
+    request's timestep spacing."""
     spacing = check_timestep_spacing(request.timestep_spacing)
+    if samplers is not None:
+        if request.scheduler is not None and request.scheduler not in samplers:
+            raise ValueError(f"scheduler must be one of {', '.join(samplers)}, got {request.scheduler!r}")
+        default = default if default in samplers else BUILT_IN["scheduler"]
     if request.scheduler is None and given:
         if spacing is None:
             return base

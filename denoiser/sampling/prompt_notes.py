@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from denoiser.model.text import drops_marks
 from denoiser.model.text import words as split_words
-from denoiser.sampling.prompt_weights import parse_prompt
+from denoiser.sampling.prompt_weights import WeightedPrompt
 
 __all__ = ["unread_note", "read_as_note", "unseen_note"]
 
@@ -23,12 +23,13 @@ def unread_note(read: Sequence[str], unread: Sequence[str]) -> str:
     return f"cut: the model reads only the first {len(read)} words; {len(unread)} more not read (“{rest}”)"
 
 
-def read_as_note(prompt: str) -> str:
-    """Where a prompt is shown: how the model reads it when its tokenizer changed letters (accents and marks dropped,
-    "赤いりんご" read as "赤いりんこ"); "" when it reads the letters typed."""
-    if not prompt or not drops_marks(parse_prompt(prompt).text):
+def read_as_note(prompt: WeightedPrompt) -> str:
+    """Where a prompt is shown: how the model reads it (its parse, `denoiser.sampling.prompt_weights.parse_prompt`) when
+    its tokenizer changed letters (accents and marks dropped, "赤いりんご" read as "赤いりんこ"); "" when it reads the
+    letters typed."""
+    if not prompt.text or not drops_marks(prompt.text):
         return ""
-    read = " ".join(split_words(parse_prompt(prompt).text))
+    read = " ".join(split_words(prompt.text))
     return f"read as “{read if len(read) <= 80 else read[:80] + ' …'}”: the tokenizer drops accents and marks"
 
 

@@ -12,6 +12,7 @@ from denoiser.app.attention_tab import AttentionTab  # noqa: E402
 from denoiser.app.engine import Engine  # noqa: E402
 from denoiser.app.page import Page  # noqa: E402
 from denoiser.app.sample_tab import SampleTab  # noqa: E402
+from denoiser.request import SampleRequest  # noqa: E402
 from tests.conftest import app_page  # noqa: E402
 
 
@@ -23,7 +24,7 @@ def _run(gen_fn):
 def test_the_averaged_maps_are_a_job_with_progress_and_a_result_line(weights):
     page = app_page(weights)
     tab = page.tab(AttentionTab)
-    gen = page.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=2)
+    gen = page.engine.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=6, seed=0, num_images=2))
     updates = _run(tab.mean_maps(gen, 1, (3, 4), progress=lambda *a, **k: None))
     texts = [u[tab.mean_status] for u in updates if isinstance(u.get(tab.mean_status), str)]
     assert any(t.startswith("averaging: step") for t in texts)  # progress with its step count
@@ -34,7 +35,7 @@ def test_the_averaged_maps_are_a_job_with_progress_and_a_result_line(weights):
 def test_the_averaged_maps_need_a_pixel_and_say_so_on_their_line(weights):
     page = app_page(weights)
     tab = page.tab(AttentionTab)
-    gen = page.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
+    gen = page.engine.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=2, seed=0, num_images=1))
     run = tab.mean_maps(gen, 0, None, progress=lambda *a, **k: None)
     first = next(run)
     assert list(first) == [tab.mean_status]  # the status line only: the maps shown stay
@@ -109,7 +110,7 @@ def test_a_view_read_with_the_generation_befores_step_waits_for_the_new_one(weig
     in 0..1, got 89". A view whose image or step is out of the generation's range is left as it is (the step
     slider's change, with its new value, follows); in range, it is drawn."""
     tab = AttentionTab(Page(Engine(weights)))  # its views' handlers need no page built
-    gen = tab.engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
+    gen = tab.engine.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=2, seed=0, num_images=1))
     skip = gr.skip()
     assert tab.restage(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 3
     assert tab.refresh(gen, 0, 89, (1, 1), 0, 0) == (skip,) * 4

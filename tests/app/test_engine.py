@@ -19,6 +19,7 @@ from denoiser.app.sample_tab import SampleTab
 from denoiser.app.views import stages_text
 from denoiser.model.attention_blocks import identity_attention
 from denoiser.pixels import to_uint8
+from denoiser.request import GuidanceRequest, SampleRequest
 from denoiser.sampling.guidance import Guidance
 from denoiser.sampling.loop import make_sampler, sample
 from denoiser.sampling.pipeline import save_pipeline
@@ -39,7 +40,8 @@ def test_generate_matches_sampler_and_streams_previews(weights):
     ex = Engine(weights)
     assert ex.models() == ["tiny", "tiny-classes"]
     previews = []
-    gen = ex.generate("tiny", "ddim", steps=4, seed=3, num_images=2, on_step=lambda i, n, x0: previews.append((i, n, x0)))
+    gen = ex.generate("tiny", SampleRequest(scheduler="ddim", steps=4, seed=3, num_images=2),
+                      on_step=lambda i, n, x0: previews.append((i, n, x0)))
     assert [p[0] for p in previews] == [0, 1, 2, 3] and previews[0][2].shape == (2, 3, 16, 16)
     unet, sched = ex.loaded("tiny").unet, ex.loaded("tiny").noise_schedule
     ref = sample(unet, make_sampler("ddim", sched.config), 2, 4, seed=3).images
@@ -49,7 +51,7 @@ def test_generate_matches_sampler_and_streams_previews(weights):
 
 def test_attention_is_exactly_that_of_the_sampling_pass(weights):
     ex = Engine(weights)
-    gen = ex.generate("tiny", "ddim", steps=3, seed=0, num_images=2)
+    gen = ex.generate("tiny", SampleRequest(scheduler="ddim", steps=3, seed=0, num_images=2))
     unet, sched = ex.loaded("tiny").unet, ex.loaded("tiny").noise_schedule
     during = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, capture_steps=[1]).attention[1]
     recs = ex.views.records(gen, 1)
@@ -65,7 +67,8 @@ def test_attention_is_exactly_that_of_the_sampling_pass(weights):
 
 def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
     ex = Engine(weights)
-    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, guidance_scale=2.5)
+    gen = ex.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=3, seed=0, num_images=2, classes=1,
+                                                    guidance=GuidanceRequest(guidance_scale=2.5)))
     unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").noise_schedule
     res = sample(unet, make_sampler("ddim", sched.config), 2, 3, seed=0, class_labels=1, guidance=Guidance(scale=2.5),
                  capture_steps=[1])
@@ -75,14 +78,14 @@ def test_guided_attention_is_the_class_half_of_the_guided_call(weights):
         assert b.q.shape[0] == 4 and a.q.shape[0] == 2  # sampling ran class + no-class in one batch
         assert torch.equal(a.q, b.q[:2]) and torch.equal(a.k, b.k[:2])
     with pytest.raises(ValueError, match="guidance needs a class"):
-        ex.generate("tiny-classes", steps=2, num_images=1, guidance_scale=2)
+        ex.generate("tiny-classes", SampleRequest(steps=2, num_images=1, guidance=GuidanceRequest(guidance_scale=2)))
     with pytest.raises(ValueError, match="guidance must be a number in 1..10"):
-        ex.generate("tiny-classes", steps=2, num_images=1, class_label=0, guidance_scale="abc")
+        ModelForm(ex).request("tiny-classes", steps=2, num_images=1, class_name="red", guidance_scale="abc")
 
 
 def test_four_stages_scores_and_weights(weights):
     ex = Engine(weights)
-    gen = ex.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
+    gen = ex.generate("tiny", SampleRequest(scheduler="ddim", steps=2, seed=0, num_images=1))
     img, numbers = ex.views.four_stages(gen, image=0, step=0, pixel=(4, 6), layer=1, head=1)
     text = stages_text(numbers)  # the page's words for them
     rec = ex.views.records(gen, 0)[1]
@@ -93,9 +96,11 @@ def test_four_stages_scores_and_weights(weights):
 
 
 def test_classes_and_limits(weights):
+    """The form's values are held to the page's LIMITS where the form is read (ModelForm.request), the request to the
+    model by its plan (Engine.plan)."""
     ex = Engine(weights)
     assert ex.classes("tiny-classes") == ["red", "green", "blue"] and ex.classes("tiny") == []
-    gen = ex.generate("tiny-classes", steps=2, num_images=1, class_label=2)
+    gen = ex.generate("tiny-classes", SampleRequest(steps=2, num_images=1, classes=2))
     assert gen.labels.tolist() == [2]
     for kwargs, msg in [
         ({"steps": 0}, "steps must be a whole number in 1..1000"),
@@ -103,16 +108,18 @@ def test_classes_and_limits(weights):
         ({"num_images": 65}, "number of images must be a whole number in 1..64"),
         ({"seed": -1}, "seed must be a whole number"),
         ({"seed": 2.5}, "seed must be a whole number"),
-        ({"scheduler": "euler"}, "scheduler must be one of"),
-        ({"class_label": 1}, "has no classes"),
+        ({"scheduler": "euler"}, "scheduler must be one of ddim, ddpm, dpm\\+\\+, unipc, got 'euler'"),
+        ({"class_name": "red"}, "is not one of this model's classes: none"),
     ]:
         with pytest.raises(ValueError, match=msg):
-            ex.generate("tiny", **{"steps": 2, "num_images": 1, **kwargs})
+            ex.generate("tiny", ModelForm(ex).request("tiny", **{"steps": 2, "num_images": 1, **kwargs}))
+    with pytest.raises(ValueError, match="has no classes"):
+        ex.generate("tiny", SampleRequest(steps=2, num_images=1, classes=1))
     with pytest.raises(ValueError, match="class must be a whole number in 0..2"):
-        ex.generate("tiny-classes", steps=2, num_images=1, class_label=3)
+        ex.generate("tiny-classes", SampleRequest(steps=2, num_images=1, classes=3))
     for bad in ("../tiny", "/etc/passwd", "nope"):
         with pytest.raises(ValueError, match="unknown model"):
-            ex.generate(bad, steps=2, num_images=1)
+            ex.generate(bad, SampleRequest(steps=2, num_images=1))
 
 
 def test_memory_stays_bounded_over_100_generations(weights):
@@ -125,7 +132,7 @@ def test_memory_stays_bounded_over_100_generations(weights):
     gen = None
     rss = []
     for i in range(100):
-        gen = ex.generate("tiny", steps=2, seed=i, num_images=4)  # a session keeps only its latest generation
+        gen = ex.generate("tiny", SampleRequest(steps=2, seed=i, num_images=4))  # a session keeps only its latest generation
         ex.views.attention_maps(gen, image=i % 4, step=i % 2, pixel=(i % 16, (3 * i) % 16))
         if i in (19, 99):
             gc.collect()
@@ -141,11 +148,12 @@ def test_work_budget_refuses_oversized_requests_up_front(weights, monkeypatch):
     unet = ex.loaded("tiny").unet
     cost = model_cost(unet)
     monkeypatch.setenv("DENOISER_WORK_BUDGET", str(10 * 4 * cost))  # 10 images x 4 steps
-    ex.generate("tiny", steps=4, num_images=10)
+    ex.generate("tiny", SampleRequest(steps=4, num_images=10))
     with pytest.raises(ValueError, match=r"use at most 2 steps with 20 images, or 10 images with 4 steps"):
-        ex.generate("tiny", steps=4, num_images=20)
+        ex.generate("tiny", SampleRequest(steps=4, num_images=20))
     with pytest.raises(ValueError, match="over the budget"):
-        ex.generate("tiny-classes", steps=4, num_images=10, class_label=0, guidance_scale=2)  # guidance doubles the calls
+        ex.generate("tiny-classes", SampleRequest(steps=4, num_images=10, classes=0,
+                                                  guidance=GuidanceRequest(guidance_scale=2)))  # guidance doubles the calls
 
 
 def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights, tmp_path, monkeypatch):
@@ -161,8 +169,9 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
     (root / "tiny-classes" / "sampling.json").write_text(json.dumps(defaults))
     ex = Engine(root)
     assert ex.models() == ["tiny", "tiny-classes"]  # the guide is no model of its own
-    assert ex.sampling_defaults("tiny-classes") == (defaults, True)
-    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=1, pag_scale=1.5, guide_scale=2.0)
+    assert ex.defaults("tiny-classes").guidance == defaults
+    gen = ex.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=3, seed=0, num_images=2, classes=1,
+                                                    guidance=GuidanceRequest(pag_scale=1.5, guide_scale=2.0)))
     unet, sched = ex.loaded("tiny-classes").unet, ex.loaded("tiny-classes").noise_schedule
     # the folder's interval applies: DDIM-3 visits 666, 333, 0 and guides the first two
     g = Guidance(pag_scale=1.5, guide=ex.guide("tiny-classes"), guide_scale=2.0, interval=(300, 700))
@@ -173,14 +182,14 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
         for a, b in zip(ex.views.records(gen, step), res.attention[step], strict=True):
             assert torch.equal(a.q, b.q[:2]) and torch.equal(a.k, b.k[:2])
     with pytest.raises(ValueError, match="ships no guide model"):
-        ex.generate("tiny", steps=2, num_images=1, guide_scale=2.0)
+        ex.generate("tiny", SampleRequest(steps=2, num_images=1, guidance=GuidanceRequest(guide_scale=2.0)))
     monkeypatch.setenv("DENOISER_WORK_BUDGET", "3")
     tiny = ex.loaded("tiny").unet  # no sampling.json: every step guided
     cost = 16**2 / 32**2 * sum(p.numel() for p in tiny.parameters()) / 1e6
     steps = int(3 // (2 * cost))  # 2 passes: the plain one and the perturbed one
-    ex.generate("tiny", steps=steps, num_images=1, pag_scale=1.0)
+    ex.generate("tiny", SampleRequest(steps=steps, num_images=1, guidance=GuidanceRequest(pag_scale=1.0)))
     with pytest.raises(ValueError, match="PAG"):
-        ex.generate("tiny", steps=steps + 1, num_images=1, pag_scale=1.0)
+        ex.generate("tiny", SampleRequest(steps=steps + 1, num_images=1, guidance=GuidanceRequest(pag_scale=1.0)))
     cost = 16**2 / 32**2 * sum(p.numel() for p in unet.parameters()) / 1e6
     # with the interval only the guided steps count double: DDIM-3 guides 2 of its 3 steps (5/3 passes per step)
     pag_interval = Guidance(pag_scale=1.0, interval=(300, 700))
@@ -193,7 +202,7 @@ def test_pag_and_autoguidance_match_the_sampler_and_count_in_the_budget(weights,
 
 def test_heads_view_mean_maps_and_switching_layers_off(weights):
     ex = Engine(weights)
-    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=2)
+    gen = ex.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=3, seed=0, num_images=2, classes=2))
     rows, chart = ex.views.head_table(gen, image=1, timesteps=(500, 50))
     assert {r.layer for r in rows} == {"down.1.attn.0", "mid_attn", "up.0.attn.0", "up.0.attn.1"} and chart.width == 480  # one column (phones)
     mean = ex.views.mean_attention_maps(gen, image=1, pixel=(4, 5))
@@ -241,20 +250,21 @@ def test_advanced_settings_reach_the_sampler_as_a_request_would(weights, tmp_pat
     from denoiser.sampling.plan import resolve, run
 
     ex = Engine(weights)
-    common = dict(steps=3, seed=1, num_images=2, class_label=2, guidance_scale=2.0, pag_scale=1.0)
+    form = ModelForm(ex)
+    common = dict(steps=3, seed=1, num_images=2, class_name="blue", guidance_scale=2.0, pag_scale=1.0)
     advanced = dict(timestep_spacing="trailing", eta=0.5, guidance_interval="0, 600", pag_layers="mid_attn")
-    gen = ex.generate("tiny-classes", "ddim", **common, **advanced)
+    gen = ex.generate("tiny-classes", form.request("tiny-classes", "ddim", **common, **advanced))
     request = SampleRequest(num_images=2, classes=2, seed=1, scheduler="ddim", steps=3, timestep_spacing="trailing",
                             eta=0.5, guidance=GuidanceRequest(guidance_scale=2.0, pag_scale=1.0, guidance_interval=(0, 600),
                                                               pag_layers=["mid_attn"]))
     assert torch.equal(gen.images, run(resolve(request, weights / "tiny-classes")).images)
     assert gen.guidance.interval == (0.0, 600.0) and gen.guidance.pag_layers == ("mid_attn",)
-    plain = ex.generate("tiny-classes", "ddim", **common)
+    plain = ex.generate("tiny-classes", form.request("tiny-classes", "ddim", **common))
     assert not torch.allclose(gen.images, plain.images)
     for bad, match in ((dict(timestep_spacing="even"), "timestep spacing must be one of"), (dict(eta=2.0), "eta must be"),
                        (dict(guidance_interval="600"), "guidance interval"), (dict(pag_layers="nope"), "unknown PAG layer")):
         with pytest.raises(ValueError, match=match):
-            ex.generate("tiny-classes", "ddim", **common, **bad)
+            ex.generate("tiny-classes", form.request("tiny-classes", "ddim", **common, **bad))
     # the form through the handler: a result's PNG carries the changed advanced settings, "use these settings" reads
     # them back (the ones left at the model's own come back as such)
     page = build_page(ex)
@@ -297,11 +307,11 @@ def test_the_page_starts_at_the_folders_sampler_steps_and_guidance(tmp_path):
     class_update, guidance, scheduler, steps, pag, guide = ModelForm(ex).model_form("m")
     assert class_update["value"] == "a" and guidance["value"] == 2.5 and pag["value"] == 0.0
     assert scheduler["value"] == "ddim" and steps["value"] == 7 and guide["visible"] is False
-    gen = ex.generate("m", seed=0, num_images=1, class_label=0, guidance_scale=2.5)
-    assert gen.num_steps == 7 and gen.replay["steps"] == 7
+    gen = ex.generate("m", SampleRequest(seed=0, num_images=1, classes=0, guidance=GuidanceRequest(guidance_scale=2.5)))
+    assert gen.num_steps == 7 and gen.replay.steps == 7
     # switching a layer off samples the same request again: the same guidance, interval and PAG layers
-    gen = ex.generate("m", steps=3, num_images=1, class_label=0, guidance_scale=2.5, pag_scale=1.0,
-                      pag_layers="mid_attn", guidance_interval="0, 600")
+    gen = ex.generate("m", SampleRequest(steps=3, num_images=1, classes=0, guidance=GuidanceRequest(
+        guidance_scale=2.5, pag_scale=1.0, pag_layers="mid_attn", guidance_interval="0, 600")))
     off = ex.views.ablate(gen, ["mid_attn"])
     assert off.guidance == gen.guidance and off.guidance.interval == (0.0, 600.0) and off.num_steps == 3
     assert not torch.equal(off.images, gen.images)
@@ -344,8 +354,8 @@ def test_the_budget_note_says_over_exactly_when_generate_refuses(weights, tmp_pa
                 form = {"guidance_interval": interval} if interval else {}  # the page's seven inputs, or one more
                 note = form_of.budget_note("tiny-classes", steps, num_images, "red", 3.0, 0.0, 2.0, **form)
                 try:
-                    ex.generate("tiny-classes", "ddim", steps, 0, num_images, 0, guidance_scale=3.0, guide_scale=2.0,
-                                guidance_interval=interval)
+                    ex.generate("tiny-classes", form_of.request("tiny-classes", "ddim", steps, 0, num_images, "red", 3.0,
+                                                                guide_scale=2.0, guidance_interval=interval))
                 except Admitted:
                     refusal = None
                 except ValueError as err:
@@ -376,7 +386,7 @@ def test_the_heads_and_layer_views_answer_in_words_not_error_badges(weights):
         # a job now (issue 41 item 7): its status line says it too
         update = next(heads.head_stats(None, 0))
     assert list(update) == [heads.stats_status] and "generate images first" in update[heads.stats_status]  # the rest kept
-    gen = page.engine.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
+    gen = page.engine.generate("tiny", SampleRequest(scheduler="ddim", steps=2, seed=0, num_images=1))
     with pytest.warns(UserWarning, match="not one of this generation's"):  # the walk, seed 10 step 55: before, an
         stages, text, heads = attention.restage(gen, 0, 1, (3, 4), "zzz", 0)  # error emptied the head list, stale text stayed
     assert stages is None and "not one of this generation's" in text and "invalid literal" not in text
@@ -401,7 +411,8 @@ def test_long_attention_work_is_refused_over_the_budget_before_any_unet_call(wei
     from denoiser.app.work_budget import model_cost
 
     ex = Engine(weights)
-    gen = ex.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=2, class_label=1, guidance_scale=2.0)
+    gen = ex.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=6, seed=0, num_images=2, classes=1,
+                                                    guidance=GuidanceRequest(guidance_scale=2.0)))
     unet = ex.loaded("tiny-classes").unet
     calls = _unet_calls(unet)
     monkeypatch.setenv("DENOISER_WORK_BUDGET", str(2 * 6 * 2 * model_cost(unet) - 1))  # 2 images x 6 steps x CFG's 2
@@ -423,7 +434,7 @@ def test_long_attention_work_reports_every_step_and_stops_when_asked(weights):
     from denoiser.app.attention_views import _stats_calls_per_timestep
 
     ex = Engine(weights)
-    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=2, class_label=2)
+    gen = ex.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=3, seed=0, num_images=2, classes=2))
     seen = []
     mean = ex.views.mean_attention_maps(gen, 1, (4, 5), on_step=lambda i, n, x: seen.append((i, n, tuple(x.shape))))
     assert seen == [(0, 3, (1, 3, 16, 16)), (1, 3, (1, 3, 16, 16)), (2, 3, (1, 3, 16, 16))]
@@ -453,7 +464,7 @@ def test_long_attention_work_reports_every_step_and_stops_when_asked(weights):
         ex.views.head_table(gen, 1, timesteps=(500, 50), on_step=stop_at(3))
     with pytest.raises(Stop):
         ex.views.mean_attention_maps(gen, 1, (4, 5), on_step=stop_at(1))
-    ex.generate("tiny-classes", steps=2, num_images=1)  # the stopped run's hook is gone: nothing raises here
+    ex.generate("tiny-classes", SampleRequest(steps=2, num_images=1))  # the stopped run's hook is gone: nothing raises here
 
 
 def test_a_photo_denoise_counts_tiles_and_over_the_budget_runs_on_a_scaled_copy(weights, monkeypatch):
@@ -496,7 +507,7 @@ def test_a_layer_is_checked_in_one_place(weights):
     """Issue 41 item 6 (the engine side): the layer selector's value, an int or text a person typed, becomes the
     layer's index or a sentence naming how many layers there are; the four stages use the same rule."""
     ex = Engine(weights)
-    gen = ex.generate("tiny", "ddim", steps=2, seed=0, num_images=1)
+    gen = ex.generate("tiny", SampleRequest(scheduler="ddim", steps=2, seed=0, num_images=1))
     assert [ex.views.check_layer(gen, v) for v in (0, 3, "3", " 2 ", 1.0)] == [0, 3, 3, 2, 1]
     for bad in ("zzz", "4", 4, -1, "1.5", None, "", True):
         with pytest.raises(ValueError, match=f"layer {str(bad)[:40]!r} is not one of this generation's 4 attention layers: pick one"):
@@ -510,20 +521,23 @@ def test_a_layer_is_checked_in_one_place(weights):
 def test_a_generate_resolves_its_plan_once(weights, monkeypatch):
     """Issue 59 finding 2: a Generate resolved its plan in the handler (to refuse before the job starts) and again in
     the engine. The handler's plan is now the one that runs: one resolve per Generate, and the same images."""
+    from denoiser.app import engine as engine_module
+
     ex = Engine(weights)
     calls = []
-    resolve_plan = Engine.sample_plan
+    resolve_plan = engine_module.resolve
 
-    def counted(self, *args, **kwargs):
-        calls.append(args[:1])
-        return resolve_plan(self, *args, **kwargs)
+    def counted(request, *args, **kwargs):
+        calls.append(request)
+        return resolve_plan(request, *args, **kwargs)
 
-    monkeypatch.setattr(Engine, "sample_plan", counted)
-    sample = build_page(ex).tab(SampleTab)
+    sample = build_page(ex).tab(SampleTab)  # the page's form shows what resolve fills: counted from Generate on
+    monkeypatch.setattr(engine_module, "resolve", counted)
     *_, last = sample.generate("tiny-classes", "ddim", 3, 5, 2, "green", guidance_scale=2.0)
     assert len(calls) == 1, calls
     assert last[sample.status].startswith("done: 2 image(s) of class green, 3 steps")
-    gen = ex.generate("tiny-classes", "ddim", steps=3, seed=5, num_images=2, class_label=1, guidance_scale=2.0)
+    gen = ex.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=3, seed=5, num_images=2, classes=1,
+                                                    guidance=GuidanceRequest(guidance_scale=2.0)))
     shown = torch.stack([pil_to_tensor(Image.open(path)) for path in last[sample.gallery]])  # (B, 3, H, W) uint8: the PNGs
     assert torch.equal(shown, to_uint8(gen.images))
 

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from denoiser.app.form_limits import LIMITS, check_int, check_scales
+from denoiser.request import SampleRequest
 
 
 @pytest.mark.parametrize("value", [3, 3.0, "3", " 3 "])
@@ -70,17 +71,23 @@ def test_a_form_slider_takes_any_value_in_a_sessions_copy_too():
 
 @pytest.mark.parametrize("box", ["steps", "num_images", "seed"])
 def test_a_box_a_person_emptied_is_refused_not_filled_with_the_models_own(box):
-    """Issue 72 finding 6: an emptied steps box ran the model's 50 steps without a word. On the page an empty number box
-    is refused, naming the box as every refusal does (the /generate API's unset field stays the model's own)."""
-    from denoiser.app.form_limits import check_typed
+    """Issue 72 finding 6: an emptied steps box ran the model's 50 steps without a word. On the page (typed) an empty
+    number box is refused where the form is read, naming the box as every refusal does; the /generate API's unset
+    field stays the model's own (a seed has none)."""
+    from denoiser.app.form import form_request
 
     typed = {"steps": 25, "num_images": 8, "seed": 0}
-    check_typed(**typed)  # all filled: nothing to say
+    assert form_request([], False, **typed, typed=True).steps == 25  # all filled: nothing to say
     label = {"num_images": "number of images"}.get(box, box)
     lo, hi = LIMITS[box]
     for empty in (None, "", "  "):
         with pytest.raises(ValueError, match=rf"^{label} must be a whole number in {lo}\.\.{hi}: the box is empty"):
-            check_typed(**{**typed, box: empty})
+            form_request([], False, **{**typed, box: empty}, typed=True)
+    if box == "seed":  # a seed has no model's own: an API call must give one
+        with pytest.raises(ValueError, match="the box is empty"):
+            form_request([], False, **{**typed, box: None})
+    else:  # the API's unset: left to the request (its default, or the folder's as resolve fills it)
+        assert getattr(form_request([], False, **{**typed, box: None}), box) == getattr(SampleRequest(), box)
 
 
 def test_the_pages_generate_refuses_an_emptied_steps_box_and_the_api_takes_the_models_own(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ gr = pytest.importorskip("gradio")
 
 from denoiser.app.heads_tab import HeadsTab  # noqa: E402
 from denoiser.app.jobs import Jobs  # noqa: E402
+from denoiser.request import SampleRequest  # noqa: E402
 from tests.conftest import app_page  # noqa: E402
 
 
@@ -22,7 +23,7 @@ def test_the_heads_statistics_are_a_job_that_stops(weights):
 
     page = app_page(weights)
     tab, engine = page.tab(HeadsTab), page.engine
-    gen = engine.generate("tiny-classes", "ddim", steps=2, seed=0, num_images=1)
+    gen = engine.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=2, seed=0, num_images=1))
     updates = _run(tab.head_stats(gen, 0, progress=lambda *a, **k: None))
     assert any(str(u.get(tab.stats_status)).startswith("measuring: step") for u in updates)
     rows, layers, line = (updates[-1][c] for c in (tab.stats_table, tab.off_layers, tab.stats_status))
@@ -66,7 +67,7 @@ def test_switch_off_is_a_job_with_its_own_status_line(weights):
     below the button). It now says how far it is and what it did on its own line, and refuses in words."""
     page = app_page(weights)
     tab = page.tab(HeadsTab)
-    gen = page.engine.generate("tiny-classes", "ddim", steps=3, seed=0, num_images=1)
+    gen = page.engine.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=3, seed=0, num_images=1))
     layer = page.engine.views.records(gen, 0)[0].name
     updates = _run(tab.switch_off(gen, [layer], "all", progress=lambda *a, **k: None))
     lines = [u[tab.off_status] for u in updates if isinstance(u.get(tab.off_status), str)]

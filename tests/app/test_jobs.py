@@ -15,6 +15,7 @@ import torch  # noqa: E402
 from denoiser.app.attention_tab import AttentionTab  # noqa: E402
 from denoiser.app.heads_tab import HeadsTab  # noqa: E402
 from denoiser.app.jobs import CANCELLED, Jobs  # noqa: E402
+from denoiser.request import SampleRequest  # noqa: E402
 from tests.conftest import app_page  # noqa: E402
 
 X0 = torch.zeros(1, 3, 4, 4)
@@ -201,7 +202,7 @@ def test_stop_during_a_job_without_a_preview_does_not_speak_of_one(weights):
     turns it into its stopped line (Jobs._stopped_text)."""
     page = app_page(weights)
     attention, heads = page.tab(AttentionTab), page.tab(HeadsTab)
-    gen = page.engine.generate("tiny-classes", "ddim", steps=6, seed=0, num_images=1)
+    gen = page.engine.generate("tiny-classes", SampleRequest(scheduler="ddim", steps=6, seed=0, num_images=1))
     for updates, line, shown in ((list(attention.mean_maps(gen, 0, (3, 4), **QUIET)), attention.mean_status, "maps shown"),
                                  (list(heads.head_stats(gen, 0, **QUIET)), heads.stats_status, "charts and table shown")):
         running = [u[line] for u in updates[:-1] if isinstance(u.get(line), str) and "step" in u[line]][0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import httpx
@@ -45,18 +46,21 @@ def weights(tmp_path_factory):
 
 def test_prompt_reaches_the_images(weights):
     ex = Engine(weights)
-    gen = ex.generate("words", "ddim", steps=3, seed=5, num_images=2, prompt="red apple", guidance_scale=2.0)
+    gen = ex.generate("words", SampleRequest(scheduler="ddim", steps=3, seed=5, num_images=2, prompts="red apple",
+                                             guidance=GuidanceRequest(guidance_scale=2.0)))
     plan = resolve(SampleRequest(num_images=2, prompts="red apple", seed=5, scheduler="ddim", steps=3,
                                  guidance=GuidanceRequest(guidance_scale=2.0), batch_size=2), weights / "words")
     assert torch.equal(gen.images, run(plan).images)
     assert gen.prompt == "red apple" and gen.words == ("red", "apple")
-    other = ex.generate("words", "ddim", steps=3, seed=5, num_images=2, prompt="blue car", guidance_scale=2.0)
+    other = ex.generate("words", SampleRequest(scheduler="ddim", steps=3, seed=5, num_images=2, prompts="blue car",
+                                               guidance=GuidanceRequest(guidance_scale=2.0)))
     assert not torch.allclose(other.images, gen.images)  # the prompt changes the pictures
 
 
 def test_word_map_and_pixel_weights_are_the_records(weights):
     ex = Engine(weights)
-    gen = ex.generate("words", "ddim", steps=3, seed=0, num_images=2, prompt="red apple", guidance_scale=2.0)
+    gen = ex.generate("words", SampleRequest(scheduler="ddim", steps=3, seed=0, num_images=2, prompts="red apple",
+                                             guidance=GuidanceRequest(guidance_scale=2.0)))
     cross = ex.views.records(gen, 1, "cross")
     assert cross and all(r.kind == "cross" for r in cross)
     assert all(r.kind == "self" for r in ex.views.records(gen, 1))  # the pixel-to-pixel views never see a cross layer
@@ -110,6 +114,31 @@ def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     assert views.word_views(gen, 0, 1, None, None) == (None, None)
 
 
+def test_a_generate_reads_its_prompt_once(weights, tmp_path, monkeypatch):
+    """Issue 72 part 5: the review counted the prompt parsed 5 times on its way from the form to the pictures (14 calls
+    in all: the engine's check, resolve, the encoding, the words, weights and notes). The form passes the prompt as
+    typed, resolve reads it once, and the plan carries the reading to the encoding, the word lists and the notes."""
+    from collections import Counter
+
+    import denoiser.sampling.prompt_weights as prompt_weights
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
+    sample = app_page(weights).tab(SampleTab)
+    read, parse = Counter(), prompt_weights.parse_prompt
+
+    def counted(prompt):
+        read[prompt] += 1
+        return parse(prompt)
+
+    for name, module in list(sys.modules.items()):  # every module that holds the parser by name
+        if name.startswith("denoiser") and getattr(module, "parse_prompt", None) is parse:
+            monkeypatch.setattr(module, "parse_prompt", counted)
+    *_, last = sample.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "",
+                               "(red:1.5) apple", "")
+    assert str(last[sample.status]).startswith("done: 1 image(s) of “\\(red:1.5\\) apple”"), last[sample.status]
+    assert read["(red:1.5) apple"] == 1, read
+
+
 def test_class_model_ignores_a_hidden_prompt(weights, tmp_path, monkeypatch):
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     page = app_page(weights)
@@ -131,7 +160,7 @@ def test_edit_and_heads_run_a_text_model_unconditioned(weights):
         ex.restore("words", ex.restore_request("edit", guidance_scale=2.0, strength=0.5, steps=4), photo)
     rows, _ = ex.views.head_table(gen, 0, timesteps=(500,))
     assert rows
-    sampled = ex.generate("words", "ddim", steps=2, seed=0, num_images=1, prompt="red apple")
+    sampled = ex.generate("words", SampleRequest(scheduler="ddim", steps=2, seed=0, num_images=1, prompts="red apple"))
     assert ex.views.attention_maps(sampled, 0, 1, (2, 3)) is not None  # the self-attention views as for any model
     assert ex.views.ablate(sampled, ["mid_attn"]).images.shape == sampled.images.shape
 

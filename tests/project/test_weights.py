@@ -102,9 +102,11 @@ def test_every_front_door_samples_with_the_folders_measured_best(name, monkeypat
             call()
         assert seen.pop() == (own, steps), door
     # the app: choosing the model sets the form's sampler and steps to the folder's, and Generate passes them on
-    form = ModelForm(Engine(WEIGHTS_DIR)).model_form(name)
-    scheduler, form_steps = form[2]["value"], form[3]["value"]
+    engine = Engine(WEIGHTS_DIR)
+    form = ModelForm(engine)
+    shown = form.model_form(name)
+    scheduler, form_steps = shown[2]["value"], shown[3]["value"]
     assert form_steps == steps
     with pytest.raises(_Sampled):
-        Engine(WEIGHTS_DIR).generate(name, scheduler, steps=form_steps, seed=0, num_images=1)
+        engine.generate(name, form.request(name, scheduler, form_steps, 0, 1))
     assert seen.pop() == (own, steps), "app"

@@ -15,7 +15,7 @@ from denoiser.app.engine import Engine
 from denoiser.cli.main import main
 from denoiser.diffusion import Diffusion
 from denoiser.folders.model_dir import load
-from denoiser.request import ADDED_NOISE_SEED, BUILT_IN, RestoreRequest
+from denoiser.request import ADDED_NOISE_SEED, BUILT_IN, GuidanceRequest, RestoreRequest, SampleRequest
 from denoiser.restore.chains import restore, with_noise
 from denoiser.restore.plan import check_request, resolve_restore, run_restore
 from denoiser.restore.tiles import denoise_photo
@@ -135,9 +135,9 @@ def test_a_generate_loads_each_model_once_and_encodes_its_prompt_once(tmp_path, 
     monkeypatch.setattr(HashTextEncoder, "from_pretrained", counted("encoder", HashTextEncoder.from_pretrained))
     monkeypatch.setattr(TextCondition, "encode", counted("encode", TextCondition.encode))
     ex = Engine(tmp_path / "w")
-    ex.generate("words", steps=2, num_images=2, prompt="red apple", guidance_scale=2.0)
+    ex.generate("words", SampleRequest(steps=2, num_images=2, prompts="red apple", guidance=GuidanceRequest(guidance_scale=2.0)))
     assert counts == {"unet": 1, "encoder": 1, "encode": 1}
-    ex.generate("words", steps=2, num_images=2, prompt="blue car", guidance_scale=2.0)
+    ex.generate("words", SampleRequest(steps=2, num_images=2, prompts="blue car", guidance=GuidanceRequest(guidance_scale=2.0)))
     assert counts == {"unet": 1, "encoder": 1, "encode": 2}  # the second: no load, one encoding
     ex.restore("words", ex.restore_request("edit", steps=2, prompt="red apple", guidance_scale=2.0), _photo(16, 16))
     assert counts == {"unet": 1, "encoder": 1, "encode": 3}

@@ -98,7 +98,8 @@ def test_every_front_door_gives_the_same_images(folder, tmp_path, capsys, monkey
     assert (piped.int() - cli.int()).abs().max() <= 1
     # the app's engine
     engine = Engine(folder.parent)
-    gen = engine.generate("m", scheduler, steps=3, seed=seed, num_images=n, class_label=1, guidance_scale=2.0)
+    gen = engine.generate("m", SampleRequest(scheduler=scheduler, steps=3, seed=seed, num_images=n, classes=1,
+                                             guidance=GuidanceRequest(guidance_scale=2.0)))
     assert (_uint8(gen.images).int() - cli.int()).abs().max() <= 1
     # evaluate --fid scores exactly these images
     scored = []
@@ -239,3 +240,48 @@ def test_words_no_caption_held_are_named_by_the_plan_and_the_cli(tmp_path, caplo
     assert main(["sample", "--model", str(folder), "--prompt", "a red 日本 zorblat apple", "--steps", "1",
                  "--num-images", "1", "--out", str(tmp_path / "x.png")]) == 0
     assert "never seen in training" in caplog.text and "日本 zorblat" in caplog.text
+
+
+def test_a_door_that_runs_fewer_samplers_gets_the_folders_where_it_can_and_builtin_where_not(folder):
+    """Issue 72 part 5: resolve is the one place a folder's defaults are applied, the app's rule included (its samplers
+    are those whose steps it can re-run): a folder naming a sampler the door runs keeps it, one naming another samples
+    with BUILT_IN's, and a request naming one outside them is refused in words."""
+    offered = ("ddim", "ddpm", "unipc")
+    assert resolve(SampleRequest(num_images=1), folder, samplers=offered).scheduler_name == "ddim"
+    config = folder / "scheduler" / "scheduler_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "_class_name": "EulerDiscreteScheduler"}))
+    assert resolve(SampleRequest(num_images=1), folder).scheduler_name == "euler"  # every sampler: the folder's
+    assert resolve(SampleRequest(num_images=1), folder, samplers=offered).scheduler_name == BUILT_IN["scheduler"]
+    assert resolve(SampleRequest(num_images=1, scheduler="unipc"), folder, samplers=offered).scheduler_name == "unipc"
+    with pytest.raises(ValueError, match=r"^scheduler must be one of ddim, ddpm, unipc, got 'euler'$"):
+        resolve(SampleRequest(num_images=1, scheduler="euler"), folder, samplers=offered)
+
+
+def test_each_prompt_is_read_once_and_the_plan_carries_it(tmp_path, monkeypatch):
+    """Issue 72 part 5: a prompt was parsed 14 times on its way from the app's form to its pictures and notes. resolve
+    reads each distinct prompt once (a malformed weight refused there, before any work); the plan's encoding, words,
+    weights and notes read what it carries."""
+    from collections import Counter
+
+    import denoiser.sampling.prompt_weights as prompt_weights
+    from tests.conftest import random_text_model
+
+    folder = random_text_model(tmp_path / "words")
+    read = Counter()
+    parse = prompt_weights.parse_prompt
+
+    def counted(prompt):
+        read[prompt] += 1
+        return parse(prompt)
+
+    for name, module in list(sys.modules.items()):  # every module that holds the parser by name
+        if name.startswith("denoiser") and getattr(module, "parse_prompt", None) is parse:
+            monkeypatch.setattr(module, "parse_prompt", counted)
+    plan = resolve(SampleRequest(num_images=3, prompts=["(red:1.5) apple", "blue car", "(red:1.5) apple"], steps=1),
+                   folder)
+    run(plan)
+    assert plan.words(0) == ("red", "apple") and plan.word_weights(0)[:2] == (1.5, 1.0)
+    assert plan.image_notes(0) == [] and plan.log_notes() == [] and plan.unread(2) == ()
+    assert read == {"(red:1.5) apple": 1, "blue car": 1, "": 1}, read
+    with pytest.raises(ValueError, match="prompt weighting"):
+        resolve(SampleRequest(num_images=1, prompts="(red:x) apple"), folder)
