@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "heat_colormap", "overlay", "layer_label", "tiles_image", "with_colour_scale", "with_title", "attention_panel",
     "stages_panel", "word_maps", "word_maps_panel", "word_maps_grid", "token_weights", "token_weights_panel",
-    "loss_curve", "word_overlay", "WORD_SCALE", "chart_font", "ChartFont",
+    "loss_curve", "word_overlay", "WORD_SCALE", "chart_font", "ChartFont", "LABEL_PX",
 ]
 
 # Anchor colours of a dark-to-bright heat map (black-purple-red-orange-yellow-white), our own choice.
@@ -118,8 +118,12 @@ def _drawn(size: float, char: str) -> bytes:
     return img.tobytes()
 
 
+LABEL_PX = 14  # chart and panel labels: the app page's body text, so a chart read at its drawn size (the phone page
+# scrolls it sideways rather than shrinking it) is as legible as the page around it
+
+
 @functools.cache
-def chart_font(size: int = 12) -> ChartFont:
+def chart_font(size: int = LABEL_PX) -> ChartFont:
     """The font every chart and panel label is drawn with (`ChartFont`), one per size."""
     return ChartFont(io.BytesIO(ImageFont.load_default(size=size).font_bytes), size)
 
@@ -141,11 +145,12 @@ def _wrap(label: str, width: float, font) -> list[str]:
     return lines
 
 
-def tiles_image(rows: Sequence[Sequence[tuple[str, torch.Tensor]]], scale: int, line_h: int = 13, pad: int = 4) -> Image.Image:
+def tiles_image(rows: Sequence[Sequence[tuple[str, torch.Tensor]]], scale: int, line_h: int = LABEL_PX + 3,
+                pad: int = 4) -> Image.Image:
     """Labelled (3, S, S) tiles in [0, 1], one list per row, upscaled by `scale` (nearest); a label wider than its
     tile takes more lines."""
     S = rows[0][0][1].shape[-1]
-    tile, font = S * scale, chart_font(11)
+    tile, font = S * scale, chart_font()
     cols = max(len(r) for r in rows)
     labels = [[_wrap(label, tile, font) for label, _ in row] for row in rows]
     label_h = line_h * max(len(lines) for row in labels for lines in row) + 5
@@ -155,7 +160,7 @@ def tiles_image(rows: Sequence[Sequence[tuple[str, torch.Tensor]]], scale: int, 
         y0 = pad + r * (tile + label_h + pad)
         for c, (_, t) in enumerate(row):
             x0 = pad + c * (tile + pad)
-            draw.multiline_text((x0, y0), "\n".join(labels[r][c]), fill="black", font=font, spacing=line_h - 11)
+            draw.multiline_text((x0, y0), "\n".join(labels[r][c]), fill="black", font=font, spacing=line_h - LABEL_PX)
             panel.paste(_to_pil(t, scale), (x0, y0 + label_h))
     return panel
 
@@ -166,11 +171,11 @@ def with_colour_scale(panel: Image.Image, low: str, high: str, bar_h: int = 10, 
     width = min(panel.width - 2 * pad, 256)
     ramp = torch.linspace(0, 1, width)[None].expand(bar_h, width)  # (bar_h, width)
     bar = _to_pil(heat_colormap(ramp), 1)
-    out = Image.new("RGB", (panel.width, panel.height + bar_h + 18 + pad), "white")
+    out = Image.new("RGB", (panel.width, panel.height + bar_h + LABEL_PX + 7 + pad), "white")
     out.paste(panel, (0, 0))
     out.paste(bar, (pad, panel.height))
     draw = ImageDraw.Draw(out)
-    font = chart_font(11)
+    font = chart_font()
     draw.text((pad, panel.height + bar_h + 2), low, fill="black", font=font)
     draw.text((pad + width - draw.textlength(high, font=font), panel.height + bar_h + 2), high, fill="black", font=font)
     return out
@@ -226,9 +231,9 @@ def stages_panel(image: torch.Tensor, scores: torch.Tensor, weights: torch.Tenso
 
 def with_title(panel: Image.Image, title: str, pad: int = 4) -> Image.Image:
     """The panel under a title (wrapped to the panel's width)."""
-    font = chart_font(13)
+    font = chart_font()
     lines = _wrap(title, panel.width - 2 * pad, font)
-    out = Image.new("RGB", (panel.width, panel.height + 17 * len(lines) + pad), "white")
+    out = Image.new("RGB", (panel.width, panel.height + (LABEL_PX + 4) * len(lines) + pad), "white")
     ImageDraw.Draw(out).multiline_text((pad, pad), "\n".join(lines), fill="black", font=font, spacing=4)
     out.paste(panel, (0, out.height - panel.height))
     return out
@@ -309,12 +314,12 @@ def token_weights(records: Sequence[AttentionRecord], query: tuple[int, int], im
 
 def _bar_chart(title: str, weights: Sequence[float], words: Sequence[str], label_w: int, bar_w: int = 120) -> Image.Image:
     """One layer's horizontal bars: a word, its weight as a bar on a 0-to-1 frame, the number."""
-    font, line = chart_font(11), 16
-    img = Image.new("RGB", (label_w + bar_w + 40, 18 + line * len(words) + 6), "white")
+    font, line = chart_font(), LABEL_PX + 5
+    img = Image.new("RGB", (label_w + bar_w + 48, line + 2 + line * len(words) + 6), "white")
     draw = ImageDraw.Draw(img)
     draw.text((0, 0), title, fill="black", font=font)
     for i, (word, w) in enumerate(zip(words, weights)):
-        y = 18 + line * i
+        y = line + 2 + line * i
         draw.text((label_w - 6 - draw.textlength(word, font=font), y), word, fill="black", font=font)
         draw.rectangle([label_w, y + 2, label_w + bar_w, y + line - 3], outline=(200, 200, 200))  # weight 1
         draw.rectangle([label_w, y + 2, label_w + round(w * bar_w), y + line - 3], fill=(220, 70, 50))
@@ -327,7 +332,7 @@ def token_weights_panel(image: torch.Tensor, records: Sequence[AttentionRecord],
     """The image with pixel `query` marked, then a bar chart per cross-attention layer: the pixel's weight on each
     word of the prompt (`words`, the tokenizer's, in order). image (3, S, S) in [0, 1]."""
     S = image.shape[-1]
-    font = chart_font(11)
+    font = chart_font()
     label_w = 6 + max(int(ImageDraw.Draw(Image.new("1", (1, 1))).textlength(w, font=font)) for w in words)
     charts = [_bar_chart(label, w[: len(words)].tolist(), words, label_w)
               for label, w in token_weights(records, query, S)]  # weights past the words: padding (a batch's)

@@ -93,3 +93,35 @@ def test_chart_text_never_draws_a_missing_glyph_box():
     plain = Image.new("L", (40, 20))
     ImageDraw.Draw(plain).text((2, 2), "×", fill=255, font=font)
     assert plain.getbbox() is not None  # drawn as "x", not as nothing
+
+
+def test_every_chart_label_is_drawn_at_the_pages_body_text_size():
+    """Issue 72: on a phone the word-map and pixel-map labels read 11-12 px beside 14 px body text (the charts keep
+    their drawn size and scroll sideways there). Every label the app's charts draw is LABEL_PX tall, the page's body
+    text: a capital's height in the drawn picture, measured, matches the same letters drawn at 14 px."""
+    from PIL import Image, ImageDraw
+
+    from denoiser.app.words import word_maps_view, word_weights_chart
+    from denoiser.pictures import LABEL_PX, chart_font, tiles_image, with_colour_scale, with_title
+
+    assert LABEL_PX >= 14
+
+    def ink_height(img: Image.Image, box: tuple[int, int, int, int]) -> int:
+        dark = np.asarray(img.convert("L").crop(box)) < 128
+        rows = np.nonzero(dark.any(axis=1))[0]
+        return int(rows[-1] - rows[0] + 1) if len(rows) else 0
+
+    reference = Image.new("L", (200, 40), 255)
+    ImageDraw.Draw(reference).text((0, 0), "HEAD", fill=0, font=chart_font(LABEL_PX))
+    cap = ink_height(reference.convert("RGB"), (0, 0, 200, 40))
+    white = torch.ones(3, 32, 32)
+    tiles = tiles_image([[("HEAD", white)]], scale=3)
+    assert ink_height(tiles, (0, 0, tiles.width, 20)) == cap
+    scaled = with_colour_scale(tiles, "LOW", "HIGH")
+    assert ink_height(scaled, (0, tiles.height + 10, 60, scaled.height)) == cap
+    titled = with_title(tiles, "HEAD")
+    assert ink_height(titled, (0, 0, titled.width, titled.height - tiles.height)) == cap
+    chart = word_weights_chart([("HEAD", torch.tensor([[0.5, 0.5]]))], ["RED", "APPLE"])
+    assert ink_height(chart, (0, 30, 180, chart.height)) == cap  # the layer's label, left of its bars
+    view = word_maps_view(white, [("mid.attn (8x8)", torch.full((1, 8, 8), 0.5))])
+    assert view.width >= 2 * 96  # the maps at their drawn size: 96 px tiles

@@ -21,7 +21,7 @@ __all__ = ["map_label", "unread_note", "unseen_note", "words_label", "word_maps_
            "word_weights_label"]
 
 _BAR = (220, 70, 50)  # the heat map's red: the same colour means "weight" on both pictures
-_PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 20, 170, 96
+_PAD, _ROW_H, _LABEL_W, _CELL_W = 6, 22, 190, 96
 FLAT = 1.5  # a map whose highest weight is under this times its lowest is called nearly flat (map_label)
 _TOP = 30  # the page's label sits over the picture's top-left corner: the table and the maps start below it
 
@@ -108,7 +108,7 @@ def map_label(label: str, heat: torch.Tensor) -> str:
 def word_weights_chart(rows: Sequence[tuple[str, torch.Tensor]], words: Sequence[str]) -> Image.Image:
     """A table of bars: one row per cross-attention layer, one column per word; each cell is the pixel's weight on
     that word (mean of heads: a row sums to 1) as a bar and a number. rows: (layer label, weights (h, words))."""
-    font = chart_font(12)  # draws every glyph it is given: "red ×1.5" as "red x1.5", never a missing-glyph box
+    font = chart_font()  # draws every glyph it is given: "red ×1.5" as "red x1.5", never a missing-glyph box
     width = _LABEL_W + _CELL_W * len(words) + 2 * _PAD
     height = _TOP + _ROW_H * (len(rows) + 1) + 2 * _PAD
     img = Image.new("RGB", (width, height), "white")

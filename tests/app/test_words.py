@@ -78,7 +78,7 @@ def test_a_weights_number_is_black_on_white_whatever_its_bar():
     from denoiser.app.words import _BAR, _CELL_W, _LABEL_W, _PAD, _ROW_H, _TOP, chart_font, word_weights_chart
 
     chart = word_weights_chart([("mid_cross (8x8)", torch.tensor([[0.9, 0.1]]))], ["red", "apple"])
-    font = chart_font(12)
+    font = chart_font()
     y0 = _TOP + _PAD + _ROW_H
     for j, text in enumerate(("0.90", "0.10")):
         x0 = _PAD + _LABEL_W + j * _CELL_W
