@@ -225,7 +225,7 @@ class AttentionViews:
     def ablate(self, gen: Generation, layers: list[str], heads: list[int] | None = None, on_step=None) -> Generation:
         """The same seed and settings sampled again with `layers` (or their `heads`) switched to identity."""
         if gen.replay is None:
-            raise ValueError("switching layers off samples the same seed again: generate images first (an edit has no seed to repeat)")
+            raise ValueError("switching layers off samples the same seed again: generate images first (a Photo tab result has no seed to repeat)")
         if gen.replay.edit is not None:
             raise ValueError("a word edit's layers cannot be switched off: its edit takes the source's attention maps, "
                              "which identity attention replaces; switch layers off on a generation of one prompt")

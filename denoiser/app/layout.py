@@ -42,9 +42,9 @@ PHONE_ORDER = ("  #sample-main, #sample-settings { display: contents; }\n"
                "  #settings-png, #earlier, #use-earlier { order: 3; }\n")
 # on a phone a gallery's columns fit the width (Gradio's 100 px minimum put 4 columns in 326 px: the 4th off-screen),
 # and a picture's label sits above it, not over its first row
-PHONE_GALLERIES = ("  :is(#gallery, #earlier, #edit-result) .grid-container { grid-template-columns: repeat(auto-fill,"
+PHONE_GALLERIES = ("  :is(#gallery, #earlier, #photo-result) .grid-container { grid-template-columns: repeat(auto-fill,"
                    " minmax(72px, 1fr)) !important; grid-template-rows: none !important; grid-auto-rows: auto; }\n"
-                   "  :is(#gallery, #earlier, #edit-result, #preview, #edit-preview) [data-testid=block-label]"
+                   "  :is(#gallery, #earlier, #photo-result, #preview, #photo-preview) [data-testid=block-label]"
                    " { position: static; }\n")
 # on a phone a chart keeps its own size, its box scrolls sideways: shrunk to the width, its names were ~4 px tall and
 # the fullscreen and download icons covered its header (they sit in the blank band above it at its own size)
@@ -61,7 +61,7 @@ PHONE_TABLE = ("  #try-these :is(th, td):is(:nth-child(2), :nth-child(4), :nth-c
                " { display: none; } #try-these table { width: 100%; table-layout: auto; }\n"
                "  #try-these :is(th, td) { padding: 2px; font-size: 13px; white-space: normal; overflow-wrap: anywhere; }\n"
                "  #try-these th { overflow-wrap: normal !important; word-break: keep-all; }\n")
-CSS = ("#gallery img, #earlier img, #edit-result img, #preview img, #edit-preview img { image-rendering: pixelated; }\n"
+CSS = ("#gallery img, #earlier img, #photo-result img, #preview img, #photo-preview img { image-rendering: pixelated; }\n"
        "[data-testid=status-tracker] .error { display: none; }\n" + DROP_ZONES
        + "@media (max-width: 700px) {\n" + PHONE_ORDER + PHONE_GALLERIES + PHONE_CHARTS + PHONE_TABLE + "}")
 # launch() settings every server of this app uses: uploads (a photo on the Photo tab) of at most 25 MB, what a

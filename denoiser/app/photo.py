@@ -1,5 +1,5 @@
 """The Photo tab's photo: the upload kept beyond Gradio's cache sweep, the small copy the editor paints on, and the
-(image, mask) an edit reads from the editor.
+(image, mask) a Photo tab run reads from the editor.
 
 An upload is copied into a folder of the session's own at once (`keep_upload`): Gradio's cache sweep (layout's
 `delete_cache`) removes the uploaded file after ~15 minutes, the copy lives as long as the session (a gr.State whose
@@ -18,13 +18,13 @@ from PIL import Image
 from denoiser.image_io import open_image
 from denoiser.restore.plan import check_size
 
-__all__ = ["NO_PHOTO", "keep_upload", "drop_upload", "photo_file", "editor_layers", "editor_picture", "edit_input", "centre_square", "photo_preview",
-           "EDIT_PREVIEW"]
+__all__ = ["NO_PHOTO", "keep_upload", "drop_upload", "photo_file", "editor_layers", "editor_picture", "photo_input", "centre_square", "photo_preview",
+           "EDITOR_SIDE"]
 
 # the editor paints on a copy of the photo at most this many pixels a side: the browser re-encodes what the editor
 # holds as PNG on every run (a 2400x1800 JPEG of 600 KB became 8.4 MB), a copy this size stays ~1 MB. Denoise
 # reads the photo itself, at its own size; the other operations work at the model's size (16-64 pixels).
-EDIT_PREVIEW = 512
+EDITOR_SIDE = 512
 
 
 def keep_upload(path: str) -> dict:
@@ -82,7 +82,7 @@ def editor_picture(value) -> tuple[Image.Image, Image.Image | None]:
     return image, mask
 
 
-def edit_input(editor, source: str | None, photo: str | None, shown: str | None, operation: str, decode):
+def photo_input(editor, source: str | None, photo: str | None, shown: str | None, operation: str, decode):
     """(image, mask) to process at the model's size: the uploaded photo as `decode` reads it (the rule every door
     decodes by, denoiser.restore.plan.read_photo) and the mask painted on its copy in the editor (stretched onto the
     photo: denoiser.image_io.mask_to_model); without an upload (an API call), the editor's own picture."""
@@ -103,14 +103,14 @@ def centre_square(image: Image.Image) -> Image.Image:
 
 
 def photo_preview(path: str | None) -> tuple[Image.Image | None, str]:
-    """An uploaded photo file -> (an RGB copy at most EDIT_PREVIEW pixels a side to paint on, a line saying so).
+    """An uploaded photo file -> (an RGB copy at most EDITOR_SIDE pixels a side to paint on, a line saying so).
     Decoded with bounded memory (denoiser.image_io); a file that is no image raises a sentence without a path."""
     if path is None:
         return None, ""
-    img = open_image(path, min_long_side=EDIT_PREVIEW, what="the upload")  # a JPEG decodes at a reduced scale
+    img = open_image(path, min_long_side=EDITOR_SIDE, what="the upload")  # a JPEG decodes at a reduced scale
     w, h = img.info["source_size"]
     check_size(w, h)  # refused at the upload, in words, not at Run
-    img.thumbnail((EDIT_PREVIEW, EDIT_PREVIEW), Image.Resampling.LANCZOS)
+    img.thumbnail((EDITOR_SIDE, EDITOR_SIDE), Image.Resampling.LANCZOS)
     img.info["source_size"] = (w, h)
     return img, (f"your photo: {w}x{h}, shown at {img.width}x{img.height}. Denoise works on the photo at its own size; "
                  "the other operations on its centre square at the model's size. To inpaint, paint over what to regenerate.")

@@ -35,13 +35,13 @@ from denoiser.app.form import NO_CLASS, guidance_info
 from denoiser.app.form_limits import LIMITS, check_int
 from denoiser.app.page import Page
 from denoiser.app.photo import (
-    EDIT_PREVIEW,
+    EDITOR_SIDE,
     centre_square,
     drop_upload,
-    edit_input,
     editor_picture,
     keep_upload,
     photo_file,
+    photo_input,
     photo_preview,
 )
 from denoiser.app.png_settings import read_settings, save_with_settings, tab_of
@@ -50,7 +50,7 @@ from denoiser.atomic import atomic_path
 from denoiser.request import BUILT_IN
 from denoiser.restore.plan import RestoreResult, read_photo, scaled_size, takes_prompt
 
-__all__ = ["PhotoTab", "restored_text", "EXAMPLES", "CLEAN_SIGMA"]
+__all__ = ["PhotoTab", "restored_text", "EXAMPLES", "CLEAN_SIGMA", "PHOTO_FORM"]
 
 log = logging.getLogger("denoiser.app")
 # pictures for the Photo tab's examples, drawn for this project (MIT, like the code); shipped in the package
@@ -59,8 +59,9 @@ EXAMPLES = Path(__file__).resolve().parent / "examples"
 CLEAN_SIGMA = 0.01
 # the live preview's label once its run was stopped (by tiled: a photo's denoise in tiles, or a sampled chain)
 STOPPED_PREVIEW = {True: "stopped: the tiles denoised before Stop", False: "stopped: the predicted x₀ at Stop"}
-# the Photo tab's form as a result's PNG carries it (denoiser.app.png_settings.save_with_settings), in wire_edit's order
-EDIT_FORM = ("model", "class", "guidance_scale", "operation", "sigma", "strength", "add_noise", "steps", "seed", "pag_scale",
+# the Photo tab's form as a result's PNG carries it (denoiser.app.png_settings.save_with_settings), in `PhotoTab.form`'s
+# order
+PHOTO_FORM = ("model", "class", "guidance_scale", "operation", "sigma", "strength", "add_noise", "steps", "seed", "pag_scale",
              "prompt")
 
 
@@ -135,7 +136,7 @@ class PhotoTab:
     def _photo_column(self) -> None:
         """The photo: its upload box, what it is, the editor the inpaint mask is painted on, example pictures."""
         self.sizes_note = gr.Markdown("Denoise keeps your photo's size; denoise (sampled), edit and inpaint work on its "
-                                      "centre square at the model's size.", elem_id="edit-sizes")
+                                      "centre square at the model's size.", elem_id="photo-sizes")
         self.photo = gr.File(label="your photo: JPEG, PNG or WebP, up to 25 MB", file_types=["image"], type="filepath",
                              elem_id="photo", height=110)
         self.photo_text = gr.Markdown(elem_id="photo-text")
@@ -143,37 +144,37 @@ class PhotoTab:
         # editor's content back as PNG on every run
         self.editor = gr.ImageEditor(type="pil", sources=(), elem_id="editor", height=320,
                                      label="inpaint mask",  # short: the editor's toolbar covers long labels
-                                     brush=mask_brush((EDIT_PREVIEW, EDIT_PREVIEW)))
+                                     brush=mask_brush((EDITOR_SIDE, EDITOR_SIDE)))
         gr.Examples([[str(f)] for f in sorted(EXAMPLES.glob("*.png"))], [self.photo], label="try a picture")
 
     def _results_column(self) -> None:
-        self.run, self.stop, self.status = run_controls("Run", "edit-run", "edit-stop", "edit-status")
-        self.scope_note = gr.Markdown(elem_id="edit-scope")  # what Run will do with this form
+        self.run, self.stop, self.status = run_controls("Run", "photo-run", "photo-stop", "photo-status")
+        self.scope_note = gr.Markdown(elem_id="photo-scope")  # what Run will do with this form
         # shown while a run goes on: the results below stay the last finished run's (after Stop too)
         self.preview = gr.Image(label="running: the predicted clean image (x₀) so far", format="png", type="pil",
-                                interactive=False, elem_id="edit-preview", height=220, visible=False)
+                                interactive=False, elem_id="photo-preview", height=220, visible=False)
         # "fit-content": as tall as its pictures (Gradio's "auto" keeps a 450-pixel minimum, mostly empty)
         self.result = gr.Gallery(label="before and after (lossless PNG; the result named after and carrying its "
-                                       "settings)", format="png", columns=3, elem_id="edit-result", object_fit="contain",
+                                       "settings)", format="png", columns=3, elem_id="photo-result", object_fit="contain",
                                  height="fit-content", type="filepath", interactive=False, buttons=["download"])
-        self.text = gr.Markdown(label="result in numbers", show_label=False, elem_id="edit-text")
+        self.text = gr.Markdown(label="result in numbers", show_label=False, elem_id="photo-result-text")
         self.use_selected = gr.Button("use these settings (the selected result's)", size="sm",
-                                      elem_id="edit-use-settings")
+                                      elem_id="photo-use-settings")
 
     def _settings_column(self) -> None:
         """The operation and its settings; the tab's own model, class and guidance: what runs is what this tab shows."""
         self.operation = gr.Radio(list(RESTORE_OPERATIONS), value="denoise", label="operation", elem_id="operation",
                                   info="denoise: one prediction, your photo at its size; denoise (sampled): the reverse "
                                        "chain; edit: redraw (SDEdit); inpaint: regenerate what you paint")
-        self.model = gr.Dropdown(self.page.models, value=self.page.default_model, label="model", elem_id="edit-model")
+        self.model = gr.Dropdown(self.page.models, value=self.page.default_model, label="model", elem_id="photo-model")
         self.class_name = gr.Dropdown([NO_CLASS], value=NO_CLASS, label="class (sampled denoise, edit, inpaint)",
-                                      visible=False, allow_custom_value=True, elem_id="edit-class")
+                                      visible=False, allow_custom_value=True, elem_id="photo-class")
         # a text model's prompt: what edit and inpaint redraw toward (shown for those, emptied when hidden)
-        self.prompt = gr.Textbox("", label="prompt (edit, inpaint)", elem_id="edit-prompt", visible=False, max_lines=2,
+        self.prompt = gr.Textbox("", label="prompt (edit, inpaint)", elem_id="photo-prompt", visible=False, max_lines=2,
                                  placeholder="e.g. red apple; empty: no condition",
                                  info="what the redrawn pixels should show; typing one sets the guidance to the model's")
         self.guidance = form_slider(*LIMITS["guidance_scale"], value=1.0, step=0.5, label="guidance (with a class)",
-                                    elem_id="edit-cfg", info=guidance_info())
+                                    elem_id="photo-cfg", info=guidance_info())
         # one slider per meaning, the one the operation uses shown
         self.sigma = form_slider(*LIMITS["sigma"], value=0.0, step=0.01, label="how noisy your photo is (0 = estimate it)",
                                  elem_id="sigma", info="noise level σ on the 0..1 pixel scale (0.04 ≈ 10/255)")
@@ -185,14 +186,14 @@ class PhotoTab:
                                      elem_id="add-noise", info="noise level σ added, then removed (the round trip, with "
                                                                "PSNR)")
         with gr.Row():
-            self.steps = whole_box("steps", BUILT_IN["steps"], "steps (sampled denoise, edit, inpaint)", "edit-steps")
-            self.seed = whole_box("seed", 0, "seed", "edit-seed")
-        self.pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance", elem_id="edit-pag",
+            self.steps = whole_box("steps", BUILT_IN["steps"], "steps (sampled denoise, edit, inpaint)", "photo-steps")
+            self.seed = whole_box("seed", 0, "seed", "photo-seed")
+        self.pag = form_slider(*LIMITS["pag_scale"], value=0.0, step=0.25, label="attention guidance", elem_id="photo-pag",
                                info="perturbed-attention guidance (PAG), for sampled denoise, edit and inpaint; 0 = off")
 
     @property
     def form(self) -> list:
-        """The tab's form in EDIT_FORM's order: a result's PNG carries it, "use these settings" fills it."""
+        """The tab's form in PHOTO_FORM's order: a result's PNG carries it, "use these settings" fills it."""
         return [self.model, self.class_name, self.guidance, self.operation, self.sigma, self.strength, self.add_noise,
                 self.steps, self.seed, self.pag, self.prompt]
 
@@ -222,20 +223,20 @@ class PhotoTab:
         self.prompt.change(self.prompt_changed, [self.model, self.class_name, self.prompt, self.prompt_restored],
                            [self.guidance, self.prompt_restored], api_name=False,
                            trigger_mode="always_last")  # typing fast: the last keystroke's text decides
-        # what a run sets (the /edit API returns them in this order): the results, their text, the generation and its
+        # what a run sets (the /photo API returns them in this order): the results, their text, the generation and its
         # views (the Attention tab's), the preview, the upload's state, the status line
         outputs = [self.result, self.text, *self.page.tab(AttentionTab).generation_outputs, self.preview, self.upload,
                    self.status]
         inputs = [self.model, self.class_name, self.guidance, self.editor, self.operation, self.sigma, self.strength,
                   self.add_noise, self.steps, self.seed, self.pag, self.photo, self.photo_shown, self.upload, self.prompt]
-        self.run.click(self.run_edit, inputs, outputs, api_name=False, **JOB)
-        # the /edit API: the page's inputs, its model a twin that takes any name, so that a model that does not exist
+        self.run.click(self.run_photo, inputs, outputs, api_name=False, **JOB)
+        # the /photo API: the page's inputs, its model a twin that takes any name, so that a model that does not exist
         # is the handler's refusal, one line of the log (the page's dropdown check logged Gradio's traceback)
         with gr.Row(visible=False):
             api_model = gr.Dropdown(self.page.models, value=self.page.default_model, label="model",
                                     allow_custom_value=True)
             api_door = gr.Button()
-        api_door.click(self.run_edit, [api_model, *inputs[1:]], outputs, api_name="edit", **JOB)
+        api_door.click(self.run_photo, [api_model, *inputs[1:]], outputs, api_name="photo", **JOB)
         self.result.select(selected_index, None, self.selected, api_name=False)
         self.use_selected.click(self.restore_form, [self.result, self.selected, self.upload],
                                 [*self.form, self.status, self.prompt_restored], api_name=False)
@@ -245,9 +246,9 @@ class PhotoTab:
                               show_progress="hidden")
         stop_controls(self.stop, self.status, self.jobs)
 
-    def run_edit(self, model, class_name, guidance_scale, editor, operation, sigma, strength, add_noise, steps, seed,
-                 pag_scale=0.0, photo=None, shown=None, upload=None, prompt=None, progress=gr.Progress(),
-                 request: gr.Request = None):
+    def run_photo(self, model, class_name, guidance_scale, editor, operation, sigma, strength, add_noise, steps, seed,
+                  pag_scale=0.0, photo=None, shown=None, upload=None, prompt=None, progress=gr.Progress(),
+                  request: gr.Request = None):
         """photo: the uploaded file; shown: the upload the editor holds (it may still hold the previous one while
         a new upload loads); upload: the session's copy of it (keep_upload); prompt: a text model's, for edit and
         inpaint. One restore request (Engine.restore_request) through one run (Engine.restore): a one-step denoise
@@ -266,8 +267,8 @@ class PhotoTab:
                 image, mask = self._whole_photo(model, source, editor, restore), None
             else:  # the photo decoded as every door decodes it, the mask as painted on its copy in the editor
                 size = self.engine.loaded(model).unet.config.sample_size
-                image, mask = edit_input(editor, source, photo, shown, operation,
-                                         lambda path: read_photo(path, restore, size, what="the upload"))
+                image, mask = photo_input(editor, source, photo, shown, operation,
+                                          lambda path: read_photo(path, restore, size, what="the upload"))
         except Exception as err:  # noqa: BLE001 - said on the status line, then raised (the toast; an API caller's)
             yield from self.jobs.refuse(request, self.status, err)
 
@@ -281,7 +282,7 @@ class PhotoTab:
         if ran is None:  # stopped: its line says where
             return
         gen, done = ran
-        folder = Path(tempfile.mkdtemp(prefix="edit-", dir=os.environ.get("GRADIO_TEMP_DIR")))
+        folder = Path(tempfile.mkdtemp(prefix="photo-", dir=os.environ.get("GRADIO_TEMP_DIR")))
         # "your image" in the result's framing: the photo (or its scaled copy), or the centre square the model sees
         yours = done.input if restore.tiled else centre_square(image)
         shown = [(_write_png(yours, folder, "your-image.png"), "your image")]
@@ -438,13 +439,13 @@ class PhotoTab:
         if not gallery and isinstance(upload, dict) and read_settings(upload.get("copy", "")):
             gallery = [(upload["copy"], "your upload")]
         *form, status = self.use_settings(gallery, selected)
-        prompt = form[EDIT_FORM.index("prompt")]
+        prompt = form[PHOTO_FORM.index("prompt")]
         return (*form, status, prompt["value"] if isinstance(prompt, dict) and "value" in prompt else gr.skip())
 
     def use_settings(self, gallery, selected) -> tuple:
-        """The Photo tab's form refilled from the selected result's PNG (the result when "your image" is selected): EDIT_FORM's
+        """The Photo tab's form refilled from the selected result's PNG (the result when "your image" is selected): PHOTO_FORM's
         fields (the class among its model's choices), and a status line saying so."""
-        skip = (gr.skip(),) * len(EDIT_FORM)
+        skip = (gr.skip(),) * len(PHOTO_FORM)
         items = list(gallery or [])
         if not items:
             return (*skip, "run first, or upload a PNG this app made: the settings are read from a result")
@@ -454,7 +455,7 @@ class PhotoTab:
         if not found:
             return (*skip, "this result carries no settings")
         path, s = found[0]
-        updates = {k: gr.update(value=s[k]) if k in s else gr.skip() for k in EDIT_FORM}
+        updates = {k: gr.update(value=s[k]) if k in s else gr.skip() for k in PHOTO_FORM}
         updates["class"] = self.page.form.class_choices(s.get("model"), s.get("class") or NO_CLASS)  # among its model's classes
         updates["prompt"] = gr.update(value=s.get("prompt", ""))  # none in the PNG: the run had no prompt
         # the file name as code: Markdown would turn its `_red_1.5_` into italics

@@ -75,13 +75,13 @@ class WordEdit:
         with gr.Accordion("change the words, keep the picture", open=True, visible=False, elem_id="word-edit") as box:
             self.box = box
             self.source = gr.Markdown(elem_id="word-edit-source")
-            self.edit_words = gr.Textbox("", label="the edited prompt", elem_id="edit-words", max_lines=2,
+            self.edit_words = gr.Textbox("", label="the edited prompt", elem_id="word-edit-prompt", max_lines=2,
                                          placeholder="the result's prompt with some words changed, e.g. red heart → "
                                                      "blue heart",
                                          info="the result drawn again from its noise beside its edit; weights work "
                                               "here too: (blue:1.5) heart")
             self.edit_type = gr.Radio(list(OFFERED), value=EDIT_SETTINGS["edit_type"], label="the words change by",
-                                      elem_id="edit-type", info="replace: one word for another, as many words (red heart "
+                                      elem_id="word-edit-type", info="replace: one word for another, as many words (red heart "
                                                                 "→ blue heart); refine: words added or taken out (heart → "
                                                                 "red heart)")
             with gr.Row():

@@ -316,8 +316,8 @@ def test_browser_on_a_phone_run_controls_and_preview_stay_together(server, tmp_p
         _together_on_screen(page, ["#generate", "#stop", "#preview"])
         page.screenshot(path=str(screenshots(tmp_path) / "app-phone-sample.png"))
         page.get_by_role("tab", name="Photo").click()
-        page.locator("#edit-run").scroll_into_view_if_needed()
-        run, results = page.locator("#edit-run").bounding_box(), page.locator("#edit-result").bounding_box()
+        page.locator("#photo-run").scroll_into_view_if_needed()
+        run, results = page.locator("#photo-run").bounding_box(), page.locator("#photo-result").bounding_box()
         # between them only Stop, the status line (its height kept, issue 72) and the line saying what Run does: the
         # results start within a third of the phone's screen below Run
         assert 0 < results["y"] - run["y"] < 844 / 3, f"the results are far from Run: {run}, {results}"
@@ -374,11 +374,11 @@ def test_browser_examples_fill_the_settings_and_a_picture(server, demo, weights,
         examples = page.locator("#photo").locator("xpath=ancestor::div[contains(@class,'column')][1]")
         examples.locator(".gallery-item, tbody tr").first.click()  # cube.png, drawn for the project
         page.locator("#photo-text").get_by_text("your photo: 256x256").wait_for(timeout=30_000)
-        page.locator("#edit-run").click()
-        page.locator("#edit-status").get_by_text("done: denoise").wait_for(timeout=60_000)
-        page.screenshot(path=str(shots / "app-edit-example.png"), full_page=True)
-        gallery = page.locator("#edit-result").bounding_box()
-        for img in page.locator("#edit-result img").all():  # nothing cut off: each picture inside the gallery
+        page.locator("#photo-run").click()
+        page.locator("#photo-status").get_by_text("done: denoise").wait_for(timeout=60_000)
+        page.screenshot(path=str(shots / "app-photo-example.png"), full_page=True)
+        gallery = page.locator("#photo-result").bounding_box()
+        for img in page.locator("#photo-result img").all():  # nothing cut off: each picture inside the gallery
             box = img.bounding_box()
             assert box["y"] + box["height"] <= gallery["y"] + gallery["height"] + 1
             assert img.evaluate("i => getComputedStyle(i).imageRendering") == "pixelated"  # sharp model pixels
@@ -432,6 +432,20 @@ def test_every_api_output_has_a_name(demo):
     assert "status" in returns and len(set(returns)) == len(returns), returns
 
 
+def test_the_photo_tabs_door_is_photo_and_edit_means_sdedit_alone(demo):
+    """Issue 72 part 5: "edit" had four meanings. The Photo tab's door was /edit, its handler run_edit, its element ids
+    edit-*. Its door is /photo (whose operations are denoise, sampled denoise, inpaint and edit, SDEdit alone), the
+    word edit's /word_edit, and no element id of the page starts with edit-."""
+    info = demo.get_api_info()
+    doors = set(info["named_endpoints"])
+    assert {"/generate", "/photo", "/word_edit"} <= doors and "/edit" not in doors, sorted(doors)
+    photo = {p["parameter_name"]: p for p in info["named_endpoints"]["/photo"]["parameters"]}
+    assert list(photo)[:5] == ["model", "class_name", "guidance_scale", "editor", "operation"], list(photo)
+    ids = {block.elem_id for block in demo.blocks.values() if getattr(block, "elem_id", None)}
+    assert not [i for i in ids if i.startswith("edit-")], sorted(i for i in ids if "edit" in i)
+    assert {"photo-run", "photo-status", "photo-result", "photo-model", "word-edit-prompt", "word-edit-type"} <= ids
+
+
 @pytest.mark.parametrize(("field", "value", "said"), [("model", "no-such-model", "no-such-model"),
                                                       ("scheduler", "no-such-scheduler", "no-such-scheduler")])
 def test_an_api_call_naming_what_does_not_exist_logs_one_line(server, capfd, caplog, field, value, said):
@@ -450,8 +464,8 @@ def test_an_api_call_naming_what_does_not_exist_logs_one_line(server, capfd, cap
     assert "Traceback" not in err and "gradio.exceptions.Error" not in err, err[-2000:]
 
 
-def test_an_edit_api_call_naming_a_model_that_does_not_exist_logs_one_line(server, tmp_path, capfd, caplog):
-    """Issue 72 finding 7 on the Photo tab's door: /edit with a model that does not exist logged Gradio's traceback
+def test_a_photo_api_call_naming_a_model_that_does_not_exist_logs_one_line(server, tmp_path, capfd, caplog):
+    """Issue 72 finding 7 on the Photo tab's door: /edit (now /photo) with a model that does not exist logged Gradio's traceback
     (the page's model dropdown checked it); the app refuses it, in one line of the log."""
     from gradio_client import Client, handle_file
 
@@ -462,7 +476,7 @@ def test_an_edit_api_call_naming_a_model_that_does_not_exist_logs_one_line(serve
     capfd.readouterr()
     with pytest.raises(Exception, match="no-such-model"):
         Client(server, verbose=False).predict("no-such-model", "(any)", 1.0, editor, "denoise", 0.0, 0.3, 0.0, 1, 0,
-                                              api_name="/edit")
+                                              api_name="/photo")
     lines = [r.getMessage() for r in caplog.records if r.name == "denoiser.app" and "no-such-model" in r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("user error:"), lines
     err = capfd.readouterr().err

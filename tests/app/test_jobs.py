@@ -19,7 +19,7 @@ from denoiser.request import SampleRequest  # noqa: E402
 from tests.conftest import app_page  # noqa: E402
 
 X0 = torch.zeros(1, 3, 4, 4)
-API_DOORS = ("generate", "edit")  # the API endpoints on a hidden button of their own (sample_tab, photo_tab)
+API_DOORS = ("generate", "photo")  # the API endpoints on a hidden button of their own (sample_tab, photo_tab)
 QUIET = dict(progress=lambda *a, **k: None)
 
 
@@ -84,7 +84,7 @@ def test_stop_halts_only_its_own_session_and_line():
     def others_stop(i):
         if i == 5:
             jobs.stopper("status")(_session("someone else"))
-            jobs.stopper("edit-status")(me)
+            jobs.stopper("photo-status")(me)
 
     handler, done, status = _handler(jobs, me, 20, during=others_stop)
     assert _lines(handler, status)[-1] == "done: result" and len(done) == 20
@@ -229,7 +229,7 @@ def test_every_job_a_person_starts_is_noted_first(demo):
     """A job waits in the queue with its place on its status line, and a Stop while it waits cancels it, only if its
     click was noted first (Jobs.requester: the page runs a click's listeners, and a chain's steps, in order). Every
     job of the sampling slot a person starts (a button, a "try these" row) is; the hidden buttons of the /generate and
-    /edit APIs (API_DOORS) are no person's. Before, a row's run waiting in the queue showed nothing once Gradio's tracker was hidden."""
+    /photo APIs (API_DOORS) are no person's. Before, a row's run waiting in the queue showed nothing once Gradio's tracker was hidden."""
     fns = demo.fns
     noted = {fn._id: fn for fn in fns.values() if fn.name == "requested"}
     assert any(fn.concurrency_id == "sampling" and fn.trigger_after is not None for fn in fns.values())  # a row's run

@@ -95,7 +95,7 @@ def test_run_without_a_photo_asks_for_one_before_any_work(weights, operation, ca
     image must be a PIL image, got NoneType", a traceback in the log). Every operation now says what to do, on the
     status line, before any work."""
     e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
-    run = e.run_edit("tiny-classes", "(any)", 1.0, None, operation, 0.1, 0.3, 0.0, 3, 0)
+    run = e.run_photo("tiny-classes", "(any)", 1.0, None, operation, 0.1, 0.3, 0.0, 3, 0)
     assert next(run)[e.status].startswith("**not started**: upload a photo first")
     with pytest.raises(Exception, match="upload a photo first"):
         next(run)
@@ -108,7 +108,7 @@ def test_a_run_writes_the_settings_that_ran_and_they_come_back(weights, tmp_path
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
     photo = _photo(tmp_path / "photo.png", (40, 24))
-    *_, last = e.run_edit("tiny-classes", "1", 2.0, None, "denoise", 0.0, 0.3, 0.1, 5, 3, photo=str(photo))
+    *_, last = e.run_photo("tiny-classes", "1", 2.0, None, "denoise", 0.0, 0.3, 0.1, 5, 3, photo=str(photo))
     shown, status = last[e.result], last[e.status]
     assert [label for _, label in shown] == ["your image", "noisy (σ 0.1 added)", "result"]
     settings = read_settings(shown[-1][0])
@@ -116,7 +116,7 @@ def test_a_run_writes_the_settings_that_ran_and_they_come_back(weights, tmp_path
                        "operation": "denoise", "size": [40, 24]} == settings
     assert Image.open(shown[-1][0]).size == (40, 24) and "done: denoise with tiny-classes, at 40x24" in status
     assert status.endswith(settings["precision"]) and settings["precision"] in ("float32", "bfloat16")  # what ran
-    values = [o.get("value") if isinstance(o, dict) else None for o in e.use_settings(shown, 2)[:-1]]  # EDIT_FORM's order
+    values = [o.get("value") if isinstance(o, dict) else None for o in e.use_settings(shown, 2)[:-1]]  # PHOTO_FORM's order
     assert values[:5] == ["tiny-classes", "1", 2.0, "denoise", 0.1] and values[6:9] == [0.1, 5, 3]
     assert values[5] is None  # no strength: a denoise has none, and the form keeps its own
 
@@ -129,7 +129,7 @@ def test_an_empty_or_decimal_steps_box_is_refused_in_words(weights, tmp_path, st
     quoting what was typed."""
     e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
     photo = _photo(tmp_path / "photo.png", (40, 24))
-    run = e.run_edit("tiny-classes", "(any)", 1.0, None, "edit", 0.0, 0.3, 0.0, steps, 0, photo=str(photo))
+    run = e.run_photo("tiny-classes", "(any)", 1.0, None, "edit", 0.0, 0.3, 0.0, steps, 0, photo=str(photo))
     assert next(run)[e.status].startswith(f"**not started**: {said}")
     with pytest.raises(Exception, match=re.escape(said)):
         next(run)
@@ -143,7 +143,7 @@ def test_inpaint_without_a_mask_and_a_tiny_photo_are_refused_on_the_status_line(
     e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
     photo = _photo(tmp_path / "photo.png", (40, 24))
     editor = {"background": Image.open(photo).convert("RGB"), "layers": [], "composite": None}
-    run = e.run_edit("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.3, 0.0, 3, 0, photo=str(photo),
+    run = e.run_photo("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.3, 0.0, 3, 0, photo=str(photo),
                      shown=str(photo))
     lines = []
     with pytest.raises(Exception, match="inpaint needs a mask"):
@@ -160,9 +160,9 @@ def test_inpaint_without_a_mask_and_a_tiny_photo_are_refused_on_the_status_line(
 # ---- in the browser ----------------------------------------------------------------------------------------------
 
 
-def _edit_tab(page):
+def _photo_tab(page):
     page.get_by_role("tab", name="Photo").click()
-    page.locator("#edit-run").wait_for(timeout=30_000)
+    page.locator("#photo-run").wait_for(timeout=30_000)
 
 
 def _upload(page, path: Path) -> None:
@@ -175,8 +175,8 @@ def _upload(page, path: Path) -> None:
 
 def _results(page) -> list[str]:
     """The Edit gallery's picture addresses, in order."""
-    return page.evaluate("() => [...new Set([...document.querySelectorAll('#edit-result button.thumbnail-item img, "
-                         "#edit-result .thumbnail-item img')].map(i => i.src))]")
+    return page.evaluate("() => [...new Set([...document.querySelectorAll('#photo-result button.thumbnail-item img, "
+                         "#photo-result .thumbnail-item img')].map(i => i.src))]")
 
 
 def _png(url: str) -> Image.Image:
@@ -194,15 +194,15 @@ def _set_number(page, elem_id: str, value) -> None:
 def _stop_during(page, running: str) -> None:
     """Wait for the status line to show the run's progress, press Stop, wait for the status to say so; the live
     preview's label then says it stopped (issue 72 item 8: it kept "running:")."""
-    page.locator("#edit-status").get_by_text(re.compile(running)).wait_for(timeout=60_000)
+    page.locator("#photo-status").get_by_text(re.compile(running)).wait_for(timeout=60_000)
     # the live preview's first picture may come a moment after the first progress line (a busy CI machine)
-    page.locator("#edit-preview img").wait_for(timeout=60_000)
-    page.locator("#edit-stop").click()
+    page.locator("#photo-preview img").wait_for(timeout=60_000)
+    page.locator("#photo-stop").click()
     try:
-        page.locator("#edit-status").get_by_text(re.compile(r"stopped at (step|tile) \d+ / \d+")).wait_for(timeout=20_000)
+        page.locator("#photo-status").get_by_text(re.compile(r"stopped at (step|tile) \d+ / \d+")).wait_for(timeout=20_000)
     except Exception:
-        raise AssertionError(f"after Stop the status line says: {page.locator('#edit-status').inner_text()!r}") from None
-    label = page.locator("#edit-preview [data-testid=block-label]").inner_text()
+        raise AssertionError(f"after Stop the status line says: {page.locator('#photo-status').inner_text()!r}") from None
+    label = page.locator("#photo-preview [data-testid=block-label]").inner_text()
     assert label.startswith("stopped:") and "running" not in label, label
 
 
@@ -216,14 +216,14 @@ def test_browser_stop_keeps_the_last_results_and_they_carry_their_settings(serve
     shots = screenshots(tmp_path)
     big = _photo(tmp_path / "big.png", (1600, 1200))  # ~1.9 megapixels: enough tiles to press Stop during
     with browser_page(server, height=900) as page:
-        _edit_tab(page)
+        _photo_tab(page)
         assert page.get_by_text("noise level σ").count() >= 1  # the exact term kept beside the plain words
         examples = page.locator("#photo").locator("xpath=ancestor::div[contains(@class,'column')][1]")
         examples.locator(".gallery-item, tbody tr").first.click()  # cube.png: a clean drawing
         page.locator("#photo-text").get_by_text("your photo: 256x256").wait_for(timeout=30_000)
-        page.locator("#edit-run").click()
-        page.locator("#edit-status").get_by_text("done: denoise").wait_for(timeout=120_000)
-        text = page.locator("#edit-text").inner_text()
+        page.locator("#photo-run").click()
+        page.locator("#photo-status").get_by_text("done: denoise").wait_for(timeout=120_000)
+        text = page.locator("#photo-result-text").inner_text()
         assert re.search(r"Noise level σ removed: 0\.0\d\d", text) and "already clean" in text and "add noise first" in text
         before = _results(page)
         assert len(before) == 2
@@ -231,41 +231,41 @@ def test_browser_stop_keeps_the_last_results_and_they_carry_their_settings(serve
         settings = json.loads(result.text["denoiser"])
         assert result.size == (256, 256) and settings["operation"] == "denoise" and settings["size"] == [256, 256]
         assert settings["sigma_removed"] < CLEAN_SIGMA and re.search(r"/[\w.-]+-denoise-sigma[\d.]+-256x256\.png$", before[-1])
-        page.screenshot(path=str(shots / "app-edit-done.png"), full_page=True)
-        gallery = page.locator("#edit-result").bounding_box()  # sized to its pictures: no large empty area
-        bottom = max(b["y"] + b["height"] for b in (i.bounding_box() for i in page.locator("#edit-result img").all()))
+        page.screenshot(path=str(shots / "app-photo-done.png"), full_page=True)
+        gallery = page.locator("#photo-result").bounding_box()  # sized to its pictures: no large empty area
+        bottom = max(b["y"] + b["height"] for b in (i.bounding_box() for i in page.locator("#photo-result img").all()))
         assert gallery["y"] + gallery["height"] - bottom < 60, f"{gallery} ends far below its pictures ({bottom})"
         no_errors(page)
 
         # Stop a tiled denoise of a larger photo: the results and their text stay
         _upload(page, big)
-        page.locator("#edit-run").click()
+        page.locator("#photo-run").click()
         _stop_during(page, r"denoise \(tiles\): tile \d+ / \d+")  # issue 60 item 9: tiles counted as tiles
         page.wait_for_timeout(1000)
-        assert _results(page) == before and page.locator("#edit-text").inner_text() == text
-        stopped = page.locator("#edit-status").inner_text()
+        assert _results(page) == before and page.locator("#photo-result-text").inner_text() == text
+        stopped = page.locator("#photo-status").inner_text()
         assert "stopped at tile" in stopped and "the tiles denoised so far" in stopped
         assert "the results shown are from the run before" in stopped
-        assert page.locator("#edit-preview img").count() == 1  # how far it got
-        page.screenshot(path=str(shots / "app-edit-stopped-tiles.png"), full_page=True)
+        assert page.locator("#photo-preview img").count() == 1  # how far it got
+        page.screenshot(path=str(shots / "app-photo-stopped-tiles.png"), full_page=True)
 
         # Stop an edit at 1000 steps, strength 1
         page.get_by_role("radio", name="edit", exact=True).check()
         _set_number(page, "strength", 1)
-        _set_number(page, "edit-steps", 1000)
-        page.locator("#edit-run").click()
+        _set_number(page, "photo-steps", 1000)
+        page.locator("#photo-run").click()
         _stop_during(page, r"edit: step \d+ / 1000")
         page.wait_for_timeout(1000)
-        assert _results(page) == before and page.locator("#edit-text").inner_text() == text
-        assert page.locator("#edit-preview img").count() == 1
-        page.screenshot(path=str(shots / "app-edit-stopped.png"), full_page=True)
+        assert _results(page) == before and page.locator("#photo-result-text").inner_text() == text
+        assert page.locator("#photo-preview img").count() == 1
+        page.screenshot(path=str(shots / "app-photo-stopped.png"), full_page=True)
         no_errors(page)
 
         # the result's settings back into the form
-        click_result(page, "edit-result", 0)  # "your image": the result's settings are read
-        page.locator("#edit-use-settings").click()
-        page.locator("#edit-status").get_by_text("restored: press Run").wait_for(timeout=10_000)
-        page.wait_for_function("() => document.querySelector('#edit-steps input[type=number]').value === '50'", timeout=10_000)
+        click_result(page, "photo-result", 0)  # "your image": the result's settings are read
+        page.locator("#photo-use-settings").click()
+        page.locator("#photo-status").get_by_text("restored: press Run").wait_for(timeout=10_000)
+        page.wait_for_function("() => document.querySelector('#photo-steps input[type=number]').value === '50'", timeout=10_000)
         assert page.get_by_role("radio", name="denoise", exact=True).is_checked()
         page.locator("#sigma").wait_for(state="visible", timeout=10_000)  # the operation's own slider
         page.locator("#strength").wait_for(state="hidden", timeout=10_000)
@@ -282,24 +282,24 @@ def test_browser_an_upload_outlives_the_cache_sweep_and_denoises_at_its_own_size
     photo = _photo(tmp_path / "photo.png", (700, 500))
     shots = screenshots(tmp_path)
     with browser_page(server) as page:
-        _edit_tab(page)
+        _photo_tab(page)
         # the limit, before any upload (the first page of a server measures the model's speed first, about a second)
-        page.locator("#edit-sizes").get_by_text(re.compile(r"up to [\d.]+ megapixels with \S+")).wait_for(timeout=30_000)
-        sizes = page.locator("#edit-sizes").inner_text()
+        page.locator("#photo-sizes").get_by_text(re.compile(r"up to [\d.]+ megapixels with \S+")).wait_for(timeout=30_000)
+        sizes = page.locator("#photo-sizes").inner_text()
         _upload(page, photo)
         page.locator("#photo-text").get_by_text("your photo: 700x500").wait_for(timeout=30_000)
         try:
-            page.locator("#edit-scope").get_by_text(re.compile(r"about \d+ (s|min)[^(]*\([\d,]+ tiles at [\d,]+ a second\) on "
+            page.locator("#photo-scope").get_by_text(re.compile(r"about \d+ (s|min)[^(]*\([\d,]+ tiles at [\d,]+ a second\) on "
                                                               r"this server")).wait_for(timeout=60_000)  # the wait, before Run
         except Exception:
-            raise AssertionError(page.locator("#edit-scope").inner_text()) from None
+            raise AssertionError(page.locator("#photo-scope").inner_text()) from None
         delete_files_created_by_app(demo, None)  # the sweep, at once: every file Gradio made, the upload included
-        page.locator("#edit-run").click()
-        page.locator("#edit-status").get_by_text("done: denoise").wait_for(timeout=120_000)
+        page.locator("#photo-run").click()
+        page.locator("#photo-status").get_by_text("done: denoise").wait_for(timeout=120_000)
         no_errors(page)
-        assert "700x500 input, denoised at its own size" in page.locator("#edit-text").inner_text()
+        assert "700x500 input, denoised at its own size" in page.locator("#photo-result-text").inner_text()
         assert _png(_results(page)[-1]).size == (700, 500)  # the download: full size
-        page.screenshot(path=str(shots / "app-edit-photo-own-size.png"), full_page=True)
+        page.screenshot(path=str(shots / "app-photo-own-size.png"), full_page=True)
 
     # the limit is what the server denoises in DENOISER_PHOTO_SECONDS at its measured speed: here 0.2 MP (the speed
     # fixed, for the server's engine too, which runs in this process: a tiny model's measured rate is mostly noise)
@@ -307,22 +307,22 @@ def test_browser_an_upload_outlives_the_cache_sweep_and_denoises_at_its_own_size
     monkeypatch.setattr(Engine, "tile_rate", lambda self, name: 1000.0)
     monkeypatch.setenv("DENOISER_PHOTO_SECONDS", str(0.2 * Engine(weights).photo_time(model, 1000, 1000).seconds))
     with browser_page(server) as page:  # issue 51 item 13: over the budget, a scaled copy is denoised, and said so
-        _edit_tab(page)
-        page.locator("#edit-sizes").get_by_text(re.compile(r"up to [\d.]+ megapixels")).wait_for(timeout=30_000)
-        limit = float(re.search(r"up to ([\d.]+) megapixels", page.locator("#edit-sizes").inner_text()).group(1))
+        _photo_tab(page)
+        page.locator("#photo-sizes").get_by_text(re.compile(r"up to [\d.]+ megapixels")).wait_for(timeout=30_000)
+        limit = float(re.search(r"up to ([\d.]+) megapixels", page.locator("#photo-sizes").inner_text()).group(1))
         assert limit < 0.35
         _upload(page, photo)
         page.locator("#photo-text").get_by_text("over this server's photo budget").wait_for(timeout=30_000)
         # the expected wait, said before Run: the scaled copy's
-        page.locator("#edit-scope").get_by_text(re.compile(r"denoise a copy of your photo scaled down to \d+x\d+.*: about "
+        page.locator("#photo-scope").get_by_text(re.compile(r"denoise a copy of your photo scaled down to \d+x\d+.*: about "
                                                           r"\d+ (s|min).* on this server")).wait_for(timeout=30_000)
-        page.locator("#edit-run").click()
-        page.locator("#edit-status").get_by_text(re.compile(r"done: denoise .*scaled from 700x500")).wait_for(timeout=120_000)
+        page.locator("#photo-run").click()
+        page.locator("#photo-status").get_by_text(re.compile(r"done: denoise .*scaled from 700x500")).wait_for(timeout=120_000)
         no_errors(page)
         result = _results(page)[-1]
         w, h = _png(result).size
         assert w * h <= limit * 1.2e6 and abs(w / h - 1.4) < 0.02 and "scaled-from-700x500" in result
-        assert "a copy scaled to" in page.locator("#edit-text").inner_text()
+        assert "a copy scaled to" in page.locator("#photo-result-text").inner_text()
 
 
 @browser
@@ -330,17 +330,17 @@ def test_browser_the_scope_of_run_is_said_before_it_runs(server, tmp_path):
     """Issue 41 item 10, issue 52: what Run works on is said at once when the form changes: the whole photo for a
     denoise (the round trip included), the centre square at the model's size for the chains."""
     with browser_page(server) as page:
-        _edit_tab(page)
-        page.locator("#edit-scope").get_by_text("denoise your whole photo at its own size").wait_for(timeout=30_000)
+        _photo_tab(page)
+        page.locator("#photo-scope").get_by_text("denoise your whole photo at its own size").wait_for(timeout=30_000)
         _set_number(page, "add-noise", 0.2)
-        page.locator("#edit-scope").get_by_text("added to your whole photo, then removed").wait_for(timeout=10_000)
+        page.locator("#photo-scope").get_by_text("added to your whole photo, then removed").wait_for(timeout=10_000)
         page.locator("#operation").get_by_text("edit", exact=True).click()
-        page.locator("#edit-scope").get_by_text(re.compile(r"on the centre square of your photo at the model's size "
+        page.locator("#photo-scope").get_by_text(re.compile(r"on the centre square of your photo at the model's size "
                                                            r"\(\d+x\d+\)")).wait_for(timeout=10_000)
 
 
 @browser
-def test_browser_the_edit_tab_on_a_phone(server, tmp_path):
+def test_browser_the_photo_tab_on_a_phone(server, tmp_path):
     """The Photo tab at 390x844 and 1280x900, screenshots to look at: Run with its status and results together."""
     from playwright.sync_api import sync_playwright
 
@@ -354,14 +354,14 @@ def test_browser_the_edit_tab_on_a_phone(server, tmp_path):
             for name, viewport in (("phone", {"width": 390, "height": 844}), ("wide", {"width": 1280, "height": 900})):
                 page = chromium.new_page(viewport=viewport)
                 open_app(page, server)
-                _edit_tab(page)
+                _photo_tab(page)
                 _upload(page, photo)
-                page.locator("#edit-run").click()
-                page.locator("#edit-status").get_by_text("done: denoise").wait_for(timeout=120_000)
-                page.locator("#edit-run").scroll_into_view_if_needed()
-                run, results = page.locator("#edit-run").bounding_box(), page.locator("#edit-result").bounding_box()
+                page.locator("#photo-run").click()
+                page.locator("#photo-status").get_by_text("done: denoise").wait_for(timeout=120_000)
+                page.locator("#photo-run").scroll_into_view_if_needed()
+                run, results = page.locator("#photo-run").bounding_box(), page.locator("#photo-result").bounding_box()
                 assert 0 < results["y"] - run["y"] < 300, f"the results are far from Run: {run}, {results}"
-                page.screenshot(path=str(shots / f"app-edit-{name}.png"), full_page=True)
+                page.screenshot(path=str(shots / f"app-photo-{name}.png"), full_page=True)
                 page.close()
         finally:
             chromium.close()
@@ -420,7 +420,7 @@ def test_a_jpeg_gives_the_same_pixels_through_the_command_line_and_the_app(weigh
     mask.save(mask_file)
     editor = {"background": preview, "layers": [layer] if operation == "inpaint" else [], "composite": None}
     e = app_page(weights).tab(PhotoTab)  # built: a run yields updates keyed by its components
-    *_, last = e.run_edit("tiny-classes", "1", 2.0, editor, operation, 0.05, 0.4, 0.0, 3, 7, photo=str(photo),
+    *_, last = e.run_photo("tiny-classes", "1", 2.0, editor, operation, 0.05, 0.4, 0.0, 3, 7, photo=str(photo),
                           shown=str(photo))
     app_png = last[e.result][-1][0]
     cli_png = tmp_path / "cli.png"

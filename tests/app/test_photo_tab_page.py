@@ -17,7 +17,7 @@ from tests.app.browser import CHROMIUM, browser_page, screenshots
 from tests.app.test_app import _click_on_attention_tab
 
 
-def test_edit_tab_inpaints_an_uploaded_image_and_opens_its_attention(server, tmp_path):
+def test_photo_tab_inpaints_an_uploaded_image_and_opens_its_attention(server, tmp_path):
     from gradio_client import Client, handle_file
 
     image, layer = tmp_path / "photo.png", tmp_path / "paint.png"
@@ -28,18 +28,18 @@ def test_edit_tab_inpaints_an_uploaded_image_and_opens_its_attention(server, tmp
     editor = {"background": handle_file(str(image)), "layers": [handle_file(str(layer))],
               "composite": handle_file(str(image)), "id": None}
     client = Client(server, verbose=False)
-    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.3, 0.0, 3, 0, api_name="/edit")
+    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.3, 0.0, 3, 0, api_name="/photo")
     assert len(gallery) == 2 and Image.open(gallery[1]["image"]).size == (16, 16)
     assert "resized and centre-cropped to 16x16" in text and "3 step(s)" in text
     y, x, _, maps, stages, info = client.predict(0, 2, 5, 6, 0, 0, api_name="/attention")  # the result's last step
     assert (y, x) == (5, 6) and Image.open(maps).width > 200 and "sum to 1.000000" in info
     plain = {"background": handle_file(str(image)), "layers": [], "composite": handle_file(str(image)), "id": None}
-    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, plain, "denoise", 0.0, 0.3, 0.2, 1, 0, api_name="/edit")
+    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, plain, "denoise", 0.0, 0.3, 0.2, 1, 0, api_name="/photo")
     assert len(gallery) == 3 and "PSNR against your image: noisy" in text  # input, noisy, result
     with pytest.raises(Exception, match="inpaint needs a mask"):
-        client.predict("tiny-classes", "(any)", 1.0, plain, "inpaint", 0.0, 0.3, 0.0, 3, 0, api_name="/edit")
+        client.predict("tiny-classes", "(any)", 1.0, plain, "inpaint", 0.0, 0.3, 0.0, 3, 0, api_name="/photo")
     # issue 35 item 15: denoise keeps the picture's size (overlapping tiles at the model's), before and after alike
-    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, plain, "denoise", 0.1, 0.3, 0.0, 1, 0, api_name="/edit")
+    gallery, text, *_ = client.predict("tiny-classes", "(any)", 1.0, plain, "denoise", 0.1, 0.3, 0.0, 1, 0, api_name="/photo")
     assert [Image.open(g["image"]).size for g in gallery] == [(32, 24), (32, 24)]
     assert "32x24 input, denoised at its own size in overlapping 16x16 tiles" in text
 
@@ -57,7 +57,7 @@ def test_drawing_on_the_blank_canvas_asks_for_a_photo(server, tmp_path):
     editor = {"background": handle_file(str(blank)), "layers": [handle_file(str(layer))],
               "composite": handle_file(str(blank))}
     with pytest.raises(Exception, match="upload a photo first"):
-        Client(server, verbose=False).predict("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.3, 0.0, 3, 0, api_name="/edit")
+        Client(server, verbose=False).predict("tiny-classes", "(any)", 1.0, editor, "inpaint", 0.0, 0.3, 0.0, 3, 0, api_name="/photo")
 
 
 
@@ -111,13 +111,13 @@ def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
         started = time.monotonic()
         _upload_photo(page, small)
         page.locator("#photo-text").get_by_text("your photo: 640x480").wait_for(timeout=60_000)
-        page.locator("#edit-run").click()
-        page.locator("#edit-text").get_by_text("640x480 input, denoised at its own size").wait_for(timeout=120_000)
+        page.locator("#photo-run").click()
+        page.locator("#photo-result-text").get_by_text("640x480 input, denoised at its own size").wait_for(timeout=120_000)
         took = time.monotonic() - started
-        model = page.locator("#edit-model input").input_value()  # the Photo tab shows the model it runs
-        assert model and page.locator("#edit-status").get_by_text(f"done: denoise with {model}").count() == 1
-        assert page.locator("#edit-result img").count() >= 2
-        page.screenshot(path=str(shots / "app-edit-photo.png"), full_page=True)
+        model = page.locator("#photo-model input").input_value()  # the Photo tab shows the model it runs
+        assert model and page.locator("#photo-status").get_by_text(f"done: denoise with {model}").count() == 1
+        assert page.locator("#photo-result img").count() >= 2
+        page.screenshot(path=str(shots / "app-photo.png"), full_page=True)
         _run_right_after_a_new_upload(page, tmp_path)
         empty = tmp_path / "empty.png"
         empty.write_bytes(b"")
@@ -130,9 +130,9 @@ def test_browser_a_phone_photo_denoises_and_bad_files_say_why(server, tmp_path):
             shown.wait_for(timeout=30_000)
             waits[bad.name] = round(time.monotonic() - asked, 2)  # issue 35 item 9: the message's latency
             assert str(tmp_path) not in page.content() and "gradio" not in shown.inner_text().lower()
-            page.screenshot(path=str(shots / f"app-edit-{bad.stem}.png"), full_page=True)
+            page.screenshot(path=str(shots / f"app-photo-{bad.stem}.png"), full_page=True)
             if bad is fake:  # issue 35 item 9: Run names the real reason, not "upload an image first"
-                page.locator("#edit-run").click()
+                page.locator("#photo-run").click()
                 page.get_by_text(message).nth(1).wait_for(timeout=30_000)
                 assert page.get_by_text("upload an image first").count() == 0
     assert took < 60, f"a phone photo took {took:.0f} s from upload to result"
@@ -156,10 +156,10 @@ def _run_right_after_a_new_upload(page, tmp_path: Path) -> None:
     Image.new("RGB", (64, 48), (20, 40, 220)).save(blue)
     _upload_photo(page, blue, until_named=True)
     page.locator("#photo").get_by_text(_file_name(blue)).wait_for(timeout=30_000)
-    page.locator("#edit-run").click()
-    page.locator("#edit-text").get_by_text("64x48 input").wait_for(timeout=60_000)
+    page.locator("#photo-run").click()
+    page.locator("#photo-result-text").get_by_text("64x48 input").wait_for(timeout=60_000)
     for which in ("first", "last"):  # "your image", then the result
-        r, g, b = _mean_colour(page, f"#edit-result img >> nth={0 if which == 'first' else -1}")
+        r, g, b = _mean_colour(page, f"#photo-result img >> nth={0 if which == 'first' else -1}")
         assert b > 150 and r < 80, f"{which} picture is not the new upload's: mean RGB {(r, g, b)}"
 
 
@@ -198,12 +198,12 @@ def test_browser_inpaint_an_upload_then_see_its_attention(server, tmp_path):
         page.get_by_role("radio", name="inpaint").check()
         page.locator("#strength").wait_for(state="hidden", timeout=10_000)
         assert page.locator("#sigma").is_hidden()
-        page.locator("#edit-run").click()
-        page.locator("#edit-text").get_by_text("resized and centre-cropped").wait_for(timeout=120_000)  # done
-        assert page.locator("#edit-result img").count() >= 2  # your image, result
-        text = page.locator("#edit-text").inner_text()
+        page.locator("#photo-run").click()
+        page.locator("#photo-result-text").get_by_text("resized and centre-cropped").wait_for(timeout=120_000)  # done
+        assert page.locator("#photo-result img").count() >= 2  # your image, result
+        text = page.locator("#photo-result-text").inner_text()
         assert "64x48 input, resized and centre-cropped to 16x16" in text  # the upload, not a blank canvas
-        page.screenshot(path=str(shots / "app-edit.png"), full_page=True)
+        page.screenshot(path=str(shots / "app-photo-inpaint.png"), full_page=True)
         _click_on_attention_tab(page, 0.5, 0.5)
         page.wait_for_function("() => { const i = document.querySelector('#maps img'); return i && i.naturalWidth > 200 }",
                                timeout=30_000)

@@ -196,12 +196,12 @@ def test_browser_a_typed_prompt_is_what_the_result_shows(server, tmp_path):
         no_errors(page)
 
 
-def test_the_edit_tab_takes_a_prompt_for_edit_and_inpaint(weights, tmp_path, monkeypatch):
+def test_the_photo_tab_takes_a_prompt_for_edit_and_inpaint(weights, tmp_path, monkeypatch):
     """A text model's prompt box on the Photo tab: shown for edit and inpaint (emptied otherwise), a typed prompt sets
     the model's guidance, the result's PNG carries the prompt and "use these settings" reads it back."""
     from PIL import Image
 
-    from denoiser.app.photo_tab import EDIT_FORM, PhotoTab
+    from denoiser.app.photo_tab import PHOTO_FORM, PhotoTab
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     page = app_page(weights)
@@ -214,31 +214,31 @@ def test_the_edit_tab_takes_a_prompt_for_edit_and_inpaint(weights, tmp_path, mon
     assert e.prompt_cfg("words", "(any)", "  ")["value"] == 1.0  # no prompt: unconditioned, CFG off
     photo = Image.new("RGB", (16, 16), (200, 40, 40))
     editor = {"background": photo, "layers": [], "composite": photo}
-    *_, last = e.run_edit("words", "(any)", 2.5, editor, "edit", 0.0, 0.6, 0.0, 4, 0, prompt="red apple")
+    *_, last = e.run_photo("words", "(any)", 2.5, editor, "edit", 0.0, 0.6, 0.0, 4, 0, prompt="red apple")
     gallery, gen = last[e.result], last[page.generation]
     assert gen.words == ("red", "apple") and last[e.status].startswith("done: edit")
     out = e.use_settings(gallery, 0)
-    form = dict(zip(EDIT_FORM, out[:-1]))
+    form = dict(zip(PHOTO_FORM, out[:-1]))
     assert form["prompt"]["value"] == "red apple" and form["guidance_scale"]["value"] == 2.5
 
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="make test installs Debian's chromium")
-def test_browser_the_edit_tabs_prompt_box_follows_the_model_and_operation(server):
+def test_browser_the_photo_tabs_prompt_box_follows_the_model_and_operation(server):
     with browser_page(server) as page:
         page.get_by_role("tab", name="Photo").click()
-        page.locator("#edit-model input").click()
-        page.locator("#edit-model").get_by_role("option", name="words").click()
+        page.locator("#photo-model input").click()
+        page.locator("#photo-model").get_by_role("option", name="words").click()
         page.locator("#operation").get_by_text("edit", exact=True).click()
-        page.locator("#edit-prompt textarea").wait_for(state="visible", timeout=30_000)
-        page.locator("#edit-prompt textarea").press_sequentially("red apple")  # typed, as a person does
-        page.wait_for_function("() => document.querySelector('#edit-cfg input[type=number]').value === '2.5'",
+        page.locator("#photo-prompt textarea").wait_for(state="visible", timeout=30_000)
+        page.locator("#photo-prompt textarea").press_sequentially("red apple")  # typed, as a person does
+        page.wait_for_function("() => document.querySelector('#photo-cfg input[type=number]').value === '2.5'",
                                timeout=30_000)  # a typed prompt: the model's guidance
         page.locator("#operation").get_by_text("denoise", exact=True).click()
-        page.locator("#edit-prompt textarea").wait_for(state="hidden", timeout=30_000)
+        page.locator("#photo-prompt textarea").wait_for(state="hidden", timeout=30_000)
         page.locator("#operation").get_by_text("inpaint", exact=True).click()
-        page.locator("#edit-prompt textarea").wait_for(state="visible", timeout=30_000)
-        assert page.locator("#edit-prompt textarea").input_value() == ""  # emptied while hidden: what runs is shown
+        page.locator("#photo-prompt textarea").wait_for(state="visible", timeout=30_000)
+        assert page.locator("#photo-prompt textarea").input_value() == ""  # emptied while hidden: what runs is shown
         no_errors(page)
 
 
@@ -261,20 +261,20 @@ def test_a_filled_form_labels_guidance_for_its_model(weights, tmp_path, monkeypa
 
 
 def _edit_cfg_is(page, value: str) -> None:
-    page.wait_for_function("v => document.querySelector('#edit-cfg input[type=number]').value === v", arg=value,
+    page.wait_for_function("v => document.querySelector('#photo-cfg input[type=number]').value === v", arg=value,
                            timeout=30_000)
 
 
-def test_browser_a_pasted_prompt_sets_the_edit_guidance_and_clearing_it_sets_1(server):
+def test_browser_a_pasted_prompt_sets_the_photo_guidance_and_clearing_it_sets_1(server):
     """Issue 51 item 9: on the Photo tab a pasted prompt (or one filled in by a program) left the guidance at 1, so
     the run and its PNG used 1; typed key by key it set the model's scale; a cleared box kept that scale, though a
     run without a prompt needs 1 (docs/app.md)."""
     with browser_page(server) as page:
         page.get_by_role("tab", name="Photo").click()
-        page.locator("#edit-model input").click()
-        page.locator("#edit-model").get_by_role("option", name="words").click()
+        page.locator("#photo-model input").click()
+        page.locator("#photo-model").get_by_role("option", name="words").click()
         page.locator("#operation").get_by_text("inpaint", exact=True).click()
-        box = page.locator("#edit-prompt textarea")
+        box = page.locator("#photo-prompt textarea")
         box.wait_for(state="visible", timeout=30_000)
         box.fill("red apple")  # at once, as a paste does
         _edit_cfg_is(page, "2.5")
@@ -282,7 +282,7 @@ def test_browser_a_pasted_prompt_sets_the_edit_guidance_and_clearing_it_sets_1(s
         _edit_cfg_is(page, "1")
         # a paste: the clipboard's text arrives in one input event
         box.focus()
-        page.evaluate("""() => { const t = document.querySelector('#edit-prompt textarea');
+        page.evaluate("""() => { const t = document.querySelector('#photo-prompt textarea');
             t.value = 'blue car'; t.dispatchEvent(new Event('input', {bubbles: true})); }""")
         _edit_cfg_is(page, "2.5")
         box.press("Control+a")

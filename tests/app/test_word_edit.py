@@ -145,7 +145,7 @@ def test_a_malformed_weight_is_refused_before_any_work(handlers, caplog):
         next(runs)
     e = h.page.tab(PhotoTab)
     editor = {"background": None, "layers": [], "composite": None}
-    edit = e.run_edit("words", "(any)", 2.5, editor, "edit", 0.0, 0.5, 0.0, 3, 0, prompt="red (apple")
+    edit = e.run_photo("words", "(any)", 2.5, editor, "edit", 0.0, 0.5, 0.0, 3, 0, prompt="red (apple")
     assert "not started**: prompt weighting" in next(edit)[e.status]  # before the photo is even looked at
     assert h.page.form.budget_note("words", 3, 1, "(any)", prompt="(red:x) apple") == ""  # Generate says why
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]  # no traceback logged
@@ -190,14 +190,14 @@ def test_browser_change_the_words_keep_the_picture(server, tmp_path):
     shots = screenshots(tmp_path)
     with browser_page(server) as page:
         _generate_words(page, "red apple", steps=3, images=2)
-        page.locator("#edit-words textarea").wait_for(state="visible", timeout=30_000)
-        page.wait_for_function("() => document.querySelector('#edit-words textarea').value === 'red apple'",
+        page.locator("#word-edit-prompt textarea").wait_for(state="visible", timeout=30_000)
+        page.wait_for_function("() => document.querySelector('#word-edit-prompt textarea').value === 'red apple'",
                                timeout=30_000)  # filled with the result's prompt
         assert page.locator("#cross-replace input[type=number]").input_value() == str(DEFAULT_CROSS_REPLACE)
         assert page.locator("#self-replace input[type=number]").input_value() == str(DEFAULT_SELF_REPLACE)
         click_result(page, "gallery", 1)  # the second result is the one edited
         page.locator("#word-edit-source").get_by_text("result 2 of 2").wait_for(timeout=30_000)
-        page.locator("#edit-words textarea").fill("blue apple")
+        page.locator("#word-edit-prompt textarea").fill("blue apple")
         page.locator("#cross-replace input[type=number]").fill("0.6")
         page.locator("#cross-replace input[type=number]").press("Enter")
         page.locator("#word-edit-run").click()
@@ -213,14 +213,14 @@ def test_browser_change_the_words_keep_the_picture(server, tmp_path):
         page.screenshot(path=str(shots / "word-edit-test.png"), full_page=True)
         # the form changed, then the edit's settings back from its PNG
         page.locator("#prompt textarea").fill("cat")
-        page.locator("#edit-words textarea").fill("zzz")
-        page.locator("#edit-type").get_by_text("refine", exact=True).click()
+        page.locator("#word-edit-prompt textarea").fill("zzz")
+        page.locator("#word-edit-type").get_by_text("refine", exact=True).click()
         click_result(page, "gallery", 1)
         page.locator("#use-settings").click()
         page.locator("#status").get_by_text("restored").wait_for(timeout=30_000)
         assert page.locator("#prompt textarea").input_value() == "red apple"
-        assert page.locator("#edit-words textarea").input_value() == "blue apple"
-        assert page.locator("#edit-type input[value=replace]").is_checked()
+        assert page.locator("#word-edit-prompt textarea").input_value() == "blue apple"
+        assert page.locator("#word-edit-type input[value=replace]").is_checked()
         assert page.locator("#cross-replace input[type=number]").input_value() == "0.6"
         assert page.locator("#seed input").input_value() == "1"
         no_errors(page)

@@ -90,10 +90,10 @@ class Walk(WalkActions, WalkChecks):
     touched: set = field(default_factory=set)  # form fields the walk changed since `reference` was set
     typed: dict = field(default_factory=dict)  # free text the walk typed into a selector, by elem_id
     gallery: list = field(default_factory=list)  # the Sample results last seen (file URLs)
-    edit_gallery: list = field(default_factory=list)
+    photo_gallery: list = field(default_factory=list)
     before_run: list = field(default_factory=list)  # the Sample results before the last Generate
-    before_edit: list = field(default_factory=list)  # the Edit results before the last Run
-    edit_touched: set = field(default_factory=set)  # Edit controls changed since its last result
+    before_photo: list = field(default_factory=list)  # the Photo results before the last Run
+    photo_touched: set = field(default_factory=set)  # Photo controls changed since its last result
     earlier_pick: int = 0  # the earlier result last clicked
     settings_cache: dict = field(default_factory=dict)
     segment: int = 0  # the first step since the page was last (re)loaded
@@ -144,14 +144,14 @@ class Walk(WalkActions, WalkChecks):
         self.segment = len(self.steps)
         # (the runs seen stay: the browser keeps its earlier results over a reload)
         self.tab, self.reference, self.touched, self.typed = "Sample", None, set(), {}
-        self.gallery, self.edit_gallery, self.before_run, self.before_edit, self.edit_touched = [], [], [], [], set()
+        self.gallery, self.photo_gallery, self.before_run, self.before_photo, self.photo_touched = [], [], [], [], set()
         self.expect_run = ""
         self.settle()
 
     def choose(self) -> Callable[[], str]:
         if self.rng.random() < 0.18:
             return self.switch_tab
-        table = {"Sample": self.sample_actions, "Photo": self.edit_actions, "Attention": self.attention_actions,
+        table = {"Sample": self.sample_actions, "Photo": self.photo_actions, "Attention": self.attention_actions,
                  "Heads": self.heads_actions}[self.tab]()
         actions, weights = zip(*table)
         return self.rng.choices(actions, weights)[0]

@@ -260,9 +260,9 @@ class WalkActions:
         if not self.page.locator("#word-edit").is_visible():
             return "(no word edit: no text model's result shown)"
         text = self.rng.choice(EDITED)
-        self.page.locator("#edit-words textarea").fill(text)
+        self.page.locator("#word-edit-prompt textarea").fill(text)
         kind = self.rng.choice(["replace", "refine"])
-        self.page.locator("#edit-type").get_by_text(kind, exact=True).click()
+        self.page.locator("#word-edit-type").get_by_text(kind, exact=True).click()
         cross, self_ = self.number(0, 1, 0.05), self.number(0, 1, 0.05)
         self.fill("cross-replace", cross)
         self.fill("self-replace", self_)
@@ -273,9 +273,9 @@ class WalkActions:
 
     # ---- actions: Photo tab ------------------------------------------------------------------------------------
 
-    def edit_actions(self) -> list:
+    def photo_actions(self) -> list:
         return [(self.example_picture, 3), (self.upload_result, 2), (self.upload_photo, 1), (self.operation, 3),
-                (self.edit_model, 2), (self.edit_slider, 3), (self.edit_run, 6), (self.edit_run_and_stop, 2)]
+                (self.photo_model, 2), (self.photo_slider, 3), (self.photo_run, 6), (self.photo_run_and_stop, 2)]
 
     def _photo_input(self, path: Path) -> None:
         clear = self.page.locator("#photo").get_by_role("button", name="Clear")
@@ -314,16 +314,16 @@ class WalkActions:
     def operation(self) -> str:
         op = self.rng.choice(["denoise", "denoise (sampled)", "edit", "inpaint"])
         self.page.get_by_role("radio", name=op, exact=True).check()
-        self.edit_touched.add("operation")
+        self.photo_touched.add("operation")
         return f"choose operation {op!r}"
 
-    def edit_model(self) -> str:
+    def photo_model(self) -> str:
         loading = [m for m, c in self.models.items() if c is not None]
-        chosen = self.pick("edit-model", self.rng.choice(loading))
-        self.edit_touched.add("model")
-        return f"pick Edit model {chosen!r}"
+        chosen = self.pick("photo-model", self.rng.choice(loading))
+        self.photo_touched.add("model")
+        return f"pick Photo model {chosen!r}"
 
-    def edit_slider(self) -> str:
+    def photo_slider(self) -> str:
         key, value = self.rng.choice([
             ("sigma", self.number(0, 0.3, 0.01)), ("strength", self.number(0.05, 1, 0.05)),
             (r"add noise.*", self.rng.choice([0, 0, 0.1, 0.3])), (r"steps \(.*", self.number(1, 8)),
@@ -332,26 +332,26 @@ class WalkActions:
         if not block.count() or not block.is_visible():
             return f"({key} not shown)"
         self.fill(key, value)
-        self.edit_touched.add(key)
+        self.photo_touched.add(key)
         return f"set {key.split(' ')[0].rstrip('.*')} to {value}"
 
-    def edit_run(self) -> str:
-        self.before_edit = self.files("edit-result")
-        self.page.locator("#edit-run").click()
+    def photo_run(self) -> str:
+        self.before_photo = self.files("photo-result")
+        self.page.locator("#photo-run").click()
         return "click Run"
 
-    def edit_run_and_stop(self) -> str:
+    def photo_run_and_stop(self) -> str:
         """An edit of a long chain stopped part-way (sampled denoise stops early on a clean picture: edit does not)."""
         self.page.get_by_role("radio", name="edit", exact=True).check()
         self.page.locator("#strength").wait_for(state="visible", timeout=10_000)
         self.fill("strength", 1)
         self.fill(r"steps \(.*", 600)
-        self.edit_touched |= {"operation", "strength", "steps"}
-        self.before_edit = self.files("edit-result")
-        self.page.locator("#edit-run").click()
+        self.photo_touched |= {"operation", "strength", "steps"}
+        self.before_photo = self.files("photo-result")
+        self.page.locator("#photo-run").click()
         wait = self.rng.uniform(0.3, 3.0)
         time.sleep(wait)
-        self.page.locator("#edit-stop").click()
+        self.page.locator("#photo-stop").click()
         return f"choose operation 'edit', set strength 1, steps 600, click Run, click Stop after {wait:.1f} s"
 
     # ---- actions: Attention tab -------------------------------------------------------------------------------

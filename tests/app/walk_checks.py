@@ -20,7 +20,7 @@ ALLOWED = [
     r"click a pixel of the image first",  # "average the maps over every step" before a pixel is chosen
     r"choose at least one attention layer to switch off",
     r"not a layer of .+, the model of the images shown",  # a layer listed by an earlier generation's statistics
-    r"an edit has no seed to repeat",  # switching layers off after an edit
+    r"a Photo tab result has no seed to repeat",  # switching layers off after a Photo tab run
     r"no safetensors weights|is not valid JSON|does not load",  # the two broken model folders the fixture serves
     r"upload a photo first|upload an image first",
     r"inpaint needs a mask|the mask is empty",  # inpaint without painting
@@ -52,7 +52,7 @@ FORM = {"model": ("model", "model", None), "scheduler": ("scheduler", "scheduler
         "guidance_interval": ("interval", "", ""), "pag_layers": ("pag-layers", "", ""),
         "prompt": ("prompt", "prompt", ""), "negative_prompt": ("negative-prompt", "", "")}  # a text model's
 # a word edit's panel as its result's PNG names it (denoiser.app.word_edit.EDIT_SETTINGS): elem_id of each
-PANEL = {"edit_prompt": "edit-words", "edit_type": "edit-type", "cross_replace_steps": "cross-replace",
+PANEL = {"edit_prompt": "word-edit-prompt", "edit_type": "word-edit-type", "cross_replace_steps": "cross-replace",
          "self_replace_steps": "self-replace"}
 # the errors a person sees: toasts (error or warning) with their text, and "Error" pills of status trackers
 READ_ERRORS = """() => {
@@ -75,7 +75,7 @@ class WalkChecks:
         problems = self.check_log() + self.check_errors()
         values = self.values()
         problems += self.check_controls(values)
-        problems += self.check_sample(values) + self.check_edit(values) + self.check_attention(values)
+        problems += self.check_sample(values) + self.check_photo(values) + self.check_attention(values)
         if problems:
             self.fail(problems)
 
@@ -127,10 +127,10 @@ class WalkChecks:
             number("self-replace", 0, 1, whole=False)
             problems += self.check_class(v.get("model"), "class", v)
         if self.tab == "Photo":
-            number("edit-cfg", 1, 10, whole=False)
+            number("photo-cfg", 1, 10, whole=False)
             number("sigma", 0, 1, whole=False)
             number("strength", 0.01, 1, whole=False)
-            problems += self.check_class(v.get("edit-model"), "edit-class", v)
+            problems += self.check_class(v.get("photo-model"), "photo-class", v)
         if self.tab == "Attention":
             if self.page.locator("#clickable img").count() and v.get("layer") in (None, ""):
                 problems.append("the Attention tab shows an image but no layer")
@@ -245,27 +245,27 @@ class WalkChecks:
                     f"{shown[0]!r}, head {shown[1]!r}, step {shown[2]!r}"]
         return []
 
-    def check_edit(self, v: dict) -> list[str]:
+    def check_photo(self, v: dict) -> list[str]:
         """The Photo tab's status line against its gallery and the controls it ran with."""
         if self.tab != "Photo":
             return []
-        files, status = self.files("edit-result"), self.page.locator("#edit-status").inner_text().strip()
+        files, status = self.files("photo-result"), self.page.locator("#photo-status").inner_text().strip()
         problems = []
-        if files != self.edit_gallery and re.match(r"done: ", status):
-            self.edit_touched = set()
-        self.edit_gallery = files
+        if files != self.photo_gallery and re.match(r"done: ", status):
+            self.photo_touched = set()
+        self.photo_gallery = files
         done = re.match(r"done: (.+?) with (\S+?),", status)
         if done:
             op, model = done.groups()
             if len(files) < 2:
-                problems.append(f"the Edit status says {status!r}, its gallery shows {len(files)} picture(s)")
-            if "model" not in self.edit_touched and v.get("edit-model") != model:
-                problems.append(f"the Edit status says {status!r}, the Edit model shows {v.get('edit-model')!r}")
-            if "operation" not in self.edit_touched and v.get("operation") != op:
-                problems.append(f"the Edit status says {status!r}, the operation shows {v.get('operation')!r}")
-        elif re.search(r"stopped at step|not started", status) and files != self.before_edit:
-            problems.append(f"the Edit status says {status[:120]!r} (the results from the run before), but its gallery "
-                            f"changed from {len(self.before_edit)} to {len(files)} picture(s)")
+                problems.append(f"the Photo status says {status!r}, its gallery shows {len(files)} picture(s)")
+            if "model" not in self.photo_touched and v.get("photo-model") != model:
+                problems.append(f"the Photo status says {status!r}, the Photo model shows {v.get('photo-model')!r}")
+            if "operation" not in self.photo_touched and v.get("operation") != op:
+                problems.append(f"the Photo status says {status!r}, the operation shows {v.get('operation')!r}")
+        elif re.search(r"stopped at step|not started", status) and files != self.before_photo:
+            problems.append(f"the Photo status says {status[:120]!r} (the results from the run before), but its gallery "
+                            f"changed from {len(self.before_photo)} to {len(files)} picture(s)")
         return problems
 
     @staticmethod
