@@ -7,9 +7,10 @@ from __future__ import annotations
 import gradio as gr
 
 from denoiser.app.form_limits import LIMITS
+from denoiser.app.jobs import TICK_S
 
 __all__ = ["CLEAR_TOASTS", "JOB", "SESSION_TTL_S", "STATUS_CSS", "form_slider", "job_controls",
-           "on_any_change", "queued", "run_controls", "scroll_to_js", "selected_index", "stop_controls", "whole_box"]
+           "on_any_change", "queue_timer", "queued", "run_controls", "scroll_to_js", "selected_index", "stop_controls", "whole_box"]
 
 SESSION_TTL_S = 1800  # a session's state (its generation, its upload) is dropped this long after its last update
 
@@ -36,12 +37,31 @@ def scroll_to_js(elem_id: str) -> str:
             "window.scrollBy(0, -24); }")
 
 
-def queued(run: gr.Button, status: gr.Markdown, jobs) -> None:
-    """`run`'s first listener (the page runs a click's listeners in order, each to its end): the earlier messages
-    closed, the click noted at once, unqueued, and the status line says the job's place in the queue and its wait
-    (jobs.requester: `jobs` is denoiser.app.jobs.Jobs)."""
-    run.click(jobs.requester(status.elem_id), None, status, js=f"() => {{ {CLEAR_TOASTS} }}", api_name=False,
-              queue=False, show_progress="hidden")
+def queued(run: gr.Button | gr.events.Dependency, status: gr.Markdown, jobs) -> gr.events.Dependency:
+    """`run`'s first listener (the page runs a click's listeners in order, each to its end; or what follows the
+    event `run`): the earlier messages closed, the click noted at once, unqueued, and the status line says the
+    job's place in the queue and its wait (jobs.requester: `jobs` is denoiser.app.jobs.Jobs), then again every
+    TICK_S seconds while the job waits (`queue_timer`). Returns the event."""
+    if isinstance(run, gr.Button):
+        noted = run.click(jobs.requester(status.elem_id), None, status, js=f"() => {{ {CLEAR_TOASTS} }}",
+                          api_name=False, queue=False, show_progress="hidden")
+    else:
+        noted = run.then(jobs.requester(status.elem_id), None, status, api_name=False, queue=False,
+                         show_progress="hidden")
+    noted.then(lambda: gr.Timer(active=True), None, queue_timer(status, jobs), api_name=False, queue=False,
+               show_progress="hidden")
+    return noted
+
+
+def queue_timer(status: gr.Markdown, jobs) -> gr.Timer:
+    """The status line's timer: while the session's job of the line waits in the queue, its line is said again each
+    tick (jobs.ticker), and the timer stops itself once the job starts. One per status line, made on first use."""
+    timer = getattr(status, "queue_timer", None)
+    if timer is None:
+        timer = status.queue_timer = gr.Timer(TICK_S, active=False)
+        timer.tick(jobs.ticker(status.elem_id), None, [status, timer], api_name=False, queue=False,
+                   show_progress="hidden")
+    return timer
 
 
 def job_controls(run: gr.Button, stop: gr.Button, status: gr.Markdown, jobs, fn, inputs: list, outputs: list, **kwargs):

@@ -7,7 +7,8 @@ waiting in the queue finds the mark when it starts and says it was cancelled. A 
 so a click the page held back while it ran (the job's trigger mode "always_last", denoiser.app.controls) goes out then.
 
 A job's click notes itself at once (`requester`, unqueued), so a job waiting in the queue says on its status line its
-place and a wait estimated from the measured speed of the jobs ahead (`queue_line`). Every tab's long job (Generate,
+place and a wait estimated from the measured speed of the jobs ahead (`queue_line`), said again every TICK_S seconds
+while it waits (`ticker`), so the wait counts down. Every tab's long job (Generate,
 the word edit, the Photo tab's Run, the Attention tab's averaging, the Heads tab's statistics and switch) runs here.
 """
 
@@ -25,7 +26,7 @@ import gradio as gr
 from denoiser.app.engine import RESTORE_OPERATIONS
 from denoiser.app.streaming import Stopped, not_started, relay, stream, user_error
 
-__all__ = ["CANCELLED", "Jobs", "RUNNING"]
+__all__ = ["CANCELLED", "Jobs", "RUNNING", "TICK_S"]
 
 RUNNING = ("denoising", "averaging", "measuring", "switching off", *RESTORE_OPERATIONS)  # the status line's first word while a job runs (streaming.progress_text)
 # after Stop, what the jobs without a preview leave shown (Attention's "average the maps", Heads' statistics)
@@ -37,6 +38,7 @@ CANCELLED = ("**cancelled before it started**: it was waiting for the job ahead 
              "the results shown are from the run before, if any")
 MARKS_KEPT = 1000  # (session, status line) marks kept, oldest dropped first: a page's memory stays bounded
 TIMES_KEPT = 20  # the latest jobs' durations, for the wait of a job still waiting ahead (queue_line)
+TICK_S = 2.0  # a waiting job's line is said again this often (`ticker`): its wait counts down
 
 Key = tuple[str, str]  # (session, status line's elem_id)
 
@@ -92,6 +94,21 @@ class Jobs:
             return gr.skip() if own else self.queue_line(key)
 
         return requested
+
+    def ticker(self, line: str):
+        """The listener of a status line's timer (`TICK_S`, started by each click, denoiser.app.controls.queued):
+        while this session's job of `line` waits in the queue, its queue line again, the wait counted down from the
+        running job's progress; once the job has started, was stopped or ended, nothing, and the timer stops."""
+
+        def tick(request: gr.Request):
+            key = _key(request, line)
+            with self._lock:
+                waiting = (bool(key[0]) and key in self._asked and key not in self._running
+                           and self._stopped.get(key, float("-inf")) < self._asked[key])
+            said = self.queue_line(key) if waiting else gr.skip()
+            return said, gr.Timer(active=isinstance(said, str))
+
+        return tick
 
     def queue_line(self, key: Key) -> str | dict:
         """The status line of the job `key` asked for while it waits: its place (the jobs running and those asked for

@@ -231,12 +231,10 @@ class SampleTab:
             # the row's table is below: the status line and the preview come into view; older messages close
             filled.then(None, js=f"() => {{ {CLEAR_TOASTS} ({scroll_to_js(self.run.elem_id)})(); }}")
             advanced = [dict(zip(SETTINGS_FORM, self.form))[name] for name in ADVANCED]  # the form's controls, by name
-            runs.append(filled.then(form.filled_form, [self.model, self.class_name], [self.class_name, self.guidance,
-                                                                                      *advanced],
-                                    api_name=False, queue=False)
-                        .then(self.jobs.requester(self.status.elem_id), None, self.status, api_name=False, queue=False,
-                              show_progress="hidden")  # noted as Generate's click is: its queue place, a Stop
-                        .then(self.generate, self.form, self.outputs, api_name=False, **sampling))
+            row = filled.then(form.filled_form, [self.model, self.class_name], [self.class_name, self.guidance, *advanced],
+                              api_name=False, queue=False)
+            noted = queued(row, self.status, self.jobs)  # noted as Generate's click is: its queue place, a Stop
+            runs.append(noted.then(self.generate, self.form, self.outputs, api_name=False, **sampling))
         # a finished run's results join the ones kept in the browser; a reload shows those again
         earlier = [self.earlier, self.use_earlier]
         for run in runs:

@@ -174,6 +174,36 @@ def test_a_waiting_job_says_its_place_and_a_wait_from_the_speed_of_the_jobs_ahea
     assert "about 75 s" in jobs.queue_line(("third", "status"))  # the first job took 75 s: so will the second
 
 
+def test_a_waiting_jobs_line_counts_down_and_its_timer_stops_once_it_runs():
+    """Issue 72: the queue line was said once, at the click: a wait of 55 s still read 55 s a minute later. Each tick of
+    the line's timer (Jobs.ticker, every TICK_S) says it again from the running job's progress; once the job starts,
+    or was stopped while it waited, the tick leaves the line to the job and the timer stops."""
+    clock = Clock()
+    jobs, first, second, third = Jobs(clock=clock), _session("first"), _session("second"), _session("third")
+    ticks = {}
+
+    def step(i):  # each UNet call takes 0.5 s; two visitors press Generate at step 40
+        if i == 40:
+            jobs.requester("status")(second)
+            jobs.requester("status")(third)
+            jobs.stopper("status")(third)  # the third changes its mind while it waits
+        if i in (40, 100):
+            ticks[i] = jobs.ticker("status")(second), jobs.ticker("status")(third)
+        clock.now += 0.5
+
+    handler, _, status = _handler(jobs, first, 150, during=step)
+    _lines(handler, status)
+    (said_40, timer_40), (cancelled, stopped_timer) = ticks[40]
+    (said_100, timer_100), _ = ticks[100]
+    assert "about 55 s" in said_40 and "about 25 s" in said_100, (said_40, said_100)  # 110, then 50 steps left
+    assert timer_40.active is True and timer_100.active is True
+    assert cancelled == gr.skip() and stopped_timer.active is False  # the stopped one keeps its "cancelled" line
+    running = _handler(jobs, second, 2, during=lambda i: ticks.setdefault("own", jobs.ticker("status")(second)))
+    _lines(*running[::2])
+    shown, timer = ticks["own"]
+    assert shown == gr.skip() and timer.active is False  # its own job writes its line now
+
+
 def test_a_handler_closed_by_its_client_frees_its_line():
     """An API client's cancel (or a closed tab) closes the handler: its work stops at its next step and its line is
     free."""

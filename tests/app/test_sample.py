@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from denoiser.app.jobs import TICK_S
 from denoiser.app.png_settings import read_settings
 from tests.app.browser import (
     CHROMIUM,
@@ -322,7 +323,7 @@ def test_browser_a_waiting_job_says_its_place_and_its_wait(server, slow_steps, t
     """Issue 72 item 1: page A runs a long Generate; a fresh page B presses Generate. B's status line had no height and
     Gradio's queue text was clipped on it, so B looked idle; the only wait shown was Gradio's own ("queue: 1/1 |
     6.2/4.8s" for a real ~80 s). B's line now says its place and a wait from the running job's measured speed,
-    within 30 % of the real wait, on a line with its height and nothing over it."""
+    within 30 % of the real wait, on a line with its height and nothing over it, and says it again as it counts down."""
     runs = slow_steps
     with browser_pages(server, 2) as (first, second):
         for page in (first, second):
@@ -341,6 +342,13 @@ def test_browser_a_waiting_job_says_its_place_and_its_wait(server, slow_steps, t
         box = second.locator("#status").bounding_box()
         assert box["height"] >= 16, f"the status line has no height: {box}"
         assert not second.evaluate(SHOWN_TRACKERS), "Gradio's own queue text is drawn"  # nor over the line
+        counted = said  # the line is said again each TICK_S while it waits: the wait counts down
+        deadline = time.monotonic() + 4 * TICK_S
+        while counted >= said and len(runs) < 2 and time.monotonic() < deadline:
+            second.wait_for_timeout(200)
+            found = re.search(r"starts in about (\d+) s", second.locator("#status").inner_text())
+            counted = int(found.group(1)) if found else counted
+        assert counted < said, f"the wait said at the click ({said} s) did not count down"
         deadline = time.monotonic() + 120
         while len(runs) < 2 and time.monotonic() < deadline:
             second.wait_for_timeout(100)
