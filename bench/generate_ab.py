@@ -13,9 +13,7 @@ of `--repeats`:
                   case for it: no conversion or compile counted, as if prepared when the model was installed;
   - openvino-bf16 (`--bf16`): the same with OpenVINO's bf16 inference precision;
   - direct-conv (`--direct-conv`): eager with DENOISER_WINOGRAD=0, i.e. torch's own 3x3 convolutions instead of
-                  denoiser.fast.winograd's (the path before issue 58's Winograd kernel);
-  - unpacked (`--unpacked`): eager with denoiser.fast.packed switched off, i.e. bf16 autocast casting every weight at
-                  every call (the path before issue 71's kept bf16 weights; the same as eager where float32 runs).
+                  denoiser.fast.winograd's (the path before issue 58's Winograd kernel).
 It prints each side's seconds, its speed against eager (above 1: faster) and the largest pixel difference of the images (0..255). The repository keeps a piece only if this shows it pays at least 5 % on a whole Generate (bench/generate_ab.md).
 """
 
@@ -31,7 +29,6 @@ from types import SimpleNamespace
 import torch
 
 from bench.common import cpu_name
-from denoiser.fast import packed
 from denoiser.fast.precision import choose_precision
 from denoiser.fast.winograd import switched
 from denoiser.folders.model_dir import load
@@ -117,14 +114,12 @@ def main() -> None:
     parser.add_argument("--openvino", action="store_true", help="add OpenVINO's f32 inference (needs openvino)")
     parser.add_argument("--bf16", action="store_true", help="with --openvino: add its bf16 inference precision")
     parser.add_argument("--direct-conv", action="store_true", help="add eager with torch's own 3x3 convolutions")
-    parser.add_argument("--unpacked", action="store_true", help="add eager with bf16 autocast's per-call weight casts")
     args = parser.parse_args()
     print(f"CPU: {cpu_name()}; torch threads {torch.get_num_threads()}")
-    if not (args.openvino or args.direct_conv or args.unpacked):
-        parser.error("nothing to compare eager with: pass --openvino (and --bf16), --direct-conv or --unpacked")
+    if not (args.openvino or args.direct_conv):
+        parser.error("nothing to compare eager with: pass --openvino (and --bf16), or --direct-conv")
     hints = (["f32", "bf16"] if args.bf16 else ["f32"]) if args.openvino else []
-    others = ([f"openvino-{h}" for h in hints] + (["direct-conv"] if args.direct_conv else [])
-              + (["unpacked"] if args.unpacked else []))
+    others = [f"openvino-{h}" for h in hints] + (["direct-conv"] if args.direct_conv else [])
     print("| model | images | eager s | " + " | ".join(f"{side} s | its speed vs eager | max px diff" for side in others)
           + " |")
     print("|---|---|---|" + "---|---|---|" * len(others))
@@ -136,8 +131,6 @@ def main() -> None:
         sides.update({f"openvino-{h}": (lambda s=served[h]: s) for h in hints})
         if args.direct_conv:
             sides["direct-conv"] = lambda: switched(False)
-        if args.unpacked:
-            sides["unpacked"] = lambda: packed.switched(False)
         times = {side: [] for side in sides}
         results = {}
         for rep in range(args.repeats + 1):  # the first round warms up (and compiles each shape): not counted

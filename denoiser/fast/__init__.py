@@ -11,8 +11,6 @@ it is compiled:
 - `precision.py`  the precision inference runs in, decided once per machine by whole UNet calls: float32, the bf16
                   mix or bf16 autocast, a bf16 path only at 1.15x or more (every door through `sampling_context`)
 - `mixed.py`      the per-op bf16 mix (the products in bf16, the rest float32)
-- `packed.py`     bf16 autocast's weights converted once (a convolution's packed in oneDNN's layout), not cast at
-                  every call: the base classes of every module the doors swap in
 - `batch_invariant.py` batch invariance: the timestep path's rows one at a time and the RGB convolutions one image at a
                   time, so an image's pixels never depend on its batch (every door through `sampling_context`)
 - `kernels.py`    builds (at install) and loads denoiser's C++ extension from `csrc/`; `tracing()`
@@ -26,7 +24,6 @@ The GroupNorm and attention kernels sit behind a switch in the module that owns 
 `MultiHeadAttention.fused_attn`), which is why those two model files import from here; `denoiser.model.unet` imports
 nothing from here and keeps torch's `nn.Conv2d`, which the sampling doors swap for Winograd's subclass.
 Without a compiler, or with DENOISER_KERNELS=0, the reference paths run and only speed and that rounding change.
-float32 convolution weights packed once for oneDNN were here too, until a whole Generate measured them 4.5-5 % slower
-on a Xeon (bench/generate_ab.md); packed in bf16, where autocast also cast every weight at every call, a whole
-Generate ran 1.09x (cifar10) and 1.20x (emoji) faster on a Zen 5 with the same pixels, so `packed.py` keeps them.
+Convolution weights packed once for oneDNN were here too, until a whole Generate measured them 4.5-5 % slower
+(bench/generate_ab.md).
 """

@@ -10,7 +10,7 @@ another `--num-images` (docs/reproducibility.md):
 
 `use_batch_invariant(module)` swaps the class of each `nn.Linear` and each convolution Winograd's algorithm does not take, in
 place (as `use_winograd` does): the same parameters and state dict, and torch's forward outside CPU float32
-inference (under bf16 autocast, with the weight converted once: their base classes are `denoiser.fast.packed`'s). Every sampling door swaps them (`denoiser.sampling.loop.sampling_context`); the bf16 mix
+inference. Every sampling door swaps them (`denoiser.sampling.loop.sampling_context`); the bf16 mix
 (`denoiser.fast.mixed`) builds on `Linear`.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from denoiser.fast import packed, winograd
+from denoiser.fast import winograd
 from denoiser.fast.kernels import plain_tensors, tracing
 
 __all__ = ["rows", "inference", "pointwise", "Linear", "PerImageConv2d", "use_batch_invariant"]
@@ -48,7 +48,7 @@ def rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     return torch.baddbmm(bias.expand(B, 1, K), x[:, None, :], w)[:, 0]
 
 
-class Linear(packed.Linear):
+class Linear(nn.Linear):
     """nn.Linear whose (B, D) rows (the timestep path) are multiplied row by row (`rows`) in CPU float32 inference."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -57,7 +57,7 @@ class Linear(packed.Linear):
         return super().forward(x)
 
 
-class PerImageConv2d(packed.Conv2d):
+class PerImageConv2d(nn.Conv2d):
     """nn.Conv2d that runs one image at a time in CPU float32 inference: an image's pixels never depend on the batch."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

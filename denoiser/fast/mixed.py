@@ -7,8 +7,8 @@ runs them 2.4-2.9x faster (bench/precision_mix.md):
 
 - Winograd's 36 products (`denoiser.fast.winograd.bf16_products`): V, U and M in bf16, the transforms in float32;
 - the linear layers over tokens (attention's projections) and the 1x1 convolutions (the ResBlocks' skips): the
-  activation rounded to bf16 on the way in, the product back in float32, the weight converted once
-  (`denoiser.fast.packed.Bf16Weight`, kept with the version of the weight it was made from, as Winograd's U is);
+  activation rounded to bf16 on the way in, the product back in float32, the weight converted once (kept with the
+  version of the weight it was made from, as Winograd's U is);
 - everything else float32: GroupNorm, attention's softmax, the timestep path (its linear layers see (B, D) rows, not
   tokens), the RGB convolutions at either end, and the scheduler.
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from denoiser.fast import batch_invariant, packed, winograd
+from denoiser.fast import batch_invariant, winograd
 
 __all__ = ["Linear", "Conv1x1", "use_mixed", "on", "off", "active"]
 
@@ -62,28 +62,43 @@ def off() -> contextlib.AbstractContextManager[None]:
     return _set(False)
 
 
-def _runs_bf16(module: nn.Module, x: torch.Tensor) -> bool:
-    return _ON.get() and batch_invariant.inference(x, module.weight)
+class _Bf16Weight:
+    """The module's weight in bfloat16, converted once per version of the weight."""
+
+    _bf16: tuple[tuple, torch.Tensor] | None = None  # (what the weight was, its bf16 copy); a class default
+
+    def _weight16(self) -> torch.Tensor:
+        w = self.weight
+        version = None if w.is_inference() else w._version  # inference tensors keep no version: their address only
+        key = (w.data_ptr(), version, tuple(w.shape))
+        if self._bf16 is None or self._bf16[0] != key:
+            self._bf16 = (key, w.detach().to(torch.bfloat16))
+        return self._bf16[1]
+
+    def _runs_bf16(self, x: torch.Tensor) -> bool:
+        return _ON.get() and batch_invariant.inference(x, self.weight)
 
 
-class Linear(batch_invariant.Linear):
+class Linear(_Bf16Weight, batch_invariant.Linear):
     """nn.Linear whose product over tokens (B, N, C) runs in bfloat16 inside `on()`; its (B, D) rows (the timestep
     path) as `batch_invariant.Linear`'s, float32 row by row."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() < 3 or not _runs_bf16(self, x):
+        if x.dim() < 3 or not self._runs_bf16(x):
             return super().forward(x)
-        return F.linear(x.to(torch.bfloat16), self._weight16(), self._bias16()).float()
+        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        return F.linear(x.to(torch.bfloat16), self._weight16(), bias).float()
 
 
-class Conv1x1(packed.Conv2d):
+class Conv1x1(_Bf16Weight, nn.Conv2d):
     """A 1x1 nn.Conv2d whose channels-last product runs in bfloat16 inside `on()`: a linear layer over each pixel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and _runs_bf16(self, x)):
+        if not (x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and self._runs_bf16(x)):
             return super().forward(x)
         w = self._weight16()[:, :, 0, 0]  # (K, C)
-        y = F.linear(x.permute(0, 2, 3, 1).to(torch.bfloat16), w, self._bias16())  # (B, H, W, C) -> (B, H, W, K)
+        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        y = F.linear(x.permute(0, 2, 3, 1).to(torch.bfloat16), w, bias)  # (B, H, W, C) -> (B, H, W, K)
         return y.float().permute(0, 3, 1, 2)  # (B, K, H, W), channels-last in memory
 
 

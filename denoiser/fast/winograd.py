@@ -32,7 +32,6 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from denoiser.fast import packed
 from denoiser.fast.kernels import load_kernels, plain_tensors, tracing
 
 __all__ = [
@@ -108,9 +107,8 @@ def eligible(conv: nn.Module) -> bool:
     )
 
 
-class Conv2d(packed.Conv2d):
-    """nn.Conv2d whose float32 channels-last CPU inference runs Winograd's F(4x4, 3x3) (see the module docstring);
-    under bf16 autocast, oneDNN's direct convolution with the weight packed once (`denoiser.fast.packed`)."""
+class Conv2d(nn.Conv2d):
+    """nn.Conv2d whose float32 channels-last CPU inference runs Winograd's F(4x4, 3x3) (see the module docstring)."""
 
     # a class default: a module swapped in from nn.Conv2d never runs __init__
     _transformed: tuple[tuple, dict[torch.dtype, torch.Tensor]] | None = None  # (what the weight was, U by dtype)
