@@ -25,5 +25,6 @@ The GroupNorm and attention kernels sit behind a switch in the module that owns 
 nothing from here and keeps torch's `nn.Conv2d`, which the sampling doors swap for Winograd's subclass.
 Without a compiler, or with DENOISER_KERNELS=0, the reference paths run and only speed and that rounding change.
 Convolution weights packed once for oneDNN were here too, until a whole Generate measured them 4.5-5 % slower
-(bench/generate_ab.md).
+(bench/generate_ab.md); packed once in bf16 (sparing autocast's per-call weight casts too), a quiet whole Generate
+measured 0.97x (cifar10) and 1.03x (emoji) on a Zen 5 (bench/precision_mix.md): not the 5 % a piece must pay.
 """
