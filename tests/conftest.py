@@ -80,6 +80,26 @@ def unet_calls(unet: torch.nn.Module):
         hook.remove()
 
 
+@pytest.fixture
+def prompt_reads(monkeypatch):
+    """How many times each prompt is parsed (`denoiser.sampling.prompt_weights.parse_prompt`), counted in every
+    denoiser module that holds the parser by name: a Counter, prompt -> reads."""
+    from collections import Counter
+
+    import denoiser.sampling.prompt_weights as prompt_weights
+
+    read, parse = Counter(), prompt_weights.parse_prompt
+
+    def counted(prompt):
+        read[prompt] += 1
+        return parse(prompt)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("denoiser") and getattr(module, "parse_prompt", None) is parse:
+            monkeypatch.setattr(module, "parse_prompt", counted)
+    return read
+
+
 def random_text_model(folder: Path, width: int = 12) -> Path:
     """A tiny text model folder (UNet with cross-attention, hashed-word encoder of `width`, tokenizer) with random
     weights everywhere, the zero-initialised output projections included, so maps and bounds are not flat."""

@@ -103,8 +103,8 @@ class Jobs:
         def tick(request: gr.Request):
             key = _key(request, line)
             with self._lock:
-                waiting = (bool(key[0]) and key in self._asked and key not in self._running
-                           and self._stopped.get(key, float("-inf")) < self._asked[key])
+                asked = self._asked.get(key)
+                waiting = bool(key[0]) and asked is not None and key not in self._running and not self._stopped_since(key, asked)
             said = self.queue_line(key) if waiting else gr.skip()
             return said, gr.Timer(active=isinstance(said, str))
 
@@ -160,8 +160,11 @@ class Jobs:
         in the queue and was stopped there). A job with no note (an API call) starts."""
         with self._lock:
             asked = self._asked.pop(key, None)
-            stopped = self._stopped.get(key, float("-inf"))
-        return asked is None or stopped < asked
+            return asked is None or not self._stopped_since(key, asked)
+
+    def _stopped_since(self, key: Key, asked: float) -> bool:
+        """Whether Stop was pressed on `key`'s line after its click at `asked`. Called under the lock."""
+        return self._stopped.get(key, float("-inf")) >= asked
 
     def refuse(self, request: gr.Request | None, status, err: Exception):
         """A job refused before any work (`yield from jobs.refuse(...)` in its handler): its status line says why, the

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 
 import httpx
@@ -114,25 +113,13 @@ def test_handlers_show_prompt_and_hide_class(weights, tmp_path, monkeypatch):
     assert views.word_views(gen, 0, 1, None, None) == (None, None)
 
 
-def test_a_generate_reads_its_prompt_once(weights, tmp_path, monkeypatch):
+def test_a_generate_reads_its_prompt_once(weights, tmp_path, monkeypatch, prompt_reads):
     """Issue 72 part 5: the review counted the prompt parsed 5 times on its way from the form to the pictures (14 calls
     in all: the engine's check, resolve, the encoding, the words, weights and notes). The form passes the prompt as
     typed, resolve reads it once, and the plan carries the reading to the encoding, the word lists and the notes."""
-    from collections import Counter
-
-    import denoiser.sampling.prompt_weights as prompt_weights
-
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path))
     sample = app_page(weights).tab(SampleTab)
-    read, parse = Counter(), prompt_weights.parse_prompt
-
-    def counted(prompt):
-        read[prompt] += 1
-        return parse(prompt)
-
-    for name, module in list(sys.modules.items()):  # every module that holds the parser by name
-        if name.startswith("denoiser") and getattr(module, "parse_prompt", None) is parse:
-            monkeypatch.setattr(module, "parse_prompt", counted)
+    read = prompt_reads
     *_, last = sample.generate("words", "ddim", 2, 0, 1, "(any)", 2.5, 0.0, 1.0, "(the model's)", 0.0, "", "",
                                "(red:1.5) apple", "")
     assert str(last[sample.status]).startswith("done: 1 image(s) of “\\(red:1.5\\) apple”"), last[sample.status]

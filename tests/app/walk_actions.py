@@ -63,6 +63,14 @@ class WalkActions:
     def _touch(self, name: str) -> None:
         self.touched |= {name} | CASCADE.get(name, set())
 
+    def stop_after(self, stop: str, low: float, high: float) -> float:
+        """A job just started: wait a random moment in [low, high] s, then click its Stop button `stop` (a selector).
+        Returns the wait."""
+        wait = self.rng.uniform(low, high)
+        time.sleep(wait)
+        self.page.locator(stop).click()
+        return wait
+
     def pick_model(self) -> str:
         loading = [m for m, c in self.models.items() if c is not None]
         broken = [m for m, c in self.models.items() if c is None]
@@ -140,9 +148,7 @@ class WalkActions:
             self.touched.add(name)
         self.before_run = self.files("gallery")
         self.page.locator("#generate").click()
-        wait = self.rng.uniform(0.3, 3.0)
-        time.sleep(wait)
-        self.page.locator("#stop").click()
+        wait = self.stop_after("#stop", 0.3, 3.0)
         return f"set steps 400, images 8, click Generate, click Stop after {wait:.1f} s"
 
     def stop_then_generate(self) -> str:
@@ -349,9 +355,7 @@ class WalkActions:
         self.photo_touched |= {"operation", "strength", "steps"}
         self.before_photo = self.files("photo-result")
         self.page.locator("#photo-run").click()
-        wait = self.rng.uniform(0.3, 3.0)
-        time.sleep(wait)
-        self.page.locator("#photo-stop").click()
+        wait = self.stop_after("#photo-stop", 0.3, 3.0)
         return f"choose operation 'edit', set strength 1, steps 600, click Run, click Stop after {wait:.1f} s"
 
     # ---- actions: Attention tab -------------------------------------------------------------------------------
@@ -407,9 +411,7 @@ class WalkActions:
 
     def mean_maps_and_stop(self) -> str:
         self.page.locator("#mean-run").click()
-        wait = self.rng.uniform(0.2, 1.5)
-        time.sleep(wait)
-        self.page.locator("#mean-stop").click()
+        wait = self.stop_after("#mean-stop", 0.2, 1.5)
         return f"click 'average the maps over every step', click its Stop after {wait:.1f} s"
 
     def show_pixel(self) -> str:
@@ -430,9 +432,7 @@ class WalkActions:
 
     def stats_and_stop(self) -> str:
         self.page.locator("#stats-run").click()
-        wait = self.rng.uniform(0.2, 1.5)
-        time.sleep(wait)
-        self.page.locator("#stats-stop").click()
+        wait = self.stop_after("#stats-stop", 0.2, 1.5)
         return f"click Compute statistics, click its Stop after {wait:.1f} s"
 
     def off_layers(self) -> str:

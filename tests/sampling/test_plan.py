@@ -257,26 +257,14 @@ def test_a_door_that_runs_fewer_samplers_gets_the_folders_where_it_can_and_built
         resolve(SampleRequest(num_images=1, scheduler="euler"), folder, samplers=offered)
 
 
-def test_each_prompt_is_read_once_and_the_plan_carries_it(tmp_path, monkeypatch):
+def test_each_prompt_is_read_once_and_the_plan_carries_it(tmp_path, prompt_reads):
     """Issue 72 part 5: a prompt was parsed 14 times on its way from the app's form to its pictures and notes. resolve
     reads each distinct prompt once (a malformed weight refused there, before any work); the plan's encoding, words,
     weights and notes read what it carries."""
-    from collections import Counter
-
-    import denoiser.sampling.prompt_weights as prompt_weights
     from tests.conftest import random_text_model
 
     folder = random_text_model(tmp_path / "words")
-    read = Counter()
-    parse = prompt_weights.parse_prompt
-
-    def counted(prompt):
-        read[prompt] += 1
-        return parse(prompt)
-
-    for name, module in list(sys.modules.items()):  # every module that holds the parser by name
-        if name.startswith("denoiser") and getattr(module, "parse_prompt", None) is parse:
-            monkeypatch.setattr(module, "parse_prompt", counted)
+    read = prompt_reads
     plan = resolve(SampleRequest(num_images=3, prompts=["(red:1.5) apple", "blue car", "(red:1.5) apple"], steps=1),
                    folder)
     run(plan)

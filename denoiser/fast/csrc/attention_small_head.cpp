@@ -34,8 +34,7 @@ namespace {
 
 #if defined(__AVX512F__)
 
-inline float to_float(float v) { return v; }
-inline float to_float(uint16_t v) { return denoiser::bf16_to_float(v); }
+using denoiser::to_float;  // float, or bf16 bits
 
 constexpr int kRows = 8;  // queries per block: 8 x 2 score vectors, or 8 x DV output vectors, in registers
 

@@ -37,8 +37,7 @@ namespace {
 
 constexpr int64_t kChunk = 64;  // pixels per task; fixed so that the reduction order is fixed
 
-inline float to_float(float v) { return v; }
-inline float to_float(uint16_t v) { return denoiser::bf16_to_float(v); }  // bf16 bits
+using denoiser::to_float;  // float, or bf16 bits
 inline void from_float(float v, float* out) { *out = v; }
 inline void from_float(float v, uint16_t* out) { *out = denoiser::float_to_bf16(v); }
 

@@ -13,6 +13,10 @@ inline float bf16_to_float(uint16_t v) {
   return f;
 }
 
+// the element types the kernels read, as fp32 (overloads: templates over float and bf16 bits call to_float)
+inline float to_float(float v) { return v; }
+inline float to_float(uint16_t v) { return bf16_to_float(v); }
+
 inline uint16_t float_to_bf16(float v) {  // round to nearest even, NaN stays NaN (torch's rounding)
   uint32_t u;
   std::memcpy(&u, &v, sizeof(u));
